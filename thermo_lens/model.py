@@ -1,0 +1,448 @@
+"""ModelView: the one place that knows how a TransformerLens model is laid out.
+
+Everything downstream (hooks, metrics, results) reads geometry, hook names, weights and
+tokenization from a :class:`ModelView`, never from the model directly. It wraps a
+TransformerLens 4.x ``TransformerBridge`` and, by duck typing, a legacy (TL 2.x/3.x)
+``HookedTransformer``.
+
+Conventions (TransformerLens):
+
+* residual states ``x_0 = blocks.0.hook_resid_pre`` and ``x_l = blocks.{l-1}.hook_resid_post``
+  for ``l = 1..L``; the final norm is never part of any ``x_l`` (METHODS.md section 1);
+* ``W_V[layer, kv_head]`` is ``[d_model, d_head]`` (``v = x @ W_V``) and ``W_O[layer, head]`` is
+  ``[d_head, d_model]``; with grouped-query attention ``W_V`` has ``n_kv_heads`` heads and query
+  head ``h`` reads KV head ``kv_head_of[h] = h // (n_heads // n_kv_heads)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Sequence
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+__all__ = ["ModelView", "TokenBatch", "ThermoLensInputError", "as_view"]
+
+# Prepend-BOS modes: True / False are TransformerLens' meaning; "tokenizer" reproduces the
+# paper's protocol (HF tokenizer with add_special_tokens=True: BOS for LLaMA/Gemma-style
+# tokenizers, `</s>` for OPT, nothing for GPT-2/NeoX).
+BosMode = bool | Literal["tokenizer"]
+
+# HF model types whose blocks end in a LayerNorm on the residual stream (post-LN).
+_POST_LN_MODEL_TYPES = frozenset(
+    {"bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra", "albert",
+     "ernie", "mpnet", "deberta", "deberta-v2", "megatron-bert", "nezha", "rembert"}
+)
+# HF model types whose blocks run attention and MLP in parallel on the same input.
+_ALWAYS_PARALLEL_MODEL_TYPES = frozenset({"gptj", "codegen", "phi", "cohere", "gpt_neox_japanese"})
+
+
+class ThermoLensInputError(ValueError):
+    """Bad input to thermo-lens: the message says what was wrong and what to do."""
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """A right-padded batch of prompts.
+
+    Right padding keeps every real token at its true position (absolute and rotary position
+    encodings see the same positions as an unpadded run) and, in causal models, real tokens
+    never attend to padding. ``attention_mask`` is also passed to the model for bidirectional
+    (BERT-style) models. Padded positions must never enter a norm: use ``mask``.
+    """
+
+    tokens: Int[Tensor, "batch pos"]
+    lengths: Int[Tensor, "batch"]  # real tokens per prompt (BOS included when prepended)
+    prompt_index: Int[Tensor, "batch"]  # index of each row in the caller's prompt list
+    prepend_bos: BosMode
+    truncated: tuple[bool, ...] = field(default=())
+
+    @property
+    def mask(self) -> Bool[Tensor, "batch pos"]:
+        """True on real tokens, False on padding."""
+        pos = torch.arange(self.tokens.shape[1], device=self.lengths.device)
+        return pos[None, :] < self.lengths[:, None]
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+def _bridge_class_hint() -> str:
+    return (
+        "Pass a TransformerLens model: `from transformer_lens.model_bridge import "
+        "TransformerBridge; model = TransformerBridge.boot_transformers('gpt2')` "
+        "(or a local checkpoint directory). To wrap a HuggingFace model you already loaded: "
+        "`TransformerBridge.boot_transformers('<name or dir>', hf_model=hf_model)`. "
+        "For the embedded default models: `thermo_lens.zoo.load('gpt2-tiny-wd')`."
+    )
+
+
+def _check_model(model: Any) -> None:
+    if isinstance(model, ModelView):
+        return
+    if model is None:
+        raise TypeError(f"thermo-lens got None instead of a model. {_bridge_class_hint()}")
+    if isinstance(model, (str, bytes)):
+        raise TypeError(
+            f"thermo-lens got the string {model!r} instead of a loaded model; thermo-lens does "
+            f"not load models by name here. {_bridge_class_hint()}"
+        )
+    cls = type(model)
+    module = cls.__module__ or ""
+    if module.startswith("transformers.") and not hasattr(model, "run_with_hooks"):
+        raise TypeError(
+            f"thermo-lens got a raw HuggingFace model ({cls.__name__}); it needs TransformerLens "
+            f"hook points. {_bridge_class_hint()}"
+        )
+    needed = ("cfg", "run_with_hooks", "blocks", "tokenizer")
+    missing = [a for a in needed if not hasattr(model, a)]
+    if missing:
+        raise TypeError(
+            f"thermo-lens got a {cls.__module__}.{cls.__name__}, which is not a TransformerLens "
+            f"model (missing {', '.join(missing)}). {_bridge_class_hint()}"
+        )
+
+
+def as_view(model: Any) -> "ModelView":
+    """Return ``model`` as a :class:`ModelView` (a ModelView is returned unchanged)."""
+    return model if isinstance(model, ModelView) else ModelView(model)
+
+
+class ModelView:
+    """Read-only view of a TransformerLens model's geometry, weights, hooks and tokenization.
+
+    Args:
+        model: a ``transformer_lens.model_bridge.TransformerBridge`` (TransformerLens 4.x) or a
+            legacy ``HookedTransformer`` (duck-typed: ``cfg``, ``blocks``, ``run_with_hooks``,
+            ``tokenizer``).
+
+    Attributes:
+        n_layers, n_heads, n_kv_heads, d_model, d_head: geometry from the config (``d_head`` is
+            the configured head size, never ``d_model // n_heads``: Gemma-7B has 256, not 192).
+        n_ctx: context length.
+        norm_placement: ``"pre"`` (pre-LN: block output = residual + sublayers), ``"post"``
+            (post-LN: the block output is a LayerNorm output, BERT / OPT-350m), or ``"none"``.
+        post_ln: ``norm_placement == "post"``.
+        parallel_attn: attention and MLP read the same block input (GPT-J, GPT-NeoX/Pythia).
+        weights_processed: True when TransformerLens processed the weights (LayerNorm folded,
+            writing weights centered: compatibility mode or legacy ``from_pretrained``); False
+            for raw weights (the bridge default, and what the paper used).
+        backend: ``"bridge"`` or ``"hooked_transformer"``.
+    """
+
+    def __init__(self, model: Any):
+        _check_model(model)
+        if isinstance(model, ModelView):  # pragma: no cover - as_view handles this
+            model = model.model
+        self.model = model
+        cfg = model.cfg
+        self.backend = "bridge" if hasattr(model, "adapter") or type(model).__name__ == "TransformerBridge" else "hooked_transformer"
+        self.n_layers: int = int(cfg.n_layers)
+        self.n_heads: int = int(cfg.n_heads)
+        n_kv = getattr(cfg, "n_key_value_heads", None)
+        self.n_kv_heads: int = int(n_kv) if n_kv else self.n_heads
+        self.d_model: int = int(cfg.d_model)
+        self.d_head: int = int(cfg.d_head)
+        self.n_ctx: int = int(cfg.n_ctx)
+        if self.n_heads % self.n_kv_heads:
+            raise ThermoLensInputError(
+                f"n_heads={self.n_heads} is not a multiple of n_key_value_heads={self.n_kv_heads}"
+            )
+        self.hf_config = self._hf_config()
+        self.model_type: str | None = getattr(self.hf_config, "model_type", None)
+        self.norm_placement: str = self._detect_norm_placement()
+        self.post_ln: bool = self.norm_placement == "post"
+        self.parallel_attn: bool = self._detect_parallel()
+        self.weights_processed: bool = self._detect_processed()
+        self.name: str = str(getattr(cfg, "model_name", None) or type(model).__name__)
+
+    # ------------------------------------------------------------------ metadata
+    def _hf_config(self) -> Any:
+        try:
+            hf = getattr(self.model, "original_model", None)
+        except AttributeError:
+            hf = None
+        return getattr(hf, "config", None)
+
+    def _detect_norm_placement(self) -> str:
+        cfg, hf = self.model.cfg, self.hf_config
+        if getattr(cfg, "normalization_type", "LN") is None:
+            return "none"
+        if hf is not None:
+            if self.model_type in _POST_LN_MODEL_TYPES:
+                return "post"
+            # OPT-350m: do_layer_norm_before=False puts the LayerNorm after each sublayer.
+            if getattr(hf, "do_layer_norm_before", True) is False:
+                return "post"
+            if getattr(hf, "apply_residual_connection_post_layernorm", False):
+                return "post"  # BLOOM option: the residual itself is taken after ln
+        arch = str(getattr(cfg, "original_architecture", "") or getattr(cfg, "architecture", "") or "")
+        if arch.startswith(("Bert", "Roberta", "Electra", "DistilBert")):
+            return "post"
+        return "pre"
+
+    def _detect_parallel(self) -> bool:
+        hf = self.hf_config
+        if hf is not None:
+            if self.model_type in _ALWAYS_PARALLEL_MODEL_TYPES:
+                return True
+            if self.model_type == "gpt_neox":
+                return bool(getattr(hf, "use_parallel_residual", True))
+            if self.model_type == "falcon":
+                return bool(getattr(hf, "parallel_attn", True)) or bool(getattr(hf, "new_decoder_architecture", False))
+        return bool(getattr(self.model.cfg, "parallel_attn_mlp", False))
+
+    def _detect_processed(self) -> bool:
+        model, cfg = self.model, self.model.cfg
+        if self.backend == "bridge":
+            return bool(getattr(model, "_weights_processed", False))
+        # Legacy HookedTransformer: folded LayerNorm shows as LNPre / RMSPre.
+        return str(getattr(cfg, "normalization_type", "")).endswith("Pre")
+
+    @property
+    def weight_state(self) -> str:
+        """``"raw"`` or ``"processed"``."""
+        return "processed" if self.weights_processed else "raw"
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """dtype of the model's parameters (its compute dtype)."""
+        for p in self.model.parameters():
+            if p.is_floating_point():
+                return p.dtype
+        return getattr(self.model.cfg, "dtype", torch.float32)
+
+    @property
+    def device(self) -> torch.device:
+        for p in self.model.parameters():
+            return p.device
+        return torch.device(getattr(self.model.cfg, "device", "cpu") or "cpu")
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.model.tokenizer
+
+    def metadata(self) -> dict[str, Any]:
+        """Geometry and state as a JSON-ready dict (recorded in every result)."""
+        return {
+            "name": self.name,
+            "model_type": self.model_type,
+            "backend": self.backend,
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "n_kv_heads": self.n_kv_heads,
+            "d_model": self.d_model,
+            "d_head": self.d_head,
+            "n_ctx": self.n_ctx,
+            "rho": self.n_heads / self.d_head,
+            "norm_placement": self.norm_placement,
+            "post_ln": self.post_ln,
+            "parallel_attn": self.parallel_attn,
+            "weights": self.weight_state,
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "device": str(self.device),
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"ModelView({self.name!r}: L={self.n_layers}, H={self.n_heads}, H_kv={self.n_kv_heads}, "
+            f"d_model={self.d_model}, d_head={self.d_head}, {self.norm_placement}-LN"
+            f"{', parallel attn' if self.parallel_attn else ''}, weights {self.weight_state}, "
+            f"{str(self.dtype).replace('torch.', '')}, {self.device})"
+        )
+
+    # ------------------------------------------------------------------ hook names
+    @property
+    def resid_hook_names(self) -> tuple[str, ...]:
+        """Hook names of the residual states ``x_0 .. x_L`` (``L + 1`` names)."""
+        return ("blocks.0.hook_resid_pre",) + tuple(
+            f"blocks.{l}.hook_resid_post" for l in range(self.n_layers)
+        )
+
+    def pattern_hook_name(self, layer: int) -> str:
+        """Hook giving the attention pattern ``[batch, head, query_pos, key_pos]`` of a layer."""
+        return f"blocks.{layer}.attn.hook_pattern"
+
+    @property
+    def pattern_hook_names(self) -> tuple[str, ...]:
+        return tuple(self.pattern_hook_name(l) for l in range(self.n_layers))
+
+    @property
+    def hook_names(self) -> dict[str, tuple[str, ...]]:
+        """Every hook point thermo-lens reads, by role."""
+        return {"resid": self.resid_hook_names, "pattern": self.pattern_hook_names}
+
+    # ------------------------------------------------------------------ weights
+    @property
+    def kv_head_of(self) -> Int[Tensor, "head"]:
+        """KV head read by each query head (``repeat_interleave`` layout, as HF and TL use)."""
+        group = self.n_heads // self.n_kv_heads
+        return torch.arange(self.n_heads) // group
+
+    def _attn(self, layer: int) -> Any:
+        return self.model.blocks[layer].attn
+
+    def W_V(self, dtype: torch.dtype = torch.float32) -> Float[Tensor, "layer kv_head d_model d_head"]:
+        """Value weights per layer and KV head, detached, on CPU, in ``dtype`` (float32)."""
+        out = []
+        for l in range(self.n_layers):
+            attn = self._attn(l)
+            # Legacy GQA attention keeps the un-repeated KV weights in `_W_V`.
+            w = getattr(attn, "_W_V", None)
+            if w is None:
+                w = attn.W_V
+            out.append(self._as_heads(w, self.n_kv_heads, (self.d_model, self.d_head), "W_V", l))
+        return torch.stack(out).to(dtype)
+
+    def W_O(self, dtype: torch.dtype = torch.float32) -> Float[Tensor, "layer head d_head d_model"]:
+        """Output weights per layer and query head, detached, on CPU, in ``dtype``."""
+        out = [
+            self._as_heads(self._attn(l).W_O, self.n_heads, (self.d_head, self.d_model), "W_O", l)
+            for l in range(self.n_layers)
+        ]
+        return torch.stack(out).to(dtype)
+
+    def W_V_per_query_head(self, dtype: torch.dtype = torch.float32) -> Float[Tensor, "layer head d_model d_head"]:
+        """``W_V`` repeated from KV heads to query heads via :attr:`kv_head_of`."""
+        return self.W_V(dtype)[:, self.kv_head_of]
+
+    def _as_heads(self, w: Tensor, n: int, shape: tuple[int, int], what: str, layer: int) -> Tensor:
+        w = w.detach().to("cpu")
+        if w.ndim == 3 and tuple(w.shape) == (n, *shape):
+            return w
+        # 2D layouts: [d_model, n * d_head] for W_V, [n * d_head, d_model] for W_O.
+        if w.ndim == 2 and what == "W_V" and tuple(w.shape) == (shape[0], n * shape[1]):
+            return w.reshape(shape[0], n, shape[1]).permute(1, 0, 2)
+        if w.ndim == 2 and what == "W_O" and tuple(w.shape) == (n * shape[0], shape[1]):
+            return w.reshape(n, shape[0], shape[1])
+        raise RuntimeError(
+            f"layer {layer}: {what} has shape {tuple(w.shape)}, expected {(n, *shape)} from the "
+            f"config (n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, d_model={self.d_model}, "
+            f"d_head={self.d_head}). This architecture's attention layout is not supported yet."
+        )
+
+    # ------------------------------------------------------------------ tokenization
+    def _bos_id(self) -> int:
+        tok = self.tokenizer
+        bos = getattr(tok, "bos_token_id", None)
+        if bos is None:
+            bos = getattr(tok, "cls_token_id", None)  # BERT-style: [CLS] plays the BOS role
+        if bos is None:
+            raise ThermoLensInputError(
+                f"{self.name}: the tokenizer has no BOS (or CLS) token, so prepend_bos=True is "
+                "impossible; pass prepend_bos=False or prepend_bos='tokenizer'."
+            )
+        return int(bos)
+
+    def encode(self, prompt: str, prepend_bos: BosMode) -> list[int]:
+        """Token ids of one prompt under an explicit BOS mode (see :class:`BosMode`)."""
+        tok = self.tokenizer
+        if prepend_bos == "tokenizer":
+            return list(tok(prompt, add_special_tokens=True)["input_ids"])
+        ids = list(tok(prompt, add_special_tokens=False)["input_ids"])
+        if prepend_bos is True:
+            ids = [self._bos_id()] + ids
+        elif prepend_bos is not False:
+            raise ThermoLensInputError(
+                f"prepend_bos must be True, False or 'tokenizer', got {prepend_bos!r}"
+            )
+        return ids
+
+    def tokenize(
+        self,
+        prompts: Sequence[str],
+        *,
+        prepend_bos: BosMode,
+        truncate: bool = False,
+        min_tokens: int = 1,
+        prompt_index: Sequence[int] | None = None,
+    ) -> TokenBatch:
+        """Tokenize ``prompts`` into one right-padded :class:`TokenBatch`.
+
+        Args:
+            prompts: non-empty strings.
+            prepend_bos: ``True`` (prepend the tokenizer's BOS id, TransformerLens style),
+                ``False`` (no BOS) or ``"tokenizer"`` (the HF tokenizer's own special tokens, the
+                paper's protocol). No default: it changes every number.
+            truncate: cut prompts longer than ``n_ctx`` to their first ``n_ctx`` tokens instead of
+                raising.
+            min_tokens: prompts with fewer tokens raise (e.g. 2 for metrics needing a token
+                beyond position 0).
+            prompt_index: indices of these prompts in the caller's list (for error messages).
+        """
+        prompts = validate_prompts(prompts)
+        index = list(prompt_index) if prompt_index is not None else list(range(len(prompts)))
+        rows, truncated = [], []
+        for i, p in zip(index, prompts):
+            ids = self.encode(p, prepend_bos)
+            if len(ids) > self.n_ctx:
+                if not truncate:
+                    raise ThermoLensInputError(
+                        f"prompt {i} is {len(ids)} tokens long but {self.name} has a context of "
+                        f"{self.n_ctx} tokens; shorten it, or pass truncate=True to keep its first "
+                        f"{self.n_ctx} tokens."
+                    )
+                ids = ids[: self.n_ctx]
+            truncated.append(len(ids) == self.n_ctx and truncate)
+            if len(ids) < min_tokens:
+                raise ThermoLensInputError(
+                    f"prompt {i} ({p!r}) has {len(ids)} token(s) with prepend_bos={prepend_bos!r}; "
+                    f"this measurement needs at least {min_tokens}."
+                )
+            rows.append(ids)
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        if pad is None:
+            pad = getattr(self.tokenizer, "eos_token_id", None) or 0
+        width = max(len(r) for r in rows)
+        tokens = torch.full((len(rows), width), int(pad), dtype=torch.long)
+        for b, r in enumerate(rows):
+            tokens[b, : len(r)] = torch.tensor(r, dtype=torch.long)
+        return TokenBatch(
+            tokens=tokens,
+            lengths=torch.tensor([len(r) for r in rows], dtype=torch.long),
+            prompt_index=torch.tensor(index, dtype=torch.long),
+            prepend_bos=prepend_bos,
+            truncated=tuple(truncated),
+        )
+
+    # ------------------------------------------------------------------ running
+    def run(self, batch: TokenBatch, fwd_hooks: Sequence[tuple[str | Callable, Callable]] = ()) -> None:
+        """One forward pass of ``batch`` with ``fwd_hooks``; logits are discarded.
+
+        The attention mask is passed so padded positions are masked for bidirectional models;
+        right padding makes it a no-op on real tokens of causal models.
+        """
+        tokens = batch.tokens.to(self.device)
+        mask = batch.mask.to(device=self.device, dtype=torch.long)
+        with torch.inference_mode():
+            self.model.run_with_hooks(
+                tokens, fwd_hooks=list(fwd_hooks), attention_mask=mask, return_type=None
+            )
+
+
+def validate_prompts(prompts: Any) -> list[str]:
+    """Check a prompt list: a non-empty list of non-empty strings (clear errors otherwise)."""
+    if isinstance(prompts, str):
+        raise ThermoLensInputError(
+            "expected a list of prompts, got a single string; wrap it: [prompt]"
+        )
+    if prompts is None:
+        raise ThermoLensInputError("expected a list of prompts, got None")
+    try:
+        prompts = list(prompts)
+    except TypeError:
+        raise ThermoLensInputError(
+            f"expected a list of prompt strings, got {type(prompts).__name__}"
+        ) from None
+    if not prompts:
+        raise ThermoLensInputError("the prompt list is empty; pass at least one prompt")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str):
+            raise ThermoLensInputError(
+                f"prompt {i} is a {type(p).__name__} ({p!r}), not a string"
+            )
+        if not p.strip():
+            raise ThermoLensInputError(f"prompt {i} is an empty string")
+    return prompts
