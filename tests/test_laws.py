@@ -1,0 +1,326 @@
+"""Cross-model laws (thermo_lens.laws): the paper's numbers, scipy agreement, hand-made answers."""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from thermo_lens import laws, reference
+
+
+# ---------------------------------------------------------------- the paper's own data
+
+def test_kleiber_reproduces_paper_r_on_pythia_family():
+    k = laws.kleiber(reference.pythia_family())
+    # "Kleiber's law r = -0.81, p = 0.014": gain vs rho over the 8 Pythia models.
+    assert round(k.gain_vs_rho.statistic, 4) == -0.8116
+    assert round(k.gain_vs_rho.pvalue, 4) == 0.0144
+    # Same data, gain vs depth L (what the paper's text says it correlated).
+    assert round(k.gain_vs_depth.statistic, 3) == -0.878
+    assert round(k.gain_vs_depth.pvalue, 4) == 0.0041
+    stats_ = reference.paper_statistics().set_index("measurement")["value"]
+    assert k.gain_vs_rho.statistic == pytest.approx(stats_["pearson_r_rho_vs_gain"], abs=1e-5)
+    assert k.gain_vs_rho.pvalue == pytest.approx(stats_["pearson_p_rho_vs_gain"], abs=1e-6)
+    assert k.gain_vs_depth.statistic == pytest.approx(stats_["pearson_r_L_vs_gain (derived)"], abs=1e-5)
+    assert k.n == 8 and k.gain_vs_rho.n == 8
+    # The bound G_max = 10**(1/L) is violated by pythia-1b in the paper's own data.
+    assert list(k.violations["model"]) == ["pythia-1b"]
+    assert k.violations["margin"].iloc[0] == pytest.approx(1.21632 - 10 ** (1 / 16))
+    assert k.bound["pythia-70m"] == pytest.approx(10 ** (1 / 6))
+
+
+def test_heritage_on_lab_survey_disagrees_with_paper_p():
+    s = reference.lab_survey()
+    h = laws.heritage(s)
+    e = h.fisher["EleutherAI"]
+    assert e.table == ((4, 1), (2, 9))
+    assert e.pvalue == pytest.approx(stats.fisher_exact([[4, 1], [2, 9]]).pvalue)
+    assert 0.03 < e.pvalue < 0.04  # the paper says p < 0.001
+    labs = h.labs.set_index("lab")
+    assert labs.loc["EleutherAI", "frac_dampener"] == pytest.approx(0.8)
+    assert labs.loc["Meta", "n_dampener"] == 1  # paper: "Meta/OpenAI 100% expansion"
+    # Lab means equal the paper's aggregates; the paper's "std" there is the SD with ddof=0, not an SE.
+    agg = reference.paper_statistics()
+    agg = agg[agg["measurement"] == "lab_mean_residual_gain_no_final_ln"]
+    for _, r in agg.iterrows():
+        vals = s.loc[s["lab"] == r["lab"], "gain"].to_numpy()
+        assert labs.loc[r["lab"], "mean_gain"] == pytest.approx(r["value"], abs=1e-5)
+        assert np.std(vals, ddof=0) == pytest.approx(r["std"], abs=1e-5)
+
+
+def test_crowding_on_lab_survey_matches_h25_accuracy():
+    c = laws.crowding(reference.lab_survey())
+    acc = c.thresholds.set_index("threshold")["accuracy"]
+    assert acc.loc[0.2] == pytest.approx(0.4375)  # the paper's file: h25_accuracy = 0.4375
+    assert c.best_accuracy < c.baseline_accuracy == pytest.approx(10 / 16)
+    assert c.logistic.slope < 0  # opposite of the paper's direction
+    assert not c.logistic.separated
+
+
+def test_twin_on_paper_pairs():
+    t = laws.twin(reference.twins())
+    assert t.n_pairs == 3 and t.all_sign_kept
+    gemma = t.pairs.set_index("model").loc["Gemma-7B-instruct"]
+    assert gemma["ratio"] == pytest.approx(1.15311 / 2.3159)
+    assert gemma["relative_change"] == pytest.approx((1.15311 - 2.3159) / 1.3159)
+
+
+def test_hierarchy_on_benchmark():
+    h = laws.hierarchy(reference.benchmark(), by="family")
+    assert h.order == ("pythia", "mistral", "llama", "gemma")
+    assert h.groups["n"].tolist() == [1, 1, 1, 1]
+    assert h.groups["se"].isna().all()
+
+
+# ---------------------------------------------------------------- correlation vs scipy
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(4, 40))
+def test_correlation_matches_scipy(seed, n):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=n)
+    y = 0.5 * x + rng.normal(size=n)
+    c = laws.correlation(x, y)
+    p, s = stats.pearsonr(x, y), stats.spearmanr(x, y)
+    assert c.statistic == pytest.approx(p.statistic, abs=1e-12)
+    assert c.pvalue == pytest.approx(p.pvalue, rel=1e-9, abs=1e-15)
+    assert c.spearman_statistic == pytest.approx(s.statistic, abs=1e-12)
+    assert c.spearman_pvalue == pytest.approx(s.pvalue, rel=1e-9, abs=1e-15)
+    assert c.pearson.statistic == c.statistic and c.spearman.pvalue == c.spearman_pvalue
+    assert c.ci_low <= c.statistic <= c.ci_high
+    assert c.n == n
+
+
+def test_kleiber_selectable_gain_and_rho_from_heads():
+    df = pd.DataFrame({"model": list("abcd"), "n_layers": [6, 12, 24, 32], "n_heads": [8, 12, 16, 32],
+                       "d_head": [64, 64, 64, 80], "G": [1.5, 1.1, 1.0, 0.98]})
+    k = laws.kleiber(df, gain="G")
+    np.testing.assert_allclose(k.table["rho"], [0.125, 0.1875, 0.25, 0.4])
+    assert k.gain_column == "G"
+    assert list(k.violations["model"]) == ["a"]  # 1.5 > 10**(1/6) = 1.468
+    assert laws.kleiber(df, gain="G", rho=None).gain_vs_rho is None
+
+
+# ---------------------------------------------------------------- heritage / Fisher
+
+def _hand_table():
+    # lab A: 3 dampeners, 1 expander; lab B: 1 dampener, 4 expanders; lab C: 2 expanders, 1 neutral.
+    rows = ([("A", "dampener", 0.9)] * 3 + [("A", "expander", 1.1)] +
+            [("B", "dampener", 0.95)] + [("B", "expander", 1.2)] * 4 +
+            [("C", "expander", 1.3)] * 2 + [("C", "neutral", 1.0)])
+    return pd.DataFrame(rows, columns=["lab", "regime", "gain"])
+
+
+def test_heritage_fisher_matches_scipy():
+    h = laws.heritage(_hand_table())
+    tables = {"A": [[3, 1], [1, 7]], "B": [[1, 4], [3, 4]], "C": [[0, 3], [4, 5]]}
+    for lab, t in tables.items():
+        ref = stats.fisher_exact(t)
+        f = h.fisher[lab]
+        assert f.table == tuple(map(tuple, t))
+        assert f.pvalue == pytest.approx(ref.pvalue)
+        assert f.odds_ratio == pytest.approx(ref.statistic)
+    holm = h.labs.set_index("lab")["pvalue_holm"]
+    assert (holm >= h.labs.set_index("lab")["pvalue"]).all() and (holm <= 1).all()
+    assert h.contingency.loc["C"].to_dict() == {"expander": 2, "dampener": 0, "neutral": 1}
+    assert h.regime_source == "column 'regime'"
+
+
+def test_heritage_mean_se():
+    h = laws.heritage(_hand_table())
+    b = h.labs.set_index("lab").loc["B"]
+    vals = np.array([0.95, 1.2, 1.2, 1.2, 1.2])
+    assert b["mean_gain"] == pytest.approx(vals.mean())
+    assert b["se"] == pytest.approx(vals.std(ddof=1) / math.sqrt(5))
+    single = laws.heritage(pd.DataFrame({"lab": ["X", "Y", "Y"], "gain": [0.9, 1.1, 1.2]}))
+    x = single.labs.set_index("lab").loc["X"]
+    assert x["n"] == 1 and math.isnan(x["se"])
+    assert single.regime_source == "sign of 'gain' - 1"
+
+
+def test_regimes_from_measurement():
+    assert laws.regime_from_gain(1.2) == "expander"
+    assert laws.regime_from_gain(0.8) == "dampener"
+    assert laws.regime_from_gain(1.0) == "neutral"
+    assert laws.regime_from_gain(1.05, 0.99, 1.1) == "neutral"
+    assert list(laws.regime_from_gain([1.05, 0.95, 1.2], [1.01, 0.9, 0.99], [1.1, 0.99, 1.3])) == [
+        "expander", "dampener", "neutral"]
+    with pytest.raises(ValueError):
+        laws.regime_from_gain(float("nan"))
+    with pytest.raises(ValueError):
+        laws.regime_from_gain(1.0, ci_low=0.9)
+
+
+def test_gain_ci_and_add_regimes():
+    lo, hi = laws.gain_ci(1.0, 0.1, 5, std_ddof=1)
+    half = stats.t.ppf(0.975, 4) * 0.1 / math.sqrt(5)
+    assert (lo, hi) == pytest.approx((1 - half, 1 + half))
+    # ddof=0 SD converted to ddof=1 first.
+    lo0, hi0 = laws.gain_ci(1.0, 0.1 * math.sqrt(4 / 5), 5, std_ddof=0)
+    assert (lo0, hi0) == pytest.approx((lo, hi))
+    df = laws.add_regimes(reference.pythia_family(), std_ddof=0)
+    reg = dict(zip(df["model"], df["regime"]))
+    assert reg["pythia-1.4b"] == "neutral" and reg["pythia-6.9b"] == "neutral"
+    assert reg["pythia-2.8b"] == "dampener" and reg["pythia-70m"] == "expander"
+
+
+# ---------------------------------------------------------------- crowding
+
+def test_threshold_accuracy_known_answer():
+    df = pd.DataFrame({"rho": [0.1, 0.12, 0.17, 0.18, 0.3, 0.4],
+                       "regime": ["expander", "expander", "dampener", "neutral", "dampener",
+                                  "dampener"]})
+    c = laws.crowding(df, thresholds=[0.15, 0.175, 0.2])
+    acc = c.thresholds.set_index("threshold")
+    assert acc["accuracy"].tolist() == pytest.approx([5 / 6, 4 / 6, 5 / 6])
+    assert acc.loc[0.175, ["tp", "fp", "tn", "fn"]].tolist() == [2, 1, 2, 1]
+    assert c.best_threshold == 0.15 and c.best_thresholds == (0.15, 0.2)
+    assert c.best_accuracy == pytest.approx(5 / 6)
+    assert c.baseline_accuracy == pytest.approx(0.5)
+    assert c.n_dampener == 3
+    # default grid
+    assert len(laws.crowding(df).thresholds) == 11
+
+
+def _newton_logistic(x, y, iters=100):
+    X = np.column_stack([np.ones_like(x), x])
+    b = np.zeros(2)
+    for _ in range(iters):
+        p = 1 / (1 + np.exp(-X @ b))
+        b = b + np.linalg.solve((X * (p * (1 - p))[:, None]).T @ X, X.T @ (y - p))
+    return b
+
+
+@pytest.mark.parametrize("true_slope", [30.0, -30.0])
+def test_logistic_recovers_slope(true_slope):
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 0.5, 400)
+    p = 1 / (1 + np.exp(-(-true_slope * 0.25 + true_slope * x)))
+    y = (rng.uniform(size=x.size) < p).astype(int)
+    fit = laws.logistic_fit(x, y)
+    assert not fit.separated and fit.converged
+    assert np.sign(fit.slope) == np.sign(true_slope)
+    b = _newton_logistic(x, y)
+    assert (fit.intercept, fit.slope) == pytest.approx(tuple(b), rel=1e-4)
+    assert fit.x50 == pytest.approx(0.25, abs=0.05)
+    assert fit.slope_pvalue < 1e-6 and fit.lr_pvalue < 1e-6
+    assert fit.predict_proba(fit.x50) == pytest.approx(0.5)
+
+
+def test_logistic_separation_flagged():
+    fit = laws.logistic_fit([0.1, 0.12, 0.14, 0.3, 0.4], [0, 0, 0, 1, 1])
+    assert fit.separated and fit.slope == math.inf and math.isnan(fit.intercept)
+    assert fit.x50 == pytest.approx(0.22) and fit.loglik == 0.0
+    assert fit.lr_statistic == pytest.approx(-2 * (2 * math.log(0.4) + 3 * math.log(0.6)))
+    assert "SEPARATED" in fit.summary()
+    down = laws.logistic_fit([0.1, 0.2, 0.3, 0.4], [1, 1, 0, 0])
+    assert down.separated and down.slope == -math.inf
+    one = laws.logistic_fit([0.1, 0.2, 0.3], [0, 0, 0])
+    assert math.isnan(one.slope) and "one class" in one.note
+
+
+# ---------------------------------------------------------------- twin
+
+def test_twin_sign_logic():
+    df = pd.DataFrame({
+        "model": ["b1", "f1", "b2", "f2", "b3", "f3", "b4", "f4"],
+        "base": [None, "b1", None, "b2", "", "b3", float("nan"), "b4"],
+        "gain": [1.2, 1.1, 0.9, 1.05, 1.5, 0.5, 1.3, 1.0],
+    })
+    t = laws.twin(df)
+    p = t.pairs.set_index("model")
+    assert p["sign_kept"].to_dict() == {"f1": True, "f2": False, "f3": False, "f4": False}
+    assert t.n_sign_kept == 1 and not t.all_sign_kept
+    assert p.loc["f1", "relative_change"] == pytest.approx((1.1 - 1.2) / 0.2)
+    assert p.loc["f2", "relative_change"] == pytest.approx((1.05 - 0.9) / 0.1)
+    assert p.loc["f3", "ratio"] == pytest.approx(1 / 3)
+    assert p.loc["f4", "ft_sign"] == 0
+    pairs = laws.twin(pd.DataFrame({"base_gain": [1.2, 0.8], "ft_gain": [1.3, 0.9]}))
+    assert pairs.pairs["sign_kept"].tolist() == [True, True]
+
+
+# ---------------------------------------------------------------- hierarchy
+
+def test_hierarchy_ranks_with_t_ci():
+    df = pd.DataFrame({"lab": ["A", "A", "A", "B", "B", "C"], "gain": [1.0, 1.2, 1.1, 0.8, 0.9, 2.0]})
+    h = laws.hierarchy(df)
+    assert h.order == ("B", "A", "C")
+    a = h.groups.set_index("group").loc["A"]
+    se = np.std([1.0, 1.2, 1.1], ddof=1) / math.sqrt(3)
+    assert a["se"] == pytest.approx(se)
+    assert a["ci_high"] == pytest.approx(1.1 + stats.t.ppf(0.975, 2) * se)
+    assert laws.hierarchy(df, ascending=False).order == ("C", "A", "B")
+    fam = laws.hierarchy(pd.DataFrame({"model": ["EleutherAI/pythia-1b", "pythia-70m", "gpt2-xl"],
+                                       "gain": [1.2, 1.0, 1.0]}), by="family")
+    assert set(fam.order) == {"pythia", "gpt2"}
+    assert laws.family_of("facebook/opt-125m") == "opt"
+    assert laws.family_of("gpt-neo-125M") == "gpt-neo"
+
+
+# ---------------------------------------------------------------- inputs, outputs, errors
+
+class _Row:
+    def __init__(self, **kw):
+        self.kw = kw
+
+    def to_row(self):
+        return dict(self.kw)
+
+
+def test_accepts_list_of_rows_and_serialises():
+    rows = [_Row(model=m, n_layers=L, rho=r, gain=g) for m, L, r, g in
+            [("a", 6, 0.1, 1.3), ("b", 12, 0.2, 1.1), ("c", 24, 0.3, 0.99)]]
+    k = laws.kleiber(rows)
+    assert k.n == 3
+    k2 = laws.kleiber([r.to_row() for r in rows])
+    assert k2.gain_vs_rho.statistic == pytest.approx(k.gain_vs_rho.statistic)
+    for res in (k, laws.heritage(_hand_table()), laws.crowding(reference.lab_survey()),
+                laws.twin(reference.twins()), laws.hierarchy(reference.lab_survey())):
+        d = res.to_dict()
+        json.dumps(d)
+        assert isinstance(res.summary(), str) and repr(res) == res.summary()
+    assert "r=-0.8116" in repr(laws.kleiber(reference.pythia_family()))
+
+
+def test_bad_input_errors():
+    good = pd.DataFrame({"model": list("abc"), "n_layers": [6, 12, 24], "rho": [0.1, 0.2, 0.3],
+                         "gain": [1.2, 1.1, 1.0]})
+    with pytest.raises(ValueError, match="'n_layers'"):
+        laws.kleiber(good.drop(columns="n_layers"))
+    with pytest.raises(ValueError, match="'rho'"):
+        laws.kleiber(good.drop(columns="rho"))
+    with pytest.raises(ValueError, match="at least 3"):
+        laws.kleiber(good.iloc[:2])
+    nan = good.copy()
+    nan.loc[1, "gain"] = np.nan
+    with pytest.raises(ValueError, match=r"'gain'.*NaN.*\bb\b"):
+        laws.kleiber(nan)
+    text = good.copy()
+    text["gain"] = ["x", "y", "z"]
+    with pytest.raises(ValueError, match="not numeric"):
+        laws.kleiber(text)
+    with pytest.raises(ValueError, match="constant"):
+        laws.correlation([1, 1, 1], [1, 2, 3])
+    with pytest.raises(ValueError, match="at least 3"):
+        laws.correlation([1, 2], [1, 2])
+    with pytest.raises(ValueError, match="'lab'"):
+        laws.heritage(good)
+    with pytest.raises(ValueError, match="at least 2 labs"):
+        laws.heritage(good.assign(lab="X"))
+    with pytest.raises(ValueError, match="'regime'"):
+        laws.heritage(good.assign(lab=list("XYX"), regime=["up", "down", "up"]))
+    with pytest.raises(ValueError, match="not a 'model'"):
+        laws.twin(pd.DataFrame({"model": ["f"], "base": ["missing"], "gain": [1.0]}))
+    with pytest.raises(ValueError, match="no base/fine-tuned pairs"):
+        laws.twin(pd.DataFrame({"model": ["a"], "base": [None], "gain": [1.0]}))
+    with pytest.raises(ValueError, match="'family'|'lab'"):
+        laws.hierarchy(pd.DataFrame({"gain": [1.0]}))
+    with pytest.raises(TypeError):
+        laws.kleiber(42)
+    with pytest.raises(ValueError, match="< 2"):
+        laws.add_regimes(good.assign(std=0.1, n_prompts=1))
