@@ -1,0 +1,144 @@
+"""L*: empirical variants on hand-made traces with known answers, the predicted formula against
+hand arithmetic and the paper's own published values, and both error metrics."""
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from thermo_lens.depth import (
+    LStarResult,
+    empirical_l_star,
+    l_star_error,
+    l_star_from_traces,
+    predicted_l_star,
+    trace_derivative,
+)
+from thermo_lens.model import ThermoLensInputError
+from thermo_lens.sheaf import sheaf_traces
+
+TABLE = Path(__file__).resolve().parents[1] / "thermo_lens" / "data" / "paper_reference_table.csv"
+
+
+def test_predicted_formula_by_hand():
+    assert predicted_l_star(12, 12) == pytest.approx(12 * (0.11 + 0.012 * 12 + 4.9 / 12))
+    assert predicted_l_star(12, 12) == pytest.approx(7.948)  # 12 * (0.11 + 0.144 + 0.408333)
+    assert predicted_l_star(24, 16) == pytest.approx(16.902)  # 24 * (0.11 + 0.288 + 0.30625)
+    assert predicted_l_star(32, 32) == pytest.approx(32 * (0.11 + 0.384 + 0.153125))
+
+
+def test_predicted_formula_matches_paper_published_values():
+    rows = [r for r in csv.DictReader(TABLE.open()) if r["measurement"] == "L_star_predicted"]
+    assert rows, "the reference table has no L_star_predicted rows"
+    for r in rows:
+        assert predicted_l_star(int(r["n_layers"]), int(r["n_heads"])) == pytest.approx(float(r["value"]), abs=5e-4), r["model"]
+
+
+def test_paper_error_reproduces_published_percentages():
+    """The paper's 'L_star_error_pct' is |pred - emp| / L (not APE): e.g. pythia-160m 39.57%."""
+    rows = {(r["model"], r["measurement"]): r for r in csv.DictReader(TABLE.open())}
+    checked = 0
+    for (model, meas), r in rows.items():
+        if meas != "L_star_error_pct":
+            continue
+        pred = float(rows[(model, "L_star_predicted")]["value"])
+        emp = float(rows[(model, "L_star_empirical_signchange")]["value"])
+        L = int(r["n_layers"])
+        assert 100 * l_star_error(pred, emp, "paper", L) == pytest.approx(float(r["value"]), abs=1e-3), model
+        checked += 1
+    assert checked >= 3
+    # and by hand
+    assert l_star_error(7.948, 3.2, "paper", 12) == pytest.approx(4.748 / 12)
+    assert l_star_error(7.948, 3.2, "ape") == pytest.approx(4.748 / 3.2)
+    assert l_star_error(6.0, 8.0, "ape") == pytest.approx(0.25)
+    assert math.isnan(l_star_error(5.0, 0.0, "ape"))  # undefined, not inf
+    assert math.isnan(l_star_error(5.0, math.nan, "paper", 12))
+
+
+def test_argmax_abs_gradient_on_hand_traces():
+    # np.gradient: [1-0, (3-0)/2, (8-1)/2, (9-3)/2, (9.5-8)/2, 9.5-9] = [1, 1.5, 3.5, 3, 0.75, 0.5]
+    T = [0.0, 1.0, 3.0, 8.0, 9.0, 9.5]
+    np.testing.assert_allclose(trace_derivative(T), [1, 1.5, 3.5, 3, 0.75, 0.5])
+    assert empirical_l_star(T) == 2.0
+    # falling trace: |dT/dl| counts: [-1, -3.5, -3.25, -0.5] -> layer 1
+    assert empirical_l_star([10.0, 9.0, 3.0, 2.5]) == 1.0
+    # one-sided difference at the first layer wins: [10, 5.5, 1, 1]
+    assert empirical_l_star(torch.tensor([0.0, 10.0, 11.0, 12.0])) == 0.0
+    # ties go to the shallowest layer
+    assert empirical_l_star([0.0, 1.0, 2.0, 3.0]) == 0.0
+
+
+def test_first_sign_change_on_hand_traces():
+    assert empirical_l_star([1.0, 2.0, 3.0, 2.0, 1.0], "first_sign_change") == 2.0  # max at layer 2
+    assert empirical_l_star([5.0, 3.0, 4.0, 6.0], "first_sign_change") == 1.0  # min at layer 1
+    # zero differences are skipped: d = [1, 0, 1, -2] -> the turn is at layer 3
+    assert empirical_l_star([1.0, 2.0, 2.0, 3.0, 1.0], "first_sign_change") == 3.0
+    # d = [1, 0, -1]: plateau at layers 1-2, the sign flips at layer 2
+    assert empirical_l_star([1.0, 2.0, 2.0, 1.0], "first_sign_change") == 2.0
+    np.testing.assert_allclose(trace_derivative([1.0, 2.0, 2.0, 1.0], "first_sign_change"), [1, 0, -1])
+    assert math.isnan(empirical_l_star([1.0, 2.0, 4.0, 8.0], "first_sign_change"))  # monotone
+
+
+def test_l_star_from_layer_trace_array():
+    T = np.array([0.0, 1.0, 3.0, 8.0, 9.0, 9.5])
+    r = l_star_from_traces(T, n_layers=6, n_heads=4)
+    assert isinstance(r, LStarResult)
+    assert r.empirical == 2.0 and r.variant == "argmax_abs_gradient"
+    assert r.predicted == pytest.approx(6 * (0.11 + 0.072 + 4.9 / 4))
+    assert r.ape == pytest.approx(abs(r.predicted - 2) / 2)
+    assert r.paper_error == pytest.approx(abs(r.predicted - 2) / 6)
+    assert r.error("paper") == r.paper_error and r.error("ape") == r.ape
+    assert "0-based" in r.layer_indexing and r.per_prompt is None
+    df = r.to_frame()
+    assert len(df) == 6 and df.loc[df.is_l_star, "layer"].tolist() == [2]
+    np.testing.assert_allclose(df.derivative, [1, 1.5, 3.5, 3, 0.75, 0.5])
+    r2 = LStarResult.from_json(r.to_json())
+    assert r2.empirical == r.empirical and torch.equal(r2.layer_trace, r.layer_trace)
+    # [prompt, layer]: mean over prompts, and one L* per prompt
+    per = np.array([[1.0, 2.0, 3.0, 2.0], [1.0, 0.0, 1.0, 0.0]])
+    rs = l_star_from_traces(per, n_heads=2, variant="first_sign_change")
+    np.testing.assert_allclose(rs.layer_trace, [1.0, 1.0, 2.0, 1.0])
+    assert rs.per_prompt.tolist() == [2.0, 1.0] and rs.empirical == 2.0
+    mono = l_star_from_traces([1.0, 2.0, 3.0], n_heads=2, variant="first_sign_change")
+    assert math.isnan(mono.empirical) and math.isnan(mono.ape) and "monotone" in mono.note
+    zero = l_star_from_traces([0.0, 10.0, 11.0], n_heads=2)
+    assert zero.empirical == 0.0 and math.isnan(zero.ape) and "undefined" in zero.note
+    assert "empirical L* = 0" in repr(zero)
+
+
+def test_l_star_from_sheaf_traces(bridge):
+    t = sheaf_traces(bridge("gpt2"), ["The capital of France is Paris", "Water boils at", "the early bird"])
+    r = t.l_star()
+    torch.testing.assert_close(r.layer_trace, t.mean_layer_trace)
+    assert (r.n_layers, r.n_heads) == (3, 4)
+    assert r.empirical == float(np.argmax(np.abs(np.gradient(t.mean_layer_trace.numpy()))))
+    assert r.predicted == pytest.approx(predicted_l_star(3, 4))
+    assert r.per_prompt.shape == (3,)
+    assert r.source["trace_formula"] == "off_diagonal_mass" and r.source["prepend_bos"] is True
+    with pytest.raises(ThermoLensInputError, match="n_heads=8 disagrees"):
+        l_star_from_traces(t, n_heads=8)
+    assert LStarResult.from_json(r.to_json()).source == r.source
+
+
+def test_bad_inputs():
+    with pytest.raises(ThermoLensInputError, match="unknown L\\* variant"):
+        empirical_l_star([1.0, 2.0], "argmax")
+    with pytest.raises(ThermoLensInputError, match="1-D"):
+        empirical_l_star(np.ones((2, 3, 4)))
+    with pytest.raises(ThermoLensInputError, match="at least 3"):
+        empirical_l_star([1.0, 2.0], "first_sign_change")
+    with pytest.raises(ThermoLensInputError, match="NaN/inf at layer"):
+        empirical_l_star([1.0, float("nan"), 2.0])
+    with pytest.raises(ThermoLensInputError, match="n_layers=5"):
+        l_star_from_traces([1.0, 2.0, 3.0], n_layers=5, n_heads=2)
+    with pytest.raises(ThermoLensInputError, match="pass n_heads"):
+        l_star_from_traces([1.0, 2.0, 3.0])
+    with pytest.raises(ThermoLensInputError, match="positive integer"):
+        predicted_l_star(12, 0)
+    with pytest.raises(ThermoLensInputError, match="'ape' or 'paper'"):
+        l_star_error(1.0, 2.0, "mape")
+    with pytest.raises(ThermoLensInputError, match="needs n_layers"):
+        l_star_error(1.0, 2.0, "paper")

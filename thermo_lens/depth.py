@@ -1,0 +1,309 @@
+"""L*: the depth of maximal sheaf-trace change, empirical and predicted.
+
+D'Elia (2026), "Thermodynamic Constraints in Transformer Architectures", section 5.3 (eq. 6) and
+appendix E; METHODS.md section 4.
+
+The layer trace ``T_l`` is the sheaf Laplacian trace of layer ``l`` summed over heads and averaged
+over prompts (:attr:`thermo_lens.sheaf.SheafTraces.mean_layer_trace`). Layers are indexed by the
+**0-based block index**: ``T_l`` is the trace of ``blocks.{l}.attn`` (``l = 0 .. L-1``), the
+index the paper's notebooks got from ``np.argmax`` (its calibration values, e.g. GPT-2 ``L* = 9``).
+
+Empirical variants, by name:
+
+``"argmax_abs_gradient"`` (the paper's operational definition, appendix E)
+    ``L* = argmax_l |dT/dl|`` with ``dT/dl = np.gradient(T)``: central differences
+    ``(T_{l+1} - T_{l-1}) / 2`` inside, one-sided differences at the first and last layer. Ties go
+    to the first (shallowest) layer.
+``"first_sign_change"`` (the paper's other rule)
+    the first layer where ``dT/dl`` changes sign, with forward differences
+    ``d_k = T_{k+1} - T_k``: the smallest ``k`` in ``1 .. L-2`` whose ``d_k`` has the opposite sign
+    of the last nonzero ``d_j``, ``j < k``; i.e. the first layer at which ``T`` turns (a local
+    maximum or minimum). NaN when ``T`` is monotone.
+
+Predicted (eq. 6): ``L* = L (0.11 + 0.012 L + 4.9 / H)`` (``H`` query heads per layer; the paper
+calibrated it on 0-based argmax values and excludes ALiBi models from its scope).
+
+Errors, by name: ``"ape"``, the absolute percentage error ``|pred - emp| / emp`` (as a fraction;
+NaN when ``emp = 0``), and ``"paper"``, the paper's ``|pred - emp| / L``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from thermo_lens.model import ThermoLensInputError
+from thermo_lens.result import Result
+
+__all__ = [
+    "L_STAR_VARIANTS",
+    "ERROR_METRICS",
+    "LStarResult",
+    "predicted_l_star",
+    "trace_derivative",
+    "empirical_l_star",
+    "l_star_error",
+    "l_star_from_traces",
+]
+
+LStarVariant = Literal["argmax_abs_gradient", "first_sign_change"]
+ErrorMetric = Literal["ape", "paper"]
+
+L_STAR_VARIANTS: dict[str, str] = {
+    "argmax_abs_gradient": "L* = argmax_l |dT/dl|, dT/dl = np.gradient(T) (central differences, "
+                           "one-sided at the ends; ties -> shallowest layer)",
+    "first_sign_change": "L* = first layer k where the forward difference T_{k+1} - T_k changes "
+                         "sign (the first layer where T turns); NaN if T is monotone",
+}
+ERROR_METRICS: dict[str, str] = {
+    "ape": "|pred - emp| / emp (absolute percentage error, as a fraction)",
+    "paper": "|pred - emp| / L (the paper's error)",
+}
+LAYER_INDEXING = "0-based block index: layer l is blocks.{l} (l = 0 .. L-1)"
+PREDICTED_DEFINITION = "L* = L * (0.11 + 0.012 L + 4.9 / H) (D'Elia 2026, eq. 6)"
+
+
+def _check_variant(variant: Any) -> str:
+    if variant not in L_STAR_VARIANTS:
+        raise ThermoLensInputError(
+            f"unknown L* variant {variant!r}; choose one of {sorted(L_STAR_VARIANTS)}"
+        )
+    return str(variant)
+
+
+def _positive_int(v: Any, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) < 1:
+        raise ThermoLensInputError(f"{what} must be a positive integer, got {v!r}")
+    return int(v)
+
+
+def predicted_l_star(n_layers: int, n_heads: int) -> float:
+    """The paper's predicted L* (eq. 6): ``L * (0.11 + 0.012 L + 4.9 / H)``.
+
+    Args:
+        n_layers: ``L``, blocks in the model.
+        n_heads: ``H``, (query) attention heads per layer.
+
+    Example: ``predicted_l_star(12, 12) == 12 * (0.11 + 0.144 + 4.9 / 12) = 7.948``.
+    """
+    L, H = _positive_int(n_layers, "n_layers"), _positive_int(n_heads, "n_heads")
+    return L * (0.11 + 0.012 * L + 4.9 / H)
+
+
+def _as_trace(layer_trace: Any, minimum: int) -> np.ndarray:
+    t = layer_trace.detach().cpu().double().numpy() if isinstance(layer_trace, Tensor) else np.asarray(layer_trace, dtype=np.float64)
+    if t.ndim != 1:
+        raise ThermoLensInputError(
+            f"the layer trace must be 1-D [layer], got shape {t.shape}; for [prompt, layer] take "
+            "the mean over prompts (SheafTraces.mean_layer_trace)"
+        )
+    if t.size < minimum:
+        raise ThermoLensInputError(f"the layer trace has {t.size} layer(s); this L* variant needs at least {minimum}")
+    if not np.isfinite(t).all():
+        raise ThermoLensInputError(f"the layer trace has NaN/inf at layer(s) {np.flatnonzero(~np.isfinite(t)).tolist()}")
+    return t
+
+
+def trace_derivative(layer_trace: Any, variant: LStarVariant = "argmax_abs_gradient") -> np.ndarray:
+    """``dT/dl`` as the variant uses it: ``np.gradient(T)`` ``[L]`` or ``np.diff(T)`` ``[L-1]``."""
+    variant = _check_variant(variant)
+    t = _as_trace(layer_trace, 2)
+    return np.gradient(t) if variant == "argmax_abs_gradient" else np.diff(t)
+
+
+def empirical_l_star(layer_trace: Any, variant: LStarVariant = "argmax_abs_gradient") -> float:
+    """Empirical L* of a layer trace ``T [layer]`` (0-based block index; NaN when undefined).
+
+    See the module docstring for the variants.
+    """
+    variant = _check_variant(variant)
+    t = _as_trace(layer_trace, 2 if variant == "argmax_abs_gradient" else 3)
+    if variant == "argmax_abs_gradient":
+        return float(np.argmax(np.abs(np.gradient(t))))
+    d = np.diff(t)
+    last = 0.0
+    for k, dk in enumerate(d):
+        s = np.sign(dk)
+        if s != 0 and last != 0 and s != last:
+            return float(k)
+        if s != 0:
+            last = s
+    return math.nan
+
+
+def l_star_error(predicted: float, empirical: float, metric: ErrorMetric = "ape", n_layers: int | None = None) -> float:
+    """Error of a predicted L* against an empirical one, by name.
+
+    ``"ape"``: ``|pred - emp| / emp`` (NaN when ``emp == 0``: undefined); ``"paper"``:
+    ``|pred - emp| / L`` (needs ``n_layers``). Fractions, not percent. NaN in, NaN out.
+    """
+    if metric not in ERROR_METRICS:
+        raise ThermoLensInputError(f"unknown L* error metric {metric!r}; choose 'ape' or 'paper'")
+    pred, emp = float(predicted), float(empirical)
+    if metric == "paper":
+        if n_layers is None:
+            raise ThermoLensInputError("the 'paper' error |pred - emp| / L needs n_layers")
+        return abs(pred - emp) / _positive_int(n_layers, "n_layers")
+    return abs(pred - emp) / abs(emp) if emp != 0 else math.nan
+
+
+@dataclass(frozen=True, eq=False)
+class LStarResult(Result):
+    """Empirical and predicted L* of one model, each number with its definition.
+
+    Attributes:
+        variant, definition: the empirical rule's name and text.
+        layer_indexing: how layers are numbered (0-based block index).
+        layer_trace: ``[layer]`` the ``T_l`` used (sum over heads, mean over prompts), float64.
+        derivative: ``dT/dl`` as the variant uses it (``[layer]`` or ``[layer - 1]``).
+        empirical: the empirical L* (NaN when undefined; see ``note``).
+        per_prompt: ``[prompt]`` L* of each prompt's own layer trace (None without per-prompt
+            traces; the paper's sign-change rows averaged these).
+        predicted, predicted_definition: eq. 6 and its text.
+        n_layers, n_heads: ``L`` and ``H``.
+        ape: ``|pred - emp| / emp``; paper_error: ``|pred - emp| / L`` (fractions).
+        note: why a value is NaN, or "".
+        source: where the trace came from (trace formula, BOS mode, model metadata), or {}.
+    """
+
+    variant: str
+    definition: str
+    layer_indexing: str
+    layer_trace: Float[Tensor, "layer"]
+    derivative: Tensor
+    empirical: float
+    per_prompt: Tensor | None
+    predicted: float
+    predicted_definition: str
+    n_layers: int
+    n_heads: int
+    ape: float
+    paper_error: float
+    note: str
+    source: dict
+
+    def error(self, metric: ErrorMetric = "ape") -> float:
+        """``"ape"`` or ``"paper"`` (see :func:`l_star_error`)."""
+        return l_star_error(self.predicted, self.empirical, metric, self.n_layers)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per layer: ``T_l``, the derivative used, whether it is the empirical L*."""
+        L = self.n_layers
+        deriv = self.derivative.numpy()
+        col = np.full(L, np.nan)
+        col[: deriv.size] = deriv
+        emp = self.empirical
+        return pd.DataFrame({
+            "layer": np.arange(L),
+            "layer_trace": self.layer_trace.numpy(),
+            "derivative": col,
+            "is_l_star": np.arange(L) == (int(emp) if not math.isnan(emp) else -1),
+            "variant": self.variant,
+            "empirical_l_star": emp,
+            "predicted_l_star": self.predicted,
+            "ape": self.ape,
+            "paper_error": self.paper_error,
+            "n_layers": L,
+            "n_heads": self.n_heads,
+            "model": self.source.get("model", {}).get("name") if self.source else None,
+        })
+
+    def __repr__(self) -> str:
+        emp = "undefined" if math.isnan(self.empirical) else f"{self.empirical:g}"
+        spread = ""
+        if self.per_prompt is not None and self.per_prompt.numel():
+            pp = self.per_prompt[~torch.isnan(self.per_prompt)]
+            if pp.numel():
+                spread = f"; per prompt mean {pp.mean().item():.3g} (n={pp.numel()})"
+        note = f"\n  note: {self.note}" if self.note else ""
+        model = (self.source.get("model") or {}).get("name") if self.source else None
+        return (
+            f"LStarResult({model + ': ' if model else ''}empirical L* = {emp} [{self.variant}; "
+            f"{self.layer_indexing}]{spread}; predicted {self.predicted:.4g} = "
+            f"L (0.11 + 0.012 L + 4.9/H) with L={self.n_layers}, H={self.n_heads}; "
+            f"APE |pred-emp|/emp = {self.ape:.3g}, paper |pred-emp|/L = {self.paper_error:.3g})"
+            f"{note}"
+        )
+
+
+def l_star_from_traces(
+    traces: Any,
+    n_layers: int | None = None,
+    n_heads: int | None = None,
+    *,
+    variant: LStarVariant = "argmax_abs_gradient",
+) -> LStarResult:
+    """Empirical and predicted L* from sheaf traces (METHODS.md section 4).
+
+    Args:
+        traces: a :class:`thermo_lens.sheaf.SheafTraces` (``T_l`` = its ``mean_layer_trace``;
+            ``n_layers``/``n_heads`` from it), a ``[layer]`` layer trace, or a
+            ``[prompt, layer]`` array of per-prompt layer traces (``T_l`` = mean over prompts).
+        n_layers: ``L`` (must match the trace's length; optional for ``SheafTraces``).
+        n_heads: ``H`` for the predicted formula (optional for ``SheafTraces``).
+        variant: ``"argmax_abs_gradient"`` (default) or ``"first_sign_change"``.
+    """
+    from thermo_lens.sheaf import SheafTraces
+
+    variant = _check_variant(variant)
+    source: dict = {}
+    per_prompt_traces = None
+    if isinstance(traces, SheafTraces):
+        T = traces.mean_layer_trace
+        per_prompt_traces = traces.layer_trace
+        source = {"trace_formula": traces.formula, "trace_definition": traces.definition,
+                  "prepend_bos": traces.prepend_bos, "n_prompts": traces.n_prompts, "model": traces.model}
+        for given, have, what in ((n_layers, traces.n_layers, "n_layers"), (n_heads, traces.n_heads, "n_heads")):
+            if given is not None and int(given) != have:
+                raise ThermoLensInputError(f"{what}={given} disagrees with the traces, which have {have}")
+        n_layers, n_heads = traces.n_layers, traces.n_heads
+    else:
+        arr = traces.detach().cpu().double() if isinstance(traces, Tensor) else torch.as_tensor(np.asarray(traces, dtype=np.float64))
+        if arr.ndim == 2:
+            per_prompt_traces, T = arr, arr.mean(dim=0)
+        else:
+            T = arr
+        if n_heads is None:
+            raise ThermoLensInputError("pass n_heads (attention heads per layer) for the predicted L*")
+    t = _as_trace(T, 2 if variant == "argmax_abs_gradient" else 3)
+    if n_layers is None:
+        n_layers = t.size
+    n_layers, n_heads = _positive_int(n_layers, "n_layers"), _positive_int(n_heads, "n_heads")
+    if n_layers != t.size:
+        raise ThermoLensInputError(
+            f"the layer trace has {t.size} entries but n_layers={n_layers}; pass one trace per block"
+        )
+    emp = empirical_l_star(t, variant)
+    pred = predicted_l_star(n_layers, n_heads)
+    notes = []
+    if math.isnan(emp):
+        notes.append("T_l is monotone: dT/dl never changes sign, so first_sign_change is undefined")
+    elif emp == 0:
+        notes.append("empirical L* = 0, so the APE |pred - emp| / emp is undefined (NaN)")
+    per_prompt = None
+    if per_prompt_traces is not None:
+        per_prompt = torch.tensor([empirical_l_star(row, variant) for row in per_prompt_traces], dtype=torch.float64)
+    return LStarResult(
+        variant=variant,
+        definition=L_STAR_VARIANTS[variant],
+        layer_indexing=LAYER_INDEXING,
+        layer_trace=torch.as_tensor(t),
+        derivative=torch.as_tensor(trace_derivative(t, variant)),
+        empirical=emp,
+        per_prompt=per_prompt,
+        predicted=pred,
+        predicted_definition=PREDICTED_DEFINITION,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        ape=l_star_error(pred, emp, "ape"),
+        paper_error=l_star_error(pred, emp, "paper", n_layers),
+        note="; ".join(notes),
+        source=source,
+    )
