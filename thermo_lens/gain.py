@@ -1,0 +1,742 @@
+"""Residual gain: how much each block amplifies or dampens the residual stream.
+
+Definitions (D'Elia 2026, "Thermodynamic Constraints in Transformer Architectures", section 3;
+METHODS.md section 1, which is authoritative where the two differ):
+
+* residual states ``x_0 = blocks.0.hook_resid_pre`` and ``x_l = blocks.{l-1}.hook_resid_post``
+  (``l = 1..L``), read from the hooks, so the final norm is never part of any ``x_l`` (this removes
+  the paper's "final LayerNorm artifact" at the root);
+* per-token norms ``||x_l[t]||`` (L2 over ``d_model``), always in float32 whatever the model dtype;
+* block gain ``G_l = ||x_l|| / ||x_{l-1}||`` for ``l = 1..L``, reduced over tokens by an explicit
+  **token scope** (:data:`TOKEN_SCOPES`):
+
+  ``last``
+      the last real token of each prompt (padding-aware; the paper's main choice):
+      ``G_l = ||x_l[t_last]|| / ||x_{l-1}[t_last]||``.
+  ``all_but_first`` (default)
+      the **mean of per-token ratios** over the real tokens ``t = 1..n-1`` (position 0, the
+      BOS/first token whose norm is huge, excluded): ``G_l = mean_t ||x_l[t]|| / ||x_{l-1}[t]||``.
+      Not the ratio of mean norms. Needs at least 2 tokens per prompt: a 1-token prompt raises
+      :class:`~thermo_lens.model.ThermoLensInputError` (pass ``prepend_bos=True`` or another scope).
+  ``all``
+      the mean of per-token ratios over every real token ``t = 0..n-1``.
+  ``frobenius``
+      the ratio of whole-sequence Frobenius norms over the real tokens (the paper's third
+      variant): ``G_l = ||X_l||_F / ||X_{l-1}||_F`` with ``X_l = x_l[0..n-1]`` ``[n, d_model]``.
+
+  The same reduction turns any pair of states ``(x_a, x_b)`` into a per-prompt ratio
+  ``g(a -> b)``; ``G_l = g(l-1 -> l)``.
+
+* model-level summaries (:data:`SUMMARIES`), each per prompt then across prompts:
+
+  ``last_block_gain``      ``G_L``, the true last block (paper "metric B": the abstract's
+                           0.80 / 1.11 / 1.48 / 2.31 hierarchy);
+  ``penultimate_gain``     ``G_{L-1}`` (paper "NO_FINAL_LN" metric A, its Fig. 1-2 and Kleiber r);
+                           NaN for a 1-layer model;
+  ``first_block_gain``     ``G_1`` (the paper's ``emb_to_block0_gain``);
+  ``total_amplification``  ``g(0 -> L)``: ``||x_L|| / ||x_0||`` in the same token scope (for the
+                           mean scopes, the mean over tokens of the per-token ratio);
+  ``geometric_mean_gain``  ``total_amplification ** (1 / L)``: the per-layer amplification, so that
+                           ``G_total = G ** L``;
+  ``max_block_gain``       ``max_l G_l``.
+
+  For ``last`` and ``frobenius`` ``total_amplification == prod_l G_l`` exactly (the ratios
+  telescope); for the mean scopes it does not (a mean of products is not a product of means).
+
+* across prompts: mean, SD with ``ddof=1``, SE and the 95% Student-t CI
+  (:class:`thermo_lens.stats.SummaryStats`);
+* regime: ``"expander"`` if the CI of the deciding summary lies above 1, ``"dampener"`` if below,
+  ``"neutral"`` if it contains 1, ``"undetermined"`` with fewer than 2 prompts (no CI). The
+  deciding summary is ``regime_by`` (default ``"last_block_gain"``, the paper's headline metric
+  B, so regimes are comparable with the paper's; ``"geometric_mean_gain"`` is the whole-network
+  alternative). Never from a lab name.
+* post-LN models (BERT, OPT-350m): every ``x_l`` is a LayerNorm output, so ``||x_l||`` and the
+  gain are set by that norm's weights (``||x_l[t]|| <= sqrt(d_model) * max|gamma_l| + ||beta_l||``);
+  results carry ``post_ln=True`` and a note.
+
+The paper's own definitions are reachable by name: :data:`PAPER_METRICS` and :func:`paper_metric`.
+
+Use :func:`residual_gain` in a notebook; :func:`gain_from_collected` derives the same result from
+an existing one-pass :func:`thermo_lens.hooks.collect` (what ``profile()`` does).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from thermo_lens.hooks import Collected, ThermoLensNumericsError, collect, residual_norms
+from thermo_lens.model import ModelView, ThermoLensInputError, as_view
+from thermo_lens.result import Result
+from thermo_lens.stats import SummaryStats, summarize
+
+__all__ = [
+    "TOKEN_SCOPES",
+    "SUMMARIES",
+    "PAPER_METRICS",
+    "GainResult",
+    "PaperMetric",
+    "PaperMetricResult",
+    "residual_gain",
+    "gain_from_collected",
+    "scope_ratio",
+    "regime_from_summary",
+    "paper_metric",
+    "with_hf_tokenizer_bos",
+]
+
+#: Token scope name -> its definition (recorded in every result).
+TOKEN_SCOPES: dict[str, str] = {
+    "last": "last real token of each prompt (padding-aware): ||x_b[t_last]|| / ||x_a[t_last]||",
+    "all_but_first": (
+        "mean over real tokens t = 1..n-1 (position 0 excluded) of the per-token ratios "
+        "||x_b[t]|| / ||x_a[t]|| (mean of ratios, not ratio of mean norms)"
+    ),
+    "all": "mean over all real tokens t = 0..n-1 of the per-token ratios ||x_b[t]|| / ||x_a[t]||",
+    "frobenius": (
+        "ratio of Frobenius norms over all real tokens: ||X_b||_F / ||X_a||_F, X = x[0..n-1] [n, d_model]"
+    ),
+}
+
+#: Model-level summary name -> definition (``g(a -> b)`` is the token-scope ratio of two states).
+SUMMARIES: dict[str, str] = {
+    "last_block_gain": "G_L = g(x_{L-1} -> x_L), the true last block, final norm excluded (paper metric B)",
+    "penultimate_gain": "G_{L-1} = g(x_{L-2} -> x_{L-1}) (paper NO_FINAL_LN metric A); NaN if L = 1",
+    "first_block_gain": "G_1 = g(x_0 -> x_1) (paper emb_to_block0_gain)",
+    "geometric_mean_gain": "total_amplification ** (1/L): per-layer amplification (G_total = G**L)",
+    "total_amplification": "g(x_0 -> x_L) = ||x_L|| / ||x_0|| in the same token scope",
+    "max_block_gain": "max over l = 1..L of G_l",
+}
+
+DEFAULT_SCOPE = "all_but_first"
+DEFAULT_REGIME_BY = "last_block_gain"
+
+_POST_LN_NOTE = (
+    "post-LN model: every x_l is a LayerNorm output, so ||x_l|| (and the gain) is set by that "
+    "norm's weights, ||x_l[t]|| <= sqrt(d_model) * max|gamma_l| + ||beta_l||; compare regimes "
+    "with pre-LN models with care"
+)
+
+
+# ---------------------------------------------------------------------------- checks
+def _check_scope(token_scope: Any) -> str:
+    if token_scope not in TOKEN_SCOPES:
+        raise ThermoLensInputError(
+            f"unknown token_scope {token_scope!r}; choose one of {', '.join(map(repr, TOKEN_SCOPES))} "
+            f"(see thermo_lens.gain.TOKEN_SCOPES for their definitions)"
+        )
+    return token_scope
+
+
+def _check_regime_by(regime_by: Any) -> str:
+    if regime_by not in SUMMARIES:
+        raise ThermoLensInputError(
+            f"unknown regime_by {regime_by!r}; choose one of {', '.join(map(repr, SUMMARIES))}"
+        )
+    return regime_by
+
+
+def _check_level(level: Any) -> float:
+    if not isinstance(level, (int, float)) or not 0 < level < 1:
+        raise ThermoLensInputError(f"level must be a confidence level in (0, 1), got {level!r}")
+    return float(level)
+
+
+# ---------------------------------------------------------------------------- the algebra
+def scope_ratio(
+    norm_a: Float[Tensor, "*state prompt pos"],
+    norm_b: Float[Tensor, "*state prompt pos"],
+    lengths: Int[Tensor, "prompt"],
+    token_scope: str,
+) -> Float[Tensor, "*state prompt"]:
+    """Token-scope ratio ``g(a -> b)`` of two residual states from their per-token norms.
+
+    ``norm_a``/``norm_b`` are per-token L2 norms (padding may hold anything: it is masked by
+    ``lengths``); leading dimensions (e.g. layers) broadcast. Computed in float64, returned in
+    float64. See :data:`TOKEN_SCOPES` for the definitions.
+    """
+    _check_scope(token_scope)
+    a, b = norm_a.double(), norm_b.double()
+    width = a.shape[-1]
+    lengths = lengths.to(a.device)
+    if token_scope == "last":
+        idx = (lengths - 1).clamp_min(0).expand(*a.shape[:-1]).unsqueeze(-1)
+        return b.gather(-1, idx).squeeze(-1) / a.gather(-1, idx).squeeze(-1)
+    mask = torch.arange(width, device=a.device)[None, :] < lengths[:, None]
+    if token_scope == "frobenius":
+        fa = torch.where(mask, a * a, 0.0).sum(-1).sqrt()
+        fb = torch.where(mask, b * b, 0.0).sum(-1).sqrt()
+        return fb / fa
+    if token_scope == "all_but_first":
+        mask = mask.clone()
+        mask[:, 0] = False
+    r = torch.where(mask, b / a, 0.0)
+    return r.sum(-1) / mask.sum(-1)
+
+
+def _scope_norms(norms: Tensor, lengths: Tensor, token_scope: str) -> Tensor:
+    """The scope-reduced norm of each state: ``[*state, prompt]`` (float64)."""
+    n = norms.double()
+    mask = torch.arange(n.shape[-1])[None, :] < lengths[:, None]
+    if token_scope == "last":
+        idx = (lengths - 1).clamp_min(0).expand(*n.shape[:-1]).unsqueeze(-1)
+        return n.gather(-1, idx).squeeze(-1)
+    if token_scope == "frobenius":
+        return torch.where(mask, n * n, 0.0).sum(-1).sqrt()
+    if token_scope == "all_but_first":
+        mask = mask.clone()
+        mask[:, 0] = False
+    return torch.where(mask, n, 0.0).sum(-1) / mask.sum(-1)
+
+
+def regime_from_summary(summary: SummaryStats, null: float = 1.0) -> str:
+    """``"expander"`` (CI above ``null``), ``"dampener"`` (below), ``"neutral"`` (contains it),
+    ``"undetermined"`` (no CI: fewer than 2 prompts, or NaN values). METHODS.md section 1."""
+    lo, hi = float(summary.ci_low), float(summary.ci_high)
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return "undetermined"
+    if lo > null:
+        return "expander"
+    if hi < null:
+        return "dampener"
+    return "neutral"
+
+
+# ---------------------------------------------------------------------------- the result
+@dataclass(frozen=True, repr=False, eq=False)
+class GainResult(Result):
+    """Residual gain per prompt and block, its named model summaries and the regime.
+
+    Attributes:
+        block_gain: ``Float[Tensor, "prompt layer"]`` float32; column ``l - 1`` is
+            ``G_l = ||x_l|| / ||x_{l-1}||`` (``l = 1..L``) in ``token_scope``.
+        norms: ``Float[Tensor, "prompt state"]`` float32, the scope-reduced norms of
+            ``x_0..x_L`` (``L + 1`` states): the last token's norm (``last``), the mean per-token
+            norm over the scope's tokens (``all_but_first``/``all``; the gain is the mean of
+            per-token ratios, *not* the ratio of these), or the Frobenius norm (``frobenius``).
+        token_scope: name of the token scope (definition in :attr:`scope_definition`).
+        summaries: summary name -> :class:`~thermo_lens.stats.SummaryStats` across prompts (its
+            ``.values`` are the per-prompt values); also as attributes (``.last_block_gain``).
+        regime: ``"expander"``, ``"dampener"``, ``"neutral"`` or ``"undetermined"``.
+        regime_by: the summary whose CI decided the regime.
+        prompts, lengths, truncated: the prompts, their real token counts (BOS included) and
+            whether each was cut to the context.
+        prepend_bos: BOS mode (``True``, ``False`` or ``"tokenizer"``).
+        dtype: the model's compute dtype (norms are float32 regardless).
+        weights: ``"raw"`` or ``"processed"`` (TransformerLens weight processing).
+        post_ln: True for post-LN models (gain bounded by the LayerNorm weights; see ``notes``).
+        model: :meth:`ModelView.metadata` of the model.
+        per_token_gain: ``Float[Tensor, "prompt layer pos"]`` per-token ``G_l`` (position 0
+            included, NaN on padding) when asked for with ``per_token=True``, else None.
+        level: confidence level of the CIs.
+    """
+
+    block_gain: Tensor
+    norms: Tensor
+    token_scope: str
+    summaries: dict[str, SummaryStats]
+    regime: str
+    regime_by: str
+    prompts: tuple[str, ...]
+    lengths: Tensor
+    truncated: tuple[bool, ...]
+    prepend_bos: Any
+    dtype: str
+    weights: str
+    post_ln: bool
+    model: dict[str, Any]
+    per_token_gain: Tensor | None = None
+    level: float = 0.95
+
+    # ------------------------------------------------------------ named summaries
+    @property
+    def last_block_gain(self) -> SummaryStats:
+        """``G_L`` across prompts (paper metric B)."""
+        return self.summaries["last_block_gain"]
+
+    @property
+    def penultimate_gain(self) -> SummaryStats:
+        """``G_{L-1}`` across prompts (paper NO_FINAL_LN metric A)."""
+        return self.summaries["penultimate_gain"]
+
+    @property
+    def first_block_gain(self) -> SummaryStats:
+        """``G_1`` across prompts."""
+        return self.summaries["first_block_gain"]
+
+    @property
+    def geometric_mean_gain(self) -> SummaryStats:
+        """``(||x_L|| / ||x_0||) ** (1/L)`` across prompts."""
+        return self.summaries["geometric_mean_gain"]
+
+    @property
+    def total_amplification(self) -> SummaryStats:
+        """``||x_L|| / ||x_0||`` across prompts."""
+        return self.summaries["total_amplification"]
+
+    @property
+    def max_block_gain(self) -> SummaryStats:
+        """``max_l G_l`` across prompts."""
+        return self.summaries["max_block_gain"]
+
+    # ------------------------------------------------------------ derived views
+    @property
+    def n_prompts(self) -> int:
+        return int(self.block_gain.shape[0])
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.block_gain.shape[1])
+
+    @property
+    def scope_definition(self) -> str:
+        return TOKEN_SCOPES[self.token_scope]
+
+    @property
+    def layer_summary(self) -> SummaryStats:
+        """Per-layer ``G_l`` across prompts (arrays of length L: mean, sd ddof=1, se, CI)."""
+        return summarize(self.block_gain, level=self.level)
+
+    @property
+    def notes(self) -> list[str]:
+        """Caveats that apply to these numbers."""
+        out = []
+        if self.post_ln:
+            out.append(_POST_LN_NOTE)
+        if self.weights != "raw":
+            out.append("weights are processed (LayerNorm folded / writing weights centered): residual "
+                       "norms differ from the raw model the paper measured")
+        if any(self.truncated):
+            out.append(f"{sum(self.truncated)} prompt(s) truncated to the context length")
+        if self.n_prompts < 2:
+            out.append("one prompt: no SD/SE/CI, regime undetermined")
+        return out
+
+    def per_prompt(self, name: str) -> Float[Tensor, "prompt"]:
+        """Per-prompt values of summary ``name`` (float32)."""
+        if name not in self.summaries:
+            raise KeyError(f"unknown summary {name!r}; available: {', '.join(self.summaries)}")
+        return torch.as_tensor(self.summaries[name].values, dtype=torch.float32)
+
+    # ------------------------------------------------------------ frames
+    def _common(self) -> dict[str, Any]:
+        return {"model": self.model.get("name"), "token_scope": self.token_scope,
+                "prepend_bos": str(self.prepend_bos), "dtype": self.dtype, "weights": self.weights,
+                "post_ln": self.post_ln}
+
+    def to_frame(self) -> pd.DataFrame:
+        """Tidy frame, one row per (prompt, layer): ``prompt, layer, block_gain, norm_in, norm_out,
+        n_tokens, text`` plus the definition columns (``token_scope, prepend_bos, dtype, weights,
+        post_ln, model``). ``layer`` is 1-based: ``G_l`` maps ``x_{l-1}`` to ``x_l``."""
+        P, L = self.block_gain.shape
+        g = self.block_gain.numpy().astype(np.float64)
+        nrm = self.norms.numpy().astype(np.float64)
+        df = pd.DataFrame({
+            "prompt": np.repeat(np.arange(P), L),
+            "layer": np.tile(np.arange(1, L + 1), P),
+            "block_gain": g.reshape(-1),
+            "norm_in": nrm[:, :-1].reshape(-1),
+            "norm_out": nrm[:, 1:].reshape(-1),
+            "n_tokens": np.repeat(self.lengths.numpy(), L),
+            "text": np.repeat(np.array(self.prompts, dtype=object), L),
+        })
+        for k, v in self._common().items():
+            df[k] = v
+        return df
+
+    def prompt_frame(self) -> pd.DataFrame:
+        """One row per prompt: ``prompt, text, n_tokens, truncated`` and every summary's value."""
+        df = pd.DataFrame({"prompt": np.arange(self.n_prompts), "text": list(self.prompts),
+                           "n_tokens": self.lengths.numpy(), "truncated": list(self.truncated)})
+        for name, s in self.summaries.items():
+            df[name] = np.asarray(s.values, dtype=np.float64)
+        for k, v in self._common().items():
+            df[k] = v
+        return df
+
+    def summary_frame(self) -> pd.DataFrame:
+        """One row per named summary: ``summary, mean, sd (ddof=1), se, ci_low, ci_high, n, level,
+        decides_regime, definition`` plus the definition columns."""
+        rows = []
+        for name, s in self.summaries.items():
+            rows.append({"summary": name, **{k: v for k, v in s.to_dict().items()},
+                         "decides_regime": name == self.regime_by, "definition": SUMMARIES[name]})
+        df = pd.DataFrame(rows)
+        for k, v in self._common().items():
+            df[k] = v
+        return df
+
+    # ------------------------------------------------------------ printing
+    def __repr__(self) -> str:
+        m = self.model
+        head = (f"GainResult({m.get('name')}: L={self.n_layers}, {m.get('norm_placement', '?')}-LN, "
+                f"{self.weights} weights, {self.dtype}; {self.n_prompts} prompt(s), "
+                f"prepend_bos={self.prepend_bos!r})")
+        lines = [head, f"  token_scope={self.token_scope!r}: {self.scope_definition}"]
+        decider = self.summaries[self.regime_by]
+        why = {"expander": "95% CI above 1", "dampener": "95% CI below 1",
+               "neutral": "95% CI contains 1", "undetermined": "no CI"}[self.regime]
+        if self.level != 0.95:
+            why = why.replace("95%", f"{100 * self.level:g}%")
+        lines.append(f"  regime: {self.regime} (by {self.regime_by} = {decider.mean:.4g}, {why})")
+        lines.append(f"  {'summary':<21} {'mean':>9} {'SE':>9} {'SD(ddof=1)':>10}  {100 * self.level:g}% CI")
+        for name, s in self.summaries.items():
+            lines.append(f"  {name:<21} {s.mean:>9.4g} {s.se:>9.3g} {s.sd:>10.3g}  "
+                         f"[{s.ci_low:.4g}, {s.ci_high:.4g}]")
+        per_layer = np.asarray(self.layer_summary.mean)
+        shown = " ".join(f"{v:.3g}" for v in per_layer[:12]) + (" ..." if per_layer.size > 12 else "")
+        lines.append(f"  mean G_l, l=1..{self.n_layers}: {shown}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        return repr(self)
+
+
+# ---------------------------------------------------------------------------- computing
+def gain_from_collected(
+    collected: Collected,
+    token_scope: str = DEFAULT_SCOPE,
+    *,
+    per_token: bool = False,
+    regime_by: str = DEFAULT_REGIME_BY,
+    level: float = 0.95,
+) -> GainResult:
+    """The :class:`GainResult` of a pass already made by :func:`thermo_lens.hooks.collect`.
+
+    Pure: no forward pass. ``collected`` must include the :func:`~thermo_lens.hooks.residual_norms`
+    reduction. Use it to derive every token scope, and the other metrics, from one pass.
+
+    Raises:
+        ThermoLensInputError: unknown ``token_scope``/``regime_by``; ``token_scope="all_but_first"``
+            with a prompt of fewer than 2 tokens (nothing left after position 0); or
+            ``collected`` without residual norms.
+        ThermoLensNumericsError: the scope's ratio is undefined because a denominator state has
+            zero norm on a token in scope (e.g. a zero BOS embedding with ``token_scope="all"``).
+    """
+    _check_scope(token_scope)
+    _check_regime_by(regime_by)
+    level = _check_level(level)
+    if not isinstance(collected, Collected):
+        raise ThermoLensInputError(
+            f"gain_from_collected expects a thermo_lens.hooks.Collected, got {type(collected).__name__}; "
+            "use residual_gain(model, prompts) to run the model"
+        )
+    try:
+        norms = collected.stack("resid_norm")  # [L+1, prompt, pos] float32, NaN on padding
+    except KeyError:
+        raise ThermoLensInputError(
+            "this Collected has no residual norms: run collect(model, prompts, [residual_norms, ...])"
+        ) from None
+    view: ModelView = collected.view
+    lengths = collected.lengths.to(torch.long)
+    if token_scope == "all_but_first" and bool((lengths < 2).any()):
+        bad = [i for i, n in enumerate(lengths.tolist()) if n < 2]
+        raise ThermoLensInputError(
+            f"token_scope='all_but_first' excludes position 0, but prompt(s) {bad} have only 1 token "
+            f"(prepend_bos={collected.prepend_bos!r}); use prepend_bos=True or token_scope='last', "
+            "'all' or 'frobenius'"
+        )
+    L = norms.shape[0] - 1
+    block = scope_ratio(norms[:-1], norms[1:], lengths, token_scope).T.contiguous()  # [prompt, L]
+    total = scope_ratio(norms[0], norms[L], lengths, token_scope)  # [prompt]
+    state_norms = _scope_norms(norms, lengths, token_scope).T.contiguous()  # [prompt, L+1]
+    _check_finite(block, total, norms, lengths, token_scope, view)
+
+    block32 = block.float()
+    total32 = total.float()
+    nan = torch.full_like(block32[:, 0], float("nan"))
+    per_prompt = {
+        "last_block_gain": block32[:, L - 1],
+        "penultimate_gain": block32[:, L - 2] if L >= 2 else nan,
+        "first_block_gain": block32[:, 0],
+        "geometric_mean_gain": total.pow(1.0 / L).float(),
+        "total_amplification": total32,
+        "max_block_gain": block32.max(dim=1).values,
+    }
+    summaries = {k: summarize(v, level=level) for k, v in per_prompt.items()}
+    per_tok = None
+    if per_token:
+        per_tok = (norms[1:] / norms[:-1]).permute(1, 0, 2).contiguous().float()
+    return GainResult(
+        block_gain=block32,
+        norms=state_norms.float(),
+        token_scope=token_scope,
+        summaries=summaries,
+        regime=regime_from_summary(summaries[regime_by]),
+        regime_by=regime_by,
+        prompts=tuple(collected.prompts),
+        lengths=lengths.clone(),
+        truncated=tuple(bool(t) for t in collected.truncated),
+        prepend_bos=collected.prepend_bos,
+        dtype=str(view.dtype).replace("torch.", ""),
+        weights=view.weight_state,
+        post_ln=bool(view.post_ln),
+        model=view.metadata(),
+        per_token_gain=per_tok,
+        level=level,
+    )
+
+
+def _check_finite(block: Tensor, total: Tensor, norms: Tensor, lengths: Tensor, token_scope: str,
+                  view: ModelView) -> None:
+    """A scope ratio is undefined when a state in its denominator has zero norm: say where."""
+    if bool(torch.isfinite(block).all()) and bool(torch.isfinite(total).all()):
+        return
+    bad = ~torch.isfinite(torch.cat([block, total[:, None]], dim=1))
+    p, col = (int(i) for i in bad.nonzero()[0])
+    state = col if col < block.shape[1] else 0  # denominator state x_{l-1} (or x_0 for the total)
+    zero = (norms[state, p, : int(lengths[p])] == 0).nonzero().flatten().tolist()
+    raise ThermoLensNumericsError(
+        f"{view.name}: the {token_scope!r} gain of prompt {p} is undefined: x_{state} "
+        f"({view.resid_hook_names[state]}) has zero norm at position(s) {zero[:8]} (e.g. a token "
+        "whose embedding is zero, such as a padding token used as BOS). Use a token scope that "
+        "excludes those positions (token_scope='all_but_first' excludes position 0; 'frobenius' "
+        "pools all tokens) or another BOS."
+    )
+
+
+def _warn_processed(view: ModelView) -> None:
+    if view.weights_processed:
+        warnings.warn(
+            f"{view.name}: weights are processed (LayerNorm folded / writing weights centered); "
+            "residual norms, hence gains, differ from the raw model. Boot with "
+            "TransformerBridge.boot_transformers(...) without enable_compatibility_mode() to "
+            "measure raw weights as the paper did.",
+            stacklevel=3,
+        )
+
+
+@functools.lru_cache(maxsize=16)
+def _hf_tokenizer(name_or_path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name_or_path)
+
+
+def with_hf_tokenizer_bos(view: ModelView) -> ModelView:
+    """A copy of ``view`` whose ``prepend_bos="tokenizer"`` mode uses the HF tokenizer exactly as
+    ``AutoTokenizer.from_pretrained`` loads it (the paper's protocol).
+
+    Needed because ``TransformerBridge.boot_transformers`` reloads the tokenizer with
+    ``add_bos_token=True``, so ``model.tokenizer(..., add_special_tokens=True)`` prepends BOS even
+    for GPT-2/NeoX-style tokenizers that add none. Other BOS modes are unchanged. If the tokenizer
+    cannot be reloaded (no ``name_or_path``), the view is returned unchanged with a warning.
+    """
+    name = getattr(view.tokenizer, "name_or_path", None)
+    try:
+        tok = _hf_tokenizer(str(name)) if name else None
+    except Exception as e:  # pragma: no cover - depends on the user's files
+        warnings.warn(f"could not reload the HF tokenizer {name!r} ({e}); prepend_bos='tokenizer' "
+                      "uses the model's tokenizer as TransformerLens configured it", stacklevel=3)
+        tok = None
+    if tok is None:
+        return view
+    out = copy.copy(view)
+    encode = view.encode
+
+    def hf_encode(prompt: str, prepend_bos: Any) -> list[int]:
+        if prepend_bos == "tokenizer":
+            return list(tok(prompt, add_special_tokens=True)["input_ids"])
+        return encode(prompt, prepend_bos)
+
+    out.encode = hf_encode  # type: ignore[method-assign]
+    return out
+
+
+def _collect_for_scope(view: ModelView, prompts: Any, reductions: Sequence[Callable],
+                       token_scope: str, **kw: Any) -> Collected:
+    """``collect`` with ``min_tokens`` set by the scope, with a scope-specific error message."""
+    need = 2 if token_scope == "all_but_first" else 1
+    if kw.get("prepend_bos") == "tokenizer":
+        view = with_hf_tokenizer_bos(view)
+    try:
+        return collect(view, prompts, reductions, min_tokens=need, **kw)
+    except ThermoLensInputError as e:
+        if need == 2 and "needs at least 2" in str(e):
+            raise ThermoLensInputError(
+                f"{e} token_scope='all_but_first' excludes position 0, so every prompt needs 2 tokens: "
+                "pass prepend_bos=True (adds a BOS token) or use token_scope='last', 'all' or 'frobenius'."
+            ) from None
+        raise
+
+
+def residual_gain(
+    model: Any,
+    prompts: Sequence[str],
+    *,
+    token_scope: str = DEFAULT_SCOPE,
+    prepend_bos: bool | str = True,
+    batch_size: int = 8,
+    truncate: bool = False,
+    per_token: bool = False,
+    regime_by: str = DEFAULT_REGIME_BY,
+    level: float = 0.95,
+    fwd_hooks: Sequence[tuple[str | Callable, Callable]] = (),
+    progress: bool | None = None,
+) -> GainResult:
+    """Residual gain of ``model`` on ``prompts``: one forward pass per batch, norms reduced in-hook.
+
+    Args:
+        model: a TransformerLens ``TransformerBridge`` (or legacy ``HookedTransformer``, or a
+            :class:`~thermo_lens.model.ModelView`).
+        prompts: list of non-empty strings (a :class:`thermo_lens.prompts.PromptSet` works too).
+        token_scope: ``"all_but_first"`` (default), ``"last"``, ``"all"`` or ``"frobenius"``
+            (:data:`TOKEN_SCOPES`).
+        prepend_bos: ``True`` (TransformerLens default), ``False``, or ``"tokenizer"`` (the HF
+            tokenizer's own special tokens as ``AutoTokenizer.from_pretrained`` gives them, as the
+            paper did; see :func:`with_hf_tokenizer_bos`). Recorded in the result.
+        batch_size: prompts per forward pass (right-padded; padding never enters a norm).
+        truncate: cut prompts longer than the context instead of raising.
+        per_token: also keep ``per_token_gain`` ``[prompt, layer, pos]``.
+        regime_by: the summary whose 95% CI decides the regime (:data:`SUMMARIES`).
+        level: confidence level of the CIs.
+        fwd_hooks: your own ``(hook_name, fn)`` hooks (ablation, patching), run in the same pass
+            before the norms are taken.
+        progress: progress bar (default: when there is more than one batch).
+
+    Returns:
+        :class:`GainResult`.
+
+    Raises:
+        ThermoLensInputError: empty prompt list, empty or non-string prompt, a prompt longer than
+            the context (with ``truncate=False``), unknown ``token_scope``/``regime_by``, or a
+            1-token prompt with ``token_scope="all_but_first"``.
+        thermo_lens.hooks.ThermoLensNumericsError: NaN/inf in a residual state (names the layer).
+
+    Example::
+
+        g = residual_gain(model, ["The capital of France is", "Water boils at"])
+        g.last_block_gain.mean, g.regime, g.to_frame()
+    """
+    _check_scope(token_scope)
+    _check_regime_by(regime_by)
+    level = _check_level(level)
+    view = as_view(model)
+    _warn_processed(view)
+    collected = _collect_for_scope(
+        view, prompts, [residual_norms], token_scope, prepend_bos=prepend_bos,
+        batch_size=batch_size, truncate=truncate, fwd_hooks=fwd_hooks, progress=progress,
+    )
+    return gain_from_collected(collected, token_scope, per_token=per_token, regime_by=regime_by,
+                               level=level)
+
+
+# ---------------------------------------------------------------------------- the paper's metrics
+@dataclass(frozen=True)
+class PaperMetric(Result):
+    """One of the paper's gain definitions, mapped onto thermo-lens' named definitions.
+
+    Attributes:
+        name: short name (``"A"``, ``"B"``, ...).
+        reference_measurement: the ``measurement`` column of ``data/paper_reference_table.csv``.
+        summary: the :data:`SUMMARIES` entry it equals.
+        token_scope: the token scope it uses.
+        prepend_bos: the BOS mode the paper's HF tokenizers used (``"tokenizer"``).
+        paper_definition: what the paper's code computed.
+        note: how thermo-lens' value can differ from the paper's.
+    """
+
+    name: str
+    reference_measurement: str
+    summary: str
+    token_scope: str
+    prepend_bos: Any
+    paper_definition: str
+    note: str = ""
+
+
+_FP_NOTE = ("thermo-lens takes norms in float32 (the paper took some in fp16/bf16) and reports the "
+            "SD with ddof=1 (the paper's files store ddof=0: see .value.sd_ddof0)")
+
+#: The paper's gain definitions by name (METHODS.md section 1; data/paper_reference_table.csv).
+PAPER_METRICS: dict[str, PaperMetric] = {
+    "A": PaperMetric(
+        "A", "residual_gain_no_final_ln", "penultimate_gain", "last", "tokenizer",
+        "mean over prompts of ||h[-2]|| / ||h[-3]|| of HF output_hidden_states at the last token: "
+        "h[L-1] and h[L-2] are block inputs, so this is G_{L-1}, the penultimate block "
+        "(the paper's NO_FINAL_LN fix, Fig. 1-2, Kleiber r)",
+        "equals G_{L-1} exactly; the paper dropped the last block to avoid HF's final-normed "
+        "h[-1]; thermo-lens reads x_L from the hooks and also offers G_L (metric B). " + _FP_NOTE,
+    ),
+    "B": PaperMetric(
+        "B", "last_block_gain_hook", "last_block_gain", "last", "tokenizer",
+        "forward hook on every decoder block; mean over prompts of ||out_L[-1]|| / ||out_{L-1}[-1]|| "
+        "(true last block, before the final norm; the abstract's 0.80 / 1.11 / 1.48 / 2.31)",
+        _FP_NOTE,
+    ),
+    "alltokens": PaperMetric(
+        "alltokens", "last_block_gain_alltokens", "last_block_gain", "frobenius", "tokenizer",
+        "||out_L||_F / ||out_{L-1}||_F over all tokens of [1, seq, d_model]",
+        _FP_NOTE,
+    ),
+    "emb_to_block0": PaperMetric(
+        "emb_to_block0", "emb_to_block0_gain", "first_block_gain", "last", "tokenizer",
+        "mean over prompts of ||h[1]|| / ||h[0]|| at the last token (embedding -> block 0 output)",
+        _FP_NOTE,
+    ),
+}
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class PaperMetricResult(Result):
+    """A paper metric measured on a model: the spec, its across-prompt value, the full gain."""
+
+    metric: PaperMetric
+    value: SummaryStats
+    gain: GainResult
+
+    def __repr__(self) -> str:
+        m, v = self.metric, self.value
+        return (f"PaperMetricResult(metric {m.name} = {m.reference_measurement} = {m.summary} "
+                f"[token_scope={m.token_scope!r}, prepend_bos={m.prepend_bos!r}] on "
+                f"{self.gain.model.get('name')}: {v.format()}; paper-style SD (ddof=0) "
+                f"{v.sd_ddof0:.4g})\n  paper: {m.paper_definition}\n  note: {m.note}")
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row: the metric, its reference measurement name and the summary (mean, sd, ...)."""
+        row = {"metric": self.metric.name, "reference_measurement": self.metric.reference_measurement,
+               "summary": self.metric.summary, **self.value.to_dict(), "sd_ddof0": self.value.sd_ddof0,
+               **self.gain._common()}
+        return pd.DataFrame([row])
+
+
+def paper_metric(
+    model: Any,
+    prompts: Any = "paper25",
+    metric: str = "A",
+    **kwargs: Any,
+) -> PaperMetricResult:
+    """Measure one of the paper's gain metrics (:data:`PAPER_METRICS`) exactly as it defined it.
+
+    Args:
+        model: a TransformerLens model.
+        prompts: a list of prompts, a :class:`~thermo_lens.prompts.PromptSet` or a built-in set
+            name (default ``"paper25"``, the paper's 25 prompts).
+        metric: ``"A"`` (penultimate, NO_FINAL_LN), ``"B"`` (last block, the abstract's values),
+            ``"alltokens"`` (Frobenius) or ``"emb_to_block0"``.
+        **kwargs: passed to :func:`residual_gain` (``batch_size``, ``truncate``, ``fwd_hooks``,
+            ``progress``...); ``token_scope``/``prepend_bos`` default to the paper's.
+    """
+    if metric not in PAPER_METRICS:
+        raise ThermoLensInputError(
+            f"unknown paper metric {metric!r}; choose one of {', '.join(map(repr, PAPER_METRICS))}"
+        )
+    spec = PAPER_METRICS[metric]
+    if isinstance(prompts, str):
+        from thermo_lens.prompts import as_prompt_set
+
+        prompts = as_prompt_set(prompts).prompts
+    kwargs.setdefault("token_scope", spec.token_scope)
+    kwargs.setdefault("prepend_bos", spec.prepend_bos)
+    g = residual_gain(model, prompts, **kwargs)
+    return PaperMetricResult(metric=spec, value=g.summaries[spec.summary], gain=g)

@@ -1,0 +1,198 @@
+"""Input robustness: does the residual gain depend on what the prompt says?
+
+D'Elia (2026), "Thermodynamic Constraints in Transformer Architectures", Fig. 7 ("Input
+Robustness": residual gain across the 25 prompts per model, 5 categories x 5: Factual, Syntactic,
+Cliche, Novel, Nonsense); METHODS.md sections 1 and 6.
+
+:func:`input_robustness` measures the gain (:func:`thermo_lens.gain.residual_gain`, any token
+scope / BOS mode) on every prompt of a prompt set in one pass, then summarises each named gain
+summary per prompt category: mean, SD (ddof=1), SE, 95% t-CI and the regime that category alone
+would give. A Kruskal-Wallis test of the headline metric across categories
+(``scipy.stats.kruskal``, H statistic and p-value) says whether the category matters; the paper
+showed error bars only. Per-prompt values are kept.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats as _st
+
+from thermo_lens.gain import SUMMARIES, GainResult, regime_from_summary, residual_gain
+from thermo_lens.model import ThermoLensInputError
+from thermo_lens.result import Result
+from thermo_lens.stats import SummaryStats, summarize
+
+__all__ = ["RobustnessResult", "input_robustness", "robustness_from_gain"]
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class RobustnessResult(Result):
+    """Gain per prompt category over a prompt set.
+
+    Attributes:
+        gain: the full :class:`~thermo_lens.gain.GainResult` over every prompt (definitions, per-prompt
+            and per-layer values).
+        prompt_set: the prompt set's name (``"grand_unified_twin_gpt2_gptj_25"`` for ``"paper25"``).
+        source: where its prompts came from.
+        categories: category of each prompt (same order as ``gain.prompts``).
+        metric: the headline summary (default: the one deciding ``gain.regime``).
+        by_category: category -> summary name -> :class:`~thermo_lens.stats.SummaryStats` (mean,
+            SD ddof=1, SE, CI; ``.values`` the per-prompt values of that category).
+        category_regimes: category -> regime from that category's CI of ``metric``.
+        kruskal_statistic, kruskal_pvalue: Kruskal-Wallis H test of ``metric`` across categories
+            (NaN with fewer than 2 categories, or when all values are equal).
+    """
+
+    gain: GainResult
+    prompt_set: str
+    source: str
+    categories: tuple[str, ...]
+    metric: str
+    by_category: dict[str, dict[str, SummaryStats]]
+    category_regimes: dict[str, str]
+    kruskal_statistic: float
+    kruskal_pvalue: float
+
+    @property
+    def category_names(self) -> tuple[str, ...]:
+        return tuple(self.by_category)
+
+    @property
+    def overall(self) -> SummaryStats:
+        """``metric`` across all prompts."""
+        return self.gain.summaries[self.metric]
+
+    def per_prompt(self, name: str | None = None) -> np.ndarray:
+        """Per-prompt values of summary ``name`` (default: ``metric``), prompt order."""
+        return np.asarray(self.gain.summaries[name or self.metric].values, dtype=np.float64)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per prompt: ``prompt, category, text, n_tokens, truncated``, every summary's
+        value, and the definition columns (token scope, BOS, dtype, weights, post-LN, model)."""
+        df = self.gain.prompt_frame()
+        df.insert(1, "category", list(self.categories))
+        df["prompt_set"] = self.prompt_set
+        return df
+
+    def summary_frame(self) -> pd.DataFrame:
+        """One row per (category, summary): ``mean, sd (ddof=1), se, ci_low, ci_high, n, regime``."""
+        rows = []
+        for cat, per in self.by_category.items():
+            for name, s in per.items():
+                rows.append({"category": cat, "summary": name, **s.to_dict(),
+                             "regime": regime_from_summary(s), "headline": name == self.metric})
+        df = pd.DataFrame(rows)
+        for k, v in self.gain._common().items():
+            df[k] = v
+        return df
+
+    def __repr__(self) -> str:
+        g = self.gain
+        lines = [
+            f"RobustnessResult({g.model.get('name')} on {self.prompt_set!r}: {g.n_prompts} prompts, "
+            f"{len(self.by_category)} categories; token_scope={g.token_scope!r}, "
+            f"prepend_bos={g.prepend_bos!r}, {g.dtype}, {g.weights} weights)",
+            f"  metric {self.metric}: {SUMMARIES[self.metric]}",
+            f"  {'category':<14} {'n':>3} {'mean':>9} {'SD(ddof=1)':>10} {'SE':>9}  95% CI             regime",
+        ]
+        for cat, per in self.by_category.items():
+            s = per[self.metric]
+            lines.append(f"  {cat[:14]:<14} {s.n:>3} {s.mean:>9.4g} {s.sd:>10.3g} {s.se:>9.3g}  "
+                         f"[{s.ci_low:.4g}, {s.ci_high:.4g}]".ljust(70) + f" {self.category_regimes[cat]}")
+        o = self.overall
+        lines.append(f"  {'all':<14} {o.n:>3} {o.mean:>9.4g} {o.sd:>10.3g} {o.se:>9.3g}  "
+                     f"[{o.ci_low:.4g}, {o.ci_high:.4g}]".ljust(70) + f" {g.regime}")
+        if np.isfinite(self.kruskal_pvalue):
+            lines.append(f"  category effect (Kruskal-Wallis): H = {self.kruskal_statistic:.3g}, "
+                         f"p = {self.kruskal_pvalue:.3g}")
+        lines += [f"  note: {n}" for n in g.notes]
+        return "\n".join(lines)
+
+
+def robustness_from_gain(
+    gain: GainResult,
+    categories: Any,
+    *,
+    metric: str | None = None,
+    prompt_set: str = "custom",
+    source: str = "user",
+) -> RobustnessResult:
+    """Per-category summaries of an existing :class:`~thermo_lens.gain.GainResult` (pure).
+
+    ``categories`` gives one category per prompt of ``gain`` (e.g. ``PromptSet.categories``).
+    """
+    if not isinstance(gain, GainResult):
+        raise ThermoLensInputError(f"expected a GainResult, got {type(gain).__name__}")
+    categories = tuple(categories)
+    if len(categories) != gain.n_prompts:
+        raise ThermoLensInputError(
+            f"{len(categories)} categories for {gain.n_prompts} prompts; give one category per prompt"
+        )
+    metric = metric or gain.regime_by
+    if metric not in SUMMARIES:
+        raise ThermoLensInputError(f"unknown metric {metric!r}; choose one of {', '.join(map(repr, SUMMARIES))}")
+    cats = np.array(categories, dtype=object)
+    by_category: dict[str, dict[str, SummaryStats]] = {}
+    for cat in dict.fromkeys(categories):
+        sel = cats == cat
+        by_category[cat] = {
+            name: summarize(np.asarray(s.values, dtype=np.float64)[sel], level=gain.level)
+            for name, s in gain.summaries.items()
+        }
+    regimes = {cat: regime_from_summary(per[metric]) for cat, per in by_category.items()}
+    groups = [np.asarray(per[metric].values) for per in by_category.values()]
+    h = p = float("nan")
+    if len(groups) >= 2 and all(np.isfinite(np.concatenate(groups))):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                res = _st.kruskal(*groups)
+                h, p = float(res.statistic), float(res.pvalue)
+            except ValueError:  # all values identical
+                pass
+    return RobustnessResult(
+        gain=gain, prompt_set=prompt_set, source=source, categories=categories, metric=metric,
+        by_category=by_category, category_regimes=regimes, kruskal_statistic=h, kruskal_pvalue=p,
+    )
+
+
+def input_robustness(
+    model: Any,
+    prompt_set: Any = "paper25",
+    *,
+    metric: str | None = None,
+    **gain_kwargs: Any,
+) -> RobustnessResult:
+    """Gain distribution per prompt category over a prompt set, from one pass.
+
+    Args:
+        model: a TransformerLens model.
+        prompt_set: a built-in set name (default ``"paper25"``: the paper's 25 prompts, 5
+            categories x 5), a :class:`thermo_lens.prompts.PromptSet`, a dict category -> prompts,
+            or a list of prompts (one category, ``"all"``).
+        metric: the headline summary per category (default: ``regime_by`` of the gain, i.e.
+            ``"last_block_gain"``); every summary is computed regardless.
+        **gain_kwargs: passed to :func:`thermo_lens.gain.residual_gain` (``token_scope``,
+            ``prepend_bos``, ``batch_size``, ``truncate``, ``regime_by``, ``fwd_hooks``...).
+
+    Raises:
+        ThermoLensInputError: unknown prompt-set name, bad prompts (see ``residual_gain``),
+            unknown ``metric``.
+    """
+    from thermo_lens.prompts import as_prompt_set
+
+    if metric is not None and metric not in SUMMARIES:
+        raise ThermoLensInputError(f"unknown metric {metric!r}; choose one of {', '.join(map(repr, SUMMARIES))}")
+    try:
+        ps = as_prompt_set(prompt_set)
+    except KeyError as e:
+        raise ThermoLensInputError(str(e.args[0]) if e.args else str(e)) from None
+    except (TypeError, ValueError) as e:
+        raise ThermoLensInputError(f"bad prompt set: {e}") from None
+    gain = residual_gain(model, list(ps.prompts), **gain_kwargs)
+    return robustness_from_gain(gain, ps.categories, metric=metric, prompt_set=ps.name, source=ps.source)
