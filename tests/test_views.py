@@ -1,0 +1,381 @@
+"""Views: every figure's traces carry the result's numbers (checked against independent
+computations), hover text names the definition, post-LN models are flagged, bad input is refused
+with a clear error. The circuitsvis panel is offline and its numbers match the model's own
+activations."""
+
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+import torch
+from scipy import stats
+
+from thermo_lens import laws, reference, views
+from thermo_lens.anisotropy import anisotropy_from_collected
+from thermo_lens.depth import l_star_from_traces
+from thermo_lens.gain import gain_from_collected
+from thermo_lens.hooks import anisotropy, attention_diagonal, collect, residual_norms
+from thermo_lens.model import ModelView
+from thermo_lens.robustness import robustness_from_gain
+from thermo_lens.sheaf import sheaf_laplacian, traces_from_collected
+from thermo_lens.spectral import spectral_signature
+from thermo_lens.views import ThermoLensViewError
+
+PROMPTS = ["The capital of France is Paris", "Water boils at one hundred degrees",
+           "the early bird catches the worm", "Colorless green ideas sleep furiously"]
+CATEGORIES = ["Factual", "Factual", "Cliche", "Nonsense"]
+
+
+@pytest.fixture(scope="module")
+def measured(bridge):
+    """Gain, anisotropy, traces, L*, spectral signature of three fixture models, one pass each."""
+    out = {}
+    for arch in ("gpt2", "opt_postln", "llama_gqa"):
+        c = collect(bridge(arch), PROMPTS, [residual_norms, anisotropy, attention_diagonal], prepend_bos=True)
+        t = traces_from_collected(c)
+        out[arch] = dict(gain=gain_from_collected(c), anisotropy=anisotropy_from_collected(c), traces=t,
+                         l_star=l_star_from_traces(t), spectral=spectral_signature(bridge(arch)))
+    return out
+
+
+def _by_role(fig, role):
+    return [t for t in fig.data if isinstance(t.meta, dict) and t.meta.get("role") == role]
+
+
+def _t_ci(values):
+    """Independent per-column mean and 95% t-CI (scipy), ddof=1."""
+    v = np.asarray(values, dtype=np.float64)
+    m, se = v.mean(0), v.std(0, ddof=1) / np.sqrt(v.shape[0])
+    lo, hi = stats.t.interval(0.95, v.shape[0] - 1, loc=m, scale=se)
+    return m, lo, hi
+
+
+# ---------------------------------------------------------------------------- dynamics
+def test_layer_dynamics_traces_equal_per_layer_mean_and_ci(measured):
+    gains = {a: measured[a]["gain"] for a in ("gpt2", "opt_postln")}
+    fig = views.layer_dynamics(gains)
+    assert isinstance(fig, go.Figure)
+    means, bands = _by_role(fig, "mean"), _by_role(fig, "ci_band")
+    assert [t.meta["model"] for t in means] == ["gpt2", "opt_postln"] and len(bands) == 2
+    for tr, band, arch in zip(means, bands, gains):
+        g = gains[arch]
+        m, lo, hi = _t_ci(g.block_gain.double().numpy())
+        np.testing.assert_allclose(tr.x, np.arange(1, g.n_layers + 1))
+        np.testing.assert_allclose(tr.y, m, rtol=1e-6)
+        L = g.n_layers  # band polygon: upper edge forward, lower edge backward
+        np.testing.assert_allclose(band.y[:L], hi, rtol=1e-6)
+        np.testing.assert_allclose(band.y[L:], lo[::-1], rtol=1e-6)
+        for words in ("G_l = ||x_l|| / ||x_{l-1}||", "token scope all_but_first", "BOS prepended",
+                      "float32 norms", "raw weights", "ddof=1"):
+            assert words in tr.hovertemplate, words
+    # the post-LN model is flagged: name, dashed line, open diamonds, and a note on the figure
+    post = means[1]
+    assert "[post-LN]" in post.name and post.line.dash == "dash" and post.marker.symbol == "diamond-open"
+    assert "post-LN" in post.hovertemplate and "LayerNorm" in post.hovertemplate
+    assert means[0].line.dash == "solid" and "[post-LN]" not in means[0].name
+    assert any("post-LN" in a.text for a in fig.layout.annotations)
+    assert not any("post-LN" in (a.text or "") for a in views.layer_dynamics(gains["gpt2"]).layout.annotations)
+
+
+def test_layer_dynamics_relative_depth_and_profile_input(measured):
+    g = measured["llama_gqa"]["gain"]
+    fig = views.layer_dynamics([g], names=["mine"], x="relative_depth", show_ci=False, log_y=False)
+    (tr,) = _by_role(fig, "mean")
+    np.testing.assert_allclose(tr.x, np.arange(1, 4) / 3)
+    assert tr.name == "mine" and not _by_role(fig, "ci_band") and fig.layout.yaxis.type != "log"
+
+    class Prof:  # anything with .meta and .gain is unwrapped like a ThermoProfile
+        meta = {"name": "prof"}
+        gain = g
+    (tr2,) = _by_role(views.layer_dynamics(Prof()), "mean")
+    assert tr2.meta["model"] == "prof"
+    np.testing.assert_allclose(tr2.y, tr.y)
+
+
+def test_anisotropy_plot_equals_nanmean_over_prompts(measured):
+    a = measured["gpt2"]["anisotropy"]
+    fig = views.anisotropy_plot({"gpt2": a, "post": measured["opt_postln"]["anisotropy"]})
+    tr, post = _by_role(fig, "mean")
+    np.testing.assert_allclose(tr.y, np.nanmean(a.values.double().numpy(), axis=0), rtol=1e-6)
+    np.testing.assert_array_equal(tr.x, np.arange(4))  # x_0 .. x_L
+    assert "position 0" in tr.hovertemplate and "cosine" in tr.hovertemplate
+    assert "[post-LN]" in post.name
+
+
+def test_robustness_plot_per_prompt_and_category_means(measured):
+    g = measured["gpt2"]["gain"]
+    r = robustness_from_gain(g, CATEGORIES, prompt_set="mine")
+    fig = views.robustness_plot(r)
+    (box,), (means,) = _by_role(fig, "per_prompt"), _by_role(fig, "category_mean")
+    per = g.summaries[g.regime_by].values
+    np.testing.assert_allclose(box.y, per)
+    assert list(box.x) == CATEGORIES
+    df = pd.DataFrame({"c": CATEGORIES, "v": per}).groupby("c", sort=False)["v"].mean()
+    assert list(means.x) == list(df.index)
+    np.testing.assert_allclose(means.y, df.to_numpy())
+    assert "last_block_gain" in means.hovertemplate and "token scope all_but_first" in means.hovertemplate
+
+
+# ---------------------------------------------------------------------------- heads
+def test_head_heatmap_carries_values_and_definition():
+    z = torch.arange(12.0).reshape(3, 4)
+    fig = views.head_heatmap(z, title="t", definition="my metric, raw weights")
+    np.testing.assert_array_equal(np.asarray(fig.data[0].z), z.numpy())
+    assert "my metric, raw weights" in fig.data[0].hovertemplate
+    assert fig.layout.yaxis.title.text == "layer" and fig.layout.xaxis.title.text == "head"
+    with pytest.raises(ThermoLensViewError, match=r"\[layer, head\].*reduce over prompts"):
+        views.head_heatmap(torch.zeros(2, 3, 4), title="t", definition="d")
+    with pytest.raises(ThermoLensViewError, match="definition"):
+        views.head_heatmap(z, title="t", definition="")
+
+
+def test_spectral_scatter_equals_numpy_svd_and_colours_by_lab(bridge, measured):
+    view = ModelView(bridge("llama_gqa"))  # GQA: 4 query heads read 2 KV heads
+    W_V, W_O = view.W_V().double().numpy(), view.W_O().double().numpy()
+    sig = measured["llama_gqa"]["spectral"]
+    fig = views.spectral_scatter({"a": measured["gpt2"]["spectral"], "b": sig, "c": sig},
+                                 labs=["lab1", "lab2", "lab2"])
+    heads = _by_role(fig, "heads")
+    tr = heads[1]
+    for i, (l, h) in enumerate(np.ndindex(view.n_layers, view.n_heads)):
+        kv = int(view.kv_head_of[h])
+        assert tr.x[i] == pytest.approx(np.linalg.norm(W_V[l, kv], 2), rel=1e-5)
+        assert tr.y[i] == pytest.approx(np.linalg.norm(W_O[l, h], 2), rel=1e-5)
+        assert tuple(tr.customdata[i][:2]) == (l, h)
+    assert heads[1].marker.color == heads[2].marker.color != heads[0].marker.color
+    assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
+    assert "sigma_max" in tr.hovertemplate and "raw weights" in tr.hovertemplate and "GQA" in tr.hovertemplate
+    (m,) = _by_role(views.spectral_scatter(sig, per="model"), "model_mean")
+    assert m.x[0] == pytest.approx(float(sig.W_V_norm.double().mean()))
+
+
+def test_spectral_heatmaps_and_sheaf_trace_heatmap(bridge, measured):
+    sig = measured["gpt2"]["spectral"]
+    fig = views.spectral_heatmaps(sig, metrics=("W_V_norm", "ov_norm"))
+    for tr, m in zip(fig.data, ("W_V_norm", "ov_norm")):
+        np.testing.assert_allclose(np.asarray(tr.z), getattr(sig, m).numpy())
+        assert tr.meta["metric"] == m
+    # sheaf trace per head vs the full cached pattern of one prompt: (n - sum_i A_ii) ||W_V||_F^2
+    model, view = bridge("gpt2"), ModelView(bridge("gpt2"))
+    c = collect(model, PROMPTS[:1], [attention_diagonal], prepend_bos=True)
+    fig = views.sheaf_trace_heatmap(traces_from_collected(c))
+    tokens = view.tokenize(PROMPTS[:1], prepend_bos=True).tokens
+    _, cache = model.run_with_cache(tokens)
+    W_V = view.W_V().double()
+    expected = np.zeros((view.n_layers, view.n_heads))
+    for l in range(view.n_layers):
+        A = cache[f"blocks.{l}.attn.hook_pattern"][0].double()
+        n = A.shape[-1]
+        for h in range(view.n_heads):
+            expected[l, h] = (n - torch.diagonal(A[h]).sum()) * W_V[l, h].pow(2).sum()
+    np.testing.assert_allclose(np.asarray(fig.data[0].z), expected, rtol=1e-4)
+    assert "(n - sum_i A_ii)" in fig.data[0].hovertemplate and "BOS prepended" in fig.data[0].hovertemplate
+
+
+# ---------------------------------------------------------------------------- sheaf
+def test_sheaf_plot_against_dense_laplacian_and_restriction_maps(bridge):
+    short = "the cat"  # few tokens: the dense n*d_model check stays small
+    L = sheaf_laplacian(bridge("gpt2"), short, layer=1, head=2)
+    assert 3 <= L.n <= 8
+    fig = views.sheaf_plot(L)
+    (M,), (spec,), (rn,) = _by_role(fig, "M"), _by_role(fig, "spectrum"), _by_role(fig, "restriction_norms")
+    A = L.pattern.numpy()
+    off = A.sum(1) - np.diag(A)  # M_ii = sum_{j != i} A_ij; M_ij = -sqrt(A_ij A_ji) = 0 (causal)
+    np.testing.assert_allclose(np.asarray(M.z), np.diag(off), atol=1e-12)
+    np.testing.assert_allclose(np.diag(np.asarray(M.z)), 1 - np.diag(A), atol=1e-6)
+    dense = np.linalg.eigvalsh(L.dense().numpy())  # independent: the assembled n*d_model matrix
+    nonzero = np.sort(dense[dense > 1e-9 * dense.max()])[::-1]
+    np.testing.assert_allclose(spec.y, nonzero, rtol=1e-6)
+    for i in range(L.n):
+        for j in range(L.n):
+            want = 0.0 if i == j else np.linalg.norm(L.restriction_map(i, j).numpy(), 2)
+            assert np.asarray(rn.z)[i, j] == pytest.approx(want, rel=1e-9, abs=1e-12)
+    assert "rho_ij = sqrt(c_ij) W_V" in rn.hovertemplate and "dim ker L" in spec.hovertemplate
+    assert "directed" in fig.layout.title.text
+    sym = views.sheaf_plot(sheaf_laplacian(bridge("gpt2"), short, layer=1, head=2, convention="symmetrized"))
+    (Ms,) = _by_role(sym, "M")
+    w = (A + A.T) / 2
+    np.fill_diagonal(w, 0)
+    np.testing.assert_allclose(np.asarray(Ms.z), np.diag(w.sum(1)) - w, atol=1e-12)  # graph Laplacian
+    with pytest.raises(ThermoLensViewError, match="head=h"):
+        views.sheaf_plot(sheaf_laplacian(bridge("gpt2"), short, layer=1))
+
+
+def test_l_star_plot_marks_empirical_and_predicted(measured):
+    r = measured["gpt2"]["l_star"]
+    t = measured["gpt2"]["traces"]
+    fig = views.l_star_plot({"gpt2": r, "post": measured["opt_postln"]["l_star"]})
+    tr = _by_role(fig, "layer_trace")[0]
+    T = t.trace.sum(-1).mean(0).numpy()  # independent: sum over heads, mean over prompts
+    np.testing.assert_allclose(tr.y, T, rtol=1e-10)
+    (emp,) = [d for d in _by_role(fig, "l_star_empirical") if d.meta["model"] == "gpt2"]
+    (pred,) = [d for d in _by_role(fig, "l_star_predicted") if d.meta["model"] == "gpt2"]
+    assert emp.x[0] == int(np.argmax(np.abs(np.gradient(T))))
+    assert pred.x[0] == pytest.approx(3 * (0.11 + 0.012 * 3 + 4.9 / 4))
+    assert "argmax" in emp.hovertemplate and "0.11 + 0.012 L + 4.9 / H" in pred.hovertemplate
+    assert "[post-LN]" in _by_role(fig, "layer_trace")[1].name
+    with pytest.raises(ThermoLensViewError, match="relative_depth"):
+        views.l_star_plot(r, x="depth")
+
+
+# ---------------------------------------------------------------------------- laws
+@pytest.fixture(scope="module")
+def survey():
+    df = laws.add_regimes(reference.lab_survey(), std_ddof=0)
+    df["post_ln"] = df["model"].str.contains("350m")  # OPT-350m is post-LN
+    return df
+
+
+def test_kleiber_plot_bound_points_stats_and_post_ln(survey):
+    fig = views.kleiber_plot(survey)
+    (bound,) = _by_role(fig, "bound")
+    np.testing.assert_allclose(bound.y, 10.0 ** (1.0 / np.asarray(bound.x)))
+    pts = _by_role(fig, "models")
+    got = {m: (x, y) for t in pts for m, x, y in zip(t.meta["models"], t.x, t.y)}
+    for _, r in survey.iterrows():
+        assert got[r["model"]] == (r["n_layers"], pytest.approx(r["gain"]))
+    r = stats.pearsonr(survey["n_layers"].astype(float), survey["gain"])
+    assert f"Pearson r = {r.statistic:.3f}" in fig.layout.title.text
+    opt = [t for t in pts if t.meta["lab"] == "Meta"][0]
+    symbols = dict(zip(opt.meta["models"], opt.marker.symbol))
+    assert symbols["opt-350m"] == "diamond-open" and symbols["opt-125m"] == "circle"
+    assert any("post-LN" in a.text and "opt-350m" in a.text for a in fig.layout.annotations)
+    assert "below the" not in fig.layout.title.text
+    two = views.kleiber_plot(survey.head(2))
+    assert "need at least 3" in two.layout.title.text
+    with pytest.raises(ThermoLensViewError, match="no column 'nope'"):
+        views.kleiber_plot(survey, gain="nope")
+
+
+def test_heritage_and_hierarchy_equal_groupby(survey):
+    fig = views.heritage_plot(survey)
+    (bars,) = _by_role(fig, "lab_mean")
+    g = survey.groupby("lab", sort=False)["gain"]
+    np.testing.assert_allclose(np.asarray(bars.y) + bars.base, g.mean().to_numpy())
+    se = (g.std(ddof=1) / np.sqrt(g.count())).fillna(0).to_numpy()
+    np.testing.assert_allclose(bars.error_y.array, se)
+    assert list(bars.x) == list(g.mean().index) and "Fisher" in bars.hovertemplate
+    h = views.hierarchy_plot(survey)
+    order = g.mean().sort_values()
+    assert list(h.data[0].y) == list(order.index)
+    np.testing.assert_allclose(h.data[0].x, order.to_numpy())
+    with pytest.raises(ThermoLensViewError, match="at least 2 labs"):
+        views.heritage_plot(survey[survey["lab"] == "Meta"])
+
+
+def test_reference_overlay_states_definitions_and_like_for_like(measured):
+    g = measured["gpt2"]["gain"]
+    row = views.gain_row(g, lab="mine")
+    fig = views.reference_overlay([row], metric="A")
+    ref = reference.gains("residual_gain_no_final_ln")
+    paper = _by_role(fig, "paper")
+    assert sum(len(t.y) for t in paper) == len(ref)
+    np.testing.assert_allclose(sorted(y for t in paper for y in t.y), np.sort(ref["gain"].to_numpy()))
+    (user,) = _by_role(fig, "user")
+    assert user.y[0] == pytest.approx(float(g.penultimate_gain.mean))
+    # all_but_first + BOS True is not the paper's definition: said in the title and the hover
+    assert user.meta["like_for_like"] == [False] and "NOT like for like" in fig.layout.title.text
+    assert "token scope all_but_first (paper: last)" in user.hovertext[0]
+    text = " ".join(a.text for a in fig.layout.annotations)
+    for words in ("penultimate", "last token", "float16", "HF", "own definition"):
+        assert words in text, words
+    same = dict(row, token_scope="last", prepend_bos="tokenizer")
+    fig2 = views.reference_overlay(pd.DataFrame([same]), metric="B")
+    (u2,) = _by_role(fig2, "user")
+    assert u2.meta["like_for_like"] == [True] and "NOT" not in fig2.layout.title.text
+    assert u2.y[0] == pytest.approx(float(g.last_block_gain.mean))
+    with pytest.raises(ThermoLensViewError, match="unknown paper metric"):
+        views.reference_overlay([row], metric="Z")
+
+
+def test_bad_inputs_are_refused_clearly(measured):
+    with pytest.raises(ThermoLensViewError, match="expected a GainResult"):
+        views.layer_dynamics(measured["gpt2"]["spectral"])
+    with pytest.raises(ThermoLensViewError, match="empty"):
+        views.layer_dynamics([])
+    with pytest.raises(ThermoLensViewError, match="2 names for 1"):
+        views.layer_dynamics(measured["gpt2"]["gain"], names=["a", "b"])
+    with pytest.raises(ThermoLensViewError, match="expected a SpectralSignature"):
+        views.spectral_scatter(measured["gpt2"]["gain"])
+    with pytest.raises(ThermoLensViewError, match="cannot make a per-model row"):
+        views.kleiber_plot([object()])
+
+
+# ---------------------------------------------------------------------------- panels
+def _props(html_text, element):
+    m = re.search(r"CircuitsVis\." + element + r",\s*(\{.*?\})\s*\)", html_text, re.S)
+    return json.loads(m.group(1).replace("<\\/", "</"))
+
+
+def test_attention_panel_offline_and_equal_to_model_activations(bridge):
+    model = bridge("gpt2")
+    view = ModelView(model)
+    layer, prompt = 1, "The capital of France </script> is"
+    panel = views.attention_panel(model, prompt, layer)
+    # offline: the bundle is inlined, no src/href to anywhere, nothing from a CDN
+    assert "var CircuitsVis" in panel.html and "unpkg" not in panel.html
+    assert not re.search(r"<script[^>]*\bsrc=", panel.html) and "sourceMappingURL" not in panel.html
+    assert panel.html.count("</script>") == 1  # a token "</script>" cannot end the script early
+    assert panel._repr_html_() == panel.html
+    # the same props circuitsvis.attention.attention_patterns(tokens=..., attention=...) renders
+    import circuitsvis.attention
+
+    ref = circuitsvis.attention.attention_patterns(tokens=list(panel.tokens), attention=panel.pattern)
+    assert _props(panel.html, "AttentionPatterns") == _props(ref.local_src, "AttentionPatterns")
+    # pattern and metrics against the model's own cached activations
+    tokens = view.tokenize([prompt], prepend_bos=True).tokens
+    _, cache = model.run_with_cache(tokens)
+    A = cache[f"blocks.{layer}.attn.hook_pattern"][0].double()
+    torch.testing.assert_close(panel.pattern.double(), A, rtol=1e-5, atol=1e-6)
+    assert len(panel.tokens) == tokens.shape[1]
+    W_V, W_O = view.W_V().double(), view.W_O().double()
+    mt = panel.metrics
+    for h in range(view.n_heads):
+        n = A.shape[-1]
+        assert mt.loc[h, "sheaf_trace"] == pytest.approx(float((n - torch.diagonal(A[h]).sum()) * W_V[layer, h].pow(2).sum()), rel=1e-4)
+        assert mt.loc[h, "W_V_norm"] == pytest.approx(np.linalg.norm(W_V[layer, h].numpy(), 2), rel=1e-5)
+        assert mt.loc[h, "W_O_norm"] == pytest.approx(np.linalg.norm(W_O[layer, h].numpy(), 2), rel=1e-5)
+        assert mt.loc[h, "ov_norm"] == pytest.approx(np.linalg.norm((W_V[layer, h] @ W_O[layer, h]).numpy(), 2), rel=1e-4)
+    # zero-ablation gain change, recomputed by hand: mean over tokens 1..n-1 of ||x_{l+1}|| / ||x_l||
+    def block_gain(h=None):
+        def zero(z, hook):
+            z[:, :, h] = 0.0
+            return z
+        c = cache
+        if h is not None:
+            with model.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_z", zero)]):
+                _, c = model.run_with_cache(tokens)
+        x_in = c[f"blocks.{layer}.hook_resid_pre"][0].double().norm(dim=-1)
+        x_out = c[f"blocks.{layer}.hook_resid_post"][0].double().norm(dim=-1)
+        return float((x_out / x_in)[1:].mean())
+    base = block_gain()
+    assert mt["delta_block_gain"].abs().max() > 1e-4  # the ablation really changed the block
+    for h in range(view.n_heads):
+        assert mt.loc[h, "delta_block_gain"] == pytest.approx(block_gain(h) - base, abs=1e-5)
+    for name in ("delta_block_gain", "sheaf_trace", "W_V_norm"):
+        assert views.PANEL_DEFINITIONS[name] in panel.html.replace("&#x27;", "'")
+    assert "BOS prepended" in panel.html
+
+
+def test_attention_panel_gqa_and_bad_input(bridge, tmp_path):
+    model = bridge("llama_gqa")
+    panel = views.attention_panel(model, "Birds of a feather flock together", 0, ablation=False,
+                                  include_js=False)
+    assert "var CircuitsVis" not in panel.html and "delta_block_gain" not in panel.metrics
+    view = ModelView(model)
+    W_V = view.W_V().double()
+    for h in range(view.n_heads):  # GQA: query head h reads KV head h // 2
+        assert panel.metrics.loc[h, "W_V_norm"] == pytest.approx(
+            np.linalg.norm(W_V[0, int(view.kv_head_of[h])].numpy(), 2), rel=1e-5)
+    out = panel.save(tmp_path / "p.html")
+    assert out.read_text().startswith("<!DOCTYPE html>")
+    with pytest.raises(ThermoLensViewError, match=r"layer must be an int in 0\.\.2"):
+        views.attention_panel(model, "hello there", 7)
+    with pytest.raises(ThermoLensViewError, match="non-empty string"):
+        views.attention_panel(model, "", 0)
+    with pytest.raises(ThermoLensViewError, match=r"pattern must be \[head, n, n\]"):
+        views.panel_from_results(["a", "b"], torch.zeros(2, 3, 3), pd.DataFrame({"head": [0, 1]}),
+                                 layer=0, prompt="a b")

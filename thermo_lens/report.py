@@ -1,0 +1,619 @@
+"""One self-contained, offline HTML report for one model or a whole study directory.
+
+``write_report(dir_or_profiles, output=None) -> Path`` writes a single HTML file with plotly.js
+embedded **once** (every figure is drawn by that one copy), the circuitsvis bundle inlined in the
+optional attention panel, and no reference to any network resource: it opens from a laptop on a
+plane. Contents (each number with its definition):
+
+1. header: settings (prompt set, BOS mode, token scope, dtypes, weights), models, failed models
+   with their errors (from the study manifest);
+2. per-model summary table (``ThermoProfile.to_row()``);
+3. layer dynamics (block gain per layer, 95% CI bands; post-LN flagged) and input robustness by
+   prompt category when the prompt set is categorised;
+4. anisotropy profile;
+5. spectral signature: ``||W_V||`` vs ``||W_O||`` scatter by lab, per-head heatmaps per model;
+6. sheaf traces per head and L* (empirical vs predicted);
+7. cross-model laws (Kleiber, heritage, hierarchy; :mod:`thermo_lens.laws`) when there are >= 3
+   models, else the reason they are not shown;
+8. the overlay on the paper's published models (:mod:`thermo_lens.reference`), with the paper's
+   definition stated;
+9. a circuitsvis attention panel when a model can be booted locally (embedded zoo model or a local
+   checkpoint directory); skipped otherwise, with the reason;
+10. definitions: every definition used, generated from the modules that compute the numbers.
+
+D'Elia (2026), "Thermodynamic Constraints in Transformer Architectures"; METHODS.md.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import os
+import re
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+__all__ = ["write_report", "render_report", "ReportError"]
+
+DEFAULT_NAME = "report.html"
+STANDALONE_NAME = "thermo-lens-report.html"
+#: Per-model figures (head heatmaps, sheaf traces) are drawn for at most this many models.
+MAX_PER_MODEL_FIGURES = 12
+#: "auto" panels boot a local checkpoint directory only when its weight files are this small.
+MAX_AUTO_PANEL_BYTES = 500 * 2**20
+
+
+class ReportError(ValueError):
+    """The report cannot be written from this input; the message says what to pass."""
+
+
+esc = html.escape
+
+
+# ---------------------------------------------------------------------------- inputs
+def _load_inputs(dir_or_profiles: Any) -> tuple[dict[str, Any], dict[str, Any], Path | None]:
+    """``({id: profile}, manifest, directory or None)``."""
+    if isinstance(dir_or_profiles, (str, os.PathLike)):
+        path = Path(dir_or_profiles)
+        if path.is_file() and path.suffix == ".json":
+            from thermo_lens.profile import ThermoProfile
+
+            prof = ThermoProfile.from_json(path)
+            return {path.stem: prof}, {"models": {}}, path.parent
+        if not path.is_dir():
+            raise ReportError(f"{path} is neither a study/profile directory nor a profile JSON file")
+        from thermo_lens import study
+
+        manifest = study.read_manifest(path)
+        if not manifest.get("models"):
+            raise ReportError(
+                f"{path}: no {study.MANIFEST} with models here; run `thermo-lens profile --out {path}` or "
+                f"`thermo-lens study SPEC --out {path}` first, or pass ThermoProfiles")
+        return study.load_profiles(path), manifest, path
+    if isinstance(dir_or_profiles, Mapping):
+        profiles = {str(k): v for k, v in dir_or_profiles.items()}
+    elif isinstance(dir_or_profiles, (list, tuple)):
+        profiles = {}
+        for i, p in enumerate(dir_or_profiles):
+            key = str((getattr(p, "meta", None) or {}).get("name") or f"model-{i + 1}")
+            while key in profiles:
+                key += "'"
+            profiles[key] = p
+    elif hasattr(dir_or_profiles, "meta") and hasattr(dir_or_profiles, "gain"):
+        profiles = {str(dir_or_profiles.meta.get("name") or "model"): dir_or_profiles}
+    else:
+        raise ReportError(
+            f"write_report takes a study directory, a profile JSON file, a ThermoProfile or a list/dict of "
+            f"them; got {type(dir_or_profiles).__name__}")
+    for k, p in profiles.items():
+        if not (hasattr(p, "meta") and hasattr(p, "gain")):
+            raise ReportError(f"{k!r} is a {type(p).__name__}, not a ThermoProfile (thermo_lens.profile(model, prompts))")
+    if not profiles:
+        raise ReportError("no profiles given")
+    return profiles, {"models": {}}, None
+
+
+def _meta(p: Any) -> dict[str, Any]:
+    m = getattr(p, "meta", None)
+    return dict(m) if isinstance(m, Mapping) else {}
+
+
+def _rows(profiles: dict[str, Any]) -> pd.DataFrame:
+    try:
+        from thermo_lens.profile import profiles_frame
+
+        df = profiles_frame(list(profiles.values()))
+    except Exception:  # noqa: BLE001 - fall back to the rows themselves
+        df = pd.DataFrame([dict(p.to_row()) for p in profiles.values()])
+    if "model" not in df.columns:
+        df.insert(0, "model", list(profiles))
+    df["model"] = [str(m) if isinstance(m, str) and m else k for m, k in zip(df["model"], profiles)]
+    return df.reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------- html pieces
+class _Doc:
+    """Collects sections and figures; plotly.js goes in once, in the head."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.toc: list[tuple[str, str]] = []
+        self.figure_ids: list[str] = []
+        self.errors: list[str] = []
+
+    def section(self, anchor: str, title: str) -> None:
+        self.toc.append((anchor, title))
+        self.parts.append(f'<h2 id="{anchor}">{esc(title)}</h2>')
+
+    def html(self, text: str) -> None:
+        self.parts.append(text)
+
+    def p(self, text: str, cls: str = "") -> None:
+        self.parts.append(f'<p class="{cls}">{esc(text)}</p>' if cls else f"<p>{esc(text)}</p>")
+
+    def figure(self, fid: str, build: Callable[[], go.Figure], caption: str = "") -> None:
+        """Add a figure; a failure becomes a visible error box (the report is still written)."""
+        try:
+            fig = build()
+        except Exception as e:  # noqa: BLE001 - one broken figure must not lose the report
+            self.errors.append(f"{fid}: {type(e).__name__}: {e}")
+            self.parts.append(f'<div class="error">Figure {esc(fid)} could not be drawn: '
+                              f"{esc(type(e).__name__)}: {esc(str(e))}</div>")
+            return
+        fid = re.sub(r"[^A-Za-z0-9_-]", "-", fid)
+        self.figure_ids.append(fid)
+        div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=fid,
+                          config={"displaylogo": False, "responsive": True})
+        cap = f'<div class="caption">{esc(caption)}</div>' if caption else ""
+        self.parts.append(f'<div class="figure">{div}{cap}</div>')
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:0 auto;max-width:1320px;padding:16px 28px;color:#222}
+h1{margin-bottom:4px} h2{border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:36px}
+h3{margin-top:22px} .sub{color:#555;margin-top:0}
+table.tl{border-collapse:collapse;font-size:12.5px;margin:8px 0}
+table.tl th,table.tl td{border:1px solid #ddd;padding:3px 8px;text-align:right;vertical-align:top}
+table.tl th{background:#f4f6f8} table.tl td.l,table.tl th.l{text-align:left}
+.figure{margin:14px 0 24px 0} .caption{color:#555;font-size:12.5px;margin-top:2px}
+.warn{background:#fff6e0;border-left:4px solid #e8a400;padding:6px 10px}
+.error{background:#fde8e8;border-left:4px solid #d62728;padding:6px 10px;font-family:monospace;white-space:pre-wrap}
+.note{color:#555} nav ul{columns:2;font-size:13px} pre{background:#f6f8fa;padding:8px;overflow-x:auto;font-size:12px}
+dt{font-weight:bold;margin-top:6px} dd{margin-left:18px} .scroll{overflow-x:auto;max-width:100%}
+"""
+
+
+def _table(df: pd.DataFrame, *, left: Sequence[str] = (), digits: int = 4, max_rows: int = 500) -> str:
+    cols = list(df.columns)
+    head = "".join(f'<th class="{"l" if c in left else ""}">{esc(str(c))}</th>' for c in cols)
+    body = []
+    for _, r in df.head(max_rows).iterrows():
+        cells = []
+        for c in cols:
+            v = r[c]
+            if isinstance(v, (float, np.floating)):
+                s = "" if pd.isna(v) else f"{v:.{digits}g}"
+            elif v is None or (not isinstance(v, (str, bool, list, tuple, dict)) and pd.isna(v)):
+                s = ""
+            else:
+                s = str(v)
+            cells.append(f'<td class="{"l" if c in left else ""}">{esc(s)}</td>')
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    more = f'<p class="note">{len(df) - max_rows} more rows not shown</p>' if len(df) > max_rows else ""
+    return (f'<div class="scroll"><table class="tl"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody>'
+            f"</table></div>{more}")
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("thermo-lens")
+    except Exception:  # noqa: BLE001
+        return "dev"
+
+
+# ---------------------------------------------------------------------------- sections
+_SUMMARY_COLS = ["model", "lab", "family", "n_layers", "n_heads", "d_head", "rho", "gain", "gain_ci_low",
+                 "gain_ci_high", "regime", "last_block_gain", "penultimate_gain", "geometric_mean_gain",
+                 "W_V_norm", "W_O_norm", "ratio", "mean_trace", "l_star", "l_star_predicted", "post_ln",
+                 "weights", "dtype", "prepend_bos", "token_scope"]
+
+
+def _settings_table(profiles: dict[str, Any]) -> tuple[str, list[str]]:
+    keys = ["prompt_set", "n_prompts", "prepend_bos", "token_scope", "dtype", "weights", "norm_placement",
+            "source"]
+    rows, warn = [], []
+    for k, p in profiles.items():
+        m = _meta(p)
+        rows.append({"model": k, **{c: m.get(c) for c in keys}})
+    df = pd.DataFrame(rows)
+    for c in ("prompt_set", "prepend_bos", "token_scope", "weights"):
+        vals = {str(v) for v in df[c]}
+        if len(vals) > 1:
+            warn.append(f"models were measured with different {c} ({', '.join(sorted(vals))}): "
+                        "cross-model comparisons mix definitions")
+    if any(str(v) == "processed" for v in df["weights"]):
+        warn.append("some models have processed weights (LayerNorm folded / centered): residual norms and "
+                    "W_V norms differ from the raw weights the paper measured")
+    return _table(df, left=["model", "prompt_set", "prepend_bos", "token_scope", "dtype", "weights",
+                            "norm_placement", "source"]), warn
+
+
+def _failed(manifest: dict[str, Any]) -> pd.DataFrame:
+    rows = []
+    for mid, e in (manifest.get("models") or {}).items():
+        if e.get("status") != "done":
+            err = (e.get("error") or "").strip()
+            rows.append({"model": mid, "status": e.get("status"), "source": e.get("source"),
+                         "error": err.splitlines()[0][:300] if err else ""})
+    return pd.DataFrame(rows, columns=["model", "status", "source", "error"])
+
+
+def _attr(profiles: dict[str, Any], attr: str) -> dict[str, Any]:
+    return {k: getattr(p, attr) for k, p in profiles.items() if getattr(p, attr, None) is not None}
+
+
+def _robustness(profiles: dict[str, Any]) -> dict[str, Any]:
+    """Per-category gain for profiles whose prompts carry >= 2 categories (pure, no model run)."""
+    from thermo_lens import prompts as prompt_sets
+    from thermo_lens.robustness import robustness_from_gain
+
+    out = {}
+    for k, p in profiles.items():
+        meta, g = _meta(p), getattr(p, "gain", None)
+        if g is None:
+            continue
+        cats = meta.get("categories")
+        if not cats:  # older profiles: recover the categories from a built-in prompt set
+            try:
+                ps = prompt_sets.get(str(meta.get("prompt_set")))
+                cats = ps.categories if tuple(ps.prompts) == tuple(g.prompts) else None
+            except (KeyError, TypeError):
+                cats = None
+        if not cats or len(cats) != g.n_prompts or len(set(cats)) < 2:
+            continue
+        out[k] = robustness_from_gain(g, list(cats), prompt_set=str(meta.get("prompt_set") or "custom"))
+    return out
+
+
+def _laws_section(doc: _Doc, rows: pd.DataFrame) -> None:
+    from thermo_lens import laws
+    from thermo_lens import views
+
+    doc.section("laws", "Cross-model laws (computed, with p-values)")
+    n = len(rows)
+    if n < 3:
+        doc.html(f'<p class="warn">Only {n} model(s): the laws (Kleiber correlation, heritage Fisher tests, '
+                 "hierarchy) need at least 3 models, so they are not computed. Run a study with more models "
+                 "(`thermo-lens study SPEC --out DIR`).</p>")
+        return
+    gain_def = ""
+    by_col = "gain_by" if "gain_by" in rows.columns else ("gain_summary" if "gain_summary" in rows.columns else None)
+    if by_col:
+        gain_def = f" (column gain = {', '.join(map(str, dict.fromkeys(rows[by_col])))}, with its 95% CI)"
+    doc.p(f"One row per model{gain_def}; regimes from each model's 95% CI, never from the lab name "
+          "(METHODS.md section 5).", "note")
+    doc.html("<h3>Kleiber: gain vs depth with the bound 10^(1/L)</h3>")
+    doc.figure("fig-kleiber", lambda: views.kleiber_plot(rows, gain="gain"))
+    for col in ("penultimate_gain", "last_block_gain"):
+        if col in rows.columns and not np.allclose(pd.to_numeric(rows[col], errors="coerce").to_numpy(float),
+                                                   pd.to_numeric(rows["gain"], errors="coerce").to_numpy(float),
+                                                   equal_nan=True):
+            doc.figure(f"fig-kleiber-{col}", lambda c=col: views.kleiber_plot(rows, gain=c),
+                       f"the same with {col} (the paper's Fig. 1 used the penultimate block)")
+    try:
+        k = laws.kleiber(rows, gain="gain", rho="rho" if "rho" in rows.columns else None)
+        doc.html(f"<pre>{esc(k.summary())}</pre>")
+    except ValueError as e:
+        doc.html(f'<p class="warn">Kleiber statistics not computed: {esc(str(e))}</p>')
+    doc.html("<h3>Heritage: lab vs regime</h3>")
+    labs = rows["lab"].dropna().astype(str).unique() if "lab" in rows.columns else []
+    if len(labs) < 2:
+        doc.html('<p class="warn">Heritage needs at least 2 labs with a recorded lab; '
+                 f"this report has {len(labs)} ({', '.join(map(str, labs)) or 'none'}). Give each model a "
+                 "lab in the study spec.</p>")
+    else:
+        sub = rows[rows["lab"].notna()].reset_index(drop=True)
+        doc.figure("fig-heritage", lambda: views.heritage_plot(sub, gain="gain"))
+        try:
+            doc.html(f"<pre>{esc(laws.heritage(sub, gain='gain').summary())}</pre>")
+        except ValueError as e:
+            doc.html(f'<p class="warn">Heritage statistics not computed: {esc(str(e))}</p>')
+    doc.html("<h3>Hierarchy: groups ranked by mean gain</h3>")
+    if len(labs) >= 2:
+        by, table = "lab", rows[rows["lab"].notna()].reset_index(drop=True)
+    else:  # group by family instead: the recorded one, else derived from the model name
+        by, table = "family", rows.copy()
+        fam = table["family"] if "family" in table.columns else pd.Series([None] * len(table))
+        table["family"] = [f if isinstance(f, str) and f else laws.family_of(m)
+                           for f, m in zip(fam, table["model"])]
+    groups = table[by].astype(str).unique()
+    if len(groups) < 2:
+        doc.html(f'<p class="warn">Hierarchy needs at least 2 groups ({by}); all models are in {esc(str(groups[0]))}.</p>')
+    else:
+        doc.figure("fig-hierarchy", lambda: views.hierarchy_plot(table, gain="gain", by=by))
+
+
+def _definitions_html() -> str:
+    from thermo_lens import depth, gain, sheaf
+    from thermo_lens.anisotropy import DEFINITION as ANISO
+    from thermo_lens.views._common import POST_LN_NOTE
+    from thermo_lens.views.heads import SPECTRAL_DEFINITIONS
+    from thermo_lens.views.laws import PAPER_DEFINITION_NOTE
+
+    try:
+        from thermo_lens.spectral import SpectralSignature
+
+        spectral_defs = dict(SpectralSignature.definitions)
+    except (ImportError, AttributeError):  # pragma: no cover
+        spectral_defs = SPECTRAL_DEFINITIONS
+    items: list[tuple[str, str]] = [
+        ("Residual states", "x_0 = blocks.0.hook_resid_pre (block-0 input), x_l = blocks.{l-1}.hook_resid_post "
+                            "(block l output), l = 1..L; the final norm is never part of any x_l. Norms are L2 "
+                            "over d_model per token, always in float32."),
+        ("Block gain", "G_l = ||x_l|| / ||x_{l-1}||, l = 1..L, reduced over tokens by the token scope."),
+    ]
+    items += [(f"token scope '{k}'", v) for k, v in gain.TOKEN_SCOPES.items()]
+    items += [(f"summary '{k}'", v) for k, v in gain.SUMMARIES.items()]
+    items += [
+        ("Across prompts", "mean; SD with ddof=1 (the paper's files store ddof=0); SE = SD / sqrt(n); 95% "
+                           "Student-t CI. Regime: expander if the CI of the deciding summary lies above 1, "
+                           "dampener if below, neutral if it contains 1; never from a lab name."),
+        ("BOS modes", "True: the tokenizer's BOS id prepended (TransformerLens default); False: no BOS; "
+                      "'tokenizer': the special tokens the HF tokenizer adds (the paper's protocol)."),
+        ("Post-LN", POST_LN_NOTE),
+        ("Anisotropy", ANISO),
+    ]
+    items += [(f"spectral '{k}'", v) for k, v in spectral_defs.items()]
+    items += [("rho", "dimensional crowding n_heads / d_head, with the configured d_head")]
+    items += [
+        ("Sheaf", "node stalks R^d_model per token, edge stalks R^d_head per token pair, restriction maps "
+                  "rho_ij = sqrt(c_ij) W_V (c = A directed, (A + A^T)/2 symmetrized); L = delta^T delta = "
+                  "M (x) W_V W_V^T with M_ii = sum_{j != i} c_ij, M_ij = -sqrt(c_ij c_ji)."),
+    ]
+    items += [(f"sheaf trace '{k}'", v) for k, v in sheaf._TRACE_DEFINITIONS.items()]
+    items += [(f"L* '{k}'", v) for k, v in depth.L_STAR_VARIANTS.items()]
+    items += [("L* predicted", depth.PREDICTED_DEFINITION), ("L* layer indexing", depth.LAYER_INDEXING)]
+    items += [(f"L* error '{k}'", v) for k, v in depth.ERROR_METRICS.items()]
+    items += [("Kleiber bound", "G_max = 10^(1/L) (the paper's eq. 3: G_max^L = 10); correlations of gain vs L "
+                                "and vs rho with Pearson and Spearman p-values.")]
+    items += [(f"paper metric {k}", f"{m.reference_measurement} = thermo-lens {m.summary} with token_scope="
+                                    f"{m.token_scope!r}, prepend_bos={m.prepend_bos!r}. Paper: {m.paper_definition}. "
+                                    f"{m.note}") for k, m in gain.PAPER_METRICS.items()]
+    items += [("Reference overlay", PAPER_DEFINITION_NOTE.format(
+        measurement="(per metric)", definition="see the paper metrics above", scope="last token",
+        dtypes="fp16 (some files bf16/fp32)"))]
+    return "<dl>" + "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in items) + "</dl>"
+
+
+def _panel_model(profiles: dict[str, Any], panel: Any) -> tuple[Any, str, Any] | tuple[None, str, None]:
+    """``(model, reason, profile)`` for the attention panel, or ``(None, why not, None)``."""
+    if panel is False or panel is None:
+        return None, "attention panel disabled (panel=False)", None
+    if not isinstance(panel, (bool, str)):  # a loaded model was passed
+        first = next(iter(profiles.values()))
+        return panel, "model passed by the caller", first
+    if panel not in (True, "auto"):
+        raise ReportError(f"panel must be 'auto', True, False or a loaded model, got {panel!r}")
+    tried = []
+    for k, p in profiles.items():
+        src = str(_meta(p).get("source") or "")
+        try:
+            if src.startswith("zoo:"):
+                from thermo_lens import zoo
+
+                return zoo.load(src[4:]), f"embedded model {src[4:]}", p
+            d = Path(src)
+            if src and d.is_dir() and (d / "config.json").is_file():
+                size = sum(f.stat().st_size for f in d.iterdir() if f.suffix in (".safetensors", ".bin"))
+                if panel == "auto" and size > MAX_AUTO_PANEL_BYTES:
+                    tried.append(f"{k}: local checkpoint is {size / 2**20:.0f} MB (> {MAX_AUTO_PANEL_BYTES // 2**20} MB "
+                                 "for panel='auto')")
+                    continue
+                from transformer_lens.model_bridge import TransformerBridge
+
+                return TransformerBridge.boot_transformers(str(d)), f"local checkpoint {d}", p
+            tried.append(f"{k}: source {src or '(none)'} is not an embedded model or a local checkpoint")
+        except Exception as e:  # noqa: BLE001 - the panel is optional
+            tried.append(f"{k}: could not boot {src}: {type(e).__name__}: {e}")
+    why = "no model could be booted offline for the attention panel (" + "; ".join(tried[:5]) + ")"
+    if panel is True:
+        raise ReportError(why)
+    return None, why, None
+
+
+# ---------------------------------------------------------------------------- the report
+def render_report(dir_or_profiles: Any, *, title: str | None = None, panel: Any = "auto",
+                  panel_layer: int | None = None) -> tuple[str, list[str]]:
+    """The report's HTML text and the ids of its plotly figures (see :func:`write_report`)."""
+    from thermo_lens import views
+
+    profiles, manifest, directory = _load_inputs(dir_or_profiles)
+    study_info = manifest.get("study") or {}
+    doc = _Doc()
+    ids = list(profiles)
+    rows = _rows(profiles) if profiles else pd.DataFrame()
+    failed = _failed(manifest)
+
+    # 1. header
+    name = title or (f"thermo-lens report: {study_info.get('name')}" if study_info.get("name")
+                     else f"thermo-lens report: {', '.join(ids[:4])}{' ...' if len(ids) > 4 else ''}")
+    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    doc.html(f"<h1>{esc(name)}</h1><p class='sub'>{len(profiles)} model(s) profiled"
+             f"{f', {len(failed)} failed' if len(failed) else ''}; generated {now} by thermo-lens {esc(_version())}"
+             f"{f' from {esc(str(directory))}' if directory else ''}. Measurements follow METHODS.md; "
+             "D'Elia (2026), \"Thermodynamic Constraints in Transformer Architectures\". Every figure's hover "
+             "text names the definition behind each number; see <a href='#definitions'>Definitions</a>.</p>")
+    doc.html("<!--TOC-->")
+    doc.section("settings", "Settings")
+    if study_info.get("settings"):
+        doc.html("<p>Study settings: <code>" + esc(", ".join(f"{k}={v!r}" for k, v in study_info["settings"].items()))
+                 + "</code></p>")
+    if profiles:
+        table, warns = _settings_table(profiles)
+        for w in warns:
+            doc.html(f'<p class="warn">⚠ {esc(w)}</p>')
+        doc.html(table)
+    if len(failed):
+        doc.html("<h3>Failed models</h3>")
+        doc.html(_table(failed, left=["model", "status", "source", "error"]))
+    if not profiles:
+        doc.html('<p class="warn">No finished profiles: nothing to plot.</p>')
+    else:
+        # 2. summary
+        doc.section("summary", "Per-model summary")
+        cols = [c for c in _SUMMARY_COLS if c in rows.columns]
+        doc.html(_table(rows[cols], left=["model", "lab", "family", "regime", "weights", "dtype", "prepend_bos",
+                                          "token_scope"]))
+        doc.p("gain = the summary that decided the regime (see its CI); last_block_gain = G_L (paper metric B); "
+              "penultimate_gain = G_{L-1} (paper metric A); W_V_norm / W_O_norm / ratio = means over heads; "
+              "mean_trace = mean over layers of the layer sheaf trace.", "note")
+        post = [k for k, p in profiles.items() if _meta(p).get("post_ln")]
+        if post:
+            doc.html(f'<p class="warn">⚠ post-LN model(s): {esc(", ".join(post))}. {esc(views.POST_LN_NOTE)}</p>')
+
+        # 3. dynamics
+        gains = _attr(profiles, "gain")
+        doc.section("dynamics", "Layer dynamics: residual gain per block")
+        if gains:
+            doc.figure("fig-dynamics", lambda: views.layer_dynamics(gains))
+            if len({g.n_layers for g in gains.values()}) > 1:
+                doc.figure("fig-dynamics-relative", lambda: views.layer_dynamics(gains, x="relative_depth"),
+                           "the same against relative depth l / L (models differ in depth)")
+            rob = _robustness(profiles)
+            if rob:
+                doc.html("<h3>Input robustness by prompt category</h3>")
+                doc.figure("fig-robustness", lambda: views.robustness_plot(rob))
+        else:
+            doc.p("No gain measurements in these profiles.", "warn")
+
+        # 4. anisotropy
+        aniso = _attr(profiles, "anisotropy")
+        doc.section("anisotropy", "Anisotropy profile")
+        if aniso:
+            doc.figure("fig-anisotropy", lambda: views.anisotropy_plot(aniso))
+        else:
+            doc.p("No anisotropy measurements in these profiles.", "warn")
+
+        # 5. spectral
+        spec = _attr(profiles, "spectral")
+        doc.section("spectral", "Spectral signature of the attention heads")
+        if spec:
+            labs = [str(_meta(profiles[k]).get("lab") or k) for k in spec]
+            doc.figure("fig-spectral-scatter", lambda: views.spectral_scatter(spec, labs=labs))
+            if len(spec) > 1:
+                doc.figure("fig-spectral-models", lambda: views.spectral_scatter(spec, labs=labs, per="model"),
+                           "one point per model: the mean over its heads and layers")
+            for i, (k, s) in enumerate(list(spec.items())[:MAX_PER_MODEL_FIGURES]):
+                doc.figure(f"fig-heads-{i}", lambda s=s, k=k: views.spectral_heatmaps(s, name=k))
+            if len(spec) > MAX_PER_MODEL_FIGURES:
+                doc.p(f"Per-head heatmaps shown for the first {MAX_PER_MODEL_FIGURES} of {len(spec)} models.", "note")
+        else:
+            doc.p("No spectral signatures in these profiles.", "warn")
+
+        # 6. sheaf and L*
+        sheaves = _attr(profiles, "sheaf")
+        lstars = _attr(profiles, "l_star")
+        doc.section("sheaf", "Sheaf Laplacian traces and L*")
+        if sheaves:
+            for i, (k, t) in enumerate(list(sheaves.items())[:MAX_PER_MODEL_FIGURES]):
+                doc.figure(f"fig-sheaf-{i}", lambda t=t, k=k: views.sheaf_trace_heatmap(t, name=k))
+        if lstars:
+            doc.figure("fig-lstar", lambda: views.l_star_plot(lstars))
+            if len({r.n_layers for r in lstars.values()}) > 1:
+                doc.figure("fig-lstar-relative", lambda: views.l_star_plot(lstars, x="relative_depth"))
+        if not sheaves and not lstars:
+            doc.p("No sheaf traces in these profiles.", "warn")
+
+        # 7. laws
+        _laws_section(doc, rows)
+
+        # 8. reference overlay
+        doc.section("reference", "Your models among the paper's published models")
+        doc.p("The paper's numbers come from its result files (thermo_lens.reference) and use ITS definitions: "
+              "metric A = the penultimate block's gain G_{L-1}, last token, fp16, BOS as the HF tokenizer adds it; "
+              "metric B = the true last block G_L, hook-based, last token, fp16/bf16. Your points compare like "
+              "with like only if your profiles used token_scope='last' and prepend_bos='tokenizer' (the figure "
+              "title and hover say whether they did; hollow stars: not like for like). thermo-lens takes norms "
+              "in float32.", "note")
+        for metric in ("A", "B"):
+            doc.figure(f"fig-reference-{metric}", lambda m=metric: views.reference_overlay(rows, metric=m))
+
+    # 9. attention panel
+    doc.section("panel", "Attention patterns and per-head metrics (circuitsvis)")
+    if profiles:
+        try:
+            model, why, prof = _panel_model(profiles, panel)
+        except ReportError:
+            raise
+        if model is None:
+            doc.p(f"Skipped: {why}.", "note")
+        else:
+            try:
+                meta = _meta(prof)
+                g = getattr(prof, "gain", None)
+                prompt = (g.prompts[0] if g is not None and g.prompts else "The capital of France is Paris")
+                bos = meta.get("prepend_bos", True)
+                bos = {"True": True, "False": False}.get(str(bos), bos)
+                from thermo_lens.model import as_view
+
+                view = as_view(model)
+                layer = panel_layer if panel_layer is not None else view.n_layers // 2
+                pnl = views.attention_panel(model, prompt, layer, prepend_bos=bos,
+                                            token_scope=meta.get("token_scope") or "all_but_first")
+                doc.p(f"{why}; layer {layer}; prompt 0 of the profile's prompt set.", "note")
+                doc.html(pnl.html)
+            except Exception as e:  # noqa: BLE001 - optional section
+                doc.errors.append(f"panel: {type(e).__name__}: {e}")
+                doc.html(f'<div class="error">The attention panel could not be drawn: {esc(type(e).__name__)}: '
+                         f"{esc(str(e))}</div>")
+    else:
+        doc.p("Skipped: no profiles.", "note")
+
+    # 10. definitions
+    doc.section("definitions", "Definitions")
+    doc.html(_definitions_html())
+    if doc.errors:
+        doc.html("<h3>Problems while writing this report</h3><pre>" + esc("\n".join(doc.errors)) + "</pre>")
+
+    toc = "<nav><ul>" + "".join(f'<li><a href="#{a}">{esc(t)}</a></li>' for a, t in doc.toc) + "</ul></nav>"
+    body = "\n".join(doc.parts).replace("<!--TOC-->", toc, 1)
+    import plotly.offline
+
+    plotly_js = plotly.offline.get_plotlyjs()
+    page = (
+        "<!DOCTYPE html>\n<html lang='en'>\n<head>\n<meta charset='utf-8'>\n"
+        f"<meta name='generator' content='thermo-lens {esc(_version())}'>\n"
+        f"<meta name='thermo-lens-figures' content='{len(doc.figure_ids)}'>\n"
+        f"<title>{esc(name)}</title>\n<style>{_CSS}</style>\n"
+        "<script type='text/javascript'>window.PlotlyConfig = {MathJaxConfig: 'local'};</script>\n"
+        f"<script type='text/javascript' id='plotly-js'>{plotly_js}</script>\n"
+        f"</head>\n<body>\n{body}\n</body>\n</html>\n"
+    )
+    return page, list(doc.figure_ids)
+
+
+def write_report(dir_or_profiles: Any, output: str | os.PathLike | None = None, *, title: str | None = None,
+                 panel: Any = "auto", panel_layer: int | None = None) -> Path:
+    """Write ONE self-contained offline HTML report; returns its path.
+
+    Args:
+        dir_or_profiles: a study / profile directory (``study.load_profiles`` + the manifest: failed
+            models are listed with their errors), a profile JSON file, a ``ThermoProfile``, or a list /
+            dict of them.
+        output: the HTML file to write. Default ``DIR/report.html`` for a directory, else
+            ``./thermo-lens-report.html``.
+        title: report title (default from the study name or the models).
+        panel: the circuitsvis attention panel: ``"auto"`` (boot an embedded zoo model or a small local
+            checkpoint named by a profile's ``meta["source"]``; skip with the reason otherwise),
+            ``True`` (must draw it: error if no model can be booted), ``False`` (skip) or a loaded
+            TransformerLens model.
+        panel_layer: layer shown in the panel (default ``n_layers // 2``).
+
+    plotly.js is embedded once in the page head (``plotly.offline.get_plotlyjs()``) and every figure
+    is written with ``include_plotlyjs=False``; the circuitsvis bundle is inlined in the panel. No
+    ``<script src=...>`` or stylesheet link points anywhere: the file works offline.
+    """
+    if output is None:
+        if isinstance(dir_or_profiles, (str, os.PathLike)) and Path(dir_or_profiles).is_dir():
+            output = Path(dir_or_profiles) / DEFAULT_NAME
+        else:
+            output = Path.cwd() / STANDALONE_NAME
+    out = Path(output)
+    if out.is_dir():
+        out = out / DEFAULT_NAME
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # NaN means over empty CIs are expected
+        page, _ = render_report(dir_or_profiles, title=title, panel=panel, panel_layer=panel_layer)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(page, encoding="utf-8")
+    os.replace(tmp, out)
+    return out

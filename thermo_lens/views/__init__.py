@@ -1,0 +1,82 @@
+"""Interactive views: Plotly figures and offline circuitsvis panels for every thermo-lens result.
+
+Every function returns a ``plotly.graph_objects.Figure`` you can restyle (``fig.update_layout``),
+whose hover text names the exact definition behind each number (token scope, BOS mode, float32
+norms, model dtype, raw/processed weights, pre/post-LN). Inputs are the result objects
+(``GainResult``, ``SpectralSignature``, ``SheafTraces``, ...), lists or ``{name: result}`` dicts of
+them for overlays, or ``ThermoProfile``s (the matching field is used).
+
+=========================  ====================================================================
+``layer_dynamics``         block gain G_l per layer, 95% CI bands, models overlaid (GainResult)
+``anisotropy_plot``        mean pairwise cosine per residual state (AnisotropyResult)
+``robustness_plot``        gain by prompt category (RobustnessResult)
+``head_heatmap``           any ``[layer, head]`` tensor with a title and its definition
+``spectral_scatter``       ||W_V||_2 vs ||W_O||_2, log-log, coloured by lab (SpectralSignature)
+``spectral_heatmaps``      per-head spectral metrics of one model
+``sheaf_trace_heatmap``    mean sheaf Laplacian trace per head (SheafTraces)
+``sheaf_plot``             one head's Laplacian: M, spectrum, restriction-map norms (SheafLaplacian)
+``l_star_plot``            layer trace with empirical and predicted L* (LStarResult)
+``kleiber_plot``           gain vs L with the bound 10^(1/L) (per-model table)
+``heritage_plot``          per-lab mean gain +- SE with Fisher tests
+``hierarchy_plot``         groups ranked by mean gain with CIs
+``reference_overlay``      your models among the paper's published ones, like-for-like stated
+``attention_panel``        circuitsvis attention patterns next to per-head metrics (offline HTML)
+=========================  ====================================================================
+
+D'Elia (2026), "Thermodynamic Constraints in Transformer Architectures"; METHODS.md.
+"""
+
+from thermo_lens.views._common import POST_LN_NOTE, ThermoLensViewError
+from thermo_lens.views.dynamics import anisotropy_plot, layer_dynamics, robustness_plot
+from thermo_lens.views.heads import (
+    SPECTRAL_DEFINITIONS,
+    head_heatmap,
+    sheaf_trace_heatmap,
+    spectral_heatmaps,
+    spectral_scatter,
+)
+from thermo_lens.views.laws import (
+    gain_row,
+    heritage_plot,
+    hierarchy_plot,
+    kleiber_plot,
+    reference_overlay,
+    rows_frame,
+)
+from thermo_lens.views.panels import (
+    PANEL_DEFINITIONS,
+    AttentionPanel,
+    attention_panel,
+    circuitsvis_html,
+    head_ablation_gain,
+    panel_from_results,
+)
+from thermo_lens.views.sheaf import l_star_plot, restriction_norms, sheaf_plot
+
+__all__ = [
+    "POST_LN_NOTE",
+    "ThermoLensViewError",
+    "layer_dynamics",
+    "anisotropy_plot",
+    "robustness_plot",
+    "head_heatmap",
+    "spectral_scatter",
+    "spectral_heatmaps",
+    "sheaf_trace_heatmap",
+    "SPECTRAL_DEFINITIONS",
+    "sheaf_plot",
+    "restriction_norms",
+    "l_star_plot",
+    "kleiber_plot",
+    "heritage_plot",
+    "hierarchy_plot",
+    "reference_overlay",
+    "gain_row",
+    "rows_frame",
+    "attention_panel",
+    "AttentionPanel",
+    "panel_from_results",
+    "head_ablation_gain",
+    "circuitsvis_html",
+    "PANEL_DEFINITIONS",
+]

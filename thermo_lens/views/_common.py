@@ -1,0 +1,193 @@
+"""Shared helpers of the views: definition strings, colours, hover text, input unwrapping.
+
+Every number a thermo-lens figure shows carries the definition that produced it (METHODS.md,
+"Every number in a result records the definition, token scope, dtype and BOS setting that
+produced it"): the helpers here turn a result's recorded settings into the short sentence that
+goes into hover text, titles and figure notes.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+#: Marker symbol and line dash used for post-LN models in every cross-model figure.
+POST_LN_SYMBOL = "diamond-open"
+POST_LN_DASH = "dash"
+POST_LN_SUFFIX = " [post-LN]"
+POST_LN_NOTE = (
+    "post-LN model (dashed / open diamond): every x_l is a LayerNorm output, so the gain is "
+    "bounded by that norm's weights; compare with pre-LN models with care"
+)
+
+_PALETTE = (
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf", "#393b79", "#ad494a", "#637939", "#8c6d31", "#7b4173", "#3182bd",
+)
+
+TEMPLATE = "plotly_white"
+
+
+class ThermoLensViewError(ValueError):
+    """A view got input it cannot draw; the message says what was wrong and what to pass."""
+
+
+def color_of(key: Any, keys: Sequence[Any]) -> str:
+    """Deterministic colour of ``key`` among ``keys`` (order of first appearance)."""
+    order = list(dict.fromkeys(keys))
+    return _PALETTE[order.index(key) % len(_PALETTE)]
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """float64 numpy copy of a tensor / array / list (CPU, detached)."""
+    try:
+        import torch
+
+        if isinstance(x, torch.Tensor):
+            return x.detach().to("cpu", torch.float64).numpy()
+    except ImportError:  # pragma: no cover
+        pass
+    return np.asarray(x, dtype=np.float64)
+
+
+def bos_text(prepend_bos: Any) -> str:
+    """Human reading of a BOS mode (``True`` / ``False`` / ``"tokenizer"``, or their strings)."""
+    s = str(prepend_bos)
+    if s == "True":
+        return "BOS prepended"
+    if s == "False":
+        return "no BOS"
+    if s == "tokenizer":
+        return "special tokens as the HF tokenizer adds them (paper protocol)"
+    return f"prepend_bos={s}"
+
+
+def settings_text(*, token_scope: Any = None, prepend_bos: Any = None, dtype: Any = None,
+                  weights: Any = None, post_ln: Any = None, norms: str | None = "float32 norms",
+                  extra: Iterable[str] = ()) -> str:
+    """``"token scope all_but_first, BOS prepended, float32 norms (model float32), raw weights"``."""
+    parts = []
+    if token_scope is not None:
+        parts.append(f"token scope {token_scope}")
+    if prepend_bos is not None:
+        parts.append(bos_text(prepend_bos))
+    if norms:
+        parts.append(norms + (f" (model {dtype})" if dtype is not None else ""))
+    elif dtype is not None:
+        parts.append(f"model {dtype}")
+    if weights is not None:
+        parts.append(f"{weights} weights")
+    if post_ln is not None:
+        parts.append("post-LN" if _truthy(post_ln) else "pre-LN")
+    parts.extend(extra)
+    return ", ".join(parts)
+
+
+def _truthy(v: Any) -> bool:
+    if isinstance(v, str):
+        return v.strip().lower() in ("true", "1", "yes")
+    try:
+        return bool(v) and not (isinstance(v, float) and np.isnan(v))
+    except (TypeError, ValueError):
+        return False
+
+
+is_true = _truthy
+
+
+def hover(lines: Sequence[str]) -> str:
+    """A plotly ``hovertemplate`` from lines (``%{...}`` placeholders allowed), no extra box."""
+    return "<br>".join(lines) + "<extra></extra>"
+
+
+def wrap(text: str, width: int = 110) -> str:
+    """Break a long definition into ``<br>``-separated lines for hover boxes / notes."""
+    import textwrap
+
+    return "<br>".join(textwrap.wrap(text, width, break_on_hyphens=False)) if text else ""
+
+
+def model_name(obj: Any, default: str = "model") -> str:
+    """Best display name of a result or profile (its recorded model name)."""
+    meta = getattr(obj, "meta", None)
+    if isinstance(meta, Mapping) and meta.get("name"):
+        return str(meta["name"])
+    model = getattr(obj, "model", None)
+    if isinstance(model, Mapping) and model.get("name"):
+        return str(model["name"])
+    source = getattr(obj, "source", None)
+    if isinstance(source, Mapping) and isinstance(source.get("model"), Mapping) and source["model"].get("name"):
+        return str(source["model"]["name"])
+    view = getattr(obj, "view", None)
+    if view is not None and getattr(view, "name", None):
+        return str(view.name)
+    return default
+
+
+def named(items: Any, attr: str | None, kind: str, names: Sequence[str] | None = None) -> list[tuple[str, Any]]:
+    """Normalise one result, a list of results or a ``{name: result}`` dict to ``[(name, result)]``.
+
+    ThermoProfile-like objects (with ``attr``, e.g. ``.gain``) are unwrapped to that attribute,
+    and named by their ``meta["name"]``.
+    """
+    if items is None:
+        raise ThermoLensViewError(f"expected a {kind} (or a list / dict of them), got None")
+    if isinstance(items, Mapping):
+        pairs = [(str(k), v) for k, v in items.items()]
+    elif isinstance(items, (list, tuple)):
+        pairs = [(None, v) for v in items]
+    else:
+        pairs = [(None, items)]
+    if not pairs:
+        raise ThermoLensViewError(f"expected at least one {kind}, got an empty collection")
+    if names is not None:
+        names = list(names)
+        if len(names) != len(pairs):
+            raise ThermoLensViewError(f"got {len(names)} names for {len(pairs)} {kind}s")
+        pairs = [(n, v) for n, (_, v) in zip(names, pairs)]
+    out = []
+    for name, obj in pairs:
+        label = name if name is not None else model_name(obj, default=f"model {len(out) + 1}")
+        if attr is not None and hasattr(obj, "meta") and hasattr(obj, attr):
+            inner = getattr(obj, attr)
+            if inner is None:
+                raise ThermoLensViewError(f"profile {label!r} has no {attr} (it was not measured)")
+            obj = inner
+        out.append((label, obj))
+    seen: dict[str, int] = {}
+    unique = []
+    for label, obj in out:  # two results of the same model: keep both, tell them apart
+        seen[label] = seen.get(label, 0) + 1
+        unique.append((label if seen[label] == 1 else f"{label} ({seen[label]})", obj))
+    return unique
+
+
+def check_type(obj: Any, cls_name: str, func: str, hint: str) -> None:
+    """Raise a clear error unless ``obj`` is a ``cls_name`` (checked by name: no import cycle)."""
+    names = {c.__name__ for c in type(obj).__mro__}
+    if cls_name not in names:
+        raise ThermoLensViewError(f"{func}: expected a {cls_name}, got {type(obj).__name__}. {hint}")
+
+
+def note(fig: go.Figure, text: str, *, y: float = -0.18, size: int = 11) -> go.Figure:
+    """Add a small paper-anchored note under the plot (definitions, caveats)."""
+    fig.add_annotation(text=text, xref="paper", yref="paper", x=0, y=y, xanchor="left",
+                       yanchor="top", showarrow=False, align="left", font=dict(size=size, color="#444"))
+    return fig
+
+
+def base_layout(fig: go.Figure, title: str, subtitle: str | None = None, *, height: int = 450,
+                bottom: int = 120) -> go.Figure:
+    """Common layout: white template, title with a definition subtitle, room for notes."""
+    t = title if not subtitle else f"{title}<br><sup>{subtitle}</sup>"
+    fig.update_layout(template=TEMPLATE, title=dict(text=t, x=0.01, xanchor="left"), height=height,
+                      margin=dict(l=70, r=30, t=90, b=bottom), hoverlabel=dict(align="left"))
+    return fig
+
+
+def escape(text: Any) -> str:
+    return html.escape(str(text))

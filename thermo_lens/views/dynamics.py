@@ -1,0 +1,278 @@
+"""Layer dynamics: block gain per layer with confidence bands, anisotropy profile, input robustness.
+
+D'Elia (2026), "Thermodynamic Constraints in Transformer Architectures", section 3 and appendix C;
+METHODS.md section 1. Every trace's hover text names the definition behind its numbers (token
+scope, BOS mode, float32 norms, model dtype, raw/processed weights, pre/post-LN).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from thermo_lens.views._common import (
+    POST_LN_DASH,
+    POST_LN_NOTE,
+    POST_LN_SUFFIX,
+    POST_LN_SYMBOL,
+    ThermoLensViewError,
+    base_layout,
+    check_type,
+    color_of,
+    hover,
+    named,
+    note,
+    settings_text,
+    to_numpy,
+    wrap,
+)
+
+__all__ = ["layer_dynamics", "anisotropy_plot", "robustness_plot"]
+
+GAIN_DEFINITION = "block gain G_l = ||x_l|| / ||x_{l-1}||"
+
+
+def _rgba(hex_color: str, alpha: float) -> str:
+    h = hex_color.lstrip("#")
+    r, g, b = (int(h[i:i + 2], 16) for i in (0, 2, 4))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def gain_settings(g: Any) -> str:
+    """The definition sentence of a :class:`~thermo_lens.gain.GainResult`'s numbers."""
+    return settings_text(token_scope=g.token_scope, prepend_bos=g.prepend_bos, dtype=g.dtype,
+                         weights=g.weights, post_ln=g.post_ln)
+
+
+def _band(fig: go.Figure, x: np.ndarray, lo: np.ndarray, hi: np.ndarray, color: str, name: str,
+          group: str, **kw: Any) -> None:
+    ok = np.isfinite(lo) & np.isfinite(hi)
+    if not ok.any():
+        return
+    xs, los, his = x[ok], lo[ok], hi[ok]
+    fig.add_trace(go.Scatter(
+        x=np.concatenate([xs, xs[::-1]]), y=np.concatenate([his, los[::-1]]), fill="toself",
+        fillcolor=_rgba(color, 0.18), line=dict(width=0), hoverinfo="skip", showlegend=False,
+        name=f"{name} 95% CI", legendgroup=group, meta={"role": "ci_band", "model": name}, **kw))
+
+
+def layer_dynamics(gains: Any, names: Sequence[str] | None = None, *,
+                   x: str = "layer", show_ci: bool = True, log_y: bool | str = "auto") -> go.Figure:
+    """Block gain ``G_l`` per layer, mean over prompts with its 95% t-CI band, models overlaid.
+
+    Args:
+        gains: a :class:`~thermo_lens.gain.GainResult`, a list of them, a ``{name: GainResult}``
+            dict, or ThermoProfile(s) (their ``.gain`` is used).
+        names: display names (default: the recorded model names).
+        x: ``"layer"`` (block index ``l = 1..L``) or ``"relative_depth"`` (``l / L``: compares
+            models of different depth).
+        show_ci: draw the CI bands (``GainResult.layer_summary``: mean +- t * SE, SD ddof=1).
+        log_y: log-scale gain axis; ``"auto"``: when the per-layer means span more than a factor
+            of 5 (the first block's gain is often 10-50x, which would flatten every other layer).
+
+    Returns:
+        ``plotly.graph_objects.Figure``; per model one line trace (``meta["role"] == "mean"``,
+        ``y`` = per-layer mean ``G_l``) and one band (``meta["role"] == "ci_band"``). Post-LN models
+        are drawn dashed with open diamonds, ``[post-LN]`` in their name and a note.
+
+    Definition (METHODS.md section 1): ``G_l = ||x_l|| / ||x_{l-1}||`` with ``x_0`` the block-0
+    input and ``x_l`` block l's output (final norm never included), norms in float32, reduced over
+    tokens by the result's token scope.
+    """
+    if x not in ("layer", "relative_depth"):
+        raise ThermoLensViewError(f"layer_dynamics: x must be 'layer' or 'relative_depth', got {x!r}")
+    pairs = named(gains, "gain", "GainResult", names)
+    fig = go.Figure()
+    labels = [n for n, _ in pairs]
+    any_post = False
+    settings = set()
+    all_means = []
+    for name, g in pairs:
+        check_type(g, "GainResult", "layer_dynamics",
+                   "Pass thermo_lens.residual_gain(model, prompts) results (or ThermoProfiles).")
+        s = g.layer_summary
+        mean, lo, hi = to_numpy(s.mean), to_numpy(s.ci_low), to_numpy(s.ci_high)
+        sd, se = to_numpy(s.sd), to_numpy(s.se)
+        L = mean.shape[0]
+        all_means.append(mean)
+        layers = np.arange(1, L + 1)
+        xs = layers / L if x == "relative_depth" else layers
+        color = color_of(name, labels)
+        post = bool(g.post_ln)
+        any_post |= post
+        defn = gain_settings(g)
+        settings.add((g.token_scope, str(g.prepend_bos), g.dtype, g.weights))
+        label = name + (POST_LN_SUFFIX if post else "")
+        if show_ci:
+            _band(fig, xs.astype(float), lo, hi, color, label, name)
+        custom = np.stack([layers, lo, hi, se, sd, np.full(L, g.n_prompts)], axis=1)
+        fig.add_trace(go.Scatter(
+            x=xs, y=mean, mode="lines+markers", name=label, legendgroup=name,
+            line=dict(color=color, dash=POST_LN_DASH if post else "solid"),
+            marker=dict(symbol=POST_LN_SYMBOL if post else "circle", size=8 if post else 6),
+            customdata=custom,
+            hovertemplate=hover([
+                f"<b>{label}</b>", "block l = %{customdata[0]:.0f}",
+                "mean G_l = %{y:.4f}  (95% t-CI [%{customdata[1]:.4f}, %{customdata[2]:.4f}])",
+                "SE %{customdata[3]:.3g}, SD %{customdata[4]:.3g} (ddof=1), n = %{customdata[5]:.0f} prompts",
+                GAIN_DEFINITION, wrap(defn, 90)] + ([wrap(POST_LN_NOTE, 90)] if post else [])),
+            meta={"role": "mean", "model": name, "post_ln": post, "definition": f"{GAIN_DEFINITION}, {defn}"},
+        ))
+    fig.add_hline(y=1.0, line=dict(color="#888", width=1, dash="dot"))
+    g0 = pairs[0][1]
+    common = settings_text(token_scope=g0.token_scope, prepend_bos=g0.prepend_bos, dtype=g0.dtype, weights=g0.weights)
+    subtitle = GAIN_DEFINITION + ("; " + common if len(settings) == 1 else
+                                  "; models measured under DIFFERENT settings (see hover)")
+    base_layout(fig, "Layer dynamics: block gain per layer (mean over prompts, 95% CI)", subtitle)
+    fig.update_xaxes(title="block l" if x == "layer" else "relative depth l / L",
+                     dtick=1 if x == "layer" and max(g.n_layers for _, g in pairs) <= 48 else None)
+    fig.update_yaxes(title="G_l = ||x_l|| / ||x_{l-1}||")
+    if log_y == "auto":
+        v = np.concatenate(all_means)
+        v = v[np.isfinite(v) & (v > 0)]
+        log_y = bool(v.size) and float(v.max() / v.min()) > 5.0
+    if log_y:
+        fig.update_yaxes(type="log", dtick="D2", title="G_l = ||x_l|| / ||x_{l-1}|| (log scale)")
+    if any_post:
+        note(fig, "⚠ " + POST_LN_NOTE)
+    return fig
+
+
+# ---------------------------------------------------------------------------- anisotropy
+def _anisotropy_arrays(a: Any) -> dict[str, Any]:
+    s = a.summary
+    n = to_numpy(s.n)
+    return {
+        "mean": to_numpy(s.mean), "ci_low": to_numpy(s.ci_low), "ci_high": to_numpy(s.ci_high),
+        "n": n, "post_ln": bool(a.post_ln), "definition": str(a.definition),
+        "settings": settings_text(prepend_bos=a.prepend_bos, dtype=a.dtype, weights=a.weights,
+                                  post_ln=a.post_ln, norms="float32 reduction"),
+    }
+
+
+def anisotropy_plot(results: Any, names: Sequence[str] | None = None, *, show_ci: bool = True) -> go.Figure:
+    """Anisotropy per residual state ``x_0..x_L``: mean pairwise cosine of token states.
+
+    Args:
+        results: an :class:`~thermo_lens.anisotropy.AnisotropyResult`, a list / dict of them, or
+            ThermoProfile(s) (their ``.anisotropy``).
+        names: display names.
+        show_ci: 95% t-CI band across prompts.
+
+    Definition (paper appendix C; METHODS.md section 1): per prompt and state ``x_l``, the mean over
+    token pairs ``i != j`` of ``cos(x_l[i], x_l[j])``, position 0 excluded; then mean over prompts.
+    """
+    pairs = named(results, "anisotropy", "AnisotropyResult", names)
+    fig = go.Figure()
+    labels = [n for n, _ in pairs]
+    any_post = False
+    for name, a in pairs:
+        check_type(a, "AnisotropyResult", "anisotropy_plot",
+                   "Pass thermo_lens.anisotropy.anisotropy_profile(model, prompts) results (or ThermoProfiles).")
+        d = _anisotropy_arrays(a)
+        color = color_of(name, labels)
+        post = d["post_ln"]
+        any_post |= post
+        label = name + (POST_LN_SUFFIX if post else "")
+        states = np.arange(d["mean"].shape[0])
+        if show_ci:
+            _band(fig, states.astype(float), d["ci_low"], d["ci_high"], color, label, name)
+        custom = np.stack([d["ci_low"], d["ci_high"], np.broadcast_to(d["n"], states.shape)], axis=1)
+        fig.add_trace(go.Scatter(
+            x=states, y=d["mean"], mode="lines+markers", name=label, legendgroup=name,
+            line=dict(color=color, dash=POST_LN_DASH if post else "solid"),
+            marker=dict(symbol=POST_LN_SYMBOL if post else "circle"), customdata=custom,
+            hovertemplate=hover([f"<b>{label}</b>", "state x_%{x}", "mean anisotropy %{y:.4f} "
+                                 "(95% CI [%{customdata[0]:.4f}, %{customdata[1]:.4f}], n = %{customdata[2]:.0f})",
+                                 wrap(d["definition"], 90), wrap(d["settings"], 90)]),
+            meta={"role": "mean", "model": name, "post_ln": post, "definition": d["definition"]},
+        ))
+    base_layout(fig, "Anisotropy profile (mean pairwise cosine similarity of token states)",
+                "state x_0 = block-0 input, x_l = block l output; position 0 excluded")
+    fig.update_xaxes(title="residual state x_l", dtick=1)
+    fig.update_yaxes(title="mean cos(x_l[i], x_l[j]), i != j")
+    if any_post:
+        note(fig, "⚠ " + POST_LN_NOTE)
+    return fig
+
+
+# ---------------------------------------------------------------------------- robustness
+def robustness_definition(r: Any, *, with_norm_placement: bool = True) -> str:
+    from thermo_lens.gain import SUMMARIES
+
+    g = r.gain
+    settings = settings_text(token_scope=g.token_scope, prepend_bos=g.prepend_bos, dtype=g.dtype,
+                             weights=g.weights, post_ln=g.post_ln if with_norm_placement else None)
+    return f"{r.metric}: {SUMMARIES.get(r.metric, '')}; {settings}; prompt set {r.prompt_set}"
+
+
+def _robustness_arrays(r: Any) -> dict[str, Any]:
+    cats = list(r.by_category)
+    per = [r.by_category[c][r.metric] for c in cats]
+    return {
+        "categories": cats,
+        "mean": np.array([float(s.mean) for s in per]),
+        "ci_low": np.array([float(s.ci_low) for s in per]),
+        "ci_high": np.array([float(s.ci_high) for s in per]),
+        "sd": np.array([float(s.sd) for s in per]),
+        "n": np.array([float(s.n) for s in per]),
+        "per_prompt_value": r.per_prompt(),
+        "per_prompt_category": list(r.categories),
+        "per_prompt_text": [p if len(p) <= 60 else p[:57] + "..." for p in r.gain.prompts],
+        "definition": robustness_definition(r),
+    }
+
+
+def robustness_plot(results: Any, names: Sequence[str] | None = None) -> go.Figure:
+    """Gain distribution per prompt category (box of per-prompt values, mean +- 95% CI marker).
+
+    Args:
+        results: a :class:`~thermo_lens.robustness.RobustnessResult`, a list / dict of them.
+        names: display names.
+
+    Definition: the result's gain summary (its recorded name, token scope and BOS mode) per prompt,
+    grouped by the prompt set's categories (the paper's Factual / Syntactic / Cliche / Novel /
+    Nonsense, D'Elia 2026 section 5); CI = Student-t 95% over the category's prompts (SD ddof=1).
+    """
+    pairs = named(results, None, "RobustnessResult", names)
+    fig = go.Figure()
+    labels = [n for n, _ in pairs]
+    defs = set()
+    for name, r in pairs:
+        check_type(r, "RobustnessResult", "robustness_plot",
+                   "Pass thermo_lens.robustness.input_robustness(model, 'paper25') results.")
+        d = _robustness_arrays(r)
+        color = color_of(name, labels)
+        defs.add(robustness_definition(r, with_norm_placement=False))
+        cats = d["per_prompt_category"]
+        if r.gain.post_ln:
+            name = name + POST_LN_SUFFIX
+        fig.add_trace(go.Box(
+            x=cats, y=d["per_prompt_value"], name=name, legendgroup=name, marker_color=color,
+            boxpoints="all", jitter=0.3, pointpos=0, text=d["per_prompt_text"],
+            hovertemplate=hover([f"<b>{name}</b>", "category %{x}", "gain %{y:.4f}", "prompt: %{text}",
+                                 wrap(d["definition"], 90)]),
+            meta={"role": "per_prompt", "model": name, "definition": d["definition"]},
+        ))
+        c = d["categories"]
+        fig.add_trace(go.Scatter(
+            x=c, y=d["mean"], mode="markers", name=f"{name} mean ± 95% CI", legendgroup=name,
+            marker=dict(color=color, symbol="line-ew-open", size=18, line=dict(width=3)),
+            error_y=dict(type="data", symmetric=False, array=d["ci_high"] - d["mean"],
+                         arrayminus=d["mean"] - d["ci_low"], color=color),
+            customdata=np.stack([d["ci_low"], d["ci_high"], d["n"], d["sd"]], axis=1),
+            hovertemplate=hover([f"<b>{name}</b>", "category %{x}", "mean %{y:.4f}",
+                                 "95% t-CI [%{customdata[0]:.4f}, %{customdata[1]:.4f}]",
+                                 "SD %{customdata[3]:.3g} (ddof=1), n = %{customdata[2]:.0f}",
+                                 wrap(d["definition"], 90)]),
+            meta={"role": "category_mean", "model": name, "definition": d["definition"]},
+        ))
+    fig.add_hline(y=1.0, line=dict(color="#888", width=1, dash="dot"))
+    base_layout(fig, "Input robustness: gain by prompt category",
+                wrap(next(iter(defs)), 140) if len(defs) == 1 else "models measured under different definitions (see hover)")
+    fig.update_layout(boxmode="group")
+    fig.update_xaxes(title="prompt category")
+    fig.update_yaxes(title="gain")
+    return fig

@@ -1,0 +1,268 @@
+"""Per-head views: any ``[layer, head]`` metric as a heatmap, and the spectral signature.
+
+The ``[layer, head]`` layout is TransformerLens' (as ``head_detector`` returns): row = layer
+(block index, 0-based as in ``blocks.{l}``), column = query head. D'Elia (2026), "Thermodynamic
+Constraints in Transformer Architectures", section 4.3 (spectral signature) and section 5 (sheaf
+trace); METHODS.md sections 2 and 3.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from thermo_lens.views._common import (
+    POST_LN_SUFFIX,
+    ThermoLensViewError,
+    base_layout,
+    check_type,
+    color_of,
+    hover,
+    named,
+    settings_text,
+    to_numpy,
+    wrap,
+)
+
+__all__ = ["head_heatmap", "spectral_scatter", "spectral_heatmaps", "sheaf_trace_heatmap",
+           "SPECTRAL_DEFINITIONS"]
+
+#: Definition of each per-head spectral metric (METHODS.md section 2), used in hover text.
+SPECTRAL_DEFINITIONS: dict[str, str] = {
+    "W_V_norm": "||W_V||_2 = sigma_max(W_V), W_V [d_model, d_head] of the head (its KV head under GQA)",
+    "W_O_norm": "||W_O||_2 = sigma_max(W_O), W_O [d_head, d_model]",
+    "ratio": "||W_V||_2 / ||W_O||_2",
+    "W_V_frobenius": "||W_V||_F",
+    "W_O_frobenius": "||W_O||_F",
+    "W_V_stable_rank": "stable rank ||W_V||_F^2 / ||W_V||_2^2",
+    "W_O_stable_rank": "stable rank ||W_O||_F^2 / ||W_O||_2^2",
+    "ov_norm": "||W_V W_O||_2 = sigma_max of the OV circuit (from the d_head x d_head factors)",
+}
+
+
+def head_heatmap(values: Any, *, title: str, definition: str, colorscale: str | None = None,
+                 zmid: float | None = None, layer_offset: int = 0, colorbar_title: str | None = None,
+                 value_format: str = ".4g") -> go.Figure:
+    """Any per-head metric as a layer x head heatmap.
+
+    Args:
+        values: ``Float[Tensor, "layer head"]`` (tensor, array or nested list); NaN cells are blank.
+        title: figure title (e.g. ``"||W_V||_2 per head, gpt2"``).
+        definition: what the numbers are (shown under the title and in every cell's hover text),
+            e.g. ``"sigma_max(W_V), raw weights, float32"``.
+        colorscale: plotly colour scale (default ``"Viridis"``, or ``"RdBu_r"`` when ``zmid`` is set).
+        zmid: value at the middle of a diverging scale (e.g. 1.0 for gains, 0.0 for changes).
+        layer_offset: added to the row index in labels (0: ``blocks.{l}`` indexing).
+        colorbar_title: colour bar label.
+        value_format: d3 format of the value in hover text.
+
+    Returns:
+        A figure with one ``go.Heatmap`` whose ``z`` is ``values`` (row = layer, column = head).
+    """
+    z = to_numpy(values)
+    if z.ndim != 2:
+        raise ThermoLensViewError(
+            f"head_heatmap: expected a [layer, head] matrix, got shape {tuple(z.shape)}; for "
+            "[prompt, layer, head] tensors reduce over prompts first (e.g. .mean(0))")
+    if not isinstance(title, str) or not isinstance(definition, str) or not definition.strip():
+        raise ThermoLensViewError("head_heatmap: give a title and a non-empty definition string (what the numbers are)")
+    L, H = z.shape
+    layers = np.arange(L) + layer_offset
+    heads = np.arange(H)
+    fig = go.Figure(go.Heatmap(
+        z=z, x=heads, y=layers, colorscale=colorscale or ("RdBu_r" if zmid is not None else "Viridis"),
+        zmid=zmid, colorbar=dict(title=colorbar_title) if colorbar_title else None,
+        hovertemplate=hover(["layer %{y}, head %{x}", f"value %{{z:{value_format}}}", wrap(definition, 90)]),
+        meta={"role": "heatmap", "definition": definition},
+    ))
+    base_layout(fig, title, wrap(definition, 140), height=max(300, min(900, 120 + 22 * L)), bottom=60)
+    fig.update_xaxes(title="head", dtick=1 if H <= 40 else None)
+    fig.update_yaxes(title="layer", autorange="reversed", dtick=1 if L <= 40 else None)
+    return fig
+
+
+# ---------------------------------------------------------------------------- spectral
+def spectral_settings(sig: Any) -> str:
+    """Definition sentence of a SpectralSignature's numbers (weights, dtype, architecture)."""
+    model = getattr(sig, "model", None) or {}
+    dtype = getattr(sig, "dtype", None) or model.get("dtype")
+    weights = getattr(sig, "weights", None) or model.get("weights")
+    extra = []
+    n_kv, n_h = model.get("n_kv_heads"), model.get("n_heads")
+    if n_kv and n_h and n_kv != n_h:
+        extra.append(f"GQA: {n_h} query heads read {n_kv} KV heads (W_V repeated per query head)")
+    return settings_text(dtype=dtype, weights=weights, norms="float32/64 SVD",
+                         post_ln=model.get("post_ln"), extra=extra)
+
+
+def _definition(sig: Any, metric: str) -> str:
+    defs = getattr(sig, "definitions", None) or {}
+    return str(defs.get(metric) or SPECTRAL_DEFINITIONS.get(metric, metric))
+
+
+def _sig_tensor(sig: Any, metric: str) -> np.ndarray:
+    if not hasattr(sig, metric):
+        raise ThermoLensViewError(
+            f"the spectral signature has no metric {metric!r}; available: "
+            f"{', '.join(m for m in SPECTRAL_DEFINITIONS if hasattr(sig, m))}")
+    z = to_numpy(getattr(sig, metric))
+    if z.ndim != 2:
+        raise ThermoLensViewError(f"spectral metric {metric!r} is not a [layer, head] tensor (shape {z.shape})")
+    return z
+
+
+def spectral_scatter(signatures: Any, labs: Any = None, names: Sequence[str] | None = None, *,
+                     per: str = "head") -> go.Figure:
+    """``||W_V||_2`` vs ``||W_O||_2`` on log-log axes, one point per head (or per model), coloured by lab.
+
+    Args:
+        signatures: a :class:`~thermo_lens.spectral.SpectralSignature`, a list / dict of them, or
+            ThermoProfile(s) (``.spectral``; their ``meta["lab"]`` colours the points).
+        labs: lab per model (a list aligned with ``signatures`` or a ``{name: lab}`` dict); default
+            the profiles' ``meta["lab"]``, else the model name.
+        names: display names.
+        per: ``"head"`` (every head of every layer, hover names layer/head) or ``"model"`` (the mean
+            over heads and layers per model).
+
+    The diagonal ``||W_V|| = ||W_O||`` (ratio 1) is drawn dotted.
+    """
+    if per not in ("head", "model"):
+        raise ThermoLensViewError(f"spectral_scatter: per must be 'head' or 'model', got {per!r}")
+    raw = signatures
+    pairs = named(signatures, "spectral", "SpectralSignature", names)
+    lab_of = _labs(raw, pairs, labs)
+    lab_keys = [lab_of[n] for n, _ in pairs]
+    fig = go.Figure()
+    shown_labs: set[str] = set()
+    lo, hi = np.inf, -np.inf
+    for name, sig in pairs:
+        check_type(sig, "SpectralSignature", "spectral_scatter",
+                   "Pass thermo_lens.spectral.spectral_signature(model) results (or ThermoProfiles).")
+        v, o, r = _sig_tensor(sig, "W_V_norm"), _sig_tensor(sig, "W_O_norm"), _sig_tensor(sig, "ratio")
+        L, H = v.shape
+        lab = lab_of[name]
+        color = color_of(lab, lab_keys)
+        post = bool((getattr(sig, "model", None) or {}).get("post_ln"))
+        defs = spectral_settings(sig)
+        if per == "head":
+            ll, hh = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
+            x, y = v.ravel(), o.ravel()
+            custom = np.stack([ll.ravel(), hh.ravel(), r.ravel()], axis=1)
+            where = "layer %{customdata[0]:.0f}, head %{customdata[1]:.0f}"
+        else:
+            x, y = np.array([np.nanmean(v)]), np.array([np.nanmean(o)])
+            custom = np.array([[L, H, np.nanmean(r)]])
+            where = "mean over %{customdata[0]:.0f} layers x %{customdata[1]:.0f} heads"
+        ok = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
+        if ok.any():
+            lo, hi = min(lo, x[ok].min(), y[ok].min()), max(hi, x[ok].max(), y[ok].max())
+        fig.add_trace(go.Scatter(
+            x=x, y=y, mode="markers", name=f"{name} ({lab})" + (POST_LN_SUFFIX if post else ""),
+            legendgroup=lab, marker=dict(color=color, size=7 if per == "head" else 12, opacity=0.75,
+                                         symbol="diamond-open" if post else "circle"),
+            customdata=custom,
+            hovertemplate=hover([f"<b>{name}</b> ({lab})", where,
+                                 "||W_V||_2 = %{x:.4g}, ||W_O||_2 = %{y:.4g}, ratio %{customdata[2]:.4g}",
+                                 wrap("||W_V||_2 = " + _definition(sig, "W_V_norm"), 90),
+                                 wrap("||W_O||_2 = " + _definition(sig, "W_O_norm"), 90), wrap(defs, 90)]),
+            meta={"role": "heads" if per == "head" else "model_mean", "model": name, "lab": lab},
+        ))
+        shown_labs.add(lab)
+    if np.isfinite(lo):
+        d = np.array([lo / 1.5, hi * 1.5])
+        fig.add_trace(go.Scatter(x=d, y=d, mode="lines", line=dict(color="#999", dash="dot", width=1),
+                                 name="||W_V|| = ||W_O||", hoverinfo="skip", meta={"role": "diagonal"}))
+    base_layout(fig, "Spectral signature: ||W_V||_2 vs ||W_O||_2 " + ("per head" if per == "head" else "per model"),
+                "sigma_max of each head's value (W_V [d_model, d_head]) and output (W_O [d_head, d_model]) "
+                "matrices; log-log; colour = lab")
+    fig.update_xaxes(type="log", title="||W_V||_2 (sigma_max)")
+    fig.update_yaxes(type="log", title="||W_O||_2 (sigma_max)")
+    return fig
+
+
+def _labs(raw: Any, pairs: list[tuple[str, Any]], labs: Any) -> dict[str, str]:
+    names = [n for n, _ in pairs]
+    if labs is None:
+        objs = list(raw.values()) if isinstance(raw, dict) else (list(raw) if isinstance(raw, (list, tuple)) else [raw])
+        out = {}
+        for n, obj in zip(names, objs):
+            meta = getattr(obj, "meta", None)
+            lab = meta.get("lab") if isinstance(meta, dict) else None
+            out[n] = str(lab) if lab else n
+        return out
+    if isinstance(labs, dict):
+        missing = [n for n in names if n not in labs]
+        if missing:
+            raise ThermoLensViewError(f"spectral_scatter: labs has no entry for {missing}")
+        return {n: str(labs[n]) for n in names}
+    labs = list(labs)
+    if len(labs) != len(names):
+        raise ThermoLensViewError(f"spectral_scatter: {len(labs)} labs for {len(names)} models")
+    return {n: str(lab) for n, lab in zip(names, labs)}
+
+
+def spectral_heatmaps(signature: Any, metrics: Sequence[str] = ("W_V_norm", "W_O_norm", "ratio", "ov_norm"),
+                      *, name: str | None = None) -> go.Figure:
+    """Several per-head spectral metrics of one model as side-by-side ``[layer, head]`` heatmaps.
+
+    Args:
+        signature: a :class:`~thermo_lens.spectral.SpectralSignature` (or a ThermoProfile).
+        metrics: attribute names of ``[layer, head]`` tensors (see :data:`SPECTRAL_DEFINITIONS`).
+        name: display name (default: the recorded model name).
+    """
+    ((label, sig),) = named(signature, "spectral", "SpectralSignature", [name] if name else None)
+    check_type(sig, "SpectralSignature", "spectral_heatmaps",
+               "Pass thermo_lens.spectral.spectral_signature(model) (or a ThermoProfile).")
+    metrics = list(metrics)
+    if not metrics:
+        raise ThermoLensViewError("spectral_heatmaps: give at least one metric")
+    zs = [_sig_tensor(sig, m) for m in metrics]
+    L, H = zs[0].shape
+    defs = spectral_settings(sig)
+    fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=metrics, horizontal_spacing=0.1)
+    for k, (m, z) in enumerate(zip(metrics, zs)):
+        definition = _definition(sig, m)
+        axis = fig.layout["xaxis" if k == 0 else f"xaxis{k + 1}"]
+        fig.add_trace(go.Heatmap(
+            z=z, x=np.arange(z.shape[1]), y=np.arange(z.shape[0]), colorscale="Viridis",
+            showscale=True, colorbar=dict(len=0.9, x=axis.domain[1] + 0.005, xanchor="left", thickness=10,
+                                          tickfont=dict(size=9)),
+            hovertemplate=hover([f"<b>{m}</b>", "layer %{y}, head %{x}", "value %{z:.4g}",
+                                 wrap(definition, 80), wrap(defs, 80)]),
+            meta={"role": "heatmap", "metric": m, "definition": definition},
+        ), row=1, col=k + 1)
+        fig.update_yaxes(autorange="reversed", row=1, col=k + 1, title="layer" if k == 0 else None)
+        fig.update_xaxes(title="head", row=1, col=k + 1)
+    base_layout(fig, f"Per-head spectral signature, {label}", wrap(defs, 140),
+                height=max(320, min(900, 140 + 22 * L)), bottom=60)
+    return fig
+
+
+def sheaf_trace_heatmap(traces: Any, *, name: str | None = None, log: bool = False) -> go.Figure:
+    """Mean sheaf Laplacian trace per head over prompts, ``[layer, head]``.
+
+    Args:
+        traces: a :class:`~thermo_lens.sheaf.SheafTraces` (or a ThermoProfile, ``.sheaf``).
+        name: display name.
+        log: colour by ``log10`` of the trace (wide dynamic range across layers).
+
+    Definition (METHODS.md section 3): ``Tr L^{(l,h)} = (n - sum_i A_ii) ||W_V^{(l,h)}||_F^2`` per
+    prompt (or the traces' recorded formula), then the mean over prompts.
+    """
+    ((label, tr),) = named(traces, "sheaf", "SheafTraces", [name] if name else None)
+    check_type(tr, "SheafTraces", "sheaf_trace_heatmap",
+               "Pass thermo_lens.sheaf.sheaf_traces(model, prompts) (or a ThermoProfile).")
+    z = to_numpy(tr.trace).mean(axis=0)
+    m = tr.model or {}
+    definition = (f"{tr.definition}; mean over {tr.n_prompts} prompts; "
+                  + settings_text(prepend_bos=tr.prepend_bos, dtype=m.get("dtype"), weights=m.get("weights"),
+                                  post_ln=m.get("post_ln"), norms=None))
+    if log:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            z = np.log10(z)
+        definition = "log10 of " + definition
+    return head_heatmap(z, title=f"Sheaf Laplacian trace per head, {label}", definition=definition,
+                        colorbar_title="log10 Tr L" if log else "Tr L")

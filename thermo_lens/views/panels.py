@@ -1,0 +1,357 @@
+"""circuitsvis panels: a layer's attention patterns next to its per-head thermodynamic metrics.
+
+One self-contained HTML fragment that renders **offline**: the circuitsvis JavaScript bundle
+shipped inside the installed ``circuitsvis`` package (``circuitsvis/dist/cdn/iife.js``, the same
+file ``circuitsvis.utils.render.render_local`` inlines) is embedded in the fragment, so nothing is
+fetched from a CDN (``circuitsvis``' own ``RenderedHTML._repr_html_`` probes ``google.com`` and
+uses unpkg when online; this module never does).
+
+Per-head metrics shown next to the patterns (D'Elia 2026, "Thermodynamic Constraints in
+Transformer Architectures"; METHODS.md sections 1-3):
+
+* ``delta_block_gain``: the change in the layer's block gain ``G_{l+1} = ||x_{l+1}|| / ||x_l||``
+  (block ``l``, 0-based) when the head is zero-ablated (``blocks.{l}.attn.hook_z[:, :, h] = 0``,
+  a ``fwd_hooks`` hook in :func:`thermo_lens.gain.residual_gain`), mean over the prompts;
+* ``W_V_norm``, ``W_O_norm``, ``ov_norm``: spectral norms (:func:`thermo_lens.spectral.spectral_signature`);
+* ``sheaf_trace``: ``(n - sum_i A_ii) ||W_V||_F^2`` of the head on the panel's prompt (the trace of
+  its sheaf Laplacian, :func:`thermo_lens.sheaf.sheaf_laplacian`).
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from thermo_lens.views._common import ThermoLensViewError, bos_text, settings_text, to_numpy
+
+__all__ = [
+    "AttentionPanel",
+    "attention_panel",
+    "head_ablation_gain",
+    "panel_from_results",
+    "circuitsvis_html",
+    "circuitsvis_js",
+    "PANEL_DEFINITIONS",
+]
+
+#: Definition of every column of :attr:`AttentionPanel.metrics`.
+PANEL_DEFINITIONS: dict[str, str] = {
+    "delta_block_gain": "change in this block's gain G_{l+1} = ||x_{l+1}|| / ||x_l|| when the head's "
+                        "output z is zero-ablated (blocks.{l}.attn.hook_z[:, :, h] = 0), mean over prompts",
+    "W_V_norm": "sigma_max(W_V) of the head's value matrix [d_model, d_head] (its KV head under GQA)",
+    "W_O_norm": "sigma_max(W_O), W_O [d_head, d_model]",
+    "ov_norm": "sigma_max(W_V W_O), the OV circuit's spectral norm",
+    "sheaf_trace": "Tr L = (n - sum_i A_ii) * ||W_V||_F^2, the head's sheaf Laplacian trace on the shown prompt",
+    "attn_to_self": "mean over query tokens of A_ii (diagonal attention mass) on the shown prompt",
+}
+
+
+# ---------------------------------------------------------------------------- offline circuitsvis
+@functools.lru_cache(maxsize=1)
+def circuitsvis_js() -> str:
+    """The circuitsvis browser bundle (IIFE defining ``CircuitsVis``), safe to inline in ``<script>``.
+
+    Read from the installed package. ``</script`` inside the bundle's string literals is written
+    ``<\\/script`` (the same string in JavaScript, but it no longer ends the HTML script element;
+    circuitsvis' own ``render_local`` deletes it instead) and the ``sourceMappingURL`` comment is
+    dropped (no file or network look-up from developer tools).
+    """
+    try:
+        import circuitsvis
+    except ImportError as e:  # pragma: no cover - circuitsvis is a dependency
+        raise ThermoLensViewError("attention panels need circuitsvis: pip install circuitsvis") from e
+    path = Path(circuitsvis.__file__).parent / "dist" / "cdn" / "iife.js"
+    if not path.is_file():
+        raise ThermoLensViewError(
+            f"the installed circuitsvis has no offline bundle at {path}; reinstall circuitsvis "
+            "(a wheel from PyPI ships dist/cdn/iife.js)")
+    js = path.read_text(encoding="utf-8")
+    js = "\n".join(line for line in js.splitlines() if not line.startswith("//# sourceMappingURL="))
+    return js.replace("</script", "<\\/script").replace("<!--", "<\\!--")
+
+
+def _props_json(props: dict[str, Any]) -> str:
+    from circuitsvis.utils.convert_props import convert_props
+
+    text = convert_props(props)
+    # JSON is valid JavaScript; escape what could end the <script> element from inside a string.
+    return text.replace("</", "<\\/").replace("<!--", "<\\!--")
+
+
+def circuitsvis_html(element: str = "AttentionPatterns", *, include_js: bool = True,
+                     element_id: str | None = None, **props: Any) -> str:
+    """Offline HTML for a circuitsvis React element (e.g. ``AttentionPatterns``, ``AttentionHeads``).
+
+    ``props`` are the element's properties as ``circuitsvis.attention.attention_patterns`` passes
+    them (``tokens=[...]``, ``attention=[head, dest, src]``); tensors and arrays become lists.
+    With ``include_js=False`` the bundle is not embedded (the page must already define
+    ``CircuitsVis``, e.g. an earlier fragment with ``include_js=True``).
+    """
+    div = element_id or f"circuits-vis-{uuid.uuid4().hex[:12]}"
+    js = circuitsvis_js() if include_js else ""
+    call = (f'try {{ CircuitsVis.render("{div}", CircuitsVis.{element}, {_props_json(props)}); }}\n'
+            f'catch (e) {{ document.getElementById("{div}").textContent = '
+            f'"circuitsvis failed to render: " + e; throw e; }}')
+    return (f'<div id="{div}" class="thermo-lens-circuitsvis" style="margin: 10px 0;"></div>\n'
+            f'<script>\n{js}\n{call}\n</script>')
+
+
+# ---------------------------------------------------------------------------- metrics
+def _zero_heads(row_heads: Sequence[int | None], n_prompts: int, n_heads: int):
+    """Hook zeroing head ``row_heads[j]`` in rows ``j * n_prompts .. (j + 1) * n_prompts - 1``."""
+    def hook(z: torch.Tensor, hook: Any = None) -> torch.Tensor:
+        if z.ndim == 3:  # [batch, pos, head * d_head]
+            z4 = z.view(z.shape[0], z.shape[1], n_heads, -1)
+        elif z.ndim == 4:  # [batch, pos, head, d_head]
+            z4 = z
+        else:
+            raise RuntimeError(f"unexpected hook_z shape {tuple(z.shape)}")
+        for j, h in enumerate(row_heads):
+            if h is not None:
+                z4[j * n_prompts:(j + 1) * n_prompts, :, h] = 0.0
+        return z
+    return hook
+
+
+def head_ablation_gain(model: Any, prompts: Sequence[str], layer: int, *, token_scope: str = "all_but_first",
+                       prepend_bos: Any = True, heads: Sequence[int] | None = None,
+                       max_batch: int = 64) -> pd.DataFrame:
+    """Change in block ``layer``'s gain when each head is zero-ablated, via ``fwd_hooks``.
+
+    :func:`thermo_lens.gain.residual_gain` with a hook on ``blocks.{layer}.attn.hook_z`` that zeroes
+    one head's output ``z``. The baseline and the ablated copies run as rows of the same batch (the
+    prompts repeated once per head, each copy ablating its own head), so all heads cost
+    ``ceil(P (H + 1) / max_batch)`` forward passes instead of ``H + 1``; right padding keeps every
+    row equal to its own unbatched run. Block ``layer`` (0-based) has gain
+    ``G_{layer+1} = ||x_{layer+1}|| / ||x_layer||`` (column ``layer`` of ``block_gain``).
+
+    Returns:
+        One row per head: ``head, block_gain`` (ablated, mean over prompts), ``baseline``,
+        ``delta_block_gain`` (ablated - baseline), ``delta_last_block_gain`` (effect on G_L),
+        with the definition columns ``layer, token_scope, prepend_bos``.
+    """
+    from thermo_lens.gain import residual_gain
+    from thermo_lens.model import as_view, validate_prompts
+
+    view = as_view(model)
+    prompts = validate_prompts(prompts)
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < view.n_layers:
+        raise ThermoLensViewError(f"layer must be an int in 0..{view.n_layers - 1}, got {layer!r}")
+    heads = list(range(view.n_heads)) if heads is None else [int(h) for h in heads]
+    bad = [h for h in heads if not 0 <= h < view.n_heads]
+    if bad:
+        raise ThermoLensViewError(f"heads {bad} out of range 0..{view.n_heads - 1}")
+    P = len(prompts)
+    copies: list[int | None] = [None] + heads  # None = the unablated baseline
+    per_pass = max(1, max_batch // P)
+    hook_name = f"blocks.{int(layer)}.attn.hook_z"
+    block, last = {}, {}
+    for start in range(0, len(copies), per_pass):
+        chunk = copies[start:start + per_pass]
+        g = residual_gain(view, prompts * len(chunk), token_scope=token_scope, prepend_bos=prepend_bos,
+                          batch_size=P * len(chunk), progress=False,
+                          fwd_hooks=[(hook_name, _zero_heads(chunk, P, view.n_heads))])
+        bg = g.block_gain[:, layer].double()
+        lg = torch.as_tensor(np.asarray(g.last_block_gain.values, dtype=np.float64))
+        for j, h in enumerate(chunk):
+            block[h] = float(bg[j * P:(j + 1) * P].mean())
+            last[h] = float(lg[j * P:(j + 1) * P].mean())
+    df = pd.DataFrame([{"head": h, "block_gain": block[h], "baseline": block[None],
+                        "delta_block_gain": block[h] - block[None],
+                        "delta_last_block_gain": last[h] - last[None]} for h in heads])
+    df["layer"], df["token_scope"], df["prepend_bos"] = int(layer), token_scope, str(prepend_bos)
+    return df
+
+
+def _display_tokens(view: Any, prompt: str, prepend_bos: Any, n: int) -> list[str]:
+    ids = view.encode(prompt, prepend_bos)[:n]
+    tok = view.tokenizer
+    return [tok.decode([i]) for i in ids]
+
+
+# ---------------------------------------------------------------------------- the panel
+@dataclass(frozen=True)
+class AttentionPanel:
+    """A layer's attention patterns (circuitsvis) next to its per-head metrics; offline HTML.
+
+    Attributes:
+        html: the self-contained HTML fragment (circuitsvis JS inlined once).
+        metrics: one row per head (columns described in :data:`PANEL_DEFINITIONS`).
+        tokens: the prompt's tokens as displayed.
+        pattern: ``Float[Tensor, "head dest src"]`` the layer's attention pattern on the prompt.
+        layer, prompt, model, settings: what is shown and how it was measured.
+
+    In a notebook the panel displays itself (``_repr_html_``); :meth:`save` writes a standalone
+    HTML page.
+    """
+
+    html: str
+    metrics: pd.DataFrame
+    tokens: tuple[str, ...]
+    pattern: torch.Tensor
+    layer: int
+    prompt: str
+    model: str
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def _repr_html_(self) -> str:
+        return self.html
+
+    def __html__(self) -> str:
+        return self.html
+
+    def save(self, path: str | Path) -> Path:
+        """Write a standalone offline HTML page with this panel; returns the path."""
+        p = Path(path)
+        title = html.escape(f"thermo-lens: {self.model}, layer {self.layer}")
+        p.write_text(f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{title}</title></head>"
+                     f"<body>{self.html}</body></html>", encoding="utf-8")
+        return p
+
+    def __repr__(self) -> str:
+        return (f"AttentionPanel({self.model}, layer {self.layer}, {len(self.tokens)} tokens, "
+                f"{self.pattern.shape[0]} heads; metrics: {', '.join(c for c in self.metrics.columns if c in PANEL_DEFINITIONS)})")
+
+
+def _cell_style(v: float, lo: float, hi: float, diverging: bool) -> str:
+    if not np.isfinite(v) or not np.isfinite(lo) or not np.isfinite(hi) or hi == lo:
+        return ""
+    if diverging:
+        m = max(abs(lo), abs(hi)) or 1.0
+        t = v / m
+        color = f"rgba(214,39,40,{0.55 * t:.3f})" if t > 0 else f"rgba(31,119,180,{-0.55 * t:.3f})"
+    else:
+        t = (v - lo) / (hi - lo)
+        color = f"rgba(44,160,44,{0.1 + 0.45 * t:.3f})"
+    return f' style="background:{color}"'
+
+
+def _metrics_table(metrics: pd.DataFrame, columns: Sequence[str]) -> str:
+    head = "".join(f'<th title="{html.escape(PANEL_DEFINITIONS.get(c, c))}">{html.escape(c)}</th>' for c in columns)
+    ranges = {c: (np.nanmin(metrics[c].to_numpy(float)), np.nanmax(metrics[c].to_numpy(float))) for c in columns
+              if c != "head" and len(metrics)}
+    rows = []
+    for _, r in metrics.iterrows():
+        cells = []
+        for c in columns:
+            v = r[c]
+            if c == "head":
+                cells.append(f"<td><b>{int(v)}</b></td>")
+                continue
+            v = float(v)
+            lo, hi = ranges[c]
+            cells.append(f'<td{_cell_style(v, lo, hi, c.startswith("delta"))}>{v:.4g}</td>')
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return (f'<table class="thermo-lens-metrics" style="border-collapse:collapse;font-size:12px">'
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+
+
+_PANEL_CSS = ("<style>.thermo-lens-panel table.thermo-lens-metrics td,.thermo-lens-panel table.thermo-lens-metrics th"
+              "{border:1px solid #ddd;padding:3px 7px;text-align:right}"
+              ".thermo-lens-panel dt{font-weight:bold;margin-top:4px}.thermo-lens-panel dd{margin-left:12px}</style>")
+
+
+def panel_from_results(tokens: Sequence[str], pattern: Any, metrics: pd.DataFrame, *, layer: int, prompt: str,
+                       model: str = "model", settings: dict[str, Any] | None = None,
+                       include_js: bool = True) -> AttentionPanel:
+    """Assemble an :class:`AttentionPanel` from already computed pieces (pure; no model run).
+
+    Args:
+        tokens: ``n`` token strings.
+        pattern: ``[head, n, n]`` attention pattern (rows = destination/query, columns = source/key).
+        metrics: one row per head with a ``head`` column and any of :data:`PANEL_DEFINITIONS`.
+        layer, prompt, model: labels.
+        settings: measurement settings to print (``prepend_bos``, ``token_scope``, ``dtype``, ``weights``).
+        include_js: embed the circuitsvis bundle (set False when the page already has it).
+    """
+    pat = torch.as_tensor(to_numpy(pattern), dtype=torch.float32)
+    tokens = [str(t) for t in tokens]
+    if pat.ndim != 3 or pat.shape[1] != pat.shape[2] or pat.shape[1] != len(tokens):
+        raise ThermoLensViewError(
+            f"panel: pattern must be [head, n, n] with n = {len(tokens)} tokens, got {tuple(pat.shape)}")
+    if "head" not in metrics.columns:
+        raise ThermoLensViewError("panel: metrics needs a 'head' column")
+    settings = dict(settings or {})
+    cols = ["head"] + [c for c in PANEL_DEFINITIONS if c in metrics.columns]
+    # circuitsvis.attention.attention_patterns(tokens=..., attention=[head, dest, src]) props.
+    vis = circuitsvis_html("AttentionPatterns", include_js=include_js, tokens=tokens, attention=pat)
+    defs = "".join(f"<dt>{html.escape(c)}</dt><dd>{html.escape(PANEL_DEFINITIONS[c])}</dd>" for c in cols if c != "head")
+    stext = html.escape(settings_text(token_scope=settings.get("token_scope"), prepend_bos=settings.get("prepend_bos"),
+                                      dtype=settings.get("dtype"), weights=settings.get("weights"),
+                                      post_ln=settings.get("post_ln")))
+    esc = html.escape
+    frag = f"""<div class="thermo-lens-panel" style="font-family:system-ui,sans-serif;font-size:13px">{_PANEL_CSS}
+<div style="display:flex;flex-wrap:wrap;gap:24px;align-items:flex-start">
+<div style="flex:1 1 460px;min-width:380px">
+<h4 style="margin:4px 0">Attention patterns: {esc(model)}, layer {layer} ({pat.shape[0]} heads)</h4>
+<div>prompt: <code>{esc(prompt)}</code> &middot; {len(tokens)} tokens ({esc(bos_text(settings.get("prepend_bos", "?")))})</div>
+{vis}
+</div>
+<div style="flex:1 1 380px">
+<h4 style="margin:4px 0">Per-head metrics, layer {layer}</h4>
+<div style="color:#555;margin-bottom:6px">{stext}</div>
+{_metrics_table(metrics[cols], cols)}
+<dl style="font-size:11px;color:#333">{defs}</dl>
+</div></div></div>"""
+    return AttentionPanel(html=frag, metrics=metrics[cols].reset_index(drop=True), tokens=tuple(tokens),
+                          pattern=pat, layer=layer, prompt=prompt, model=model, settings=settings)
+
+
+def attention_panel(model: Any, prompt: str, layer: int, *, prepend_bos: Any = True,
+                    gain_prompts: Sequence[str] | None = None, token_scope: str = "all_but_first",
+                    ablation: bool = True, include_js: bool = True) -> AttentionPanel:
+    """Attention patterns of ``layer`` on ``prompt`` (circuitsvis) next to that layer's per-head metrics.
+
+    Args:
+        model: a TransformerLens model (``TransformerBridge``).
+        prompt: the prompt whose patterns are shown (and the sheaf trace is measured on).
+        layer: block index (0-based).
+        prepend_bos: BOS mode (``True``, ``False``, ``"tokenizer"``), as in ``residual_gain``.
+        gain_prompts: prompts for the ablation gain change (default ``[prompt]``).
+        token_scope: token scope of the gain (``thermo_lens.gain.TOKEN_SCOPES``).
+        ablation: compute ``delta_block_gain`` (``n_heads + 1`` forward passes over ``gain_prompts``).
+        include_js: embed the circuitsvis bundle (once per page is enough).
+
+    Returns:
+        :class:`AttentionPanel` (``panel.html``; displays itself in a notebook; ``panel.save(path)``).
+    """
+    from thermo_lens.model import as_view
+    from thermo_lens.sheaf import sheaf_laplacian
+    from thermo_lens.spectral import spectral_signature
+
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ThermoLensViewError(f"attention_panel: prompt must be a non-empty string, got {prompt!r}")
+    view = as_view(model)
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not -view.n_layers <= layer < view.n_layers:
+        raise ThermoLensViewError(f"attention_panel: layer must be an int in 0..{view.n_layers - 1}, got {layer!r}")
+    layer = int(layer) % view.n_layers
+    lap = sheaf_laplacian(view, prompt, layer, None, prepend_bos=prepend_bos)
+    pattern = torch.stack([h.pattern for h in lap.heads]).float()  # [head, n, n]
+    n = pattern.shape[-1]
+    tokens = _display_tokens(view, prompt, prepend_bos, n)
+    sig = spectral_signature(view)
+    metrics = pd.DataFrame({
+        "head": np.arange(view.n_heads),
+        "W_V_norm": to_numpy(sig.W_V_norm[layer]),
+        "W_O_norm": to_numpy(sig.W_O_norm[layer]),
+        "ov_norm": to_numpy(sig.ov_norm[layer]),
+        "sheaf_trace": to_numpy(lap.head_traces()),
+        "attn_to_self": to_numpy(torch.diagonal(pattern, dim1=-2, dim2=-1).double().mean(-1)),
+    })
+    if ablation:
+        abl = head_ablation_gain(view, list(gain_prompts or [prompt]), layer, token_scope=token_scope,
+                                 prepend_bos=prepend_bos)
+        metrics.insert(1, "delta_block_gain", abl["delta_block_gain"].to_numpy())
+    meta = view.metadata()
+    settings = {"prepend_bos": prepend_bos, "token_scope": token_scope if ablation else None,
+                "dtype": meta["dtype"], "weights": meta["weights"], "post_ln": meta["post_ln"]}
+    return panel_from_results(tokens, pattern, metrics, layer=layer, prompt=prompt, model=view.name,
+                              settings=settings, include_js=include_js)
