@@ -12,6 +12,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import pytest
 import torch
 
+# Tiny models: one thread is faster than two and immune to a busy second core.
+torch.set_num_threads(1)
+
 from thermo_lens.testing import ARCHITECTURES, make_checkpoint
 
 ARCHS = tuple(ARCHITECTURES)

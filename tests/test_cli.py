@@ -1,0 +1,76 @@
+"""The thermo-lens CLI: help, exit codes, errors without tracebacks, the default main job."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from thermo_lens import zoo
+from thermo_lens.cli import main
+
+CLI = [sys.executable, "-m", "thermo_lens.cli"]
+
+
+def run(args, cwd=None, timeout=300):
+    return subprocess.run(CLI + list(args), capture_output=True, text=True, cwd=cwd, timeout=timeout)
+
+
+@pytest.mark.parametrize("sub", [[], ["profile"], ["study"], ["report"], ["zoo"]])
+def test_help_everywhere(sub, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(sub + ["--help"])
+    assert e.value.code == 0
+    assert "usage: thermo-lens" in capsys.readouterr().out
+
+
+def test_no_command_prints_help_and_exits_2(capsys):
+    assert main([]) == 2
+    assert "COMMAND" in capsys.readouterr().out
+
+
+def test_zoo_lists_embedded_models(capsys):
+    assert main(["zoo"]) == 0
+    out = capsys.readouterr().out
+    for name in zoo.names():
+        assert name in out
+    assert "weight_decay" in out  # the matched pair says which knob differs
+
+
+def test_errors_have_no_traceback(tmp_path):
+    r = run(["profile", "--prompts", "no-such-set", "--out", str(tmp_path / "o")])
+    assert r.returncode == 2 and "thermo-lens: error: --prompts" in r.stderr and "Traceback" not in r.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[study]\nname = 'x'\n\n[[models]]\nzoo = 'nope'\n")
+    r = run(["study", str(bad), "--out", str(tmp_path / "o")])
+    assert r.returncode == 2 and f"{bad}:5: field 'models[0].zoo'" in r.stderr and "Traceback" not in r.stderr
+    r = run(["report", str(tmp_path)])
+    assert r.returncode == 2 and "no manifest.json here" in r.stderr
+
+
+def test_failed_model_gives_exit_code_1(tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("The capital of France is\nWater freezes at\n")
+    r = run(["profile", str(tmp_path / "not-a-model"), "gpt2-tiny-wd", "--prompts", str(prompts),
+             "--out", str(tmp_path / "o"), "--no-report"])
+    assert r.returncode == 1, r.stderr
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert manifest["models"]["gpt2-tiny-wd"]["status"] == "done"
+    assert manifest["models"]["not-a-model"]["status"] == "failed"
+
+
+@pytest.mark.slow
+def test_default_main_job_runs_with_no_arguments(tmp_path):
+    """The README's first command: `thermo-lens profile` with no arguments, offline."""
+    exe = shutil.which("thermo-lens")
+    cmd = [exe, "profile"] if exe else CLI + ["profile"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                       env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = tmp_path / "thermo-lens-report"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert {k for k, v in manifest["models"].items() if v["status"] == "done"} == set(zoo.DEFAULT)
+    assert (out / "summary.csv").read_text().count("\n") == len(zoo.DEFAULT) + 1
+    assert (out / "report.html").is_file()

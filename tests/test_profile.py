@@ -1,0 +1,78 @@
+"""profile(): one forward pass per batch, equal to the individual metrics, exact JSON round trip."""
+
+import warnings
+
+import pytest
+import torch
+
+import thermo_lens as tl
+from thermo_lens.profile import ThermoProfile, profile, profiles_frame
+
+PROMPTS = ["The capital of France is", "Water freezes at a temperature of",
+           "Birds of a feather flock", "The Voynich manuscript's undeciphered text"]
+
+
+@pytest.fixture(scope="module")
+def prof(bridge):
+    return profile(bridge("gpt2"), PROMPTS, batch_size=3, lab="OpenAI-like", family="toy")
+
+
+def test_one_forward_pass_per_batch(bridge):
+    calls = []
+    profile(bridge("llama_gqa"), PROMPTS, batch_size=3,
+            fwd_hooks=[("blocks.0.hook_resid_pre", lambda x, hook: calls.append(x.shape[0]))])
+    assert calls == [3, 1]  # two batches, one pass each, for gain + anisotropy + sheaf together
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama_gqa", "opt_postln"])
+def test_profile_equals_individual_metrics(arch, bridge):
+    m = bridge(arch)
+    p = profile(m, PROMPTS, batch_size=3)
+    g = tl.residual_gain(m, PROMPTS, batch_size=2)
+    torch.testing.assert_close(p.gain.block_gain, g.block_gain)
+    assert p.gain.regime == g.regime
+    s = tl.spectral_signature(m)
+    torch.testing.assert_close(p.spectral.ov_norm, s.ov_norm)
+    t = tl.sheaf_traces(m, PROMPTS, batch_size=4)
+    torch.testing.assert_close(p.sheaf.trace, t.trace)
+    a = tl.anisotropy_profile(m, PROMPTS)
+    torch.testing.assert_close(p.anisotropy.values, a.values, equal_nan=True)
+    assert p.meta["post_ln"] == (arch == "opt_postln")
+    assert p.l_star.n_layers == 3
+
+
+def test_metadata_and_row(prof):
+    m = prof.meta
+    assert m["lab"] == "OpenAI-like" and m["family"] == "toy" and m["n_prompts"] == len(PROMPTS)
+    assert m["weights"] == "raw" and m["dtype"] == "float32" and m["prepend_bos"] is True
+    row = prof.to_row()
+    assert row["gain"] == pytest.approx(float(prof.gain.summaries[prof.gain.regime_by].mean))
+    assert row["rho"] == pytest.approx(4 / 8)
+    assert row["mean_trace"] == pytest.approx(float(prof.sheaf.trace.sum(-1).mean(0).mean()))
+    frame = profiles_frame([prof, prof])
+    assert len(frame) == 2 and {"n_layers", "rho", "gain", "regime", "lab"} <= set(frame.columns)
+    text = repr(prof)
+    assert "regime" in text and "L*" in text and "weights raw" in text
+
+
+def test_json_round_trip_is_exact(prof, tmp_path):
+    text = prof.to_json()
+    back = ThermoProfile.from_json(text)
+    assert back.to_json() == text
+    assert torch.equal(back.gain.block_gain, prof.gain.block_gain)
+    assert torch.equal(back.sheaf.trace, prof.sheaf.trace)
+    prof.to_json(tmp_path / "p.json")
+    assert ThermoProfile.from_json(tmp_path / "p.json").meta == prof.meta
+
+
+def test_laws_run_on_profiles(bridge):
+    models = [(bridge("gpt2"), "A"), (bridge("gemma"), "B"),
+              (tl.zoo.load("gpt2-tiny-wd"), "A"), (tl.zoo.load("neox-tiny"), "B")]
+    profs = [profile(m, PROMPTS[:2], name=f"m{i}", lab=lab) for i, (m, lab) in enumerate(models)]
+    table = profiles_frame(profs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        k = tl.laws.kleiber(table)
+    assert k.gain_vs_rho.n == 4 and k.gain_vs_depth.n == 4
+    # the law's inputs are the profiles' own numbers
+    assert list(table["n_layers"]) == [3, 3, 4, 4]
