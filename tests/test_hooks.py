@@ -85,3 +85,20 @@ def test_nan_names_the_layer(bridge):
 def test_bad_batch_size(bridge):
     with pytest.raises(ValueError, match="batch_size"):
         collect(bridge("gpt2"), PROMPTS, [residual_norms], prepend_bos=True, batch_size=0)
+
+
+def test_length_sorted_batches_give_the_callers_order(bridge):
+    view = ModelView(bridge("gpt2"))
+    prompts = PROMPTS + ["a", "the cat sat on the mat and the early bird"]
+    seen = []
+    hook = ("blocks.0.hook_resid_pre", lambda x, hook: seen.append(x.shape[1]))
+    red = [residual_norms, attention_diagonal]
+    fast = collect(view, prompts, red, prepend_bos=True, batch_size=2, fwd_hooks=[hook])
+    widths_sorted, seen[:] = list(seen), []
+    plain = collect(view, prompts, red, prepend_bos=True, batch_size=2, sort_by_length=False, fwd_hooks=[hook])
+    assert sum(widths_sorted) < sum(seen)  # less padding
+    assert torch.equal(fast.lengths, plain.lengths)
+    for name in ("resid_norm", "attn_diag", "attn_mass"):
+        a, b = fast.stack(name), plain.stack(name)
+        w = min(a.shape[-1], b.shape[-1])
+        torch.testing.assert_close(a[..., :w], b[..., :w], equal_nan=True, rtol=1e-5, atol=1e-6)

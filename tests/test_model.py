@@ -96,11 +96,19 @@ class TestTokenize:
             assert without.mask[b].sum() == n
         assert with_bos.prepend_bos is True and without.prepend_bos is False
 
-    def test_tokenizer_mode_uses_hf_special_tokens(self, bridge):
-        v = ModelView(bridge("bert"))
+    @pytest.mark.parametrize("arch", ["gpt2", "bert"])
+    def test_tokenizer_mode_uses_the_hf_tokenizer_as_autotokenizer_loads_it(self, arch, bridge, checkpoint_dir):
+        from transformers import AutoTokenizer
+
+        v = ModelView(bridge(arch))
         batch = v.tokenize(["hello world"], prepend_bos="tokenizer")
-        ids = v.tokenizer("hello world")["input_ids"]
+        ids = AutoTokenizer.from_pretrained(str(checkpoint_dir(arch)))("hello world")["input_ids"]
         assert batch.tokens[0].tolist() == ids
+        if arch == "gpt2":
+            # The bridge reloads its tokenizer with add_bos_token=True; the paper's protocol
+            # (plain AutoTokenizer) adds no BOS for GPT-2-style tokenizers.
+            assert ids == v.tokenize(["hello world"], prepend_bos=False).tokens[0].tolist()
+            assert v.tokenizer("hello world")["input_ids"][0] == v.tokenizer.bos_token_id
 
     def test_too_long_prompt_names_index_and_lengths(self, bridge):
         v = ModelView(bridge("gpt2"))

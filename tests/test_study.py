@@ -1,12 +1,10 @@
 """Running studies: atomic per-model results, resume, corrupt files, failures, SIGKILL, locking, Ray."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch

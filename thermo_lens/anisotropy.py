@@ -176,10 +176,6 @@ def anisotropy_profile(
     warning says so.
     """
     view = as_view(model)
-    if prepend_bos == "tokenizer":
-        from thermo_lens.gain import with_hf_tokenizer_bos
-
-        view = with_hf_tokenizer_bos(view)
     collected = collect(view, prompts, [anisotropy], prepend_bos=prepend_bos, batch_size=batch_size,
                         truncate=truncate, fwd_hooks=fwd_hooks, progress=progress)
     res = anisotropy_from_collected(collected, level=level)

@@ -62,8 +62,6 @@ an existing one-pass :func:`thermo_lens.hooks.collect` (what ``profile()`` does)
 
 from __future__ import annotations
 
-import copy
-import functools
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -91,7 +89,7 @@ __all__ = [
     "scope_ratio",
     "regime_from_summary",
     "paper_metric",
-    "with_hf_tokenizer_bos",
+    "collect_for_scope",
 ]
 
 #: Token scope name -> its definition (recorded in every result).
@@ -516,49 +514,11 @@ def _warn_processed(view: ModelView) -> None:
         )
 
 
-@functools.lru_cache(maxsize=16)
-def _hf_tokenizer(name_or_path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(name_or_path)
-
-
-def with_hf_tokenizer_bos(view: ModelView) -> ModelView:
-    """A copy of ``view`` whose ``prepend_bos="tokenizer"`` mode uses the HF tokenizer exactly as
-    ``AutoTokenizer.from_pretrained`` loads it (the paper's protocol).
-
-    Needed because ``TransformerBridge.boot_transformers`` reloads the tokenizer with
-    ``add_bos_token=True``, so ``model.tokenizer(..., add_special_tokens=True)`` prepends BOS even
-    for GPT-2/NeoX-style tokenizers that add none. Other BOS modes are unchanged. If the tokenizer
-    cannot be reloaded (no ``name_or_path``), the view is returned unchanged with a warning.
-    """
-    name = getattr(view.tokenizer, "name_or_path", None)
-    try:
-        tok = _hf_tokenizer(str(name)) if name else None
-    except Exception as e:  # pragma: no cover - depends on the user's files
-        warnings.warn(f"could not reload the HF tokenizer {name!r} ({e}); prepend_bos='tokenizer' "
-                      "uses the model's tokenizer as TransformerLens configured it", stacklevel=3)
-        tok = None
-    if tok is None:
-        return view
-    out = copy.copy(view)
-    encode = view.encode
-
-    def hf_encode(prompt: str, prepend_bos: Any) -> list[int]:
-        if prepend_bos == "tokenizer":
-            return list(tok(prompt, add_special_tokens=True)["input_ids"])
-        return encode(prompt, prepend_bos)
-
-    out.encode = hf_encode  # type: ignore[method-assign]
-    return out
-
-
-def _collect_for_scope(view: ModelView, prompts: Any, reductions: Sequence[Callable],
+def collect_for_scope(view: ModelView, prompts: Any, reductions: Sequence[Callable],
                        token_scope: str, **kw: Any) -> Collected:
-    """``collect`` with ``min_tokens`` set by the scope, with a scope-specific error message."""
+    """``collect`` with ``min_tokens`` set by the token scope (``all_but_first`` needs 2 tokens)
+    and a scope-specific error message. :func:`thermo_lens.profile` uses it for its one pass."""
     need = 2 if token_scope == "all_but_first" else 1
-    if kw.get("prepend_bos") == "tokenizer":
-        view = with_hf_tokenizer_bos(view)
     try:
         return collect(view, prompts, reductions, min_tokens=need, **kw)
     except ThermoLensInputError as e:
@@ -583,6 +543,7 @@ def residual_gain(
     level: float = 0.95,
     fwd_hooks: Sequence[tuple[str | Callable, Callable]] = (),
     progress: bool | None = None,
+    sort_by_length: bool = True,
 ) -> GainResult:
     """Residual gain of ``model`` on ``prompts``: one forward pass per batch, norms reduced in-hook.
 
@@ -594,7 +555,7 @@ def residual_gain(
             (:data:`TOKEN_SCOPES`).
         prepend_bos: ``True`` (TransformerLens default), ``False``, or ``"tokenizer"`` (the HF
             tokenizer's own special tokens as ``AutoTokenizer.from_pretrained`` gives them, as the
-            paper did; see :func:`with_hf_tokenizer_bos`). Recorded in the result.
+            paper did; see :attr:`ModelView.hf_tokenizer`). Recorded in the result.
         batch_size: prompts per forward pass (right-padded; padding never enters a norm).
         truncate: cut prompts longer than the context instead of raising.
         per_token: also keep ``per_token_gain`` ``[prompt, layer, pos]``.
@@ -603,6 +564,8 @@ def residual_gain(
         fwd_hooks: your own ``(hook_name, fn)`` hooks (ablation, patching), run in the same pass
             before the norms are taken.
         progress: progress bar (default: when there is more than one batch).
+        sort_by_length: batch prompts by token length (less padding; results come back in your
+            order). Pass False when a hook of yours indexes rows of the batch.
 
     Returns:
         :class:`GainResult`.
@@ -623,9 +586,10 @@ def residual_gain(
     level = _check_level(level)
     view = as_view(model)
     _warn_processed(view)
-    collected = _collect_for_scope(
+    collected = collect_for_scope(
         view, prompts, [residual_norms], token_scope, prepend_bos=prepend_bos,
         batch_size=batch_size, truncate=truncate, fwd_hooks=fwd_hooks, progress=progress,
+        sort_by_length=sort_by_length,
     )
     return gain_from_collected(collected, token_scope, per_token=per_token, regime_by=regime_by,
                                level=level)

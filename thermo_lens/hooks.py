@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
-from jaxtyping import Float
 from torch import Tensor
 
 from thermo_lens.model import ModelView, TokenBatch, as_view
@@ -50,9 +49,8 @@ class Recorder:
 
     A reduction is registered with :meth:`add` under a ``(name, index)`` key (``index`` is
     usually the layer); its function maps ``(activation, batch)`` to a tensor whose first
-    dimension is the batch and, for per-token reductions, whose last dimension is the position.
-    :meth:`stack` concatenates batches (padding the position dimension with NaN) and stacks
-    indices: ``stack("resid_norm") -> [L+1, prompt, pos]``.
+    dimension is the batch. :meth:`stack` concatenates batches (padding position dimensions
+    with NaN to the longest batch) and stacks indices: ``stack("resid_norm") -> [L+1, prompt, pos]``.
     """
 
     def __init__(self) -> None:
@@ -93,12 +91,16 @@ class Recorder:
 
     @staticmethod
     def _cat(parts: list[Tensor]) -> Tensor:
-        # Position is always the last dimension of a per-token reduction; batches differ in
-        # their padded length, so pad that dimension with NaN to the longest batch.
-        if parts[0].ndim >= 2 and len({p.shape[-1] for p in parts}) > 1:
-            width = max(p.shape[-1] for p in parts)
-            parts = [torch.nn.functional.pad(p, (0, width - p.shape[-1]), value=float("nan")) for p in parts]
-        return torch.cat(parts, dim=0)
+        # Batches differ in padded length: pad every non-batch dimension (the position ones;
+        # heads etc. agree) with NaN up to the largest batch, then concatenate the batches.
+        shape = [max(p.shape[d] for p in parts) for d in range(1, parts[0].ndim)]
+        padded = []
+        for p in parts:
+            pad: list[int] = []
+            for d in reversed(range(1, p.ndim)):
+                pad += [0, shape[d - 1] - p.shape[d]]
+            padded.append(torch.nn.functional.pad(p, pad, value=float("nan")) if any(pad) else p)
+        return torch.cat(padded, dim=0)
 
 
 class _BatchContext:
@@ -197,6 +199,8 @@ class Collected:
         prepend_bos: the BOS mode used.
         truncated: per prompt, whether it was cut to ``n_ctx``.
         view: the :class:`ModelView`.
+        row_prompt: ``[prompt]`` for each recorded row (batches run in length order), the
+            caller's index of its prompt; :meth:`stack` restores the caller's order.
     """
 
     recorder: Recorder
@@ -205,9 +209,14 @@ class Collected:
     prepend_bos: Any
     truncated: tuple[bool, ...]
     view: ModelView
+    row_prompt: Tensor | None = None
 
     def stack(self, name: str) -> Tensor:
-        return self.recorder.stack(name)
+        """Reduction ``name`` as ``[index, prompt, ...]`` in the caller's prompt order."""
+        data = self.recorder.stack(name)
+        if self.row_prompt is None:
+            return data
+        return data[:, torch.argsort(self.row_prompt)]
 
     @property
     def mask(self) -> Tensor:
@@ -232,6 +241,7 @@ def collect(
     min_tokens: int = 1,
     fwd_hooks: Sequence[tuple[str | Callable, Callable]] = (),
     progress: bool | None = None,
+    sort_by_length: bool = True,
 ) -> Collected:
     """Run ``prompts`` through the model in padded batches with the given reductions.
 
@@ -246,6 +256,10 @@ def collect(
         fwd_hooks: the user's own ``(hook_name, fn)`` hooks, run in the same pass *before* the
             reductions (ablations, patching).
         progress: show a progress bar (default: when there is more than one batch).
+        sort_by_length: batch prompts in order of token length, so a batch holds prompts of
+            similar length and little padding (about 1.7x faster on the paper's prompts). Results
+            come back in the caller's order either way; only user hooks that index the batch see
+            the difference (``False`` keeps the caller's order in every batch).
 
     Raises:
         ThermoLensNumericsError: a real token's residual norm or attention was NaN/inf; the
@@ -259,11 +273,15 @@ def collect(
     prompts = validate_prompts(prompts)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    order = list(range(len(prompts)))
+    if sort_by_length:
+        n_tokens = [len(view.encode(p, prepend_bos)) for p in prompts]
+        order.sort(key=lambda i: n_tokens[i])
     # Tokenize everything first so a bad prompt fails before any compute.
     tokenized = [
-        view.tokenize([prompts[i] for i in idx], prepend_bos=prepend_bos, truncate=truncate,
-                      min_tokens=min_tokens, prompt_index=list(idx))
-        for idx in batches(len(prompts), batch_size)
+        view.tokenize([prompts[order[k]] for k in ks], prepend_bos=prepend_bos, truncate=truncate,
+                      min_tokens=min_tokens, prompt_index=[order[k] for k in ks])
+        for ks in batches(len(prompts), batch_size)
     ]
     rec = Recorder()
     for r in reductions:
@@ -276,16 +294,22 @@ def collect(
         if rec.nonfinite:
             first = rec.nonfinite[0]
             layer = first.split(".")[1] if first.startswith("blocks.") else "?"
+            hint = (f" in {str(view.dtype).replace('torch.', '')} this is often overflow: try float32 or bfloat16"
+                    if view.dtype in (torch.float16, torch.bfloat16) else
+                    " check the weights (e.g. a NaN/inf parameter) and any hooks you passed")
             raise ThermoLensNumericsError(
                 f"{view.name} produced NaN/inf at {first} (layer {layer}) for prompt(s) "
-                f"{batch.prompt_index.tolist()}; in {view.dtype} this is often overflow: try "
-                "float32 or bfloat16."
+                f"{batch.prompt_index.tolist()};{hint}."
             )
+    row_prompt = torch.cat([b.prompt_index for b in tokenized])
+    back = torch.argsort(row_prompt)
+    truncated = [t for b in tokenized for t in b.truncated]
     return Collected(
         recorder=rec,
-        lengths=torch.cat([b.lengths for b in tokenized]),
+        lengths=torch.cat([b.lengths for b in tokenized])[back],
         prompts=tuple(prompts),
         prepend_bos=prepend_bos,
-        truncated=tuple(t for b in tokenized for t in b.truncated),
+        truncated=tuple(truncated[i] for i in back.tolist()),
         view=view,
+        row_prompt=row_prompt,
     )

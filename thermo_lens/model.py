@@ -16,7 +16,10 @@ Conventions (TransformerLens):
 
 from __future__ import annotations
 
+import functools
+import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
 import torch
@@ -156,7 +159,9 @@ class ModelView:
         self.post_ln: bool = self.norm_placement == "post"
         self.parallel_attn: bool = self._detect_parallel()
         self.weights_processed: bool = self._detect_processed()
-        self.name: str = str(getattr(cfg, "model_name", None) or type(model).__name__)
+        name = str(getattr(cfg, "model_name", None) or type(model).__name__)
+        # A local checkpoint's cfg.model_name is its path; its directory name reads better.
+        self.name: str = Path(name).name if name.startswith(("/", ".", "~")) else name
 
     # ------------------------------------------------------------------ metadata
     def _hf_config(self) -> Any:
@@ -284,10 +289,23 @@ class ModelView:
     def _attn(self, layer: int) -> Any:
         return self.model.blocks[layer].attn
 
-    def W_V(self, dtype: torch.dtype = torch.float32) -> Float[Tensor, "layer kv_head d_model d_head"]:
-        """Value weights per layer and KV head, detached, on CPU, in ``dtype`` (float32)."""
+    def _layers(self, layers: Sequence[int] | None) -> list[int]:
+        if layers is None:
+            return list(range(self.n_layers))
+        out = [int(l) for l in layers]
+        bad = [l for l in out if not 0 <= l < self.n_layers]
+        if bad:
+            raise ThermoLensInputError(f"layer(s) {bad} out of range: {self.name} has layers 0..{self.n_layers - 1}")
+        return out
+
+    def W_V(self, dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None
+            ) -> Float[Tensor, "layer kv_head d_model d_head"]:
+        """Value weights per layer and KV head, detached, on CPU, in ``dtype`` (float32).
+
+        ``layers`` selects layers (default all); the first dimension then follows ``layers``.
+        """
         out = []
-        for l in range(self.n_layers):
+        for l in self._layers(layers):
             attn = self._attn(l)
             # Legacy GQA attention keeps the un-repeated KV weights in `_W_V`.
             w = getattr(attn, "_W_V", None)
@@ -296,11 +314,12 @@ class ModelView:
             out.append(self._as_heads(w, self.n_kv_heads, (self.d_model, self.d_head), "W_V", l))
         return torch.stack(out).to(dtype)
 
-    def W_O(self, dtype: torch.dtype = torch.float32) -> Float[Tensor, "layer head d_head d_model"]:
+    def W_O(self, dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None
+            ) -> Float[Tensor, "layer head d_head d_model"]:
         """Output weights per layer and query head, detached, on CPU, in ``dtype``."""
         out = [
             self._as_heads(self._attn(l).W_O, self.n_heads, (self.d_head, self.d_model), "W_O", l)
-            for l in range(self.n_layers)
+            for l in self._layers(layers)
         ]
         return torch.stack(out).to(dtype)
 
@@ -336,11 +355,29 @@ class ModelView:
             )
         return int(bos)
 
+    @property
+    def hf_tokenizer(self) -> Any:
+        """The tokenizer exactly as ``AutoTokenizer.from_pretrained`` loads it (the paper's).
+
+        ``TransformerBridge.boot_transformers`` reloads the tokenizer with ``add_bos_token=True``,
+        so ``model.tokenizer(..., add_special_tokens=True)`` prepends BOS even for GPT-2/NeoX
+        tokenizers that add none; ``prepend_bos="tokenizer"`` must use this one instead. Falls back
+        to the model's tokenizer (with a warning) when it cannot be reloaded.
+        """
+        name = getattr(self.tokenizer, "name_or_path", None)
+        try:
+            return _auto_tokenizer(str(name)) if name else self.tokenizer
+        except Exception as e:  # noqa: BLE001 - depends on the user's files / network
+            warnings.warn(
+                f"could not reload the HF tokenizer {name!r} ({e}); prepend_bos='tokenizer' uses "
+                "the model's tokenizer as TransformerLens configured it", stacklevel=3)
+            return self.tokenizer
+
     def encode(self, prompt: str, prepend_bos: BosMode) -> list[int]:
         """Token ids of one prompt under an explicit BOS mode (see :class:`BosMode`)."""
         tok = self.tokenizer
         if prepend_bos == "tokenizer":
-            return list(tok(prompt, add_special_tokens=True)["input_ids"])
+            return list(self.hf_tokenizer(prompt, add_special_tokens=True)["input_ids"])
         ids = list(tok(prompt, add_special_tokens=False)["input_ids"])
         if prepend_bos is True:
             ids = [self._bos_id()] + ids
@@ -377,6 +414,7 @@ class ModelView:
         rows, truncated = [], []
         for i, p in zip(index, prompts):
             ids = self.encode(p, prepend_bos)
+            truncated.append(len(ids) > self.n_ctx)
             if len(ids) > self.n_ctx:
                 if not truncate:
                     raise ThermoLensInputError(
@@ -385,7 +423,6 @@ class ModelView:
                         f"{self.n_ctx} tokens."
                     )
                 ids = ids[: self.n_ctx]
-            truncated.append(len(ids) == self.n_ctx and truncate)
             if len(ids) < min_tokens:
                 raise ThermoLensInputError(
                     f"prompt {i} ({p!r}) has {len(ids)} token(s) with prepend_bos={prepend_bos!r}; "
@@ -420,6 +457,13 @@ class ModelView:
             self.model.run_with_hooks(
                 tokens, fwd_hooks=list(fwd_hooks), attention_mask=mask, return_type=None
             )
+
+
+@functools.lru_cache(maxsize=16)
+def _auto_tokenizer(name_or_path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name_or_path)
 
 
 def validate_prompts(prompts: Any) -> list[str]:

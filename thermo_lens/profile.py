@@ -21,7 +21,7 @@ import pandas as pd
 
 from thermo_lens.anisotropy import AnisotropyResult, anisotropy_from_collected
 from thermo_lens.depth import LStarResult, l_star_from_traces
-from thermo_lens.gain import DEFAULT_REGIME_BY, GainResult, _collect_for_scope, gain_from_collected
+from thermo_lens.gain import DEFAULT_REGIME_BY, GainResult, collect_for_scope, gain_from_collected
 from thermo_lens.hooks import anisotropy, attention_diagonal, residual_norms
 from thermo_lens.model import as_view
 from thermo_lens.result import Result
@@ -32,10 +32,9 @@ __all__ = ["ThermoProfile", "profile", "profiles_frame"]
 
 
 def _versions() -> dict[str, str]:
-    import torch
-    import transformer_lens  # noqa: F401
-
     from importlib.metadata import PackageNotFoundError, version
+
+    import torch
 
     out = {"torch": torch.__version__}
     for pkg in ("transformer-lens", "transformers", "thermo-lens"):
@@ -173,7 +172,7 @@ def profile(
 
     view = as_view(model)
     prompt_set = prompt_sets.as_prompt_set(prompts)
-    collected = _collect_for_scope(
+    collected = collect_for_scope(
         view, list(prompt_set.prompts), [residual_norms, anisotropy, attention_diagonal], token_scope,
         prepend_bos=prepend_bos, batch_size=batch_size, truncate=truncate, fwd_hooks=fwd_hooks,
         progress=progress,

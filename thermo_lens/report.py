@@ -358,7 +358,7 @@ def _definitions_html() -> str:
                   "rho_ij = sqrt(c_ij) W_V (c = A directed, (A + A^T)/2 symmetrized); L = delta^T delta = "
                   "M (x) W_V W_V^T with M_ii = sum_{j != i} c_ij, M_ij = -sqrt(c_ij c_ji)."),
     ]
-    items += [(f"sheaf trace '{k}'", v) for k, v in sheaf._TRACE_DEFINITIONS.items()]
+    items += [(f"sheaf trace '{k}'", v) for k, v in sheaf.TRACE_DEFINITIONS.items()]
     items += [(f"L* '{k}'", v) for k, v in depth.L_STAR_VARIANTS.items()]
     items += [("L* predicted", depth.PREDICTED_DEFINITION), ("L* layer indexing", depth.LAYER_INDEXING)]
     items += [(f"L* error '{k}'", v) for k, v in depth.ERROR_METRICS.items()]

@@ -100,7 +100,7 @@ DENSE_LIMIT = 4096
 
 _EPS = float(torch.finfo(torch.float64).eps)
 
-_TRACE_DEFINITIONS = {
+TRACE_DEFINITIONS = {
     "off_diagonal_mass": "Tr L = (n - sum_i A_ii) * ||W_V^h||_F^2  (sum over real tokens; "
                          "= Tr(delta^T delta), both conventions)",
     "paper_printed": "(sum_ij A_ij - n) * ||W_V^h||_F^2  (the paper's printed eq. 4; identically 0 "
@@ -1147,7 +1147,7 @@ def _traces(collected: Collected, formula: str, W_V: Tensor | None) -> SheafTrac
         W_V_frob_sq=wv2,
         n_tokens=collected.lengths.clone(),
         formula=formula,
-        definition=_TRACE_DEFINITIONS[formula],
+        definition=TRACE_DEFINITIONS[formula],
         token_scope=_TOKEN_SCOPE,
         prompts=tuple(collected.prompts),
         prepend_bos=collected.prepend_bos,

@@ -130,7 +130,7 @@ def head_ablation_gain(model: Any, prompts: Sequence[str], layer: int, *, token_
     one head's output ``z``. The baseline and the ablated copies run as rows of the same batch (the
     prompts repeated once per head, each copy ablating its own head), so all heads cost
     ``ceil(P (H + 1) / max_batch)`` forward passes instead of ``H + 1``; right padding keeps every
-    row equal to its own unbatched run. Block ``layer`` (0-based) has gain
+    row equal to its own unbatched run (batches keep the row order: the hook indexes rows). Block ``layer`` (0-based) has gain
     ``G_{layer+1} = ||x_{layer+1}|| / ||x_layer||`` (column ``layer`` of ``block_gain``).
 
     Returns:
@@ -157,7 +157,7 @@ def head_ablation_gain(model: Any, prompts: Sequence[str], layer: int, *, token_
     for start in range(0, len(copies), per_pass):
         chunk = copies[start:start + per_pass]
         g = residual_gain(view, prompts * len(chunk), token_scope=token_scope, prepend_bos=prepend_bos,
-                          batch_size=P * len(chunk), progress=False,
+                          batch_size=P * len(chunk), progress=False, sort_by_length=False,
                           fwd_hooks=[(hook_name, _zero_heads(chunk, P, view.n_heads))])
         bg = g.block_gain[:, layer].double()
         lg = torch.as_tensor(np.asarray(g.last_block_gain.values, dtype=np.float64))

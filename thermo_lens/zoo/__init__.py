@@ -111,8 +111,17 @@ def load(name: str, *, device: Any = None, dtype: Any = None, **boot_kwargs: Any
     kwargs["dtype"] = torch.float32 if dtype is None else dtype
     if device is not None:
         kwargs["device"] = device
-    with _offline():
-        bridge = TransformerBridge.boot_transformers(str(ckpt), **kwargs)
+    from transformers.utils import logging as hf_logging
+
+    # A tiny local checkpoint loads in milliseconds: transformers' per-file progress bars are noise.
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        with _offline():
+            bridge = TransformerBridge.boot_transformers(str(ckpt), **kwargs)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     try:
         bridge.cfg.model_name = name
     except Exception:  # pragma: no cover - cfg may be frozen in some versions
