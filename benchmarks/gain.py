@@ -5,7 +5,7 @@ Model: a GPT-2-small-sized model with random weights (12 layers, d_model 768, 12
 small and prompts are longer in tokens than with GPT-2's own tokenizer). Prompts: the paper's 25
 (``thermo_lens.prompts.get("paper25")``). All on CPU.
 
-Printed, as ratios to the bare batched forward pass (medians over ``--repeats``, methods
+Printed, as ratios to the bare batched forward pass of the same (length-sorted) batches (medians over ``--repeats``, methods
 interleaved within each repeat):
 
 * ``residual_gain``: thermo-lens, one pass per batch, norms reduced inside the hooks (includes
@@ -125,9 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     view = ModelView(bridge)
     L = view.n_layers
     names = set(view.resid_hook_names)
-    # The same padded batches residual_gain makes.
-    tokenized = [view.tokenize([prompts[i] for i in idx], prepend_bos=True, prompt_index=list(idx))
-                 for idx in batches(len(prompts), args.batch_size)]
+    # The same padded batches residual_gain makes: prompts in order of token length ...
+    order = sorted(range(len(prompts)), key=lambda i: len(view.encode(prompts[i], True)))
+    tokenized = [view.tokenize([prompts[order[k]] for k in ks], prepend_bos=True,
+                               prompt_index=[order[k] for k in ks])
+                 for ks in batches(len(prompts), args.batch_size)]
+    # ... and, for reference, batches in the caller's order (residual_gain(sort_by_length=False)).
+    unsorted = [view.tokenize([prompts[i] for i in idx], prepend_bos=True, prompt_index=list(idx))
+                for idx in batches(len(prompts), args.batch_size)]
     single = [view.tokenize([p], prepend_bos=True).tokens for p in prompts]
 
     def bare() -> None:
@@ -137,6 +142,14 @@ def main(argv: list[str] | None = None) -> int:
 
     def thermo() -> None:
         residual_gain(bridge, prompts, batch_size=args.batch_size, progress=False)
+
+    def bare_unsorted() -> None:
+        with torch.inference_mode():
+            for b in unsorted:
+                bridge(b.tokens, attention_mask=b.mask.long(), return_type=None)
+
+    def thermo_unsorted() -> None:
+        residual_gain(bridge, prompts, batch_size=args.batch_size, progress=False, sort_by_length=False)
 
     kept = {"cache": 0}
 
@@ -158,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
                 (norms[1:] / norms[:-1])  # noqa: B018
 
     methods = {"bare forward (batched)": bare, "residual_gain": thermo,
-               "run_with_cache + norms": cache_norms, "paper protocol (HF, 1 prompt at a time)": paper}
+               "run_with_cache + norms": cache_norms, "paper protocol (HF, 1 prompt at a time)": paper,
+               "bare forward, caller-order batches": bare_unsorted,
+               "residual_gain, sort_by_length=False": thermo_unsorted}
     for fn in methods.values():  # warm-up
         fn()
     times: dict[str, list[float]] = {k: [] for k in methods}
@@ -191,9 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"residual_gain / bare forward: {med['residual_gain'] / base:.3f}x (target <= 1.10x)")
     print(f"run_with_cache + norms / residual_gain: {med['run_with_cache + norms'] / med['residual_gain']:.2f}x")
     print(f"paper protocol / residual_gain: {med['paper protocol (HF, 1 prompt at a time)'] / med['residual_gain']:.2f}x")
-    padded = sum(int(b.tokens.numel()) for b in tokenized)
-    print(f"batched runs compute {padded} token positions for {n_tok} real tokens "
-          f"({100 * (1 - n_tok / padded):.0f}% padding)")
+    print(f"unsorted: residual_gain / bare forward: "
+          f"{med['residual_gain, sort_by_length=False'] / med['bare forward, caller-order batches']:.3f}x; "
+          f"length sorting speed-up: {med['residual_gain, sort_by_length=False'] / med['residual_gain']:.2f}x")
+    for label, bs in (("length-sorted", tokenized), ("caller-order", unsorted)):
+        padded = sum(int(b.tokens.numel()) for b in bs)
+        print(f"{label} batches compute {padded} token positions for {n_tok} real tokens "
+              f"({100 * (1 - n_tok / padded):.0f}% padding)")
     print(f"kept per batch: residual_gain {reduced / 2**10:.1f} KiB of float32 norms vs run_with_cache "
           f"{kept['cache'] / 2**20:.1f} MiB of activations ({kept['cache'] / reduced:.0f}x)")
     return 0

@@ -24,3 +24,18 @@ def test_readme_main_job_is_the_cli_default():
     assert "torch==2.13.0" in main_cmd  # the CPU build first
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert 'thermo-lens = "thermo_lens.cli:main"' in pyproject
+
+
+def test_readme_notebook_snippet_runs(monkeypatch):
+    """The README's Python example runs as written (the hub model swapped for an embedded one)."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    import thermo_lens as tl
+
+    block = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)[0]
+    model = tl.zoo.load("neox-tiny")
+    monkeypatch.setattr(TransformerBridge, "boot_transformers", lambda *a, **k: model)
+    scope: dict = {}
+    exec(compile(block, "README.md", "exec"), scope)
+    assert isinstance(scope["prof"], tl.ThermoProfile)
+    assert scope["traces"].trace.shape == (25, 4, 4)

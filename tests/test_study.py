@@ -33,6 +33,7 @@ def test_run_resume_and_manifest(tmp_path):
         entry = manifest["models"][mid]
         assert entry["status"] == "done" and (out / entry["file"]).is_file()
         assert len(entry["sha256"]) == 64
+        assert (out / entry["file"]).stat().st_mode & 0o044  # readable by others, like any file
     profiles = study.load_profiles(out)
     assert isinstance(profiles["a"], ThermoProfile) and profiles["a"].meta["lab"] == "zoo"
     mtime = (out / "a.json").stat().st_mtime_ns

@@ -324,6 +324,9 @@ def _atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the new one, never a part."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; results are ordinary files
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
