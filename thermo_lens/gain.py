@@ -62,7 +62,6 @@ an existing one-pass :func:`thermo_lens.hooks.collect` (what ``profile()`` does)
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -503,17 +502,6 @@ def _check_finite(block: Tensor, total: Tensor, norms: Tensor, lengths: Tensor, 
     )
 
 
-def _warn_processed(view: ModelView) -> None:
-    if view.weights_processed:
-        warnings.warn(
-            f"{view.name}: weights are processed (LayerNorm folded / writing weights centered); "
-            "residual norms, hence gains, differ from the raw model. Boot with "
-            "TransformerBridge.boot_transformers(...) without enable_compatibility_mode() to "
-            "measure raw weights as the paper did.",
-            stacklevel=3,
-        )
-
-
 def collect_for_scope(view: ModelView, prompts: Any, reductions: Sequence[Callable],
                        token_scope: str, **kw: Any) -> Collected:
     """``collect`` with ``min_tokens`` set by the token scope (``all_but_first`` needs 2 tokens)
@@ -585,7 +573,7 @@ def residual_gain(
     _check_regime_by(regime_by)
     level = _check_level(level)
     view = as_view(model)
-    _warn_processed(view)
+    view.warn_if_processed("residual norms, hence gains, differ from the raw model's", stacklevel=2)
     collected = collect_for_scope(
         view, prompts, [residual_norms], token_scope, prepend_bos=prepend_bos,
         batch_size=batch_size, truncate=truncate, fwd_hooks=fwd_hooks, progress=progress,

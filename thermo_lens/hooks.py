@@ -273,16 +273,12 @@ def collect(
     prompts = validate_prompts(prompts)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    # Tokenize everything once, first, so a bad prompt fails before any compute.
+    everything = view.tokenize(prompts, prepend_bos=prepend_bos, truncate=truncate, min_tokens=min_tokens)
     order = list(range(len(prompts)))
     if sort_by_length:
-        n_tokens = [len(view.encode(p, prepend_bos)) for p in prompts]
-        order.sort(key=lambda i: n_tokens[i])
-    # Tokenize everything first so a bad prompt fails before any compute.
-    tokenized = [
-        view.tokenize([prompts[order[k]] for k in ks], prepend_bos=prepend_bos, truncate=truncate,
-                      min_tokens=min_tokens, prompt_index=[order[k] for k in ks])
-        for ks in batches(len(prompts), batch_size)
-    ]
+        order.sort(key=lambda i: int(everything.lengths[i]))
+    tokenized = [everything.select([order[k] for k in ks]) for ks in batches(len(prompts), batch_size)]
     rec = Recorder()
     for r in reductions:
         r(view, rec)
@@ -301,15 +297,12 @@ def collect(
                 f"{view.name} produced NaN/inf at {first} (layer {layer}) for prompt(s) "
                 f"{batch.prompt_index.tolist()};{hint}."
             )
-    row_prompt = torch.cat([b.prompt_index for b in tokenized])
-    back = torch.argsort(row_prompt)
-    truncated = [t for b in tokenized for t in b.truncated]
     return Collected(
         recorder=rec,
-        lengths=torch.cat([b.lengths for b in tokenized])[back],
+        lengths=everything.lengths,
         prompts=tuple(prompts),
         prepend_bos=prepend_bos,
-        truncated=tuple(truncated[i] for i in back.tolist()),
+        truncated=everything.truncated,
         view=view,
-        row_prompt=row_prompt,
+        row_prompt=torch.cat([b.prompt_index for b in tokenized]),
     )

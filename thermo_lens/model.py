@@ -26,7 +26,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-__all__ = ["ModelView", "TokenBatch", "ThermoLensInputError", "as_view"]
+__all__ = ["ModelView", "TokenBatch", "ThermoLensInputError", "as_view", "kv_head_map"]
 
 # Prepend-BOS modes: True / False are TransformerLens' meaning; "tokenizer" reproduces the
 # paper's protocol (HF tokenizer with add_special_tokens=True: BOS for LLaMA/Gemma-style
@@ -70,6 +70,18 @@ class TokenBatch:
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
+
+    def select(self, rows: Sequence[int]) -> "TokenBatch":
+        """The sub-batch of ``rows`` (in that order), re-padded to its own longest prompt."""
+        idx = torch.as_tensor(list(rows), dtype=torch.long)
+        lengths = self.lengths[idx]
+        return TokenBatch(
+            tokens=self.tokens[idx, : int(lengths.max())],
+            lengths=lengths,
+            prompt_index=self.prompt_index[idx],
+            prepend_bos=self.prepend_bos,
+            truncated=tuple(self.truncated[i] for i in idx.tolist()),
+        )
 
 
 def _bridge_class_hint() -> str:
@@ -206,6 +218,22 @@ class ModelView:
         # Legacy HookedTransformer: folded LayerNorm shows as LNPre / RMSPre.
         return str(getattr(cfg, "normalization_type", "")).endswith("Pre")
 
+    def warn_if_processed(self, effect: str, stacklevel: int = 2) -> None:
+        """Warn, when the weights are processed, what that changes (``effect``) and how to get raw
+        weights. ``stacklevel`` is as for ``warnings.warn`` from the caller's point of view."""
+        if not self.weights_processed:
+            return
+        warnings.warn(
+            f"{self.name}: the weights are processed (TransformerLens compatibility mode, or legacy "
+            "HookedTransformer.from_pretrained); processed weights have LayerNorm folded into W_V "
+            f"(each row scaled by the LayerNorm weight) and writing weights centered, so {effect}. "
+            "The paper used raw weights: boot with TransformerBridge.boot_transformers(name) without "
+            "enable_compatibility_mode() (legacy TransformerLens: "
+            "HookedTransformer.from_pretrained_no_processing(name)). Results record weights='processed'.",
+            UserWarning,
+            stacklevel=stacklevel + 1,
+        )
+
     @property
     def weight_state(self) -> str:
         """``"raw"`` or ``"processed"``."""
@@ -283,8 +311,7 @@ class ModelView:
     @property
     def kv_head_of(self) -> Int[Tensor, "head"]:
         """KV head read by each query head (``repeat_interleave`` layout, as HF and TL use)."""
-        group = self.n_heads // self.n_kv_heads
-        return torch.arange(self.n_heads) // group
+        return kv_head_map(self.n_heads, self.n_kv_heads)
 
     def _attn(self, layer: int) -> Any:
         return self.model.blocks[layer].attn
@@ -457,6 +484,11 @@ class ModelView:
             self.model.run_with_hooks(
                 tokens, fwd_hooks=list(fwd_hooks), attention_mask=mask, return_type=None
             )
+
+
+def kv_head_map(n_heads: int, n_kv_heads: int | None) -> Int[Tensor, "head"]:
+    """KV head of each query head under grouped-query attention: ``h // (n_heads // n_kv_heads)``."""
+    return torch.arange(n_heads) // max(n_heads // int(n_kv_heads or n_heads), 1)
 
 
 @functools.lru_cache(maxsize=16)

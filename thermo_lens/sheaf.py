@@ -70,7 +70,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from thermo_lens.hooks import Collected, Recorder, attention_diagonal, collect
-from thermo_lens.model import ModelView, ThermoLensInputError, TokenBatch, as_view
+from thermo_lens.model import ModelView, ThermoLensInputError, TokenBatch, as_view, kv_head_map
 from thermo_lens.result import Result
 
 __all__ = [
@@ -857,18 +857,12 @@ def laplacian_from_collected(
             "among the reductions (the trace-only reductions keep just the diagonal)"
         )
     p = _check_index(prompt_index, len(collected.prompts), "prompt_index", f"{len(collected.prompts)} prompts were run")
-    try:
-        stacked = collected.stack(key)[0]
-    except RuntimeError as err:
-        raise ThermoLensInputError(
-            "the recorded patterns come from batches of different padded lengths and cannot be "
-            "stacked; record patterns with batch_size >= the number of prompts (or one prompt)"
-        ) from err
+    stacked = collected.stack(key)[0]  # batches of different widths are NaN-padded
     n = int(collected.lengths[p])
     pat = stacked[p, :, :n, :n]
     if W_V is None:
         W_V = view.W_V()
-        _warn_processed(view)
+        view.warn_if_processed("||W_V||_F^2 and every sheaf trace differ from the raw model's", stacklevel=3)
     W_V = _check_W_V(W_V, view)[layer]
     kv = view.kv_head_of
     meta = dict(prompt=collected.prompts[p], prepend_bos=collected.prepend_bos, model=view.metadata(),
@@ -1026,7 +1020,7 @@ class SheafTraces(Result):
         P, L, H = self.trace.shape
         p, l, h = np.meshgrid(np.arange(P), np.arange(L), np.arange(H), indexing="ij")
         p, l, h = p.ravel(), l.ravel(), h.ravel()
-        kv = _kv_head_of(self.model, H)
+        kv = kv_head_map(H, self.model.get("n_kv_heads")).numpy()
         return pd.DataFrame({
             "model": self.model.get("name"),
             "prompt_index": p,
@@ -1061,11 +1055,6 @@ class SheafTraces(Result):
         )
 
 
-def _kv_head_of(meta: dict, n_heads: int) -> np.ndarray:
-    n_kv = int(meta.get("n_kv_heads") or n_heads)
-    return np.arange(n_heads) // max(n_heads // n_kv, 1)
-
-
 def _check_formula(formula: Any, *, warn: bool = True, stacklevel: int = 3) -> str:
     if formula not in TRACE_FORMULAS:
         raise ThermoLensInputError(
@@ -1083,18 +1072,6 @@ def _check_formula(formula: Any, *, warn: bool = True, stacklevel: int = 3) -> s
             stacklevel=stacklevel,
         )
     return str(formula)
-
-
-def _warn_processed(view: ModelView) -> None:
-    if view.weights_processed:
-        warnings.warn(
-            f"{view.name}: the weights are processed (LayerNorm folded into W_V, writing weights "
-            "centered), so ||W_V||_F^2 and every sheaf trace differ from the raw weights the paper "
-            "used; for raw weights boot with TransformerBridge.boot_transformers(...) and do not "
-            "enable compatibility mode. Results record weights='processed'.",
-            UserWarning,
-            stacklevel=4,
-        )
 
 
 def _w_v_frob_sq(W_V: Tensor, view: ModelView) -> Tensor:
@@ -1125,7 +1102,7 @@ def traces_from_collected(
 
 def _traces(collected: Collected, formula: str, W_V: Tensor | None) -> SheafTraces:
     view = collected.view
-    _warn_processed(view)
+    view.warn_if_processed("||W_V||_F^2 and every sheaf trace differ from the raw model's", stacklevel=3)
     if not {"attn_diag", "attn_mass"} <= collected.recorder.names:
         raise ThermoLensInputError(
             "this collection has no attention diagonal; run collect(...) with "

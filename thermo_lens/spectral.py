@@ -37,7 +37,6 @@ tensors, no model), :func:`signature_from_collected` (for a one-pass profile),
 from __future__ import annotations
 
 import math
-import warnings
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -533,18 +532,6 @@ def signature_from_weights(
 # model entry points
 
 
-def _processed_warning(view: ModelView) -> str:
-    return (
-        f"{view.name} has processed weights (TransformerLens compatibility mode, or legacy "
-        "HookedTransformer.from_pretrained): folding LayerNorm multiplies each row of W_V by the "
-        "LayerNorm weight (and centers it over d_model), and centering writing weights subtracts "
-        "W_O's mean over d_model, so W_V/W_O norms, stable ranks, OV norms and the trace proxy "
-        "differ from the raw model's. The paper used raw weights. For raw weights boot with "
-        "TransformerBridge.boot_transformers(name) without enable_compatibility_mode() (or, in "
-        "legacy TransformerLens, HookedTransformer.from_pretrained_no_processing(name))."
-    )
-
-
 def spectral_signature(
     model: Any,
     *,
@@ -580,8 +567,9 @@ def spectral_signature(
     """
     view = as_view(model)
     dtype = _check_dtype(dtype)
-    if view.weights_processed:
-        warnings.warn(_processed_warning(view), UserWarning, stacklevel=2)
+    view.warn_if_processed(
+        "W_V/W_O norms, stable ranks, OV norms and the trace proxy differ from the raw model's "
+        "(centering subtracts W_O's mean over d_model)", stacklevel=2)
     if device is None:
         device = view.device if view.device.type == "cuda" else torch.device("cpu")
     W_V, W_O = view.W_V(dtype).to(device), view.W_O(dtype).to(device)
