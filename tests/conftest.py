@@ -39,11 +39,12 @@ def checkpoint_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def bridge(checkpoint_dir):
     """``bridge(arch)`` -> a TransformerBridge booted offline from the tiny checkpoint (cached)."""
-    from transformer_lens.model_bridge import TransformerBridge
-
     booted = {}
 
     def get(arch: str):
+        # Imported here: TransformerLens 2.x (a legacy host leg) has no model_bridge.
+        from transformer_lens.model_bridge import TransformerBridge
+
         if arch not in booted:
             torch.manual_seed(0)
             booted[arch] = TransformerBridge.boot_transformers(str(checkpoint_dir(arch)))

@@ -29,7 +29,7 @@ def dense_anisotropy(x):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_anisotropy_equals_dense_cosines_of_hf_states(arch, bridge, hf_model, checkpoint_dir):
-    res = anisotropy_profile(bridge(arch), PROMPTS, batch_size=3)
+    res = anisotropy_profile(bridge(arch), PROMPTS, batch_size=3, prepend_bos=True)
     L = ModelView(bridge(arch)).n_layers
     assert res.values.shape == (len(PROMPTS), L + 1) and res.values.dtype == torch.float32
     ref = np.empty((len(PROMPTS), L + 1))
@@ -37,7 +37,7 @@ def test_anisotropy_equals_dense_cosines_of_hf_states(arch, bridge, hf_model, ch
         xs, _ = hf_states(arch, hf_model(arch), hf_ids(checkpoint_dir, arch, prompt))
         ref[p] = [dense_anisotropy(x) for x in xs]
     np.testing.assert_allclose(res.values.numpy(), ref, atol=2e-5, rtol=1e-4)
-    np.testing.assert_allclose(np.asarray(res.summary.mean), np.nanmean(ref, axis=0), atol=2e-5)
+    np.testing.assert_allclose(np.asarray(res.stats.mean), np.nanmean(ref, axis=0), atol=2e-5)
     assert res.post_ln == (arch in ("bert", "opt_postln"))
 
 
@@ -53,9 +53,10 @@ def test_same_pass_as_the_gain(bridge):
     assert len(calls) == 1  # one forward pass for both metrics
     a = anisotropy_from_collected(both)
     g = gain_from_collected(both, "last")
-    torch.testing.assert_close(a.values, anisotropy_profile(view, PROMPTS).values, rtol=0, atol=0)
-    torch.testing.assert_close(g.block_gain, residual_gain(view, PROMPTS, token_scope="last").block_gain,
-                               rtol=0, atol=0)
+    # float32 tolerance, not bit equality: without user hooks the prompts run in length buckets
+    # (other batches than the hooked run's), and a forward pass rounds differently per batch shape.
+    torch.testing.assert_close(a.values, anisotropy_profile(view, PROMPTS, prepend_bos=True).values, equal_nan=True)
+    torch.testing.assert_close(g.block_gain, residual_gain(view, PROMPTS, token_scope="last", prepend_bos=True).block_gain)
 
 
 def test_short_prompts_are_nan_and_left_out(bridge):
@@ -64,7 +65,7 @@ def test_short_prompts_are_nan_and_left_out(bridge):
     assert len(view.encode(short, True)) == 2
     res = anisotropy_profile(view, [PROMPTS[0], short, PROMPTS[2]])
     assert torch.isnan(res.values[1]).all() and not torch.isnan(res.values[[0, 2]]).any()
-    assert list(res.summary.n) == [2] * (view.n_layers + 1)
+    assert list(res.stats.n) == [2] * (view.n_layers + 1)
     torch.testing.assert_close(res.mean, res.values[[0, 2]].mean(0))
     assert "too short" in repr(res)
     with pytest.warns(UserWarning, match="fewer than 3 tokens"):

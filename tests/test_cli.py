@@ -38,23 +38,34 @@ def test_zoo_lists_embedded_models(capsys):
     assert "weight_decay" in out  # the matched pair says which knob differs
 
 
-def test_errors_have_no_traceback(tmp_path):
-    r = run(["profile", "--prompts", "no-such-set", "--out", str(tmp_path / "o")])
-    assert r.returncode == 2 and "thermo-lens: error: --prompts" in r.stderr and "Traceback" not in r.stderr
+def test_errors_have_no_traceback(tmp_path, capsys):
+    """In-process (the handlers are what decides): usage errors return 2 with one line on stderr."""
+    assert main(["profile", "--prompts", "no-such-set", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "thermo-lens: error: --prompts" in err and "Traceback" not in err
     bad = tmp_path / "bad.toml"
     bad.write_text("[study]\nname = 'x'\n\n[[models]]\nzoo = 'nope'\n")
-    r = run(["study", str(bad), "--out", str(tmp_path / "o")])
-    assert r.returncode == 2 and f"{bad}:5: field 'models[0].zoo'" in r.stderr and "Traceback" not in r.stderr
-    r = run(["report", str(tmp_path)])
-    assert r.returncode == 2 and "no manifest.json here" in r.stderr
+    assert main(["study", str(bad), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:5: field 'models[0].zoo'" in err and "Traceback" not in err
+    assert main(["report", str(tmp_path)]) == 2
+    assert "no manifest.json here" in capsys.readouterr().err
 
 
-def test_failed_model_gives_exit_code_1(tmp_path):
+@pytest.mark.slow
+def test_errors_have_no_traceback_from_the_console_entry_point(tmp_path):
+    """The same through a real process: nothing escapes main() as a traceback."""
+    r = run(["profile", "--prompts", "no-such-set", "--out", str(tmp_path / "o")])
+    assert r.returncode == 2 and "thermo-lens: error: --prompts" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_failed_model_gives_exit_code_1(tmp_path, capsys):
     prompts = tmp_path / "p.txt"
     prompts.write_text("The capital of France is\nWater freezes at\n")
-    r = run(["profile", str(tmp_path / "not-a-model"), "gpt2-tiny-wd", "--prompts", str(prompts),
-             "--out", str(tmp_path / "o"), "--no-report"])
-    assert r.returncode == 1, r.stderr
+    (tmp_path / "not-a-model").mkdir()  # exists, but holds no checkpoint: fails at load time
+    rc = main(["profile", str(tmp_path / "not-a-model"), "gpt2-tiny-wd", "--prompts", str(prompts),
+               "--out", str(tmp_path / "o"), "--no-report"])
+    assert rc == 1, capsys.readouterr().err
     manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert manifest["models"]["gpt2-tiny-wd"]["status"] == "done"
     assert manifest["models"]["not-a-model"]["status"] == "failed"

@@ -71,15 +71,15 @@ def test_argmax_abs_gradient_on_hand_traces():
     assert empirical_l_star([0.0, 1.0, 2.0, 3.0]) == 0.0
 
 
-def test_first_sign_change_on_hand_traces():
-    assert empirical_l_star([1.0, 2.0, 3.0, 2.0, 1.0], "first_sign_change") == 2.0  # max at layer 2
-    assert empirical_l_star([5.0, 3.0, 4.0, 6.0], "first_sign_change") == 1.0  # min at layer 1
+def test_first_turning_point_on_hand_traces():
+    assert empirical_l_star([1.0, 2.0, 3.0, 2.0, 1.0], "first_turning_point") == 2.0  # max at layer 2
+    assert empirical_l_star([5.0, 3.0, 4.0, 6.0], "first_turning_point") == 1.0  # min at layer 1 (a valley counts)
     # zero differences are skipped: d = [1, 0, 1, -2] -> the turn is at layer 3
-    assert empirical_l_star([1.0, 2.0, 2.0, 3.0, 1.0], "first_sign_change") == 3.0
+    assert empirical_l_star([1.0, 2.0, 2.0, 3.0, 1.0], "first_turning_point") == 3.0
     # d = [1, 0, -1]: plateau at layers 1-2, the sign flips at layer 2
-    assert empirical_l_star([1.0, 2.0, 2.0, 1.0], "first_sign_change") == 2.0
-    np.testing.assert_allclose(trace_derivative([1.0, 2.0, 2.0, 1.0], "first_sign_change"), [1, 0, -1])
-    assert math.isnan(empirical_l_star([1.0, 2.0, 4.0, 8.0], "first_sign_change"))  # monotone
+    assert empirical_l_star([1.0, 2.0, 2.0, 1.0], "first_turning_point") == 2.0
+    np.testing.assert_allclose(trace_derivative([1.0, 2.0, 2.0, 1.0], "first_turning_point"), [1, 0, -1])
+    assert math.isnan(empirical_l_star([1.0, 2.0, 4.0, 8.0], "first_turning_point"))  # monotone
 
 
 def test_l_star_from_layer_trace_array():
@@ -99,10 +99,10 @@ def test_l_star_from_layer_trace_array():
     assert r2.empirical == r.empirical and torch.equal(r2.layer_trace, r.layer_trace)
     # [prompt, layer]: mean over prompts, and one L* per prompt
     per = np.array([[1.0, 2.0, 3.0, 2.0], [1.0, 0.0, 1.0, 0.0]])
-    rs = l_star_from_traces(per, n_heads=2, variant="first_sign_change")
+    rs = l_star_from_traces(per, n_heads=2, variant="first_turning_point")
     np.testing.assert_allclose(rs.layer_trace, [1.0, 1.0, 2.0, 1.0])
     assert rs.per_prompt.tolist() == [2.0, 1.0] and rs.empirical == 2.0
-    mono = l_star_from_traces([1.0, 2.0, 3.0], n_heads=2, variant="first_sign_change")
+    mono = l_star_from_traces([1.0, 2.0, 3.0], n_heads=2, variant="first_turning_point")
     assert math.isnan(mono.empirical) and math.isnan(mono.ape) and "monotone" in mono.note
     zero = l_star_from_traces([0.0, 10.0, 11.0], n_heads=2)
     assert zero.empirical == 0.0 and math.isnan(zero.ape) and "undefined" in zero.note
@@ -142,3 +142,64 @@ def test_bad_inputs():
         l_star_error(1.0, 2.0, "mape")
     with pytest.raises(ThermoLensInputError, match="needs n_layers"):
         l_star_error(1.0, 2.0, "paper")
+
+
+# ---------------------------------------------------------------- the paper's v3 rule vs the turning point
+
+def _paper_v3_by_hand(T):
+    """The paper's rule written out as a loop: the first k with d_{k-1} > 0 >= d_k or d_{k-1} >= 0 > d_k
+    (a + -> - step of sign(diff T)); else argmax |np.gradient(T)|."""
+    d = np.sign(np.diff(T))
+    for k in range(1, len(d)):
+        if d[k] - d[k - 1] < 0:
+            return float(k)
+    return float(np.argmax(np.abs(np.gradient(np.asarray(T, dtype=float)))))
+
+
+def test_paper_v3_rule_takes_the_first_peak_not_a_valley():
+    T = [5.0, 3.0, 2.0, 4.0, 6.0, 5.0]
+    assert empirical_l_star(T, "paper_v3_sign_change") == 4.0      # the peak at layer 4
+    assert empirical_l_star(T, "first_turning_point") == 2.0       # the valley at layer 2
+    # no + -> - turn: falls back to argmax |dT/dl| and says so
+    mono = [0.0, 1.0, 3.0, 8.0, 9.0, 9.5]
+    assert empirical_l_star(mono, "paper_v3_sign_change") == 2.0
+    r = l_star_from_traces(mono, n_heads=4, variant="paper_v3_sign_change")
+    assert "fell back" in r.note and r.empirical == 2.0
+    rng = np.random.default_rng(0)
+    traces = rng.random((500, 12))
+    assert all(empirical_l_star(t, "paper_v3_sign_change") == _paper_v3_by_hand(t) for t in traces)
+    disagree = np.mean([empirical_l_star(t, "paper_v3_sign_change") != empirical_l_star(t, "first_turning_point")
+                        for t in traces])
+    assert 0.3 < disagree < 0.7  # the two rules are different rules
+
+
+def test_first_sign_change_is_a_deprecated_alias():
+    with pytest.warns(DeprecationWarning, match="first_turning_point"):
+        assert empirical_l_star([5.0, 3.0, 2.0, 4.0, 6.0, 5.0], "first_sign_change") == 2.0
+    with pytest.warns(DeprecationWarning):
+        r = l_star_from_traces([[1.0, 2.0, 1.0, 0.0]], n_heads=2, variant="first_sign_change")
+    assert r.variant == "first_turning_point"
+
+
+def test_per_prompt_mean_beside_mean_trace_and_baselines():
+    per = np.array([[5.0, 3.0, 2.0, 4.0, 6.0, 5.0], [1.0, 4.0, 2.0, 1.0, 0.0, 0.0]])
+    r = l_star_from_traces(per, n_heads=64, variant="paper_v3_sign_change")
+    # per prompt: 4 and 1; their mean 2.5 (the paper's aggregation); mean trace [3,3.5,2,2.5,3,2.5] -> 1
+    assert r.per_prompt.tolist() == [4.0, 1.0] and r.per_prompt_mean == 2.5
+    assert r.aggregations == {"mean_trace": 1.0, "per_prompt_mean": 2.5}
+    assert r.baselines == {"half_depth": 3.0}
+    be = r.baseline_errors("paper")
+    assert be["half_depth"] == pytest.approx(abs(3.0 - 1.0) / 6) and be["eq6"] == pytest.approx(r.paper_error)
+    assert "half_depth = 3" in repr(r)
+    r2 = LStarResult.from_json(r.to_json())
+    assert r2.baselines == r.baselines and r2.per_prompt_mean == 2.5
+
+
+def test_prediction_beyond_depth_warns():
+    from thermo_lens.paper.lstar import LStarBeyondDepthWarning
+
+    with pytest.warns(LStarBeyondDepthWarning, match="91.7"):
+        assert predicted_l_star(80, 64) == pytest.approx(80 * (0.11 + 0.012 * 80 + 4.9 / 64))
+    assert predicted_l_star(80, 64, warn=False) == pytest.approx(91.725)
+    r = l_star_from_traces([0.0, 1.0, 3.0], n_heads=2)  # tiny model: 3 (0.11 + 0.036 + 2.45) > 3
+    assert r.warnings and "outside the network" in repr(r)

@@ -165,7 +165,7 @@ def test_gain_equals_hf_hidden_states(arch, bridge, hf_model, checkpoint_dir):
             np.testing.assert_allclose(vals["total_amplification"], block.prod(axis=1), rtol=1e-4)
         assert res.token_scope == s and res.post_ln == (arch in ("bert", "opt_postln"))
     # The convenience function is the same computation.
-    direct = residual_gain(view, PROMPTS, batch_size=3)
+    direct = residual_gain(view, PROMPTS, batch_size=3, prepend_bos=True)
     abf = gain_from_collected(collected, "all_but_first")
     torch.testing.assert_close(direct.block_gain, abf.block_gain, rtol=0, atol=0)
 
@@ -305,7 +305,7 @@ def test_known_answer_post_ln_gain_is_set_by_layernorm_weights(checkpoint_dir, t
         res = residual_gain(b, PROMPTS, token_scope=scope)
         assert res.post_ln
         torch.testing.assert_close(res.block_gain, expected.expand(len(PROMPTS), 3), rtol=1e-5, atol=0)
-        n0 = int(res.lengths[0]) if scope == "frobenius" else 1  # Frobenius pools n tokens
+        n0 = int(res.n_tokens[0]) if scope == "frobenius" else 1  # Frobenius pools n tokens
         torch.testing.assert_close(res.norms[0], torch.tensor(c) * (32 * n0) ** 0.5, rtol=1e-5, atol=0)
         assert res.total_amplification.mean == pytest.approx(1.5, rel=1e-5)
         assert res.geometric_mean_gain.mean == pytest.approx(1.5 ** (1 / 3), rel=1e-5)
@@ -389,7 +389,7 @@ def test_frames_json_and_repr(bridge):
     assert back.regime == res.regime and back.model == res.model and back.prompts == res.prompts
     df = res.to_frame()
     L = res.n_layers
-    assert len(df) == len(PROMPTS) * L and list(df["layer"][:L]) == [1, 2, 3]
+    assert len(df) == len(PROMPTS) * L and list(df["layer"][:L]) == [0, 1, 2]  # 0-based block index
     assert {"prompt", "layer", "block_gain", "token_scope", "prepend_bos", "dtype", "weights",
             "post_ln", "model"} <= set(df.columns)
     np.testing.assert_allclose(df["block_gain"].to_numpy(), res.block_gain.numpy().reshape(-1), rtol=1e-7)
@@ -415,12 +415,14 @@ def test_bad_prompts_are_rejected_clearly(bridge):
     model = bridge("gpt2")
     with pytest.raises(ThermoLensInputError, match="empty"):
         residual_gain(model, [])
-    with pytest.raises(ThermoLensInputError, match="prompt 1 is an empty string"):
+    with pytest.raises(ThermoLensInputError, match="prompt 1 is (an )?empty"):
         residual_gain(model, ["fine", "   "])
-    with pytest.raises(ThermoLensInputError, match="prompt 1 is a int"):
+    with pytest.raises(ThermoLensInputError, match="prompt 1"):
         residual_gain(model, ["fine", 3])
-    with pytest.raises(ThermoLensInputError, match="single string"):
-        residual_gain(model, "just one prompt")
+    # A single string is one prompt (the same numbers as the one-element list).
+    one = residual_gain(model, "just one prompt")
+    assert one.prompts == ("just one prompt",)
+    torch.testing.assert_close(one.block_gain, residual_gain(model, ["just one prompt"]).block_gain)
 
 
 def test_too_long_prompt_names_index_and_lengths(bridge):
@@ -430,7 +432,7 @@ def test_too_long_prompt_names_index_and_lengths(bridge):
     with pytest.raises(ThermoLensInputError, match=rf"prompt 2 is \d+ tokens long .* context of {n_ctx} tokens.*truncate=True"):
         residual_gain(model, ["a", "b c", long])
     res = residual_gain(model, ["a b", long], truncate=True)
-    assert res.truncated == (False, True) and int(res.lengths[1]) == n_ctx
+    assert res.truncated == (False, True) and int(res.n_tokens[1]) == n_ctx
     assert any("truncated" in n for n in res.notes)
 
 

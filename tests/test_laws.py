@@ -324,3 +324,152 @@ def test_bad_input_errors():
         laws.kleiber(42)
     with pytest.raises(ValueError, match="< 2"):
         laws.add_regimes(good.assign(std=0.1, n_prompts=1))
+
+
+# ---------------------------------------------------------------- tests carried by every law result
+
+def _all_results():
+    s = reference.lab_survey()
+    return {
+        "kleiber": laws.kleiber(reference.pythia_family()),
+        "heritage": laws.heritage(s),
+        "crowding": laws.crowding(reference.pythia_family()),
+        "twin": laws.twin(reference.twins()),
+        "hierarchy": laws.hierarchy(s),
+        "comparison": laws.crowding_comparison({"pythia": reference.pythia_family(), "survey": s}),
+    }
+
+
+def test_law_results_round_trip_through_json():
+    from thermo_lens.result import Result
+
+    for name, res in _all_results().items():
+        assert isinstance(res, Result), name
+        back = type(res).from_json(res.to_json())
+        assert back.summary() == res.summary(), name
+        if hasattr(res, "to_frame"):
+            pd.testing.assert_frame_equal(back.to_frame(), res.to_frame(), check_index_type=False)
+        pd.testing.assert_frame_equal(back.tests_frame(), res.tests_frame())
+
+
+def test_every_law_carries_its_tests():
+    res = _all_results()
+    for name in ("kleiber", "heritage", "crowding", "twin", "hierarchy"):
+        r = res[name]
+        assert r.tests, name
+        df = r.tests_frame()
+        for col in ("test", "n", "effect", "effect_value", "ci_low", "ci_high", "pvalue", "pvalue_method",
+                    "pvalue_holm", "loo_model", "loo_statistic", "loo_pvalue", "loo_change"):
+            assert col in df.columns, (name, col)
+        # Holm over the family, by hand
+        p = df["pvalue"].to_numpy()
+        m = len(p)
+        order = np.argsort(p)
+        run, want = 0.0, np.empty(m)
+        for i, j in enumerate(order):
+            run = max(run, min(1.0, (m - i) * p[j]))
+            want[j] = run
+        np.testing.assert_allclose(df["pvalue_holm"], want)
+        assert "Holm p=" in repr(r) and "leave-one-out" in repr(r)
+
+
+def test_kleiber_tests_small_n_and_leave_one_out():
+    k = laws.kleiber(reference.pythia_family())
+    assert len(k.tests) == 6
+    t = {x.name: x for x in k.tests}
+    sp = t["gain vs rho: Spearman"]
+    assert "exact permutation" in sp.pvalue_method and round(sp.pvalue, 4) == 0.0036
+    assert round(sp.pvalue_other, 4) == 0.0014  # scipy's t approximation, shown beside
+    pr = t["gain vs rho: Pearson"]
+    assert pr.loo_worst_model == "pythia-1b" and round(pr.loo_worst_pvalue, 3) == 0.071
+    # the largest move of r itself is pythia-1.4b (r strengthens to -0.92 without it)
+    g, rho = reference.pythia_family()["gain"].to_numpy(), reference.pythia_family()["rho"].to_numpy()
+    loo = [stats.pearsonr(np.delete(rho, i), np.delete(g, i)).statistic for i in range(8)]
+    i = int(np.argmax(np.abs(np.array(loo) - pr.statistic)))
+    assert pr.loo_model == reference.pythia_family()["model"][i] and pr.loo_statistic == pytest.approx(loo[i])
+    assert (pr.ci_low, pr.ci_high) == pytest.approx(tuple(stats.pearsonr(rho, g).confidence_interval(0.95)))
+
+
+def test_kleiber_violations_with_cis_over_several_tables():
+    v = laws.kleiber_violations(reference.pythia_family(), reference.lab_survey(), names=["pythia", "survey"])
+    assert list(v["model"]) == ["pythia-1b", "bloom-560m", "opt-125m", "gpt-j-6B", "opt-2.7b", "opt-6.7b"]
+    assert list(v["table"]) == ["pythia"] + ["survey"] * 5
+    assert (v["margin"] > 0).all() and np.isfinite(v["ci_low"]).all()
+    r = v.set_index("model").loc["pythia-1b"]
+    sd1 = 0.027567 * math.sqrt(25 / 24)  # the file's SD is ddof=0
+    half = stats.t.ppf(0.975, 24) * sd1 / 5
+    assert (r["ci_low"], r["ci_high"]) == pytest.approx((1.21632 - half, 1.21632 + half), abs=1e-6)
+    k = laws.kleiber(reference.lab_survey())
+    assert set(k.violations["model"]) == set(v.loc[v["table"] == "survey", "model"])
+    assert "95% CI" in repr(k)
+    with pytest.raises(ValueError, match="names"):
+        laws.kleiber_violations(reference.lab_survey(), names=["a", "b"])
+
+
+def test_heritage_odds_ratio_ci_and_holm():
+    h = laws.heritage(reference.lab_survey())
+    e = h.fisher["EleutherAI"]
+    orr = stats.contingency.odds_ratio([[4, 1], [2, 9]])
+    ci = orr.confidence_interval(0.95)
+    assert (e.odds_ratio_conditional, e.ci_low, e.ci_high) == pytest.approx((orr.statistic, ci.low, ci.high))
+    assert round(e.pvalue_holm, 2) == 0.18
+    t = {x.name.split(" ")[0]: x for x in h.tests}["EleutherAI"]
+    assert t.pvalue == e.pvalue and t.pvalue_holm == pytest.approx(e.pvalue_holm)
+
+
+def test_threshold_rule_pvalue_by_enumeration():
+    import itertools
+
+    rho = np.array([0.05, 0.1, 0.12, 0.17, 0.18, 0.22, 0.3, 0.4])
+    y = np.array([0, 0, 1, 0, 1, 1, 1, 0], dtype=bool)
+    ths = np.linspace(0.15, 0.2, 11)
+    p, how = laws.threshold_rule_pvalue(rho, y, ths)
+
+    def best(lab):
+        return max(np.mean((rho > t) == lab) for t in ths)
+
+    obs = best(y)
+    allb = []
+    for idx in itertools.combinations(range(8), int(y.sum())):
+        lab = np.zeros(8, dtype=bool)
+        lab[list(idx)] = True
+        allb.append(best(lab))
+    assert p == pytest.approx(np.mean(np.array(allb) >= obs - 1e-12)) and "exact" in how
+
+
+def test_crowding_within_vs_across_family_side_by_side():
+    comp = laws.crowding_comparison({"within Pythia": reference.pythia_family(),
+                                     "across labs": reference.lab_survey(), "all": reference.gains()})
+    f = comp.to_frame().set_index("scope")
+    assert f.loc["within Pythia", "best_accuracy"] == 1.0 and f.loc["within Pythia", "baseline_accuracy"] == 0.5
+    assert (f.loc["within Pythia", "rho_crit_low"], f.loc["within Pythia", "rho_crit_high"]) == pytest.approx((0.19, 0.2))
+    assert f.loc["across labs", "best_accuracy"] == 0.4375 and not f.loc["across labs", "beats_baseline"]
+    assert f.loc["all", "best_accuracy"] == pytest.approx(f.loc["all", "baseline_accuracy"])
+    assert round(f.loc["within Pythia", "r_rho_depth"], 2) == 0.72
+    assert round(f.loc["within Pythia", "partial_r"], 2) == -0.54 and round(f.loc["within Pythia", "partial_pvalue"], 2) == 0.21
+    text = repr(comp)
+    assert "8/8" in text and "rho and depth L correlate" in text and "below the majority baseline" in text
+    c = comp.results["within Pythia"]
+    assert c.partial.control == "n_layers" and "confound" in c.confound
+    # without depth there is no confound to name, and no partial correlation
+    nod = laws.crowding(reference.lab_survey().drop(columns="n_layers"))
+    assert nod.partial is None and nod.confound == ""
+
+
+def test_hierarchy_adjacent_groups_exact_permutation():
+    import itertools
+
+    t = pd.DataFrame({"lab": ["a"] * 3 + ["b"] * 4, "gain": [0.9, 0.95, 1.0, 1.1, 1.2, 1.15, 1.3]})
+    h = laws.hierarchy(t)
+    (test,) = h.tests
+    xa, xb = np.array([0.9, 0.95, 1.0]), np.array([1.1, 1.2, 1.15, 1.3])
+    allx = np.concatenate([xa, xb])
+    obs = abs(xb.mean() - xa.mean())
+    diffs = []
+    for idx in itertools.combinations(range(7), 4):
+        m = np.zeros(7, dtype=bool)
+        m[list(idx)] = True
+        diffs.append(abs(allx[m].mean() - allx[~m].mean()))
+    assert test.pvalue == pytest.approx(np.mean(np.array(diffs) >= obs - 1e-12)) and "exact" in test.pvalue_method
+    assert test.pvalue_other == pytest.approx(stats.ttest_ind(xb, xa, equal_var=False).pvalue)
+    assert test.effect_value == pytest.approx(xb.mean() - xa.mean())

@@ -58,6 +58,7 @@ def assert_offline_single_file(page: str, ids: list[str]) -> None:
     assert f"<meta name='thermo-lens-figures' content='{len(ids)}'>" in page
 
 
+@pytest.mark.slow  # renders whole reports (seconds each); runs in the full suite
 def test_report_of_three_profiles(profiles, tmp_path):
     page, ids = render_report(profiles, panel=False)
     assert_offline_single_file(page, ids)
@@ -74,6 +75,9 @@ def test_report_of_three_profiles(profiles, tmp_path):
         assert words in page, words
     # all three are 3 layers deep: gain vs L has no correlation, and the report says so
     assert "no correlation" in page and "is constant" in page
+    # the laws show their tests and the L* baselines stand beside eq. 6
+    assert "Crowding: head density rho vs regime" in page and "majority baseline" in page
+    assert "L/2" in page and "per-prompt mean" in page and "Holm" in page
     assert 'class="error"' not in page and "Problems while writing" not in page
     for mid in profiles:
         assert f"<td class=\"l\">{mid}</td>" in page
@@ -84,6 +88,7 @@ def test_report_of_three_profiles(profiles, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["r.html"]  # nothing else written (no .js next to it)
 
 
+@pytest.mark.slow  # renders whole reports (seconds each); runs in the full suite
 def test_fewer_than_three_models_says_why_and_single_profile(profiles, tmp_path, monkeypatch):
     two = dict(list(profiles.items())[:2])
     page, ids = render_report(two, panel=False)
@@ -103,6 +108,7 @@ def test_fewer_than_three_models_says_why_and_single_profile(profiles, tmp_path,
     assert "llama-gqa" in out2.read_text()
 
 
+@pytest.mark.slow  # renders whole reports (seconds each); runs in the full suite
 def test_study_directory_lists_failures_and_draws_the_panel(profiles, tmp_path):
     texts = {mid: p.to_json() for mid, p in profiles.items()}
 
@@ -133,6 +139,7 @@ def _with_meta(p, **meta):
     return ThermoProfile(meta={**p.meta, **meta}, **fields)
 
 
+@pytest.mark.slow  # renders whole reports (seconds each); runs in the full suite
 def test_one_lab_heritage_says_why_and_hierarchy_uses_families(profiles):
     one_lab = {k: _with_meta(p, lab="Same lab", family=None) for k, p in profiles.items()}
     page, ids = render_report(one_lab, panel=False)

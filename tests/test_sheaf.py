@@ -89,10 +89,10 @@ def test_factored_laplacian_equals_dense_coboundary(case, convention):
 
     # factorisation: kron(M, W_V W_V^T) is delta^T delta
     np.testing.assert_allclose(L.dense().numpy(), ref, atol=1e-12 * scale)
-    # trace, and METHODS.md's identity Tr L = (n - sum_i A_ii) ||W_V||_F^2 (both conventions)
+    # trace, and the definitions page's (§3) identity Tr L = (n - sum_i A_ii) ||W_V||_F^2 (both conventions)
     assert L.trace() == pytest.approx(np.trace(ref), rel=1e-12, abs=1e-12)
     assert L.trace() == pytest.approx((n - np.trace(A)) * (W ** 2).sum(), rel=1e-12, abs=1e-12)
-    # METHODS.md's M: M_ii = sum_{j != i} c_ij (= 1 - A_ii when directed), M_ij = -sqrt(c_ij c_ji)
+    # the definitions page's (§3) M: M_ii = sum_{j != i} c_ij (= 1 - A_ii when directed), M_ij = -sqrt(c_ij c_ji)
     M = L.M.numpy()
     off_mass = 1 - np.diag(A) if convention == "directed" else (A.sum(0) + A.sum(1)) / 2 - np.diag(A)
     np.testing.assert_allclose(np.diag(M), off_mass, atol=1e-12)
@@ -115,7 +115,7 @@ def test_factored_laplacian_equals_dense_coboundary(case, convention):
     assert len(maps) == n * (n - 1)
     delta2 = np.zeros_like(delta)
     dh = W.shape[1]
-    for e, (i, j) in enumerate((i, j) for i in range(n) for j in range(i + 1, n)):
+    for e, (i, j) in enumerate((a, b) for a in range(n) for b in range(a + 1, n)):
         delta2[e * dh:(e + 1) * dh, j * d:(j + 1) * d] = maps[j, i].numpy().T
         delta2[e * dh:(e + 1) * dh, i * d:(i + 1) * d] = -L.restriction_map(i, j).numpy().T
     np.testing.assert_allclose(delta2, delta, atol=1e-14)
@@ -137,7 +137,7 @@ def test_factored_laplacian_equals_dense_coboundary(case, convention):
 @settings(max_examples=30, deadline=None)
 @given(cases)
 def test_causal_directed_spectrum_is_diagonal_products(case):
-    """METHODS.md: causal attention makes M = diag(1 - A_ii); spectrum {(1 - A_ii) sigma_k^2} + 0."""
+    """thermo_lens.definitions §3: causal attention makes M = diag(1 - A_ii); spectrum {(1 - A_ii) sigma_k^2} + 0."""
     n, d, dh, _, sparse, low_rank, seed = case
     A, W = random_case(n, d, dh, True, sparse, low_rank, seed)
     L = SheafLaplacian.from_pattern(A, W)
@@ -456,3 +456,32 @@ def test_processed_weights_warn_and_are_recorded(bridge):
     with pytest.warns(UserWarning, match="weights are processed"):
         L = sheaf_laplacian(view, PROMPT, 0, 0)
     assert L.model["weights"] == "processed"
+
+
+def test_gap_is_zero_whatever_the_mask_and_row_sums_fix_the_spectrum():
+    """lambda_2 = 0 for any head with d_head < d_model, causal or not (the W_V^T kernel in every
+    stalk); the row-sum weighting c_ij = A_ij is a choice: the column-sum reading c_ij = A_ji has the
+    same trace and a different spectrum (both from the dense coboundary of the definition)."""
+    for causal in (True, False):
+        A, W = random_case(5, 4, 2, causal=causal, sparse=False, low_rank=False, seed=3)
+        L = SheafLaplacian.from_pattern(torch.tensor(A), torch.tensor(W))
+        ev = np.linalg.eigvalsh(coboundary(A, W, "directed").T @ coboundary(A, W, "directed"))
+        assert abs(ev[1]) < 1e-10 and L.spectral_gap().value == 0.0
+        assert "whatever the attention mask" in L.spectral_gap().reason
+        assert "row-sum weighting" in L.spectral_gap().reason
+    # column-sum reading: token i's end of edge {i, j} weighted by A_ji. Bidirectional, so the
+    # readings differ off the diagonal too.
+    A, W = random_case(5, 3, 3, causal=False, sparse=False, low_rank=False, seed=7)
+    row = coboundary(A, W, "directed")
+    col = coboundary(A.T, W, "directed")  # c_ij = (A^T)_ij = A_ji
+    L_row, L_col = row.T @ row, col.T @ col
+    assert np.trace(L_row) == pytest.approx(np.trace(L_col))
+    assert not np.allclose(np.linalg.eigvalsh(L_row), np.linalg.eigvalsh(L_col), atol=1e-6)
+    lib = SheafLaplacian.from_pattern(torch.tensor(A), torch.tensor(W))
+    np.testing.assert_allclose(np.sort(lib.eigenvalues().numpy()), np.linalg.eigvalsh(L_row), atol=1e-9)
+    # causal: the row reading has M = diag(1 - A_ii), the column reading diag(sum_{j > i} A_ji)
+    A, W = random_case(4, 3, 2, causal=True, sparse=False, low_rank=False, seed=1)
+    row = coboundary(A, W, "directed")
+    col = coboundary(A.T, W, "directed")
+    assert np.trace(row.T @ row) == pytest.approx(np.trace(col.T @ col))
+    assert not np.allclose(np.linalg.eigvalsh(row.T @ row), np.linalg.eigvalsh(col.T @ col), atol=1e-6)

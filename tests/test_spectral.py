@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import ARCHS
-from hf_slices import hf_all_head_weights
+from hf_slices import hf_all_head_weights, hf_all_qk_weights
 from thermo_lens.hooks import ThermoLensNumericsError, collect, residual_norms
 from thermo_lens.model import ModelView, ThermoLensInputError
 from thermo_lens.spectral import (
@@ -28,9 +28,10 @@ from thermo_lens.spectral import (
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _numpy_reference(wv, wo, kv_head_of):
+def _numpy_reference(wv, wo, kv_head_of, wq=None, wk=None):
     """Per-head and per-layer metrics by the paper's protocol: np.linalg.norm(W, 2) head by head,
-    the OV product formed densely. wv [L, K, d_model, d_head], wo [L, H, d_head, d_model]."""
+    the OV (and QK) products formed densely. wv [L, K, d_model, d_head], wo [L, H, d_head, d_model],
+    wq [L, H, d_model, d_head], wk [L, K, d_model, d_head]."""
     wv, wo = np.asarray(wv, dtype=np.float64), np.asarray(wo, dtype=np.float64)
     L, K = wv.shape[:2]
     H = wo.shape[1]
@@ -46,6 +47,9 @@ def _numpy_reference(wv, wo, kv_head_of):
             ref["W_V_frobenius"][l, h] = np.linalg.norm(v, "fro")
             ref["W_O_frobenius"][l, h] = np.linalg.norm(o, "fro")
             ref["ov_norm"][l, h] = np.linalg.svd(v @ o, compute_uv=False)[0]
+            if wq is not None:  # the dense d_model x d_model QK circuit of query head h
+                q, k = np.asarray(wq[l, h], np.float64), np.asarray(wk[l, kv_head_of[h]], np.float64)
+                ref["qk_norm"][l, h] = np.linalg.svd(q @ k.T, compute_uv=False)[0]
         ref["layer_W_V_norm"][l] = np.linalg.norm(np.concatenate(list(wv[l]), axis=1), 2)
         ref["layer_W_O_norm"][l] = np.linalg.norm(np.concatenate(list(wo[l]), axis=0), 2)
     ref["ratio"] = ref["W_V_norm"] / ref["W_O_norm"]
@@ -64,8 +68,10 @@ def test_every_head_equals_numpy_svd_of_independent_hf_slices(arch, bridge, hf_m
     view = ModelView(bridge(arch))
     sig = spectral_signature(bridge(arch))
     wv, wo = hf_all_head_weights(arch, hf_model(arch))  # from the HF state dict, not the bridge
+    wq, wk = hf_all_qk_weights(arch, hf_model(arch))
     group = view.n_heads // view.n_kv_heads
-    ref = _numpy_reference(wv, wo, [h // group for h in range(view.n_heads)])
+    ref = _numpy_reference(wv, wo, [h // group for h in range(view.n_heads)], wq, wk)
+    assert set(sig.head_metrics) == set(HEAD_METRICS)  # every registered head metric, qk_norm included
     L, H, K = view.n_layers, view.n_heads, view.n_kv_heads
     for m in HEAD_METRICS:
         t = getattr(sig, m)
@@ -78,9 +84,9 @@ def test_every_head_equals_numpy_svd_of_independent_hf_slices(arch, bridge, hf_m
     _close(sig.trace_proxy, ref["layer_W_V_norm"] ** 2, rtol=5e-5)
     _close(sig.layer_ratio, ref["layer_W_V_norm"] / ref["layer_W_O_norm"], rtol=5e-5)
     # Definition recorded; geometry from the config (Gemma: d_head 16 != d_model / n_heads).
-    assert (sig.weights, sig.dtype, sig.layer_norm_method) == ("raw", "float32", "svd")
+    assert (sig.weights, sig.dtype, sig.layer_norm_method) == ("raw", "float32", "gram")  # CPU "auto"
     assert sig.d_head == view.d_head and sig.rho == pytest.approx(view.n_heads / view.d_head)
-    assert sig.model["post_ln"] == view.post_ln and sig.summary()["rho"] == sig.rho
+    assert sig.model["post_ln"] == view.post_ln and sig.means()["rho"] == sig.rho
 
 
 @pytest.mark.parametrize("arch", ["llama_gqa", "falcon"])
@@ -130,7 +136,8 @@ def test_bf16_model_gives_float32_results(checkpoint_dir, hf_model):
     assert sig.layer_W_V_norm.dtype == torch.float32
     # Against numpy on the HF checkpoint rounded to bf16 (what the bf16 model holds), upcast.
     wv, wo = (w.to(torch.bfloat16).float() for w in hf_all_head_weights("gpt2", hf_model("gpt2")))
-    ref = _numpy_reference(wv, wo, list(range(4)))
+    wq, wk = (w.to(torch.bfloat16).float() for w in hf_all_qk_weights("gpt2", hf_model("gpt2")))
+    ref = _numpy_reference(wv, wo, list(range(4)), wq, wk)
     for m in HEAD_METRICS:
         _close(getattr(sig, m), ref[m])
 
@@ -141,7 +148,7 @@ def test_float64_option(bridge, hf_model):
     assert all(getattr(sig, m).dtype == torch.float64 for m in HEAD_METRICS)
     assert sig.layer_W_V_norm.dtype == torch.float64
     wv, wo = hf_all_head_weights("neox", hf_model("neox"))
-    ref = _numpy_reference(wv, wo, list(range(4)))
+    ref = _numpy_reference(wv, wo, list(range(4)), *hf_all_qk_weights("neox", hf_model("neox")))
     for m in HEAD_METRICS:  # float32 weights, float64 algebra: agreement to float64 round-off
         _close(getattr(sig, m), ref[m], rtol=1e-11, atol=0)
     assert spectral_signature(bridge("neox"), dtype="float64").dtype == "float64"
@@ -232,7 +239,12 @@ def test_lanczos_layer_norm_equals_dense_svd():
     np.testing.assert_allclose(got.numpy(), dense, rtol=1e-12)
     wide, _ = matrix_spectral_norm(w.mT.contiguous().float(), "lanczos")  # m < n side, float32
     np.testing.assert_allclose(wide.numpy(), dense, rtol=2e-6)
-    assert matrix_spectral_norm(w, "auto")[1] == "svd"  # small: exact batched SVD
+    assert matrix_spectral_norm(w, "auto")[1] == "gram"  # small, CPU: batched Gram eigvalsh
+    gram, method = matrix_spectral_norm(w, "gram")
+    assert method == "gram"
+    np.testing.assert_allclose(gram.numpy(), dense, rtol=1e-12)
+    gram32, _ = matrix_spectral_norm(w.mT.contiguous().float(), "gram")  # m < n side, float32
+    np.testing.assert_allclose(gram32.numpy(), dense, rtol=2e-6)
     wv, wo = _random_weights((2, 2, 2, 9, 4), 0)
     lan = signature_from_weights(wv, wo, dtype=torch.float64, layer_norm_method="lanczos")
     svd = signature_from_weights(wv, wo, dtype=torch.float64, layer_norm_method="svd")
@@ -253,7 +265,7 @@ def test_frame_json_repr_summary_and_collected(bridge):
     layers = sig.to_frame("layer")
     assert layers.trace_proxy.tolist() == pytest.approx(sig.trace_proxy.tolist())
     assert layers.mean_ov_norm.tolist() == pytest.approx(sig.ov_norm.mean(1).tolist())
-    s = sig.summary()
+    s = sig.means()
     assert s["rho"] == 4 / 16 and s["d_head"] == 16  # true d_head, not d_model // n_heads = 8
     assert s["ov_norm"] == pytest.approx(sig.ov_norm.double().mean().item())
     assert s["layer_W_V_norm"] == pytest.approx(sig.layer_W_V_norm.double().mean().item())
@@ -287,7 +299,7 @@ def test_bad_input_gets_clear_errors(bridge):
         signature_from_weights(wv.numpy(), wo)
     with pytest.raises(ThermoLensInputError, match="layer_norm_method"):
         signature_from_weights(wv, wo, layer_norm_method="power")
-    with pytest.raises(ThermoLensInputError, match="level"):
+    with pytest.raises(ThermoLensInputError, match="per must be"):
         signature_from_weights(wv, wo).to_frame("token")
     with pytest.raises(ThermoLensInputError, match="Collected"):
         signature_from_collected(bridge("gpt2"))

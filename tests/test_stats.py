@@ -98,3 +98,92 @@ def test_bad_input():
         summarize([1.0, 2.0], level=95)
     with pytest.raises(ValueError, match="nan_policy"):
         summarize([1.0, 2.0], nan_policy="drop")
+
+
+# ---------------------------------------------------------------- shared inference helpers
+
+def test_t_interval_is_the_one_behind_summarize_gain_ci_and_groups():
+    from thermo_lens import laws
+    from thermo_lens.stats import t_interval
+
+    x = np.array([1.0, 1.3, 0.9, 1.2, 1.05])
+    lo, hi = stats.t.interval(0.95, 4, loc=x.mean(), scale=stats.sem(x))
+    assert t_interval(x.mean(), x.std(ddof=1), 5) == pytest.approx((lo, hi))
+    s = summarize(x)
+    assert (s.ci_low, s.ci_high) == pytest.approx((lo, hi))
+    assert laws.gain_ci(x.mean(), x.std(ddof=1), 5) == pytest.approx((lo, hi))
+    h = laws.hierarchy({"lab": ["a"] * 5 + ["b"], "gain": [*x, 1.0]}).groups.set_index("group")
+    assert (h.loc["a", "ci_low"], h.loc["a", "ci_high"]) == pytest.approx((lo, hi))
+    assert np.isnan(t_interval(1.0, np.nan, 1)[0])
+
+
+def test_regime_rule_is_shared():
+    from thermo_lens import laws
+    from thermo_lens.stats import regime_from_ci
+
+    assert regime_from_ci(1.01, 1.2) == "expander" and regime_from_ci(0.8, 0.99) == "dampener"
+    assert regime_from_ci(0.9, 1.1) == "neutral" and regime_from_ci(np.nan, 1.0) == "undetermined"
+    assert list(regime_from_ci([1.1, 0.5], [1.2, 0.6])) == ["expander", "dampener"]
+    assert laws.regime_from_gain(1.05, 1.01, 1.1) == regime_from_ci(1.01, 1.1)
+
+
+def test_format_p_and_holm():
+    from thermo_lens.stats import format_p, holm
+
+    assert format_p(0.01443) == "0.0144" and format_p(0.0004) == "4.00e-04" and format_p(np.nan) == "nan"
+    p = np.array([0.01, 0.04, 0.03, 0.2])
+    # by hand: sorted 0.01*4=0.04, 0.03*3=0.09, 0.04*2=0.08 -> 0.09 (monotone), 0.2*1 -> 0.2
+    np.testing.assert_allclose(holm(p), [0.04, 0.09, 0.09, 0.2])
+    np.testing.assert_allclose(holm([0.5, np.nan, 0.01]), [0.5, np.nan, 0.02])
+
+
+@pytest.mark.parametrize("n", [5, 8])
+def test_permutation_p_is_exact_at_small_n(n):
+    import itertools
+
+    from thermo_lens.stats import permutation_correlation_pvalue
+
+    rng = np.random.default_rng(n)
+    x, y = rng.normal(size=n), rng.normal(size=n)
+    y[0] = y[1]  # a tie
+    p, how = permutation_correlation_pvalue(x, y, "spearman")
+    rx, ry = stats.rankdata(x), stats.rankdata(y)
+    obs = stats.pearsonr(rx, ry).statistic
+    allr = [np.corrcoef(rx, ry[list(pp)])[0, 1] for pp in itertools.permutations(range(n))]
+    assert p == pytest.approx(np.mean(np.abs(allr) >= abs(obs) - 1e-12)) and "exact" in how
+    pp, _ = permutation_correlation_pvalue(x, y, "pearson")
+    allp = [np.corrcoef(x, y[list(q)])[0, 1] for q in itertools.permutations(range(n))]
+    assert pp == pytest.approx(np.mean(np.abs(allp) >= abs(np.corrcoef(x, y)[0, 1]) - 1e-12))
+    p_big, how_big = permutation_correlation_pvalue(rng.normal(size=30), rng.normal(size=30))
+    assert "Monte Carlo" in how_big and 0 < p_big <= 1
+
+
+def test_fisher_z_partial_and_odds_ratio():
+    from thermo_lens.stats import fisher_z_ci, odds_ratio_ci, partial_correlation
+
+    rng = np.random.default_rng(0)
+    x, z = rng.normal(size=12), rng.normal(size=12)
+    y = x + z + rng.normal(size=12)
+    ci = stats.pearsonr(x, y).confidence_interval(0.95)
+    assert fisher_z_ci(stats.pearsonr(x, y).statistic, 12) == pytest.approx((ci.low, ci.high))
+    pc = partial_correlation(x, y, z)
+    P = np.linalg.inv(np.corrcoef(np.vstack([x, y, z])))
+    assert pc.statistic == pytest.approx(-P[0, 1] / np.sqrt(P[0, 0] * P[1, 1]))
+    assert pc.r_xz == pytest.approx(stats.pearsonr(x, z).statistic)
+    orr = stats.contingency.odds_ratio([[4, 1], [2, 9]])
+    c = orr.confidence_interval(0.95)
+    assert odds_ratio_ci([[4, 1], [2, 9]]) == pytest.approx((orr.statistic, c.low, c.high))
+
+
+def test_kruskal_effect_sizes():
+    from thermo_lens.stats import kruskal_detectable_effect, kruskal_effect_size
+
+    groups = [[1.0, 2.0, 3.0, 4.0, 5.0], [2.0, 3.5, 4.5, 6.0, 7.0], [5.0, 6.5, 7.5, 8.0, 9.0]]
+    h = stats.kruskal(*groups).statistic
+    e = kruskal_effect_size(h, 15, 3)
+    assert e["epsilon_squared"] == pytest.approx(h * 16 / (15 ** 2 - 1))  # H (n+1)/(n^2-1)
+    assert e["eta_squared_h"] == pytest.approx((h - 2) / 12)
+    d = kruskal_detectable_effect(25, 5)
+    lam = (3 / np.pi) * 25 * d / (1 - d)
+    assert stats.ncx2.sf(stats.chi2.ppf(0.95, 4), 4, lam) == pytest.approx(0.8)
+    assert kruskal_detectable_effect(250, 5) < d  # more prompts, smaller detectable effects

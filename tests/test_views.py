@@ -63,12 +63,12 @@ def test_layer_dynamics_traces_equal_per_layer_mean_and_ci(measured):
     for tr, band, arch in zip(means, bands, gains):
         g = gains[arch]
         m, lo, hi = _t_ci(g.block_gain.double().numpy())
-        np.testing.assert_allclose(tr.x, np.arange(1, g.n_layers + 1))
+        np.testing.assert_allclose(tr.x, np.arange(g.n_layers))  # 0-based block index, as every frame
         np.testing.assert_allclose(tr.y, m, rtol=1e-6)
         L = g.n_layers  # band polygon: upper edge forward, lower edge backward
         np.testing.assert_allclose(band.y[:L], hi, rtol=1e-6)
         np.testing.assert_allclose(band.y[L:], lo[::-1], rtol=1e-6)
-        for words in ("G_l = ||x_l|| / ||x_{l-1}||", "token scope all_but_first", "BOS prepended",
+        for words in ("||resid_post_layer|| / ||resid_pre_layer||", "l = layer + 1", "token scope all_but_first", "BOS prepended",
                       "float32 norms", "raw weights", "ddof=1"):
             assert words in tr.hovertemplate, words
     # the post-LN model is flagged: name, dashed line, open diamonds, and a note on the figure

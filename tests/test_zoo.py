@@ -29,9 +29,9 @@ def _flatten(d, prefix=""):
 @pytest.fixture(scope="module")
 def val_windows():
     """Held-out validation windows (the corpus's last 5% of documents)."""
-    from thermo_lens.zoo.corpus import build_corpus
+    from thermo_lens.lab import corpora
 
-    return build_corpus().val_documents
+    return corpora.load("stdlib-docstrings").val_documents
 
 
 @pytest.fixture(scope="module", params=sorted(EXPECTED))
@@ -103,7 +103,8 @@ def test_wd_pair_differs_in_exactly_one_knob():
     assert a["training"]["weight_decay"] > 0 and b["training"]["weight_decay"] == 0
     fa, fb = _flatten(a), _flatten(b)
     assert fa.keys() == fb.keys()
-    ignored = ("name", "matched_with", "command", "results.", "environment.platform")
+    ignored = ("name", "matched_with", "command", "results.", "environment.platform", "provenance.lab_arm",
+               "provenance.reproduction.")
     differing = {
         k for k in fa if fa[k] != fb[k] and not any(k == i or k.startswith(i) for i in ignored)
     }
@@ -168,5 +169,23 @@ def test_boot_forward_and_trained(booted, val_windows):
     with torch.no_grad():
         fresh_loss = _ce(fresh(input_ids=x).logits, y)
     assert loss < fresh_loss - 1.0, (name, loss, fresh_loss)
-    # consistent with what the recipe recorded (same Python => same held-out text)
+    # consistent with what the recipe recorded (the corpus is a fixed file: same held-out text)
     assert abs(loss - zoo.info(name)["results"]["final_val_loss"]) < 1.0
+
+
+def test_provenance_names_the_fixed_corpus_and_the_lab_spec():
+    from pathlib import Path
+
+    from thermo_lens.lab import corpora, load_lab_spec
+
+    root = Path(__file__).resolve().parents[1]
+    for n in zoo.names():
+        prov = zoo.info(n)["provenance"]
+        assert prov["corpus_file_sha256"] == corpora.describe("stdlib-docstrings")["sha256"]
+        assert prov["corpus_text_sha256"] == zoo.info(n)["corpus"]["sha256"]  # the very text it was trained on
+        spec = load_lab_spec(root / prov["lab_spec"])
+        arm = next(a for a in spec.arms() if a.id == prov["lab_arm"])
+        train = zoo.info(n)["training"]
+        assert (arm.recipe.lr, arm.recipe.weight_decay, arm.recipe.steps, arm.recipe.batch_size) == (
+            train["lr"], train["weight_decay"], train["steps"], train["batch_size"])
+        assert spec.seeds == (train["seed"],)

@@ -1,7 +1,7 @@
 """Anisotropy profile: how aligned the token states of the residual stream are, layer by layer.
 
 Definition (D'Elia 2026, "Thermodynamic Constraints in Transformer Architectures", appendix C,
-no code released; METHODS.md section 1): for residual state ``x_l`` (``l = 0..L``, the same hook
+no code released; ``thermo_lens.definitions`` §1): for residual state ``x_l`` (``l = 0..L``, the same hook
 states as the gain, final norm excluded) of one prompt with real tokens ``t = 1..n-1`` (position 0,
 the BOS/first token, excluded; padding excluded), the **mean pairwise cosine similarity**
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -34,8 +34,11 @@ from jaxtyping import Float
 from torch import Tensor
 
 from thermo_lens.hooks import Collected, anisotropy, collect
-from thermo_lens.model import ModelView, ThermoLensInputError, as_view
-from thermo_lens.result import Result
+from thermo_lens.model import ThermoLensInputError, as_view
+from thermo_lens.paired import PairedMixin
+from thermo_lens.provenance import Provenance, ProvenanceFields
+from thermo_lens.registry import Metric, register_metric
+from thermo_lens.result import Result, deprecated_alias
 from thermo_lens.stats import SummaryStats, summarize
 
 __all__ = ["AnisotropyResult", "anisotropy_profile", "anisotropy_from_collected", "DEFINITION"]
@@ -45,38 +48,42 @@ DEFINITION = (
     "excluded), per residual state x_0..x_L (final norm excluded); NaN for prompts with < 3 tokens"
 )
 
+register_metric(Metric(
+    "anisotropy", symbol="a_l", formula=DEFINITION, shape="prompt state", result="AnisotropyResult",
+    section="gain", paper="D'Elia (2026), appendix C", unit="cosine similarity", attr="values",
+    row="anisotropy_last"))
+
 
 @dataclass(frozen=True, repr=False, eq=False)
-class AnisotropyResult(Result):
+class AnisotropyResult(PairedMixin, ProvenanceFields, Result):
     """Anisotropy per prompt and residual state, and its across-prompt summary.
 
     Attributes:
         values: ``Float[Tensor, "prompt state"]`` float32, ``a_l`` for ``x_0..x_L`` (``L + 1``
             states); NaN for a prompt with fewer than 3 real tokens.
-        summary: per state across prompts (NaN prompts omitted): ``mean``, ``sd`` (ddof=1),
+        stats: per state across prompts (NaN prompts omitted): ``mean``, ``sd`` (ddof=1),
             ``se``, CI, ``n`` as arrays of length ``L + 1``.
-        prompts, lengths, truncated, prepend_bos: what was measured (lengths include BOS).
-        dtype, weights, post_ln, model: the model's compute dtype (reduction in float32), raw or
-            processed weights, post-LN flag, metadata.
+        provenance: :class:`~thermo_lens.provenance.Provenance`: prompts, lengths (BOS
+            included), truncation, BOS mode, the model's metadata (compute dtype, raw or
+            processed weights, post-LN flag) and the user hooks of the run; its fields are also
+            attributes (``.prompts``, ``.lengths``, ``.dtype``, ``.hooks`` ...).
         definition: the definition above.
     """
 
-    values: Tensor
-    summary: SummaryStats
-    prompts: tuple[str, ...]
-    lengths: Tensor
-    truncated: tuple[bool, ...]
-    prepend_bos: Any
-    dtype: str
-    weights: str
-    post_ln: bool
-    model: dict[str, Any]
+    values: Float[Tensor, "prompt state"]
+    stats: SummaryStats
+    provenance: Provenance
     definition: str = DEFINITION
 
+    schema_version: ClassVar[int] = 2
+    renamed_fields: ClassVar[dict[int, dict[str, str]]] = {2: {"lengths": "n_tokens", "summary": "stats"}}
+    lengths = deprecated_alias("n_tokens")
+    summary = deprecated_alias("stats")  # `summary` means text on the other results
+
     @property
-    def mean(self) -> Float[Tensor, "state"]:
+    def mean(self) -> Float[Tensor, " state"]:
         """Across-prompt mean per residual state ``x_0..x_L`` (NaN prompts omitted)."""
-        return torch.as_tensor(np.asarray(self.summary.mean), dtype=torch.float32)
+        return torch.as_tensor(np.asarray(self.stats.mean), dtype=torch.float32)
 
     @property
     def n_prompts(self) -> int:
@@ -96,21 +103,20 @@ class AnisotropyResult(Result):
             "state": np.tile(np.arange(S), P),
             "hook": hooks * P,
             "anisotropy": self.values.numpy().astype(np.float64).reshape(-1),
-            "n_tokens": np.repeat(self.lengths.numpy(), S),
+            "n_tokens": np.repeat(self.n_tokens.numpy(), S),
         })
-        for k, v in {"model": self.model.get("name"), "prepend_bos": str(self.prepend_bos),
-                     "dtype": self.dtype, "weights": self.weights, "post_ln": self.post_ln}.items():
+        for k, v in self.provenance.columns().items():
             df[k] = v
         return df
 
     def summary_frame(self) -> pd.DataFrame:
         """One row per state: ``state, mean, sd (ddof=1), se, ci_low, ci_high, n``."""
-        s = self.summary
+        s = self.stats
         return pd.DataFrame({"state": np.arange(self.n_layers + 1), "mean": s.mean, "sd": s.sd,
                              "se": s.se, "ci_low": s.ci_low, "ci_high": s.ci_high, "n": s.n})
 
     def __repr__(self) -> str:
-        m = np.asarray(self.summary.mean)
+        m = np.asarray(self.stats.mean)
         shown = " ".join(f"{v:.3g}" for v in m[:13]) + (" ..." if m.size > 13 else "")
         nan_prompts = int(torch.isnan(self.values).any(dim=1).sum())
         lines = [
@@ -119,13 +125,14 @@ class AnisotropyResult(Result):
             f"{', post-LN' if self.post_ln else ''})",
             f"  definition: {self.definition}",
             f"  mean a_l, l=0..{self.n_layers}: {shown}",
+            f"  hooks: {self.provenance.hooks_text}",
         ]
         if nan_prompts:
             lines.append(f"  note: {nan_prompts} prompt(s) too short (< 3 tokens) are NaN and left out")
         return "\n".join(lines)
 
 
-def anisotropy_from_collected(collected: Collected, *, level: float = 0.95) -> AnisotropyResult:
+def anisotropy_from_collected(collected: Any, *, level: float | int = 0.95) -> AnisotropyResult:
     """The :class:`AnisotropyResult` of a :func:`~thermo_lens.hooks.collect` pass that included the
     :func:`~thermo_lens.hooks.anisotropy` reduction. Pure: no forward pass."""
     if not isinstance(collected, Collected):
@@ -140,44 +147,33 @@ def anisotropy_from_collected(collected: Collected, *, level: float = 0.95) -> A
             "this Collected has no anisotropy: run collect(model, prompts, [anisotropy, ...])"
         ) from None
     values = vals.T.contiguous().float()
-    view: ModelView = collected.view
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         summary = summarize(values, level=level, nan_policy="omit")
     return AnisotropyResult(
         values=values,
-        summary=summary,
-        prompts=tuple(collected.prompts),
-        lengths=collected.lengths.to(torch.long).clone(),
-        truncated=tuple(bool(t) for t in collected.truncated),
-        prepend_bos=collected.prepend_bos,
-        dtype=str(view.dtype).replace("torch.", ""),
-        weights=view.weight_state,
-        post_ln=bool(view.post_ln),
-        model=view.metadata(),
+        stats=summary,
+        provenance=collected.provenance(),
     )
 
 
 def anisotropy_profile(
     model: Any,
-    prompts: Sequence[str],
+    prompts: Any,
     *,
-    prepend_bos: bool | str = True,
-    batch_size: int = 8,
-    truncate: bool = False,
-    level: float = 0.95,
-    fwd_hooks: Sequence[tuple[str | Callable, Callable]] = (),
-    progress: bool | None = None,
+    level: float | int = 0.95,
+    settings: Any = None,
+    **run: Any,
 ) -> AnisotropyResult:
     """Anisotropy of every residual state ``x_0..x_L`` of ``model`` on ``prompts`` (one pass).
 
-    Args are as for :func:`thermo_lens.gain.residual_gain`. Prompts shorter than 3 tokens give
-    NaN (see the module docstring); if every prompt is that short the result is all NaN and a
-    warning says so.
+    ``prompts`` and the run options (``settings`` / ``**run``: ``prepend_bos``, ``batch_size``,
+    ``truncate``, ``fwd_hooks``, ``progress``, ``sort_by_length``) are as for
+    :func:`thermo_lens.gain.residual_gain`. Prompts shorter than 3 tokens give NaN (see the
+    module docstring); if every prompt is that short the result is all NaN and a warning says so.
     """
     view = as_view(model)
-    collected = collect(view, prompts, [anisotropy], prepend_bos=prepend_bos, batch_size=batch_size,
-                        truncate=truncate, fwd_hooks=fwd_hooks, progress=progress)
+    collected = collect(view, prompts, [anisotropy], settings, **run)
     res = anisotropy_from_collected(collected, level=level)
     if torch.isnan(res.values).all():
         warnings.warn("every prompt has fewer than 3 tokens: anisotropy (which excludes position 0 "

@@ -6,10 +6,12 @@ Commands::
     thermo-lens study SPEC --out DIR    run or resume a many-model study from a spec file
     thermo-lens report DIR              write the report of a study / profile directory
     thermo-lens zoo                     list the embedded default models
+    thermo-lens lab SPEC --out DIR      run or resume a heritage lab (controlled training experiments)
 
 Exit codes: 0 success; 1 the run finished but some models failed (see the manifest);
-2 bad usage or bad input (the message says what to fix). Errors are printed without a
-traceback unless ``--debug`` is given.
+2 bad usage or bad input (the message says what to fix), including files that cannot be read or
+written. Errors are printed without a traceback unless ``--debug`` is given. Every option is
+checked (:mod:`thermo_lens.validate`) before any model is loaded.
 """
 
 from __future__ import annotations
@@ -34,19 +36,30 @@ def _bos(value: str) -> bool | str:
         return True
     if v in ("false", "0", "no", "off"):
         return False
-    if v == "tokenizer":
-        return "tokenizer"
-    raise argparse.ArgumentTypeError("must be true, false or tokenizer")
+    if v in ("tokenizer", "host"):
+        return v
+    raise argparse.ArgumentTypeError("must be host, true, false or tokenizer")
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1 or n > 1 << 16:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to 65536, got {value!r}")
+    return n
 
 
 def _add_measure_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", default="paper25",
                    help="built-in prompt set (see thermo_lens.prompts.names()) or a text file with one prompt per line (default: paper25)")
-    p.add_argument("--prepend-bos", type=_bos, default=True, metavar="{true,false,tokenizer}",
-                   help="prepend BOS (TransformerLens style), none, or the HF tokenizer's own special tokens as the paper did (default: true)")
+    p.add_argument("--prepend-bos", type=_bos, default="host", metavar="{host,true,false,tokenizer}",
+                   help="host: tokens exactly as model.to_tokens gives them (default); true: prepend BOS; false: none; "
+                        "tokenizer: the HF tokenizer's own special tokens as the paper did")
     p.add_argument("--token-scope", default="all_but_first", choices=["last", "all_but_first", "all", "frobenius"],
                    help="tokens entering the residual gain (default: all_but_first)")
-    p.add_argument("--batch-size", type=int, default=8, help="prompts per forward pass (default: 8)")
+    p.add_argument("--batch-size", type=_positive_int, default=8, help="prompts per forward pass (default: 8)")
     p.add_argument("--truncate", action="store_true", help="cut prompts longer than the context instead of failing")
 
 
@@ -64,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(see `thermo-lens zoo`); with no MODEL, the embedded default models are used.")
     p.add_argument("models", nargs="*", metavar="MODEL")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default: {DEFAULT_OUT})")
-    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], help="model dtype (default: the checkpoint's)")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16", "float64"], help="model dtype (default: the checkpoint's)")
     p.add_argument("--device", help="device, e.g. cpu or cuda (default: the bridge's choice)")
     p.add_argument("--no-report", action="store_true", help="skip the HTML report")
     _add_measure_args(p)
@@ -81,21 +94,36 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="write the report of a study/profile directory",
                        description="Write DIR/report.html (self-contained, offline) and DIR/summary.csv from the profiles in DIR.")
     p.add_argument("dir", help="study or profile directory (with manifest.json)")
-    p.add_argument("--output", default=None, help="report file (default: DIR/report.html)")
+    p.add_argument("--output", default=None, help="report file, in an existing folder (default: DIR/report.html)")
 
     sub.add_parser("zoo", help="list the embedded default models", description="List the embedded models with their recipes and final losses.")
+
+    p = sub.add_parser("lab", help="run or resume a heritage lab: train toy models that differ in one knob",
+                       description="Train every arm x seed of a lab spec (TOML) with log-spaced checkpoints, profile every "
+                                   "checkpoint, and write DIR/runs.csv, DIR/effects.csv, DIR/figures/ and DIR/report.html. "
+                                   "Rerunning resumes; failures are recorded in DIR/train/ and DIR/profiles/manifest.json.")
+    p.add_argument("spec", help="lab spec file (.toml)")
+    p.add_argument("--out", required=True, help="lab directory")
+    p.add_argument("--executor", choices=["local", "ray"], default="local", help="where runs train (default: local)")
+    p.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local Ray)")
+    p.add_argument("--no-report", action="store_true", help="skip the HTML report")
     return parser
 
 
 def _prompts_arg(value: str) -> object:
+    from thermo_lens import prompts
+
+    if value in prompts.names() and not Path(value).is_file():
+        return value
     path = Path(value)
-    if path.is_file():
-        lines = [l.strip() for l in path.read_text().splitlines() if l.strip()]
+    if os.path.lexists(path):
+        from thermo_lens.safe_io import safe_read_text
+
+        text = safe_read_text(path, 64 << 20, what="prompt file")
+        lines = [l.strip() for l in text.splitlines() if l.strip()]
         if not lines:
             raise CLIError(f"{value}: the prompt file has no prompts")
         return lines
-    from thermo_lens import prompts
-
     try:
         prompts.get(value)
     except KeyError as e:
@@ -103,39 +131,78 @@ def _prompts_arg(value: str) -> object:
     return value
 
 
+def _printable(text: object, limit: int = 300) -> str:
+    """One line of at most ``limit`` characters without control characters (a manifest may have
+    been edited by hand; nothing it holds should drive the terminal)."""
+    line = str(text).splitlines()[0] if str(text) else ""
+    return "".join(c if c.isprintable() else "?" for c in line[:limit])
+
+
+def _print_status(contents) -> None:
+    from thermo_lens import study
+
+    entries = contents.manifest.get("models", {})
+    for mid in contents.manifest.get("study", {}).get("models") or list(entries):
+        entry = entries.get(mid) if isinstance(entries.get(mid), dict) else {}
+        status = entry.get("status")
+        line = f"  {_printable(mid, 100):<28} {_printable(status, 30)}"
+        if status == "failed" and entry.get("error"):
+            line += f": {_printable(entry['error'])}"
+        elif mid in contents.problems:
+            line += f" but not used: {_printable(contents.problems[mid])}"
+        print(line)
+    if contents.stale:
+        shown = ", ".join(_printable(s, 100) for s in contents.stale[:10]) + (" ..." if len(contents.stale) > 10 else "")
+        print(f"  stale (from an earlier spec; kept on disk, left out of the summary and report): {shown}")
+    if contents.problems:
+        print(f"thermo-lens: {len(contents.problems)} result(s) left out; rerun the same command to recompute them "
+              f"(see {study.MANIFEST})", file=sys.stderr)
+
+
 def _finish(outcome, out_dir: str, no_report: bool) -> int:
     from thermo_lens import study
 
-    manifest = study.read_manifest(out_dir)
-    for mid, entry in manifest.get("models", {}).items():
-        status = entry.get("status")
-        line = f"  {mid:<28} {status}"
-        if status == "failed":
-            line += f": {entry.get('error', '').splitlines()[0] if entry.get('error') else ''}"
-        print(line)
-    _write_outputs(out_dir, no_report)
+    contents = study.read_study(out_dir)
+    _print_status(contents)
+    _write_outputs(out_dir, contents, no_report)
     if outcome.failed:
         print(f"thermo-lens: {len(outcome.failed)} model(s) failed; see {Path(out_dir) / study.MANIFEST}", file=sys.stderr)
         return EXIT_FAILED_MODELS
     return EXIT_OK
 
 
-def _write_outputs(out_dir: str, no_report: bool) -> None:
-    from thermo_lens import study
+def _write_summary(out_dir: str | Path, profiles: dict) -> None:
+    from thermo_lens.profile import profiles_frame
+    from thermo_lens.safe_io import atomic_write_text, neutralise_formulas
 
-    profiles = study.load_profiles(out_dir)
-    if profiles:
-        from thermo_lens.profile import profiles_frame
+    frame = neutralise_formulas(profiles_frame(profiles.values()))
+    atomic_write_text(Path(out_dir) / "summary.csv", frame.to_csv(index=False))
+    print(f"wrote {Path(out_dir) / 'summary.csv'}")
 
-        frame = profiles_frame(profiles.values())
-        frame.to_csv(Path(out_dir) / "summary.csv", index=False)
-        print(f"wrote {Path(out_dir) / 'summary.csv'}")
-    if not no_report:
+
+def _write_outputs(out_dir: str, contents, no_report: bool, output: str | None = None) -> None:
+    """summary.csv and the report, holding the folder's lock (no study run writes meanwhile), after
+    removing temporary files a killed earlier write left behind."""
+    from thermo_lens.safe_io import FolderLock, remove_stale_temps
+
+    with FolderLock(out_dir, what="thermo-lens run"):
+        remove_stale_temps(out_dir)
+        _write_outputs_locked(out_dir, contents, no_report, output)
+
+
+def _write_outputs_locked(out_dir: str, contents, no_report: bool, output: str | None) -> None:
+    import warnings
+
+    if contents.profiles:
+        _write_summary(out_dir, contents.profiles)
+    if not no_report and contents.profiles:
         try:
             from thermo_lens.report import write_report
         except ImportError:
             return
-        path = write_report(out_dir)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # left-out results were listed above
+            path = write_report(out_dir, output=output)
         print(f"wrote {path}")
 
 
@@ -143,16 +210,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from thermo_lens import study, zoo
 
     models = list(args.models) or list(zoo.DEFAULT)
-    specs = []
+    options = {k: v for k, v in (("dtype", args.dtype), ("device", args.device)) if v is not None}
+    specs: list = []
+    seen: set[str] = set()
     for m in models:
-        if m in zoo.names() and not Path(m).exists():
-            specs.append(m)
-            continue
-        specs.append(study.ModelSpec(id=study._slug(m), name=m, dtype=args.dtype, device=args.device))
-    if args.dtype or args.device:
-        specs = [s if isinstance(s, study.ModelSpec) else
-                 study.ModelSpec(id=s, zoo=s, lab="thermo-lens zoo", dtype=args.dtype, device=args.device)
-                 for s in specs]
+        model = study.model_from_name(m, seen, **options)
+        seen.add(model.id.lower())
+        specs.append(model)
     spec = study.StudySpec.from_models(
         specs, name="profile", prompts=_prompts_arg(args.prompts), prepend_bos=args.prepend_bos,
         token_scope=args.token_scope, batch_size=args.batch_size, truncate=args.truncate,
@@ -177,21 +241,31 @@ def cmd_report(args: argparse.Namespace) -> int:
     from thermo_lens import study
 
     d = Path(args.dir)
-    if not (d / study.MANIFEST).is_file():
+    if not d.is_dir():
+        raise CLIError(f"{d} is not a folder; give the study or profile folder")
+    if not os.path.lexists(d / study.MANIFEST):
         raise CLIError(f"{d}: no {study.MANIFEST} here; run `thermo-lens profile --out {d}` or `thermo-lens study SPEC --out {d}` first")
-    profiles = study.load_profiles(d)
-    if not profiles:
-        raise CLIError(f"{d}: no finished model profiles yet (see {d / study.MANIFEST})")
-    from thermo_lens.profile import profiles_frame
-
-    profiles_frame(profiles.values()).to_csv(d / "summary.csv", index=False)
-    print(f"wrote {d / 'summary.csv'}")
-    try:
-        from thermo_lens.report import write_report
-    except ImportError:
-        return EXIT_OK
-    print(f"wrote {write_report(d, output=args.output)}")
+    if args.output is not None:
+        _check_output(Path(args.output))
+    contents = study.read_study(d)
+    if not contents.profiles:
+        _print_status(contents)
+        raise CLIError(f"{d}: no finished model profiles to report (see {d / study.MANIFEST})")
+    if contents.problems or contents.stale:
+        _print_status(contents)
+    _write_outputs(str(d), contents, no_report=False, output=args.output)
     return EXIT_OK
+
+
+def _check_output(out: Path) -> None:
+    """``report --output``: a file in an existing folder (no folders are created)."""
+    if out.is_dir():
+        return
+    parent = out.parent
+    if not parent.exists():
+        raise CLIError(f"--output {out}: folder {parent} does not exist; create it first")
+    if not parent.is_dir():
+        raise CLIError(f"--output {out}: {parent} is a file, not a folder")
 
 
 def cmd_zoo(args: argparse.Namespace) -> int:
@@ -211,6 +285,22 @@ def cmd_zoo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_lab(args: argparse.Namespace) -> int:
+    from thermo_lens.lab import load_lab_spec, run_lab
+
+    spec = load_lab_spec(args.spec)
+    arms = spec.arms()
+    print(f"thermo-lens: lab {spec.name!r}: {len(arms)} arms x {len(spec.seeds)} seeds into {args.out}/ ({args.executor})")
+    outcome = run_lab(spec, args.out, executor=args.executor, ray_address=args.ray_address, report=not args.no_report,
+                      progress=None)
+    if outcome.skipped:
+        print(f"  resumed: {len(outcome.skipped)} run(s)/checkpoint(s) already done")
+    for name, err in outcome.failed.items():
+        print(f"  {name:<40} failed: {err.splitlines()[0] if err else ''}")
+    print(f"wrote {Path(args.out) / 'runs.csv'} and {Path(args.out) / 'effects.csv'}")
+    return EXIT_FAILED_MODELS if outcome.failed else EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -218,20 +308,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    handlers = {"profile": cmd_profile, "study": cmd_study, "report": cmd_report, "zoo": cmd_zoo}
+    handlers = {"profile": cmd_profile, "study": cmd_study, "report": cmd_report, "zoo": cmd_zoo, "lab": cmd_lab}
     from thermo_lens.model import ThermoLensInputError
-    from thermo_lens.study import StudyLockedError, StudySpecError
+    from thermo_lens.safe_io import FolderLockedError
+
+    report_error: type[Exception] = CLIError
+    try:
+        from thermo_lens.report import ReportError as report_error
+    except ImportError:  # pragma: no cover - without plotly
+        pass
+
+    from thermo_lens.lab.recipe import LabSpecError
 
     try:
         return handlers[args.command](args)
-    except (CLIError, StudySpecError, StudyLockedError, ThermoLensInputError, FileNotFoundError) as e:
+    except (CLIError, ThermoLensInputError, FolderLockedError, report_error, LabSpecError, OSError) as e:
         if args.debug:
             raise
-        print(f"thermo-lens: error: {e}", file=sys.stderr)
+        msg = _os_error(e) if isinstance(e, OSError) else str(e)
+        print(f"thermo-lens: error: {msg[:2000]}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("thermo-lens: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - a bug, not a user error: say so, briefly
+        if args.debug:
+            raise
+        print(f"thermo-lens: internal error: {type(e).__name__}: {str(e)[:1000]}\n"
+              "  rerun with --debug for the traceback and report it", file=sys.stderr)
+        return EXIT_FAILED_MODELS
+
+
+def _os_error(e: OSError) -> str:
+    from thermo_lens.safe_io import _reason
+
+    where = f" {e.filename}" if e.filename else ""
+    return f"cannot access{where}: {_reason(e)}"
 
 
 if __name__ == "__main__":  # pragma: no cover

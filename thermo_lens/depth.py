@@ -1,7 +1,7 @@
 """L*: the depth of maximal sheaf-trace change, empirical and predicted.
 
 D'Elia (2026), "Thermodynamic Constraints in Transformer Architectures", section 5.3 (eq. 6) and
-appendix E; METHODS.md section 4.
+appendix E; ``thermo_lens.definitions`` §4.
 
 The layer trace ``T_l`` is the sheaf Laplacian trace of layer ``l`` summed over heads and averaged
 over prompts (:attr:`thermo_lens.sheaf.SheafTraces.mean_layer_trace`). Layers are indexed by the
@@ -14,14 +14,28 @@ Empirical variants, by name:
     ``L* = argmax_l |dT/dl|`` with ``dT/dl = np.gradient(T)``: central differences
     ``(T_{l+1} - T_{l-1}) / 2`` inside, one-sided differences at the first and last layer. Ties go
     to the first (shallowest) layer.
-``"first_sign_change"`` (the paper's other rule)
+``"first_turning_point"`` (formerly ``"first_sign_change"``, a deprecated alias)
     the first layer where ``dT/dl`` changes sign, with forward differences
     ``d_k = T_{k+1} - T_k``: the smallest ``k`` in ``1 .. L-2`` whose ``d_k`` has the opposite sign
-    of the last nonzero ``d_j``, ``j < k``; i.e. the first layer at which ``T`` turns (a local
-    maximum or minimum). NaN when ``T`` is monotone.
+    of the last nonzero ``d_j``, ``j < k``; i.e. the first layer at which ``T`` turns, a local
+    maximum **or minimum**. NaN when ``T`` is monotone. This is *not* the paper's rule.
+``"paper_v3_sign_change"`` (the paper's v3 rule, ``L_Star_Cross_Heritage_SignChange``)
+    the first ``+ -> -`` turn of the forward differences, as the vectorised expression
+    ``k = np.where(np.diff(np.sign(np.diff(T))) < 0)[0][0] + 1``: the first local **maximum** (a
+    plateau counts: ``+ -> 0`` and ``0 -> -`` are turns too); valleys are skipped. When there is
+    none (``T`` monotone or only valleys) it falls back to ``argmax_l |dT/dl|`` (the paper's
+    operational definition, appendix E), and the result's ``note`` says so. On ``T = [5, 3, 2, 4,
+    6, 5]`` it gives 4 (the peak) where ``"first_turning_point"`` gives 2 (the valley).
 
-Predicted (eq. 6): ``L* = L (0.11 + 0.012 L + 4.9 / H)`` (``H`` query heads per layer; the paper
-calibrated it on 0-based argmax values and excludes ALiBi models from its scope).
+Aggregation over prompts, by name: ``"mean_trace"`` (default here: the rule on ``T_l`` averaged
+over prompts) or ``"per_prompt_mean"`` (the rule on each prompt's own trace, then the mean: what
+the paper's v3 table reports). :class:`LStarResult` carries both when per-prompt traces are given.
+
+Predicted (eq. 6, :func:`thermo_lens.paper.predicted_l_star`): ``L* = L (0.11 + 0.012 L + 4.9 / H)``
+(``H`` query heads per layer; the paper calibrated it on 0-based argmax values and excludes ALiBi
+models from its scope). It warns when the prediction exceeds ``L``. The fit-free baseline
+``L / 2`` is always reported beside it (``baselines``): on the paper's own validation models it
+does as well as eq. 6.
 
 Errors, by name: ``"ape"``, the absolute percentage error ``|pred - emp| / emp`` (as a fraction;
 NaN when ``emp = 0``), and ``"paper"``, the paper's ``|pred - emp| / L``.
@@ -30,7 +44,8 @@ NaN when ``emp = 0``), and ``"paper"``, the paper's ``|pred - emp| / L``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -40,6 +55,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from thermo_lens.model import ThermoLensInputError
+from thermo_lens.registry import Metric, register_metric
+from thermo_lens.paper.lstar import PREDICTED_DEFINITION, l_star_baselines, predicted_l_star
 from thermo_lens.result import Result
 
 __all__ = [
@@ -47,30 +64,50 @@ __all__ = [
     "ERROR_METRICS",
     "LStarResult",
     "predicted_l_star",
+    "DEPRECATED_VARIANTS",
     "trace_derivative",
     "empirical_l_star",
     "l_star_error",
     "l_star_from_traces",
 ]
 
-LStarVariant = Literal["argmax_abs_gradient", "first_sign_change"]
+LStarVariant = Literal["argmax_abs_gradient", "first_turning_point", "paper_v3_sign_change", "first_sign_change"]
 ErrorMetric = Literal["ape", "paper"]
 
 L_STAR_VARIANTS: dict[str, str] = {
     "argmax_abs_gradient": "L* = argmax_l |dT/dl|, dT/dl = np.gradient(T) (central differences, "
                            "one-sided at the ends; ties -> shallowest layer)",
-    "first_sign_change": "L* = first layer k where the forward difference T_{k+1} - T_k changes "
-                         "sign (the first layer where T turns); NaN if T is monotone",
+    "first_turning_point": "L* = first layer k where the forward difference T_{k+1} - T_k changes "
+                           "sign (the first layer where T turns: a peak or a valley); NaN if T is monotone",
+    "paper_v3_sign_change": "the paper's v3 rule: L* = first k with np.diff(np.sign(np.diff(T)))[k-1] < 0 "
+                            "(first + -> - turn: a peak, valleys skipped); none -> argmax_l |np.gradient(T)|",
 }
+#: Deprecated variant names -> current names.
+DEPRECATED_VARIANTS: dict[str, str] = {"first_sign_change": "first_turning_point"}
 ERROR_METRICS: dict[str, str] = {
     "ape": "|pred - emp| / emp (absolute percentage error, as a fraction)",
     "paper": "|pred - emp| / L (the paper's error)",
 }
 LAYER_INDEXING = "0-based block index: layer l is blocks.{l} (l = 0 .. L-1)"
-PREDICTED_DEFINITION = "L* = L * (0.11 + 0.012 L + 4.9 / H) (D'Elia 2026, eq. 6)"
+
+register_metric(Metric(
+    "l_star", symbol="L*", formula="empirical L*: the layer of maximal change of the layer trace T_l (sum over "
+    "heads, mean over prompts) under the named variant (default argmax_l |dT/dl|, central differences); "
+    "0-based block index", shape="", result="LStarResult", section="l_star", paper="D'Elia (2026), sec. 6",
+    unit="layer", column="empirical_l_star", attr="empirical", row="l_star", summary_table=True))
+register_metric(Metric(
+    "l_star_predicted", symbol="L*_pred", formula=PREDICTED_DEFINITION, shape="", result="LStarResult",
+    section="l_star", paper="D'Elia (2026), eq. 6", unit="layer", column="predicted_l_star", attr="predicted",
+    row="l_star_predicted", summary_table=True))
 
 
 def _check_variant(variant: Any) -> str:
+    if variant in DEPRECATED_VARIANTS:
+        new = DEPRECATED_VARIANTS[variant]
+        warnings.warn(f"L* variant {variant!r} is deprecated: it accepts valleys as well as peaks, so it "
+                      f"was renamed {new!r}; the paper's own rule is 'paper_v3_sign_change'",
+                      DeprecationWarning, stacklevel=3)
+        return new
     if variant not in L_STAR_VARIANTS:
         raise ThermoLensInputError(
             f"unknown L* variant {variant!r}; choose one of {sorted(L_STAR_VARIANTS)}"
@@ -82,19 +119,6 @@ def _positive_int(v: Any, what: str) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) < 1:
         raise ThermoLensInputError(f"{what} must be a positive integer, got {v!r}")
     return int(v)
-
-
-def predicted_l_star(n_layers: int, n_heads: int) -> float:
-    """The paper's predicted L* (eq. 6): ``L * (0.11 + 0.012 L + 4.9 / H)``.
-
-    Args:
-        n_layers: ``L``, blocks in the model.
-        n_heads: ``H``, (query) attention heads per layer.
-
-    Example: ``predicted_l_star(12, 12) == 12 * (0.11 + 0.144 + 4.9 / 12) = 7.948``.
-    """
-    L, H = _positive_int(n_layers, "n_layers"), _positive_int(n_heads, "n_heads")
-    return L * (0.11 + 0.012 * L + 4.9 / H)
 
 
 def _as_trace(layer_trace: Any, minimum: int) -> np.ndarray:
@@ -111,14 +135,22 @@ def _as_trace(layer_trace: Any, minimum: int) -> np.ndarray:
     return t
 
 
-def trace_derivative(layer_trace: Any, variant: LStarVariant = "argmax_abs_gradient") -> np.ndarray:
+def trace_derivative(layer_trace: Any, variant: str = "argmax_abs_gradient") -> np.ndarray:
     """``dT/dl`` as the variant uses it: ``np.gradient(T)`` ``[L]`` or ``np.diff(T)`` ``[L-1]``."""
     variant = _check_variant(variant)
     t = _as_trace(layer_trace, 2)
     return np.gradient(t) if variant == "argmax_abs_gradient" else np.diff(t)
 
 
-def empirical_l_star(layer_trace: Any, variant: LStarVariant = "argmax_abs_gradient") -> float:
+def _paper_v3(t: np.ndarray) -> tuple[float, bool]:
+    """The paper's v3 rule on one trace: ``(L*, fell_back)``."""
+    turns = np.where(np.diff(np.sign(np.diff(t))) < 0)[0]
+    if turns.size:
+        return float(turns[0] + 1), False
+    return float(np.argmax(np.abs(np.gradient(t)))), True
+
+
+def empirical_l_star(layer_trace: Any, variant: str = "argmax_abs_gradient") -> float:
     """Empirical L* of a layer trace ``T [layer]`` (0-based block index; NaN when undefined).
 
     See the module docstring for the variants.
@@ -127,6 +159,8 @@ def empirical_l_star(layer_trace: Any, variant: LStarVariant = "argmax_abs_gradi
     t = _as_trace(layer_trace, 2 if variant == "argmax_abs_gradient" else 3)
     if variant == "argmax_abs_gradient":
         return float(np.argmax(np.abs(np.gradient(t))))
+    if variant == "paper_v3_sign_change":
+        return _paper_v3(t)[0]
     d = np.diff(t)
     last = 0.0
     for k, dk in enumerate(d):
@@ -138,7 +172,7 @@ def empirical_l_star(layer_trace: Any, variant: LStarVariant = "argmax_abs_gradi
     return math.nan
 
 
-def l_star_error(predicted: float, empirical: float, metric: ErrorMetric = "ape", n_layers: int | None = None) -> float:
+def l_star_error(predicted: float, empirical: float, metric: str = "ape", n_layers: int | None = None) -> float:
     """Error of a predicted L* against an empirical one, by name.
 
     ``"ape"``: ``|pred - emp| / emp`` (NaN when ``emp == 0``: undefined); ``"paper"``:
@@ -176,10 +210,10 @@ class LStarResult(Result):
     variant: str
     definition: str
     layer_indexing: str
-    layer_trace: Float[Tensor, "layer"]
-    derivative: Tensor
+    layer_trace: Float[Tensor, " layer"]
+    derivative: Float[Tensor, " step"]
     empirical: float
-    per_prompt: Tensor | None
+    per_prompt: Float[Tensor, " prompt"] | None
     predicted: float
     predicted_definition: str
     n_layers: int
@@ -188,8 +222,24 @@ class LStarResult(Result):
     paper_error: float
     note: str
     source: dict
+    per_prompt_mean: float = math.nan
+    baselines: dict = field(default_factory=dict)
+    warnings: tuple = ()
 
-    def error(self, metric: ErrorMetric = "ape") -> float:
+    @property
+    def aggregations(self) -> dict[str, float]:
+        """``{"mean_trace": empirical, "per_prompt_mean": mean of per-prompt L*}`` (the paper's v3
+        table averaged per-prompt values; NaN without per-prompt traces)."""
+        return {"mean_trace": self.empirical, "per_prompt_mean": self.per_prompt_mean}
+
+    def baseline_errors(self, metric: ErrorMetric = "ape") -> dict[str, float]:
+        """Error of eq. 6 and of each baseline against the empirical L*, by ``metric``."""
+        out = {"eq6": self.error(metric)}
+        for k, v in self.baselines.items():
+            out[k] = l_star_error(v, self.empirical, metric, self.n_layers)
+        return out
+
+    def error(self, metric: str = "ape") -> float:
         """``"ape"`` or ``"paper"`` (see :func:`l_star_error`)."""
         return l_star_error(self.predicted, self.empirical, metric, self.n_layers)
 
@@ -223,6 +273,13 @@ class LStarResult(Result):
             if pp.numel():
                 spread = f"; per prompt mean {pp.mean().item():.3g} (n={pp.numel()})"
         note = f"\n  note: {self.note}" if self.note else ""
+        if self.baselines:
+            be = self.baseline_errors("ape")
+            bp = self.baseline_errors("paper")
+            note += "\n  baselines: " + "; ".join(
+                f"{k} = {v:.4g} (APE {be[k]:.3g}, paper {bp[k]:.3g})" for k, v in self.baselines.items())
+        for w in self.warnings:
+            note += f"\n  warning: {w}"
         model = (self.source.get("model") or {}).get("name") if self.source else None
         return (
             f"LStarResult({model + ': ' if model else ''}empirical L* = {emp} [{self.variant}; "
@@ -233,14 +290,19 @@ class LStarResult(Result):
         )
 
 
+def _is_sheaf_traces(obj: Any) -> bool:
+    # Duck-typed so that depth does not import sheaf (sheaf's SheafTraces.l_star imports depth).
+    return all(hasattr(obj, a) for a in ("mean_layer_trace", "layer_trace", "formula", "n_heads"))
+
+
 def l_star_from_traces(
     traces: Any,
     n_layers: int | None = None,
     n_heads: int | None = None,
     *,
-    variant: LStarVariant = "argmax_abs_gradient",
+    variant: str = "argmax_abs_gradient",
 ) -> LStarResult:
-    """Empirical and predicted L* from sheaf traces (METHODS.md section 4).
+    """Empirical and predicted L* from sheaf traces (``thermo_lens.definitions`` §4).
 
     Args:
         traces: a :class:`thermo_lens.sheaf.SheafTraces` (``T_l`` = its ``mean_layer_trace``;
@@ -248,14 +310,13 @@ def l_star_from_traces(
             ``[prompt, layer]`` array of per-prompt layer traces (``T_l`` = mean over prompts).
         n_layers: ``L`` (must match the trace's length; optional for ``SheafTraces``).
         n_heads: ``H`` for the predicted formula (optional for ``SheafTraces``).
-        variant: ``"argmax_abs_gradient"`` (default) or ``"first_sign_change"``.
+        variant: ``"argmax_abs_gradient"`` (default), ``"paper_v3_sign_change"`` (the paper's
+            rule) or ``"first_turning_point"`` (``"first_sign_change"`` is its deprecated alias).
     """
-    from thermo_lens.sheaf import SheafTraces
-
     variant = _check_variant(variant)
     source: dict = {}
     per_prompt_traces = None
-    if isinstance(traces, SheafTraces):
+    if _is_sheaf_traces(traces):
         T = traces.mean_layer_trace
         per_prompt_traces = traces.layer_trace
         source = {"trace_formula": traces.formula, "trace_definition": traces.definition,
@@ -281,10 +342,15 @@ def l_star_from_traces(
             f"the layer trace has {t.size} entries but n_layers={n_layers}; pass one trace per block"
         )
     emp = empirical_l_star(t, variant)
-    pred = predicted_l_star(n_layers, n_heads)
+    pred = predicted_l_star(n_layers, n_heads, warn=False)
+    warns: list[str] = []
+    if pred > n_layers:  # recorded and printed with the result (tiny models trip it every time)
+        warns.append(f"eq. 6 predicts L* = {pred:.4g} > L = {n_layers}: outside the network")
     notes = []
+    if variant == "paper_v3_sign_change" and _paper_v3(t)[1]:
+        notes.append("no + -> - turn in T_l: the paper's rule fell back to argmax |dT/dl|")
     if math.isnan(emp):
-        notes.append("T_l is monotone: dT/dl never changes sign, so first_sign_change is undefined")
+        notes.append("T_l is monotone: dT/dl never changes sign, so first_turning_point is undefined")
     elif emp == 0:
         notes.append("empirical L* = 0, so the APE |pred - emp| / emp is undefined (NaN)")
     per_prompt = None
@@ -306,4 +372,8 @@ def l_star_from_traces(
         paper_error=l_star_error(pred, emp, "paper", n_layers),
         note="; ".join(notes),
         source=source,
+        per_prompt_mean=(float(np.nanmean(per_prompt.numpy())) if per_prompt is not None
+                         and bool((~torch.isnan(per_prompt)).any()) else math.nan),
+        baselines=l_star_baselines(n_layers),
+        warnings=tuple(warns),
     )

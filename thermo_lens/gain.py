@@ -1,12 +1,18 @@
 """Residual gain: how much each block amplifies or dampens the residual stream.
 
 Definitions (D'Elia 2026, "Thermodynamic Constraints in Transformer Architectures", section 3;
-METHODS.md section 1, which is authoritative where the two differ):
+``thermo_lens.definitions`` §1, which says what thermo-lens computes where the two differ):
 
 * residual states ``x_0 = blocks.0.hook_resid_pre`` and ``x_l = blocks.{l-1}.hook_resid_post``
   (``l = 1..L``), read from the hooks, so the final norm is never part of any ``x_l`` (this removes
   the paper's "final LayerNorm artifact" at the root);
 * per-token norms ``||x_l[t]||`` (L2 over ``d_model``), always in float32 whatever the model dtype;
+* **layer convention** (every thermo-lens frame, tensor and figure): ``layer`` is the 0-based
+  block index of ``blocks.{layer}``; the gain of block ``layer`` is
+  ``||resid_post_layer|| / ||resid_pre_layer||`` (``blocks.{layer}.hook_resid_post`` over
+  ``blocks.{layer}.hook_resid_pre``, the input as the block read it). The paper's 1-based
+  ``G_l = ||x_l|| / ||x_{l-1}||`` (``l = 1..L``) is block ``layer = l - 1``: ``G_1`` is block 0
+  and ``G_L`` (paper metric B) is block ``L - 1``. Below, ``G_l`` keeps the paper's numbering;
 * block gain ``G_l = ||x_l|| / ||x_{l-1}||`` for ``l = 1..L``, reduced over tokens by an explicit
   **token scope** (:data:`TOKEN_SCOPES`):
 
@@ -63,7 +69,7 @@ an existing one-pass :func:`thermo_lens.hooks.collect` (what ``profile()`` does)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 import pandas as pd
@@ -73,21 +79,20 @@ from torch import Tensor
 
 from thermo_lens.hooks import Collected, ThermoLensNumericsError, collect, residual_norms
 from thermo_lens.model import ModelView, ThermoLensInputError, as_view
-from thermo_lens.result import Result
-from thermo_lens.stats import SummaryStats, summarize
+from thermo_lens.paired import PairedMixin
+from thermo_lens.provenance import Provenance, ProvenanceFields
+from thermo_lens.registry import Metric, metrics, register_metric
+from thermo_lens.result import Result, deprecated_alias
+from thermo_lens.stats import SummaryStats, regime_from_ci, summarize
 
 __all__ = [
     "TOKEN_SCOPES",
     "SUMMARIES",
-    "PAPER_METRICS",
     "GainResult",
-    "PaperMetric",
-    "PaperMetricResult",
     "residual_gain",
     "gain_from_collected",
     "scope_ratio",
     "regime_from_summary",
-    "paper_metric",
     "collect_for_scope",
 ]
 
@@ -104,15 +109,28 @@ TOKEN_SCOPES: dict[str, str] = {
     ),
 }
 
-#: Model-level summary name -> definition (``g(a -> b)`` is the token-scope ratio of two states).
-SUMMARIES: dict[str, str] = {
-    "last_block_gain": "G_L = g(x_{L-1} -> x_L), the true last block, final norm excluded (paper metric B)",
-    "penultimate_gain": "G_{L-1} = g(x_{L-2} -> x_{L-1}) (paper NO_FINAL_LN metric A); NaN if L = 1",
-    "first_block_gain": "G_1 = g(x_0 -> x_1) (paper emb_to_block0_gain)",
-    "geometric_mean_gain": "total_amplification ** (1/L): per-layer amplification (G_total = G**L)",
-    "total_amplification": "g(x_0 -> x_L) = ||x_L|| / ||x_0|| in the same token scope",
-    "max_block_gain": "max over l = 1..L of G_l",
-}
+register_metric(Metric(
+    "block_gain", symbol="G_l", formula="G_l = ||x_l|| / ||x_{l-1}||, l = 1..L, per prompt, reduced over tokens by "
+    "the token scope (norms L2 over d_model, float32; final norm excluded)", shape="prompt layer",
+    result="GainResult", section="gain", paper="D'Elia (2026), sec. 3", unit="ratio"))
+for _name, _symbol, _formula, _paper in (
+    ("last_block_gain", "G_L", "G_L = g(x_{L-1} -> x_L), the true last block (layer L-1, 0-based), final norm excluded (paper metric B)",
+     "D'Elia (2026), abstract and sec. 3 (metric B)"),
+    ("penultimate_gain", "G_{L-1}", "G_{L-1} = g(x_{L-2} -> x_{L-1}), block layer L-2 (0-based) (paper NO_FINAL_LN metric A); NaN if L = 1",
+     "D'Elia (2026), sec. 3, Fig. 1-2 (metric A)"),
+    ("first_block_gain", "G_1", "G_1 = g(x_0 -> x_1), block layer 0 (paper emb_to_block0_gain)", ""),
+    ("geometric_mean_gain", "G_geo", "total_amplification ** (1/L): per-layer amplification (G_total = G**L)", ""),
+    ("total_amplification", "G_total", "g(x_0 -> x_L) = ||x_L|| / ||x_0|| in the same token scope", ""),
+    ("max_block_gain", "max G_l", "max over l = 1..L of G_l", ""),
+):
+    register_metric(Metric(_name, symbol=_symbol, formula=_formula, shape="prompt", result="GainResult",
+                           section="gain", paper=_paper, unit="ratio", frame="prompt_frame", row=_name,
+                           attr=f"summaries.{_name}.values",
+                           summary_table=_name in ("last_block_gain", "penultimate_gain", "geometric_mean_gain")))
+
+#: Model-level summary name -> definition (``g(a -> b)`` is the token-scope ratio of two states);
+#: from the metric registry.
+SUMMARIES: dict[str, str] = {m.name: m.formula for m in metrics(result="GainResult", shape="prompt", load=False)}
 
 DEFAULT_SCOPE = "all_but_first"
 DEFAULT_REGIME_BY = "last_block_gain"
@@ -152,7 +170,7 @@ def _check_level(level: Any) -> float:
 def scope_ratio(
     norm_a: Float[Tensor, "*state prompt pos"],
     norm_b: Float[Tensor, "*state prompt pos"],
-    lengths: Int[Tensor, "prompt"],
+    lengths: Int[Tensor, " prompt"],
     token_scope: str,
 ) -> Float[Tensor, "*state prompt"]:
     """Token-scope ratio ``g(a -> b)`` of two residual states from their per-token norms.
@@ -197,25 +215,33 @@ def _scope_norms(norms: Tensor, lengths: Tensor, token_scope: str) -> Tensor:
 
 def regime_from_summary(summary: SummaryStats, null: float = 1.0) -> str:
     """``"expander"`` (CI above ``null``), ``"dampener"`` (below), ``"neutral"`` (contains it),
-    ``"undetermined"`` (no CI: fewer than 2 prompts, or NaN values). METHODS.md section 1."""
-    lo, hi = float(summary.ci_low), float(summary.ci_high)
-    if not (np.isfinite(lo) and np.isfinite(hi)):
-        return "undetermined"
-    if lo > null:
-        return "expander"
-    if hi < null:
-        return "dampener"
-    return "neutral"
+    ``"undetermined"`` (no CI: fewer than 2 prompts, or NaN values). ``thermo_lens.definitions`` §1."""
+    return regime_from_ci(float(summary.ci_low), float(summary.ci_high), null)
+
+
+def _prompt_index(prompts: Any, n: int) -> Tensor:
+    """Indices into ``n`` prompts from an int, a list of ints (negative from the end) or a mask."""
+    t = torch.as_tensor([prompts] if isinstance(prompts, int) else list(prompts))
+    if t.dtype == torch.bool:
+        if t.numel() != n:
+            raise ThermoLensInputError(f"a prompt mask needs {n} entries, got {t.numel()}")
+        return t.nonzero().flatten()
+    bad = [int(i) for i in t if not -n <= int(i) < n]
+    if bad or t.numel() == 0:
+        raise ThermoLensInputError(f"prompt index(es) {bad or '[]'} out of range for {n} prompts")
+    return t.long() % n
 
 
 # ---------------------------------------------------------------------------- the result
 @dataclass(frozen=True, repr=False, eq=False)
-class GainResult(Result):
+class GainResult(PairedMixin, ProvenanceFields, Result):
     """Residual gain per prompt and block, its named model summaries and the regime.
 
     Attributes:
-        block_gain: ``Float[Tensor, "prompt layer"]`` float32; column ``l - 1`` is
-            ``G_l = ||x_l|| / ||x_{l-1}||`` (``l = 1..L``) in ``token_scope``.
+        block_gain: ``Float[Tensor, "prompt layer"]`` float32; column ``layer`` (0-based block
+            index, as in ``blocks.{layer}``) is the gain of block ``layer``,
+            ``||resid_post_layer|| / ||resid_pre_layer||`` = ``G_{layer+1}`` in the paper's
+            1-based notation (``G_L`` is column ``L - 1``), in ``token_scope``.
         norms: ``Float[Tensor, "prompt state"]`` float32, the scope-reduced norms of
             ``x_0..x_L`` (``L + 1`` states): the last token's norm (``last``), the mean per-token
             norm over the scope's tokens (``all_but_first``/``all``; the gain is the mean of
@@ -225,34 +251,35 @@ class GainResult(Result):
             ``.values`` are the per-prompt values); also as attributes (``.last_block_gain``).
         regime: ``"expander"``, ``"dampener"``, ``"neutral"`` or ``"undetermined"``.
         regime_by: the summary whose CI decided the regime.
-        prompts, lengths, truncated: the prompts, their real token counts (BOS included) and
-            whether each was cut to the context.
-        prepend_bos: BOS mode (``True``, ``False`` or ``"tokenizer"``).
-        dtype: the model's compute dtype (norms are float32 regardless).
-        weights: ``"raw"`` or ``"processed"`` (TransformerLens weight processing).
-        post_ln: True for post-LN models (gain bounded by the LayerNorm weights; see ``notes``).
-        model: :meth:`ModelView.metadata` of the model.
+        provenance: :class:`~thermo_lens.provenance.Provenance`: the prompts, their real token
+            counts (BOS included; ``.lengths``) and truncation, the BOS mode, the model's
+            metadata (``.model``: compute dtype, raw/processed ``weights``, ``post_ln``: gain
+            bounded by the LayerNorm weights, see ``notes``) and the user hooks of the run
+            (``.hooks``: ablations, patches). Also readable as attributes (``.prompts``,
+            ``.lengths``, ``.prepend_bos``, ``.dtype``, ``.weights``, ``.post_ln``, ``.model``,
+            ``.hooks``).
+        norms_in: ``Float[Tensor, "prompt layer"]`` the scope-reduced norm of each block's input
+            as the block read it (``blocks.{layer}.hook_resid_pre``; equals ``norms[:, layer]``
+            unless a user hook changed the activation there, e.g. a patch).
         per_token_gain: ``Float[Tensor, "prompt layer pos"]`` per-token ``G_l`` (position 0
             included, NaN on padding) when asked for with ``per_token=True``, else None.
         level: confidence level of the CIs.
     """
 
-    block_gain: Tensor
-    norms: Tensor
+    block_gain: Float[Tensor, "prompt layer"]
+    norms: Float[Tensor, "prompt state"]
     token_scope: str
     summaries: dict[str, SummaryStats]
     regime: str
     regime_by: str
-    prompts: tuple[str, ...]
-    lengths: Tensor
-    truncated: tuple[bool, ...]
-    prepend_bos: Any
-    dtype: str
-    weights: str
-    post_ln: bool
-    model: dict[str, Any]
+    provenance: Provenance
     per_token_gain: Tensor | None = None
     level: float = 0.95
+    norms_in: Tensor | None = None
+
+    schema_version: ClassVar[int] = 2
+    renamed_fields: ClassVar[dict[int, dict[str, str]]] = {2: {"lengths": "n_tokens"}}
+    lengths = deprecated_alias("n_tokens")
 
     # ------------------------------------------------------------ named summaries
     @property
@@ -316,9 +343,33 @@ class GainResult(Result):
             out.append(f"{sum(self.truncated)} prompt(s) truncated to the context length")
         if self.n_prompts < 2:
             out.append("one prompt: no SD/SE/CI, regime undetermined")
+        if self.provenance.intervened:
+            out.append(f"measured under {len(self.hooks)} user hook(s) (an intervened run, not the clean model)")
         return out
 
-    def per_prompt(self, name: str) -> Float[Tensor, "prompt"]:
+    def select(self, prompts: Any) -> "GainResult":
+        """The result restricted to ``prompts`` (indices into the prompt list, negative from the
+        end; or a boolean mask), summaries, CIs and regime recomputed on them."""
+        idx = _prompt_index(prompts, self.n_prompts)
+        summaries = {k: summarize(np.asarray(s.values, dtype=np.float64)[idx.numpy()], level=self.level)
+                     for k, s in self.summaries.items()}
+        pick = lambda t: None if t is None else t[idx].clone()  # noqa: E731
+        return GainResult(block_gain=self.block_gain[idx].clone(), norms=self.norms[idx].clone(),
+                          token_scope=self.token_scope, summaries=summaries,
+                          regime=regime_from_summary(summaries[self.regime_by]), regime_by=self.regime_by,
+                          provenance=self.provenance.select(idx), per_token_gain=pick(self.per_token_gain),
+                          level=self.level, norms_in=pick(self.norms_in))
+
+    def layers(self, layers: Any) -> Float[Tensor, "prompt layer"]:
+        """``block_gain`` columns of ``layers`` (0-based block indices, negative from the end)."""
+        L = self.n_layers
+        ls = [layers] if isinstance(layers, int) else list(layers)
+        bad = [l for l in ls if not -L <= int(l) < L]
+        if bad:
+            raise ThermoLensInputError(f"layer(s) {bad} out of range: blocks 0..{L - 1} (negative from the end)")
+        return self.block_gain[:, [int(l) % L for l in ls]]
+
+    def per_prompt(self, name: str) -> Float[Tensor, " prompt"]:
         """Per-prompt values of summary ``name`` (float32)."""
         if name not in self.summaries:
             raise KeyError(f"unknown summary {name!r}; available: {', '.join(self.summaries)}")
@@ -326,24 +377,36 @@ class GainResult(Result):
 
     # ------------------------------------------------------------ frames
     def _common(self) -> dict[str, Any]:
-        return {"model": self.model.get("name"), "token_scope": self.token_scope,
-                "prepend_bos": str(self.prepend_bos), "dtype": self.dtype, "weights": self.weights,
-                "post_ln": self.post_ln}
+        return {"token_scope": self.token_scope, **self.provenance.columns()}
 
     def to_frame(self) -> pd.DataFrame:
-        """Tidy frame, one row per (prompt, layer): ``prompt, layer, block_gain, norm_in, norm_out,
-        n_tokens, text`` plus the definition columns (``token_scope, prepend_bos, dtype, weights,
-        post_ln, model``). ``layer`` is 1-based: ``G_l`` maps ``x_{l-1}`` to ``x_l``."""
+        """Tidy frame, one row per (prompt, layer).
+
+        Columns: ``prompt, layer, block_gain, norm_in, norm_out, n_tokens, text`` plus the
+        definition columns (``token_scope, model, prepend_bos, dtype, weights, post_ln, hooks``).
+
+        * ``layer``: 0-based block index (``blocks.{layer}``), the same ``layer`` as every other
+          thermo-lens frame (spectral, sheaf, attribution), so frames merge on ``layer``
+          (and ``head``). Block ``layer`` maps ``resid_pre`` to ``resid_post``; the paper's
+          ``G_l`` (1-based) is ``layer = l - 1``.
+        * ``norm_in`` / ``norm_out``: the scope-reduced norms of the block's input
+          ``blocks.{layer}.hook_resid_pre`` and output ``blocks.{layer}.hook_resid_post``.
+        * ``block_gain``: for ``last`` and ``frobenius`` it equals ``norm_out / norm_in``; for
+          ``all_but_first`` / ``all`` it is the **mean of per-token ratios**
+          ``mean_t ||x_out[t]|| / ||x_in[t]||``, while ``norm_in`` / ``norm_out`` are mean
+          per-token norms, so ``norm_out / norm_in`` is the ratio of means and differs.
+        """
         P, L = self.block_gain.shape
         g = self.block_gain.numpy().astype(np.float64)
         nrm = self.norms.numpy().astype(np.float64)
+        nin = (self.norms_in.numpy().astype(np.float64) if self.norms_in is not None else nrm[:, :-1])
         df = pd.DataFrame({
             "prompt": np.repeat(np.arange(P), L),
-            "layer": np.tile(np.arange(1, L + 1), P),
+            "layer": np.tile(np.arange(L), P),
             "block_gain": g.reshape(-1),
-            "norm_in": nrm[:, :-1].reshape(-1),
+            "norm_in": nin.reshape(-1),
             "norm_out": nrm[:, 1:].reshape(-1),
-            "n_tokens": np.repeat(self.lengths.numpy(), L),
+            "n_tokens": np.repeat(self.n_tokens.numpy(), L),
             "text": np.repeat(np.array(self.prompts, dtype=object), L),
         })
         for k, v in self._common().items():
@@ -353,7 +416,7 @@ class GainResult(Result):
     def prompt_frame(self) -> pd.DataFrame:
         """One row per prompt: ``prompt, text, n_tokens, truncated`` and every summary's value."""
         df = pd.DataFrame({"prompt": np.arange(self.n_prompts), "text": list(self.prompts),
-                           "n_tokens": self.lengths.numpy(), "truncated": list(self.truncated)})
+                           "n_tokens": self.n_tokens.numpy(), "truncated": list(self.truncated)})
         for name, s in self.summaries.items():
             df[name] = np.asarray(s.values, dtype=np.float64)
         for k, v in self._common().items():
@@ -391,7 +454,8 @@ class GainResult(Result):
                          f"[{s.ci_low:.4g}, {s.ci_high:.4g}]")
         per_layer = np.asarray(self.layer_summary.mean)
         shown = " ".join(f"{v:.3g}" for v in per_layer[:12]) + (" ..." if per_layer.size > 12 else "")
-        lines.append(f"  mean G_l, l=1..{self.n_layers}: {shown}")
+        lines.append(f"  mean block gain by layer 0..{self.n_layers - 1}: {shown}")
+        lines.append(f"  hooks: {self.provenance.hooks_text}")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -401,12 +465,12 @@ class GainResult(Result):
 
 # ---------------------------------------------------------------------------- computing
 def gain_from_collected(
-    collected: Collected,
+    collected: Any,
     token_scope: str = DEFAULT_SCOPE,
     *,
     per_token: bool = False,
     regime_by: str = DEFAULT_REGIME_BY,
-    level: float = 0.95,
+    level: float | int = 0.95,
 ) -> GainResult:
     """The :class:`GainResult` of a pass already made by :func:`thermo_lens.hooks.collect`.
 
@@ -429,7 +493,9 @@ def gain_from_collected(
             "use residual_gain(model, prompts) to run the model"
         )
     try:
-        norms = collected.stack("resid_norm")  # [L+1, prompt, pos] float32, NaN on padding
+        # Batch by batch ([L+1, batch, pos_b] float32, NaN on padding): nothing is padded to the
+        # longest prompt of the whole run, so memory follows the real token counts.
+        parts = list(collected.batches("resid_norm"))
     except KeyError:
         raise ThermoLensInputError(
             "this Collected has no residual norms: run collect(model, prompts, [residual_norms, ...])"
@@ -443,11 +509,21 @@ def gain_from_collected(
             f"(prepend_bos={collected.prepend_bos!r}); use prepend_bos=True or token_scope='last', "
             "'all' or 'frobenius'"
         )
-    L = norms.shape[0] - 1
-    block = scope_ratio(norms[:-1], norms[1:], lengths, token_scope).T.contiguous()  # [prompt, L]
-    total = scope_ratio(norms[0], norms[L], lengths, token_scope)  # [prompt]
-    state_norms = _scope_norms(norms, lengths, token_scope).T.contiguous()  # [prompt, L+1]
-    _check_finite(block, total, norms, lengths, token_scope, view)
+    L = parts[0][0].shape[0] - 1
+    # Block l reads blocks.{l}.hook_resid_pre: the same tensor as x_l unless a user hook changed it
+    # there (a patch); the block's gain is measured against what it actually read.
+    has_in = "block_in_norm" in collected.recorder.names
+    in_parts = list(collected.batches("block_in_norm")) if has_in else [(n[:-1], ln) for n, ln in parts]
+    block = collected.in_caller_order(torch.cat(  # [prompt, L]
+        [scope_ratio(ni, n[1:], ln, token_scope).T for (n, ln), (ni, _) in zip(parts, in_parts)])).contiguous()
+    total = collected.in_caller_order(torch.cat(  # [prompt]
+        [scope_ratio(n[0], n[L], ln, token_scope) for n, ln in parts]))
+    state_norms = collected.in_caller_order(torch.cat(  # [prompt, L+1]
+        [_scope_norms(n, ln, token_scope).T for n, ln in parts])).contiguous()
+    in_norms = collected.in_caller_order(torch.cat(  # [prompt, L]
+        [_scope_norms(ni, ln, token_scope).T for ni, ln in in_parts])).contiguous()
+    if not (bool(torch.isfinite(block).all()) and bool(torch.isfinite(total).all())):
+        _check_finite(block, total, collected.stack("resid_norm"), lengths, token_scope, view)
 
     block32 = block.float()
     total32 = total.float()
@@ -462,8 +538,10 @@ def gain_from_collected(
     }
     summaries = {k: summarize(v, level=level) for k, v in per_prompt.items()}
     per_tok = None
-    if per_token:
-        per_tok = (norms[1:] / norms[:-1]).permute(1, 0, 2).contiguous().float()
+    if per_token:  # asked for: [prompt, layer, pos], padded to the longest prompt
+        norms = collected.stack("resid_norm")
+        norms_in = collected.stack("block_in_norm") if has_in else norms[:-1]
+        per_tok = (norms[1:] / norms_in).permute(1, 0, 2).contiguous().float()
     return GainResult(
         block_gain=block32,
         norms=state_norms.float(),
@@ -471,16 +549,10 @@ def gain_from_collected(
         summaries=summaries,
         regime=regime_from_summary(summaries[regime_by]),
         regime_by=regime_by,
-        prompts=tuple(collected.prompts),
-        lengths=lengths.clone(),
-        truncated=tuple(bool(t) for t in collected.truncated),
-        prepend_bos=collected.prepend_bos,
-        dtype=str(view.dtype).replace("torch.", ""),
-        weights=view.weight_state,
-        post_ln=bool(view.post_ln),
-        model=view.metadata(),
+        provenance=collected.provenance(),
         per_token_gain=per_tok,
         level=level,
+        norms_in=in_norms.float(),
     )
 
 
@@ -503,12 +575,12 @@ def _check_finite(block: Tensor, total: Tensor, norms: Tensor, lengths: Tensor, 
 
 
 def collect_for_scope(view: ModelView, prompts: Any, reductions: Sequence[Callable],
-                       token_scope: str, **kw: Any) -> Collected:
+                       token_scope: str, settings: Any = None, **kw: Any) -> Collected:
     """``collect`` with ``min_tokens`` set by the token scope (``all_but_first`` needs 2 tokens)
     and a scope-specific error message. :func:`thermo_lens.profile` uses it for its one pass."""
     need = 2 if token_scope == "all_but_first" else 1
     try:
-        return collect(view, prompts, reductions, min_tokens=need, **kw)
+        return collect(view, prompts, reductions, settings, min_tokens=need, **kw)
     except ThermoLensInputError as e:
         if need == 2 and "needs at least 2" in str(e):
             raise ThermoLensInputError(
@@ -520,175 +592,73 @@ def collect_for_scope(view: ModelView, prompts: Any, reductions: Sequence[Callab
 
 def residual_gain(
     model: Any,
-    prompts: Sequence[str],
+    prompts: Any,
     *,
     token_scope: str = DEFAULT_SCOPE,
-    prepend_bos: bool | str = True,
-    batch_size: int = 8,
-    truncate: bool = False,
-    per_token: bool = False,
+    per_token: Any = False,
     regime_by: str = DEFAULT_REGIME_BY,
-    level: float = 0.95,
-    fwd_hooks: Sequence[tuple[str | Callable, Callable]] = (),
-    progress: bool | None = None,
-    sort_by_length: bool = True,
+    level: float | int = 0.95,
+    settings: Any = None,
+    **run: Any,
 ) -> GainResult:
     """Residual gain of ``model`` on ``prompts``: one forward pass per batch, norms reduced in-hook.
 
     Args:
         model: a TransformerLens ``TransformerBridge`` (or legacy ``HookedTransformer``, or a
             :class:`~thermo_lens.model.ModelView`).
-        prompts: list of non-empty strings (a :class:`thermo_lens.prompts.PromptSet` works too).
+        prompts: a string, a list of strings, a built-in prompt set name (``"paper25"``),
+            ``{category: [...]}``, a PromptSet, or token ids (see :func:`thermo_lens.inputs.as_prompts`).
         token_scope: ``"all_but_first"`` (default), ``"last"``, ``"all"`` or ``"frobenius"``
             (:data:`TOKEN_SCOPES`).
-        prepend_bos: ``True`` (TransformerLens default), ``False``, or ``"tokenizer"`` (the HF
-            tokenizer's own special tokens as ``AutoTokenizer.from_pretrained`` gives them, as the
-            paper did; see :attr:`ModelView.hf_tokenizer`). Recorded in the result.
-        batch_size: prompts per forward pass (right-padded; padding never enters a norm).
-        truncate: cut prompts longer than the context instead of raising.
         per_token: also keep ``per_token_gain`` ``[prompt, layer, pos]``.
         regime_by: the summary whose 95% CI decides the regime (:data:`SUMMARIES`).
         level: confidence level of the CIs.
-        fwd_hooks: your own ``(hook_name, fn)`` hooks (ablation, patching), run in the same pass
-            before the norms are taken.
-        progress: progress bar (default: when there is more than one batch).
-        sort_by_length: batch prompts by token length (less padding; results come back in your
-            order). Pass False when a hook of yours indexes rows of the batch.
+        settings, **run: run options (:class:`thermo_lens.RunSettings`): ``prepend_bos``
+            (``True`` default, ``False`` or ``"tokenizer"``; recorded), ``batch_size``,
+            ``truncate``, ``fwd_hooks`` (your own ``(hook_name, fn)`` hooks: ablation,
+            patching; batches then keep your prompt order, each hook can read
+            ``hook.ctx["batch"]``, and the hooks are recorded in the result), ``progress``,
+            ``sort_by_length``.
 
     Returns:
         :class:`GainResult`.
 
     Raises:
         ThermoLensInputError: empty prompt list, empty or non-string prompt, a prompt longer than
-            the context (with ``truncate=False``), unknown ``token_scope``/``regime_by``, or a
-            1-token prompt with ``token_scope="all_but_first"``.
+            the context (with ``truncate=False``), unknown ``token_scope``/``regime_by``/option,
+            or a 1-token prompt with ``token_scope="all_but_first"``.
         thermo_lens.hooks.ThermoLensNumericsError: NaN/inf in a residual state (names the layer).
+        thermo_lens.interventions.ThermoLensHookError: one of your hooks failed (names it).
 
     Example::
 
         g = residual_gain(model, ["The capital of France is", "Water boils at"])
         g.last_block_gain.mean, g.regime, g.to_frame()
     """
+    from thermo_lens import validate
+    from thermo_lens.settings import RunSettings
+
     _check_scope(token_scope)
     _check_regime_by(regime_by)
     level = _check_level(level)
+    per_token = validate.boolean("per_token", per_token)
+    settings = RunSettings.resolve(settings, **run)
     view = as_view(model)
     view.warn_if_processed("residual norms, hence gains, differ from the raw model's", stacklevel=2)
-    collected = collect_for_scope(
-        view, prompts, [residual_norms], token_scope, prepend_bos=prepend_bos,
-        batch_size=batch_size, truncate=truncate, fwd_hooks=fwd_hooks, progress=progress,
-        sort_by_length=sort_by_length,
-    )
+    collected = collect_for_scope(view, prompts, [residual_norms], token_scope, settings)
     return gain_from_collected(collected, token_scope, per_token=per_token, regime_by=regime_by,
                                level=level)
 
 
 # ---------------------------------------------------------------------------- the paper's metrics
-@dataclass(frozen=True)
-class PaperMetric(Result):
-    """One of the paper's gain definitions, mapped onto thermo-lens' named definitions.
-
-    Attributes:
-        name: short name (``"A"``, ``"B"``, ...).
-        reference_measurement: the ``measurement`` column of ``data/paper_reference_table.csv``.
-        summary: the :data:`SUMMARIES` entry it equals.
-        token_scope: the token scope it uses.
-        prepend_bos: the BOS mode the paper's HF tokenizers used (``"tokenizer"``).
-        paper_definition: what the paper's code computed.
-        note: how thermo-lens' value can differ from the paper's.
-    """
-
-    name: str
-    reference_measurement: str
-    summary: str
-    token_scope: str
-    prepend_bos: Any
-    paper_definition: str
-    note: str = ""
+# The paper's own gain definitions live in thermo_lens.paper.metrics; these names stay importable
+# from here (old import path) without importing the paper namespace at module load.
+_PAPER_NAMES = ("PAPER_METRICS", "PaperMetric", "PaperMetricResult", "paper_metric")
 
 
-_FP_NOTE = ("thermo-lens takes norms in float32 (the paper took some in fp16/bf16) and reports the "
-            "SD with ddof=1 (the paper's files store ddof=0: see .value.sd_ddof0)")
+def __getattr__(name: str) -> Any:
+    if name in _PAPER_NAMES:
+        from thermo_lens.paper import metrics
 
-#: The paper's gain definitions by name (METHODS.md section 1; data/paper_reference_table.csv).
-PAPER_METRICS: dict[str, PaperMetric] = {
-    "A": PaperMetric(
-        "A", "residual_gain_no_final_ln", "penultimate_gain", "last", "tokenizer",
-        "mean over prompts of ||h[-2]|| / ||h[-3]|| of HF output_hidden_states at the last token: "
-        "h[L-1] and h[L-2] are block inputs, so this is G_{L-1}, the penultimate block "
-        "(the paper's NO_FINAL_LN fix, Fig. 1-2, Kleiber r)",
-        "equals G_{L-1} exactly; the paper dropped the last block to avoid HF's final-normed "
-        "h[-1]; thermo-lens reads x_L from the hooks and also offers G_L (metric B). " + _FP_NOTE,
-    ),
-    "B": PaperMetric(
-        "B", "last_block_gain_hook", "last_block_gain", "last", "tokenizer",
-        "forward hook on every decoder block; mean over prompts of ||out_L[-1]|| / ||out_{L-1}[-1]|| "
-        "(true last block, before the final norm; the abstract's 0.80 / 1.11 / 1.48 / 2.31)",
-        _FP_NOTE,
-    ),
-    "alltokens": PaperMetric(
-        "alltokens", "last_block_gain_alltokens", "last_block_gain", "frobenius", "tokenizer",
-        "||out_L||_F / ||out_{L-1}||_F over all tokens of [1, seq, d_model]",
-        _FP_NOTE,
-    ),
-    "emb_to_block0": PaperMetric(
-        "emb_to_block0", "emb_to_block0_gain", "first_block_gain", "last", "tokenizer",
-        "mean over prompts of ||h[1]|| / ||h[0]|| at the last token (embedding -> block 0 output)",
-        _FP_NOTE,
-    ),
-}
-
-
-@dataclass(frozen=True, repr=False, eq=False)
-class PaperMetricResult(Result):
-    """A paper metric measured on a model: the spec, its across-prompt value, the full gain."""
-
-    metric: PaperMetric
-    value: SummaryStats
-    gain: GainResult
-
-    def __repr__(self) -> str:
-        m, v = self.metric, self.value
-        return (f"PaperMetricResult(metric {m.name} = {m.reference_measurement} = {m.summary} "
-                f"[token_scope={m.token_scope!r}, prepend_bos={m.prepend_bos!r}] on "
-                f"{self.gain.model.get('name')}: {v.format()}; paper-style SD (ddof=0) "
-                f"{v.sd_ddof0:.4g})\n  paper: {m.paper_definition}\n  note: {m.note}")
-
-    def to_frame(self) -> pd.DataFrame:
-        """One row: the metric, its reference measurement name and the summary (mean, sd, ...)."""
-        row = {"metric": self.metric.name, "reference_measurement": self.metric.reference_measurement,
-               "summary": self.metric.summary, **self.value.to_dict(), "sd_ddof0": self.value.sd_ddof0,
-               **self.gain._common()}
-        return pd.DataFrame([row])
-
-
-def paper_metric(
-    model: Any,
-    prompts: Any = "paper25",
-    metric: str = "A",
-    **kwargs: Any,
-) -> PaperMetricResult:
-    """Measure one of the paper's gain metrics (:data:`PAPER_METRICS`) exactly as it defined it.
-
-    Args:
-        model: a TransformerLens model.
-        prompts: a list of prompts, a :class:`~thermo_lens.prompts.PromptSet` or a built-in set
-            name (default ``"paper25"``, the paper's 25 prompts).
-        metric: ``"A"`` (penultimate, NO_FINAL_LN), ``"B"`` (last block, the abstract's values),
-            ``"alltokens"`` (Frobenius) or ``"emb_to_block0"``.
-        **kwargs: passed to :func:`residual_gain` (``batch_size``, ``truncate``, ``fwd_hooks``,
-            ``progress``...); ``token_scope``/``prepend_bos`` default to the paper's.
-    """
-    if metric not in PAPER_METRICS:
-        raise ThermoLensInputError(
-            f"unknown paper metric {metric!r}; choose one of {', '.join(map(repr, PAPER_METRICS))}"
-        )
-    spec = PAPER_METRICS[metric]
-    if isinstance(prompts, str):
-        from thermo_lens.prompts import as_prompt_set
-
-        prompts = as_prompt_set(prompts).prompts
-    kwargs.setdefault("token_scope", spec.token_scope)
-    kwargs.setdefault("prepend_bos", spec.prepend_bos)
-    g = residual_gain(model, prompts, **kwargs)
-    return PaperMetricResult(metric=spec, value=g.summaries[spec.summary], gain=g)
+        return getattr(metrics, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

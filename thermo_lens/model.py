@@ -1,14 +1,15 @@
 """ModelView: the one place that knows how a TransformerLens model is laid out.
 
 Everything downstream (hooks, metrics, results) reads geometry, hook names, weights and
-tokenization from a :class:`ModelView`, never from the model directly. It wraps a
-TransformerLens 4.x ``TransformerBridge`` and, by duck typing, a legacy (TL 2.x/3.x)
-``HookedTransformer``.
+tokenization from a :class:`ModelView`, never from the model directly. It wraps every supported
+host (:mod:`thermo_lens.host`): a ``TransformerBridge`` (TransformerLens 3.x / 4.x), a legacy
+``HookedTransformer`` or SAELens ``HookedSAETransformer`` (TransformerLens 2.16.x / 3.x), with SAEs
+spliced in read at their output (:meth:`ModelView.resolve_hook`).
 
 Conventions (TransformerLens):
 
 * residual states ``x_0 = blocks.0.hook_resid_pre`` and ``x_l = blocks.{l-1}.hook_resid_post``
-  for ``l = 1..L``; the final norm is never part of any ``x_l`` (METHODS.md section 1);
+  for ``l = 1..L``; the final norm is never part of any ``x_l`` (``thermo_lens.definitions`` §1);
 * ``W_V[layer, kv_head]`` is ``[d_model, d_head]`` (``v = x @ W_V``) and ``W_O[layer, head]`` is
   ``[d_head, d_model]``; with grouped-query attention ``W_V`` has ``n_kv_heads`` heads and query
   head ``h`` reads KV head ``kv_head_of[h] = h // (n_heads // n_kv_heads)``.
@@ -28,10 +29,14 @@ from torch import Tensor
 
 __all__ = ["ModelView", "TokenBatch", "ThermoLensInputError", "as_view", "kv_head_map"]
 
-# Prepend-BOS modes: True / False are TransformerLens' meaning; "tokenizer" reproduces the
-# paper's protocol (HF tokenizer with add_special_tokens=True: BOS for LLaMA/Gemma-style
-# tokenizers, `</s>` for OPT, nothing for GPT-2/NeoX).
-BosMode = bool | Literal["tokenizer"]
+# Prepend-BOS modes: "host" (the default) tokenizes exactly as the host's `model.to_tokens(prompt)`
+# does (its cfg.default_prepend_bos; BERT's [CLS] ... [SEP]), so `run_with_cache(prompt)` and
+# thermo-lens see the same tokens; True / False force a BOS (BERT-style tokenizers: [CLS]) or none;
+# "tokenizer" reproduces the paper's protocol (HF tokenizer with add_special_tokens=True: BOS for
+# LLaMA/Gemma-style tokenizers, `</s>` for OPT, nothing for GPT-2/NeoX). "host" is recorded as what
+# it resolved to: True, False, or "host:<special tokens>" (e.g. "host:[CLS]+text+[SEP]").
+BosMode = bool | Literal["host", "tokenizer"] | str
+HOST_BOS = "host"
 
 # HF model types whose blocks end in a LayerNorm on the residual stream (post-LN).
 _POST_LN_MODEL_TYPES = frozenset(
@@ -46,6 +51,10 @@ class ThermoLensInputError(ValueError):
     """Bad input to thermo-lens: the message says what was wrong and what to do."""
 
 
+class ThermoLensInputTypeError(ThermoLensInputError, TypeError):
+    """Bad input of the wrong type (also a ``TypeError``, so ``except TypeError`` still works)."""
+
+
 @dataclass(frozen=True)
 class TokenBatch:
     """A right-padded batch of prompts.
@@ -57,9 +66,9 @@ class TokenBatch:
     """
 
     tokens: Int[Tensor, "batch pos"]
-    lengths: Int[Tensor, "batch"]  # real tokens per prompt (BOS included when prepended)
-    prompt_index: Int[Tensor, "batch"]  # index of each row in the caller's prompt list
-    prepend_bos: BosMode
+    lengths: Int[Tensor, " batch"]  # real tokens per prompt (BOS included when prepended)
+    prompt_index: Int[Tensor, " batch"]  # index of each row in the caller's prompt list
+    prepend_bos: Any  # a BosMode, its resolved host form, or "tokens_as_given" (token ids passed by the caller)
     truncated: tuple[bool, ...] = field(default=())
 
     @property
@@ -97,6 +106,10 @@ def _bridge_class_hint() -> str:
 def _check_model(model: Any) -> None:
     if isinstance(model, ModelView):
         return
+    if type(model).__name__ in ("HookedEncoder", "HookedEncoderDecoder", "HookedAudioEncoder"):
+        from thermo_lens.host import detect_host
+
+        detect_host(model)  # raises UnsupportedHostError with what to load instead
     if model is None:
         raise TypeError(f"thermo-lens got None instead of a model. {_bridge_class_hint()}")
     if isinstance(model, (str, bytes)):
@@ -129,9 +142,9 @@ class ModelView:
     """Read-only view of a TransformerLens model's geometry, weights, hooks and tokenization.
 
     Args:
-        model: a ``transformer_lens.model_bridge.TransformerBridge`` (TransformerLens 4.x) or a
-            legacy ``HookedTransformer`` (duck-typed: ``cfg``, ``blocks``, ``run_with_hooks``,
-            ``tokenizer``).
+        model: a ``transformer_lens.model_bridge.TransformerBridge`` (TransformerLens 3.x / 4.x),
+            a ``HookedTransformer`` / SAELens ``HookedSAETransformer`` (TransformerLens 2.16.x /
+            3.x), or a duck-typed host (``cfg``, ``blocks``, ``run_with_hooks``, ``tokenizer``).
 
     Attributes:
         n_layers, n_heads, n_kv_heads, d_model, d_head: geometry from the config (``d_head`` is
@@ -144,16 +157,24 @@ class ModelView:
         weights_processed: True when TransformerLens processed the weights (LayerNorm folded,
             writing weights centered: compatibility mode or legacy ``from_pretrained``); False
             for raw weights (the bridge default, and what the paper used).
-        backend: ``"bridge"`` or ``"hooked_transformer"``.
+        backend: ``"bridge"`` or ``"hooked_transformer"`` (HookedTransformer and SAELens'
+            HookedSAETransformer).
+        host: the :class:`~thermo_lens.host.Host` (class, TransformerLens version); a model from an
+            unsupported TransformerLens release raises
+            :class:`~thermo_lens.host.UnsupportedHostError`.
+        saes: the SAEs attached to the model (``add_sae``), read live: see :meth:`sae_records`.
     """
 
     def __init__(self, model: Any):
         _check_model(model)
         if isinstance(model, ModelView):  # pragma: no cover - as_view handles this
             model = model.model
-        self.model = model
+        self.model: Any = model
         cfg = model.cfg
-        self.backend = "bridge" if hasattr(model, "adapter") or type(model).__name__ == "TransformerBridge" else "hooked_transformer"
+        from thermo_lens.host import detect_host
+
+        self.host = detect_host(model)
+        self.backend = "bridge" if self.host.kind == "bridge" else "hooked_transformer"
         self.n_layers: int = int(cfg.n_layers)
         self.n_heads: int = int(cfg.n_heads)
         n_kv = getattr(cfg, "n_key_value_heads", None)
@@ -226,7 +247,7 @@ class ModelView:
         warnings.warn(
             f"{self.name}: the weights are processed (TransformerLens compatibility mode, or legacy "
             "HookedTransformer.from_pretrained); processed weights have LayerNorm folded into W_V "
-            f"(each row scaled by the LayerNorm weight) and writing weights centered, so {effect}. "
+            f"(each row scaled by the LayerNorm weight, then centred over d_model) and writing weights centered, so {effect}. "
             "The paper used raw weights: boot with TransformerBridge.boot_transformers(name) without "
             "enable_compatibility_mode() (legacy TransformerLens: "
             "HookedTransformer.from_pretrained_no_processing(name)). Results record weights='processed'.",
@@ -276,6 +297,8 @@ class ModelView:
             "weights": self.weight_state,
             "dtype": str(self.dtype).replace("torch.", ""),
             "device": str(self.device),
+            "host": self.host.describe(),
+            "saes": self.sae_records(),
         }
 
     def __repr__(self) -> str:
@@ -289,10 +312,19 @@ class ModelView:
     # ------------------------------------------------------------------ hook names
     @property
     def resid_hook_names(self) -> tuple[str, ...]:
-        """Hook names of the residual states ``x_0 .. x_L`` (``L + 1`` names)."""
-        return ("blocks.0.hook_resid_pre",) + tuple(
-            f"blocks.{l}.hook_resid_post" for l in range(self.n_layers)
-        )
+        """Hook names of the residual states ``x_0 .. x_L`` (``L + 1`` names).
+
+        ``x_l`` (``l >= 1``) is read at ``blocks.{l-1}.hook_resid_post``, or at
+        ``blocks.{l}.hook_resid_pre`` when an SAE is spliced in there (that SAE's output is what block
+        ``l`` reads). :meth:`run` reads a hook point that carries an SAE at the SAE's output
+        (``<hook>.hook_sae_output``): the residual stream the model carries downstream.
+        """
+        spliced = set(self._sae_wrappers())
+        names = ["blocks.0.hook_resid_pre"]
+        for l in range(1, self.n_layers + 1):
+            pre = f"blocks.{l}.hook_resid_pre"
+            names.append(pre if l < self.n_layers and pre in spliced else f"blocks.{l - 1}.hook_resid_post")
+        return tuple(names)
 
     def pattern_hook_name(self, layer: int) -> str:
         """Hook giving the attention pattern ``[batch, head, query_pos, key_pos]`` of a layer."""
@@ -309,7 +341,7 @@ class ModelView:
 
     # ------------------------------------------------------------------ weights
     @property
-    def kv_head_of(self) -> Int[Tensor, "head"]:
+    def kv_head_of(self) -> Int[Tensor, " head"]:
         """KV head read by each query head (``repeat_interleave`` layout, as HF and TL use)."""
         return kv_head_map(self.n_heads, self.n_kv_heads)
 
@@ -320,10 +352,22 @@ class ModelView:
         if layers is None:
             return list(range(self.n_layers))
         out = [int(l) for l in layers]
-        bad = [l for l in out if not 0 <= l < self.n_layers]
+        bad = [l for l in out if not -self.n_layers <= l < self.n_layers]
         if bad:
-            raise ThermoLensInputError(f"layer(s) {bad} out of range: {self.name} has layers 0..{self.n_layers - 1}")
-        return out
+            raise ThermoLensInputError(f"layer(s) {bad} out of range: {self.name} has layers 0..{self.n_layers - 1} "
+                                       "(negative indices count from the end)")
+        return [l % self.n_layers for l in out]
+
+    def _input_weights(self, name: str, n: int, dtype: torch.dtype, layers: Sequence[int] | None) -> Tensor:
+        out = []
+        for l in self._layers(layers):
+            attn = self._attn(l)
+            # Legacy GQA attention keeps the un-repeated KV weights in `_W_K` / `_W_V`.
+            w = getattr(attn, f"_{name}", None) if name in ("W_K", "W_V") else None
+            if w is None:
+                w = getattr(attn, name)
+            out.append(self._as_heads(w, n, (self.d_model, self.d_head), name, l))
+        return torch.stack(out).to(dtype)
 
     def W_V(self, dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None
             ) -> Float[Tensor, "layer kv_head d_model d_head"]:
@@ -331,15 +375,17 @@ class ModelView:
 
         ``layers`` selects layers (default all); the first dimension then follows ``layers``.
         """
-        out = []
-        for l in self._layers(layers):
-            attn = self._attn(l)
-            # Legacy GQA attention keeps the un-repeated KV weights in `_W_V`.
-            w = getattr(attn, "_W_V", None)
-            if w is None:
-                w = attn.W_V
-            out.append(self._as_heads(w, self.n_kv_heads, (self.d_model, self.d_head), "W_V", l))
-        return torch.stack(out).to(dtype)
+        return self._input_weights("W_V", self.n_kv_heads, dtype, layers)
+
+    def W_K(self, dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None
+            ) -> Float[Tensor, "layer kv_head d_model d_head"]:
+        """Key weights per layer and KV head (``k = x @ W_K``), detached, on CPU, in ``dtype``."""
+        return self._input_weights("W_K", self.n_kv_heads, dtype, layers)
+
+    def W_Q(self, dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None
+            ) -> Float[Tensor, "layer head d_model d_head"]:
+        """Query weights per layer and query head (``q = x @ W_Q``), detached, on CPU, in ``dtype``."""
+        return self._input_weights("W_Q", self.n_heads, dtype, layers)
 
     def W_O(self, dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None
             ) -> Float[Tensor, "layer head d_head d_model"]:
@@ -350,6 +396,15 @@ class ModelView:
         ]
         return torch.stack(out).to(dtype)
 
+    def output_biases(self, layer: int, dtype: torch.dtype = torch.float32) -> tuple[Tensor | None, Tensor | None]:
+        """``(b_O, b_out)`` of block ``layer``: the attention output bias and the MLP output bias
+        (``[d_model]``, detached, CPU), each None when the block has none (LLaMA, Gemma)."""
+        out = []
+        for mod, name in ((self._attn(layer), "b_O"), (getattr(self.model.blocks[layer], "mlp", None), "b_out")):
+            b = getattr(mod, name, None) if mod is not None else None
+            out.append(None if b is None else b.detach().to("cpu", dtype).reshape(-1))
+        return out[0], out[1]
+
     def W_V_per_query_head(self, dtype: torch.dtype = torch.float32) -> Float[Tensor, "layer head d_model d_head"]:
         """``W_V`` repeated from KV heads to query heads via :attr:`kv_head_of`."""
         return self.W_V(dtype)[:, self.kv_head_of]
@@ -358,8 +413,8 @@ class ModelView:
         w = w.detach().to("cpu")
         if w.ndim == 3 and tuple(w.shape) == (n, *shape):
             return w
-        # 2D layouts: [d_model, n * d_head] for W_V, [n * d_head, d_model] for W_O.
-        if w.ndim == 2 and what == "W_V" and tuple(w.shape) == (shape[0], n * shape[1]):
+        # 2D layouts: [d_model, n * d_head] for W_Q/W_K/W_V, [n * d_head, d_model] for W_O.
+        if w.ndim == 2 and what != "W_O" and tuple(w.shape) == (shape[0], n * shape[1]):
             return w.reshape(shape[0], n, shape[1]).permute(1, 0, 2)
         if w.ndim == 2 and what == "W_O" and tuple(w.shape) == (n * shape[0], shape[1]):
             return w.reshape(n, shape[0], shape[1])
@@ -373,8 +428,11 @@ class ModelView:
     def _bos_id(self) -> int:
         tok = self.tokenizer
         bos = getattr(tok, "bos_token_id", None)
-        if bos is None:
-            bos = getattr(tok, "cls_token_id", None)  # BERT-style: [CLS] plays the BOS role
+        cls = getattr(tok, "cls_token_id", None)
+        # BERT-style tokenizers have no BOS; [CLS] plays its role. The bridge installs a fallback
+        # bos_token ('<|endoftext|>') that a WordPiece vocabulary maps to [UNK]: never use that.
+        if cls is not None and (bos is None or bos == getattr(tok, "unk_token_id", None)):
+            bos = cls
         if bos is None:
             raise ThermoLensInputError(
                 f"{self.name}: the tokenizer has no BOS (or CLS) token, so prepend_bos=True is "
@@ -400,9 +458,42 @@ class ModelView:
                 "the model's tokenizer as TransformerLens configured it", stacklevel=3)
             return self.tokenizer
 
-    def encode(self, prompt: str, prepend_bos: BosMode) -> list[int]:
-        """Token ids of one prompt under an explicit BOS mode (see :class:`BosMode`)."""
+    def host_tokens(self, prompt: str) -> list[int]:
+        """Token ids of ``prompt`` exactly as the host tokenizes it: ``model.to_tokens(prompt)``
+        (what ``model.run_with_cache(prompt)`` runs), untruncated."""
+        to_tokens = getattr(self.model, "to_tokens", None)
+        if to_tokens is None:  # a duck-typed host without to_tokens: TransformerLens' default
+            return [self._bos_id()] + list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        ids = to_tokens(prompt, move_to_device=False, truncate=False)
+        return [int(i) for i in ids[0].tolist()]
+
+    def resolve_host_bos(self, prompt: str, ids: list[int] | None = None) -> BosMode:
+        """What ``prepend_bos="host"`` does to ``prompt``: ``True`` (the host prepends the BOS that
+        ``prepend_bos=True`` prepends), ``False`` (no special token), or
+        ``"host:<prefix>+text+<suffix>"`` naming the special tokens it adds (BERT:
+        ``"host:[CLS]+text+[SEP]"``)."""
+        ids = self.host_tokens(prompt) if ids is None else ids
+        plain = list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        if ids == plain:
+            return False
+        try:
+            if ids == [self._bos_id()] + plain:
+                return True
+        except ThermoLensInputError:
+            pass
+        n = len(plain)
+        for start in range(len(ids) - n + 1):
+            if ids[start:start + n] == plain:
+                conv = lambda t: "".join(self.tokenizer.convert_ids_to_tokens(t))  # noqa: E731
+                pre, post = conv(ids[:start]), conv(ids[start + n:])
+                return "host:" + "+".join([*([pre] if pre else []), "text", *([post] if post else [])])
+        return "host:own"  # the host's tokens are not the plain tokens plus specials
+
+    def encode(self, prompt: str, prepend_bos: Any) -> list[int]:
+        """Token ids of one prompt under a BOS mode (see :class:`BosMode`)."""
         tok = self.tokenizer
+        if isinstance(prepend_bos, str) and (prepend_bos == HOST_BOS or prepend_bos.startswith("host:")):
+            return self.host_tokens(prompt)
         if prepend_bos == "tokenizer":
             return list(self.hf_tokenizer(prompt, add_special_tokens=True)["input_ids"])
         ids = list(tok(prompt, add_special_tokens=False)["input_ids"])
@@ -410,15 +501,16 @@ class ModelView:
             ids = [self._bos_id()] + ids
         elif prepend_bos is not False:
             raise ThermoLensInputError(
-                f"prepend_bos must be True, False or 'tokenizer', got {prepend_bos!r}"
+                f"prepend_bos must be 'host' (what model.to_tokens does), True, False or "
+                f"'tokenizer', got {prepend_bos!r}"
             )
         return ids
 
     def tokenize(
         self,
-        prompts: Sequence[str],
+        prompts: Any,
         *,
-        prepend_bos: BosMode,
+        prepend_bos: Any,
         truncate: bool = False,
         min_tokens: int = 1,
         prompt_index: Sequence[int] | None = None,
@@ -427,9 +519,12 @@ class ModelView:
 
         Args:
             prompts: non-empty strings.
-            prepend_bos: ``True`` (prepend the tokenizer's BOS id, TransformerLens style),
-                ``False`` (no BOS) or ``"tokenizer"`` (the HF tokenizer's own special tokens, the
-                paper's protocol). No default: it changes every number.
+            prepend_bos: ``"host"`` (exactly ``model.to_tokens(prompt)``: the host's
+                ``cfg.default_prepend_bos``, BERT's ``[CLS] ... [SEP]``), ``True`` (prepend the
+                tokenizer's BOS id, ``[CLS]`` for BERT-style tokenizers), ``False`` (no BOS) or
+                ``"tokenizer"`` (the HF tokenizer's own special tokens, the paper's protocol). No
+                default: it changes every number. The batch records what ``"host"`` resolved to
+                (:meth:`resolve_host_bos`).
             truncate: cut prompts longer than ``n_ctx`` to their first ``n_ctx`` tokens instead of
                 raising.
             min_tokens: prompts with fewer tokens raise (e.g. 2 for metrics needing a token
@@ -438,9 +533,11 @@ class ModelView:
         """
         prompts = validate_prompts(prompts)
         index = list(prompt_index) if prompt_index is not None else list(range(len(prompts)))
-        rows, truncated = [], []
+        rows, truncated, resolved = [], [], []
         for i, p in zip(index, prompts):
             ids = self.encode(p, prepend_bos)
+            if prepend_bos == HOST_BOS:
+                resolved.append(self.resolve_host_bos(p, ids))
             truncated.append(len(ids) > self.n_ctx)
             if len(ids) > self.n_ctx:
                 if not truncate:
@@ -459,6 +556,9 @@ class ModelView:
         pad = getattr(self.tokenizer, "pad_token_id", None)
         if pad is None:
             pad = getattr(self.tokenizer, "eos_token_id", None) or 0
+        if resolved:
+            kinds = list(dict.fromkeys(resolved))
+            prepend_bos = kinds[0] if len(kinds) == 1 else "host:" + "|".join(str(k) for k in kinds)
         width = max(len(r) for r in rows)
         tokens = torch.full((len(rows), width), int(pad), dtype=torch.long)
         for b, r in enumerate(rows):
@@ -478,15 +578,92 @@ class ModelView:
         The attention mask is passed so padded positions are masked for bidirectional models;
         right padding makes it a no-op on real tokens of causal models.
         """
+        self.check_saes()
         tokens = batch.tokens.to(self.device)
         mask = batch.mask.to(device=self.device, dtype=torch.long)
+        hooks = list(fwd_hooks)
+        # Only hosts carrying SAEs (or SAETransformerBridge's aliases) need names re-pointed.
+        if self._sae_wrappers() or hasattr(self.model, "_resolve_hook_name"):
+            hooks = [(self.resolve_hook(name), fn) for name, fn in hooks]
         with torch.inference_mode():
             self.model.run_with_hooks(
-                tokens, fwd_hooks=list(fwd_hooks), attention_mask=mask, return_type=None
+                tokens, fwd_hooks=hooks, attention_mask=mask, return_type=None
             )
 
+    # ------------------------------------------------------------------ SAEs (SAELens)
+    def _sae_wrappers(self) -> dict[str, Any]:
+        """``{input hook: wrapper}`` of the SAEs attached with SAELens' ``add_sae``."""
+        return dict(getattr(self.model, "_acts_to_saes", None) or {})
 
-def kv_head_map(n_heads: int, n_kv_heads: int | None) -> Int[Tensor, "head"]:
+    def sae_records(self) -> list[dict[str, Any]]:
+        """One record per attached SAE: ``hook`` (where it reads), ``hook_out`` (where its output
+        replaces the activation; differs for transcoders), ``d_in``, ``d_sae`` (its width),
+        ``use_error_term``, ``architecture``. Recorded in every result's model metadata."""
+        out = []
+        outputs = dict(getattr(self.model, "_transcoder_output_hooks", None) or {})
+        for hook, wrapper in self._sae_wrappers().items():
+            sae = getattr(wrapper, "sae", wrapper)
+            cfg = getattr(sae, "cfg", None)
+            arch = getattr(cfg, "architecture", None)
+            out.append({
+                "hook": hook,
+                "hook_out": outputs.get(hook, hook),
+                "d_in": int(getattr(cfg, "d_in", -1)),
+                "d_sae": int(getattr(cfg, "d_sae", -1)),
+                "use_error_term": bool(getattr(wrapper, "use_error_term", getattr(sae, "use_error_term", False))),
+                "architecture": str(arch() if callable(arch) else arch),
+            })
+        return out
+
+    def _hook_width(self, hook: str) -> int | None:
+        """Width of the activation at a standard hook point (None when not known)."""
+        last = hook.rsplit(".", 1)[-1]
+        if last.startswith("hook_resid") or last in ("hook_attn_out", "hook_mlp_out", "hook_embed", "hook_pos_embed"):
+            return self.d_model
+        if last in ("hook_z", "hook_v", "hook_q", "hook_k") and ".attn." in hook:
+            return None  # per-head layouts; SAELens reshapes these itself
+        return None
+
+    def check_saes(self) -> None:
+        """Raise :class:`ThermoLensInputError` for an attached SAE whose input width does not match
+        its hook point (an SAE trained for another model: the forward pass would fail deep in torch)."""
+        for rec in self.sae_records():
+            width = self._hook_width(rec["hook"])
+            if width is not None and rec["d_in"] not in (-1, width):
+                raise ThermoLensInputError(
+                    f"the SAE attached at {rec['hook']} reads d_in={rec['d_in']} features, but "
+                    f"{self.name}'s activation there has d_model={width}: it was trained for another "
+                    f"model. Detach it (model.reset_saes('{rec['hook']}')) and attach an SAE whose "
+                    f"cfg.d_in == {width}."
+                )
+
+    def resolve_hook(self, name: Any) -> Any:
+        """The hook point that carries activation ``name`` downstream: ``name`` itself, or, where an
+        SAE is spliced in (SAELens replaces the hook point by its wrapper), the SAE's output hook
+        ``<name>.hook_sae_output``. Callables (hook-name filters) pass through."""
+        if not isinstance(name, str):
+            return name
+        hook_dict = getattr(self.model, "hook_dict", None)
+        resolve_alias = getattr(self.model, "_resolve_hook_name", None)  # SAELens' SAETransformerBridge
+        if isinstance(hook_dict, dict) and name not in hook_dict and callable(resolve_alias):
+            name = resolve_alias(name)
+        out = f"{name}.hook_sae_output"
+        if isinstance(hook_dict, dict) and out in hook_dict:
+            return out  # an SAE wrapper sits at `name`
+        mod_dict = getattr(self.model, "mod_dict", None)
+        mod = mod_dict.get(name) if isinstance(mod_dict, dict) else None
+        if mod is None or hasattr(mod, "add_hook"):
+            return name
+        if out in mod_dict and hasattr(mod_dict[out], "add_hook"):  # type: ignore[index,operator]
+            return out
+        raise ThermoLensInputError(
+            f"{self.name}: the module at {name} is a {type(mod).__name__}, not a hook point, and has "
+            "no hook_sae_output; thermo-lens reads SAEs attached with SAELens' add_sae. Remove the "
+            f"module (model.reset_saes('{name}')) or attach the SAE with model.add_sae(sae)."
+        )
+
+
+def kv_head_map(n_heads: int, n_kv_heads: int | None) -> Int[Tensor, " head"]:
     """KV head of each query head under grouped-query attention: ``h // (n_heads // n_kv_heads)``."""
     return torch.arange(n_heads) // max(n_heads // int(n_kv_heads or n_heads), 1)
 
@@ -516,7 +693,7 @@ def validate_prompts(prompts: Any) -> list[str]:
         raise ThermoLensInputError("the prompt list is empty; pass at least one prompt")
     for i, p in enumerate(prompts):
         if not isinstance(p, str):
-            raise ThermoLensInputError(
+            raise ThermoLensInputTypeError(
                 f"prompt {i} is a {type(p).__name__} ({p!r}), not a string"
             )
         if not p.strip():

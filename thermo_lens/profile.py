@@ -6,24 +6,28 @@ derived from that single pass, and the spectral signature from the weights. The 
 the model's metadata (name, lab / family if given, geometry, dtype, BOS mode, raw or processed
 weights) and round-trips exactly through JSON, so a study can store one file per model.
 
-Definitions: METHODS.md sections 1-4; D'Elia (2026), *Thermodynamic Constraints in Transformer
+Definitions: ``thermo_lens.definitions`` §1-4; D'Elia (2026), *Thermodynamic Constraints in Transformer
 Architectures*.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import functools
+import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
 
 from thermo_lens.anisotropy import AnisotropyResult, anisotropy_from_collected
+from thermo_lens import registry
+from thermo_lens.attribution import GainAttribution
 from thermo_lens.depth import LStarResult, l_star_from_traces
 from thermo_lens.gain import DEFAULT_REGIME_BY, GainResult, collect_for_scope, gain_from_collected
 from thermo_lens.hooks import anisotropy, attention_diagonal, residual_norms
-from thermo_lens.model import as_view
+from thermo_lens.model import ThermoLensInputError, as_view
 from thermo_lens.result import Result
 from thermo_lens.sheaf import SheafTraces, traces_from_collected
 from thermo_lens.spectral import SpectralSignature, spectral_signature
@@ -31,12 +35,22 @@ from thermo_lens.spectral import SpectralSignature, spectral_signature
 __all__ = ["ThermoProfile", "profile", "profiles_frame"]
 
 
+@functools.lru_cache(maxsize=1)
+def _versions_cached() -> tuple[tuple[str, str], ...]:
+    return tuple(_versions_uncached().items())
+
+
 def _versions() -> dict[str, str]:
+    """Library versions (looked up once per process: package metadata reads cost ~10 ms)."""
+    return dict(_versions_cached())
+
+
+def _versions_uncached() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     import torch
 
-    out = {"torch": torch.__version__}
+    out: dict[str, str] = {"torch": str(torch.__version__)}
     for pkg in ("transformer-lens", "transformers", "thermo-lens"):
         try:
             out[pkg] = version(pkg)
@@ -60,6 +74,8 @@ class ThermoProfile(Result):
         spectral: :class:`~thermo_lens.spectral.SpectralSignature` (``[layer, head]`` norms).
         sheaf: :class:`~thermo_lens.sheaf.SheafTraces` (``[prompt, layer, head]`` traces).
         l_star: :class:`~thermo_lens.depth.LStarResult` (empirical vs predicted L*).
+        attribution: :class:`~thermo_lens.attribution.GainAttribution` (``[prompt, layer, head]``
+            shares of each block's squared-norm change), None for post-LN models.
     """
 
     meta: dict[str, Any]
@@ -68,6 +84,7 @@ class ThermoProfile(Result):
     spectral: SpectralSignature
     sheaf: SheafTraces
     l_star: LStarResult
+    attribution: GainAttribution | None = None
 
     @property
     def name(self) -> str:
@@ -92,9 +109,12 @@ class ThermoProfile(Result):
         }
         for name, summ in g.summaries.items():
             row[name] = float(summ.mean)
+        # Every spectral metric registered for the model row: its mean over layers (and heads).
+        for metric in registry.metrics(result="SpectralSignature", load=False):
+            t = metric.values(s) if metric.row and metric.name in s.definitions else None
+            if metric.row:
+                row[metric.row] = float(t.double().nanmean()) if t is not None else None
         row.update({
-            "W_V_norm": float(s.W_V_norm.mean()), "W_O_norm": float(s.W_O_norm.mean()),
-            "ratio": float(s.ratio.mean()), "ov_norm": float(s.ov_norm.mean()),
             "mean_trace": float(self.sheaf.mean_layer_trace.mean()),
             "l_star": float(self.l_star.empirical), "l_star_predicted": float(self.l_star.predicted),
             "anisotropy_last": float(np.nanmean(self.anisotropy.values[:, -1].numpy())),
@@ -127,6 +147,7 @@ class ThermoProfile(Result):
             f"ratio {float(self.spectral.ratio.mean()):.4g}, OV {float(self.spectral.ov_norm.mean()):.4g}",
             f"  sheaf: mean layer trace {float(self.sheaf.mean_layer_trace.mean()):.5g}; "
             f"L* {self.l_star.empirical:.3g} empirical ({self.l_star.variant}) vs {self.l_star.predicted:.3g} predicted",
+            f"  hooks: {m.get('hooks') or 'none (clean run)'}",
         ])
 
 
@@ -134,63 +155,83 @@ def profile(
     model: Any,
     prompts: Any = "paper25",
     *,
-    prepend_bos: bool | str = True,
     token_scope: str = "all_but_first",
-    batch_size: int = 8,
-    truncate: bool = False,
     regime_by: str = DEFAULT_REGIME_BY,
     l_star_variant: str = "argmax_abs_gradient",
-    fwd_hooks: Sequence[tuple[str | Callable, Callable]] = (),
-    progress: bool | None = None,
-    name: str | None = None,
-    lab: str | None = None,
-    family: str | None = None,
-    twin_of: str | None = None,
-    source: str | None = None,
+    attribution: bool = True,
+    name: Any = None,
+    lab: Any = None,
+    family: Any = None,
+    twin_of: Any = None,
+    source: Any = None,
+    settings: Any = None,
+    **run: Any,
 ) -> ThermoProfile:
-    """Profile ``model``: gain, anisotropy, spectral signature, sheaf traces and L*.
+    """Profile ``model``: gain, anisotropy, spectral signature, sheaf traces, L* and the per-head
+    gain attribution.
 
-    One forward pass per batch of ``batch_size`` prompts feeds every activation-based metric.
+    One forward pass per batch of prompts feeds every activation-based metric.
 
     Args:
         model: a TransformerLens model (``TransformerBridge``; legacy ``HookedTransformer``) or a
             :class:`~thermo_lens.model.ModelView`.
         prompts: a prompt-set name (``thermo_lens.prompts.names()``), a
-            :class:`~thermo_lens.prompts.PromptSet`, a list of strings, or ``{category: [...]}``.
-        prepend_bos: ``True``, ``False`` or ``"tokenizer"`` (the paper's HF-tokenizer protocol).
-        token_scope: the gain's token scope (``all_but_first``, ``last``, ``all``, ``frobenius``).
-        batch_size: prompts per forward pass.
-        truncate: cut prompts longer than the context instead of raising.
+            :class:`~thermo_lens.prompts.PromptSet`, a list of strings, a string,
+            ``{category: [...]}`` or token ids (:func:`thermo_lens.inputs.as_prompts`).
+        token_scope: the gain's token scope (``all_but_first``, ``last``, ``all``, ``frobenius``);
+            the attribution uses the same scope (``all`` for ``frobenius``).
         regime_by: the gain summary whose 95% CI decides the regime.
         l_star_variant: empirical L* rule (:mod:`thermo_lens.depth`).
-        fwd_hooks: your own hooks, run in the same pass (e.g. an ablation).
-        progress: progress bar over batches (default: when more than one batch).
+        attribution: also compute :func:`thermo_lens.gain_attribution` in the same pass
+            (``None``, with the reason in ``meta["attribution_skipped"]``, for post-LN models and
+            blocks whose output is not the sum of their components; a warning says so).
         name, lab, family, twin_of, source: metadata recorded in ``meta`` (name defaults to the
             model's ``cfg.model_name``).
+        settings, **run: run options (:class:`thermo_lens.RunSettings`): ``prepend_bos``,
+            ``batch_size``, ``truncate``, ``fwd_hooks`` (e.g. an ablation; recorded in ``meta["hooks"]``
+            and every sub-result), ``progress``, ``sort_by_length``.
     """
-    from thermo_lens import prompts as prompt_sets
+    from thermo_lens.attribution import attribution_from_collected, attribution_terms
+    from thermo_lens.inputs import as_prompts
+    from thermo_lens.settings import RunSettings
 
+    from thermo_lens import validate
+
+    for key, value in (("name", name), ("lab", lab), ("family", family), ("twin_of", twin_of), ("source", source)):
+        validate.optional_text(key, value)
+    validate.token_scope(token_scope)
     view = as_view(model)
-    prompt_set = prompt_sets.as_prompt_set(prompts)
-    collected = collect_for_scope(
-        view, list(prompt_set.prompts), [residual_norms, anisotropy, attention_diagonal], token_scope,
-        prepend_bos=prepend_bos, batch_size=batch_size, truncate=truncate, fwd_hooks=fwd_hooks,
-        progress=progress,
-    )
+    settings = RunSettings.resolve(settings, **run)
+    ps = as_prompts(prompts, tokenizer=view.tokenizer)
+    attr_scope = "all" if token_scope == "frobenius" else token_scope
+    with_attr = bool(attribution) and not view.post_ln
+    reductions = [residual_norms, anisotropy, attention_diagonal]
+    if with_attr:
+        reductions.append(attribution_terms(attr_scope))
+    collected = collect_for_scope(view, ps, reductions, token_scope, settings)
     gain = gain_from_collected(collected, token_scope, regime_by=regime_by)
     aniso = anisotropy_from_collected(collected)
     spectral = spectral_signature(view)
     traces = traces_from_collected(collected, W_V=view.W_V())
     l_star = l_star_from_traces(traces, variant=l_star_variant)
+    attr, attr_note = None, ("post-LN model: no exact per-head split" if view.post_ln else
+                             "not requested" if not attribution else None)
+    if with_attr:
+        try:
+            attr = attribution_from_collected(collected, attr_scope)
+        except ThermoLensInputError as e:  # an optional metric must not cost the model's profile
+            attr_note = str(e)
+            warnings.warn(f"profile: gain attribution skipped: {e}", UserWarning, stacklevel=2)
     meta = dict(view.metadata())
     meta.update(
         name=name or view.name, lab=lab, family=family, twin_of=twin_of, source=source or view.name,
-        prepend_bos=prepend_bos, token_scope=token_scope, prompt_set=prompt_set.name,
-        n_prompts=len(prompt_set), categories=list(prompt_set.categories),
-        versions=_versions(),
+        prepend_bos=collected.prepend_bos, token_scope=token_scope, prompt_set=ps.name,
+        n_prompts=len(ps), categories=list(ps.categories), hooks=gain.provenance.hooks_text,
+        batch_size=settings.batch_size, attribution_skipped=attr_note, versions=_versions(),
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     )
-    return ThermoProfile(meta=meta, gain=gain, anisotropy=aniso, spectral=spectral, sheaf=traces, l_star=l_star)
+    return ThermoProfile(meta=meta, gain=gain, anisotropy=aniso, spectral=spectral, sheaf=traces, l_star=l_star,
+                         attribution=attr)
 
 
 def profiles_frame(profiles: Iterable[ThermoProfile]) -> pd.DataFrame:

@@ -2,7 +2,7 @@
 
 D'Elia (2026), "Thermodynamic Constraints in Transformer Architectures: A Sheaf-Theoretic
 Perspective", measured residual gain on a handful of small prompt sets, one per notebook. They are
-shipped verbatim in ``thermo_lens/data/paper_prompts.json`` (see ``METHODS.md``: "the 25-prompt sets
+shipped verbatim in ``thermo_lens/data/paper_prompts.json`` (see ``thermo_lens.definitions``; "the 25-prompt sets
 are 5 categories x 5: Factual, Syntactic, Cliche, Novel, Nonsense") so that a run can be repeated on
 exactly the paper's inputs, and any measurement can record which set produced it.
 
@@ -33,10 +33,11 @@ Built-in sets (JSON key = set name; the notebook they come from in brackets):
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+from typing import Any
 
 __all__ = [
     "PromptSet",
@@ -96,8 +97,8 @@ class PromptSet:
     """
 
     name: str
-    prompts: tuple[str, ...]
-    categories: tuple[str, ...]
+    prompts: Sequence[str]  # stored as a tuple (lists are accepted)
+    categories: Sequence[str]
     source: str = "user"
 
     def __post_init__(self) -> None:
@@ -145,13 +146,15 @@ class PromptSet:
 
 
 def _check_prompts(prompts: tuple, what: str) -> None:
-    if len(prompts) == 0:
-        raise ValueError(f"{what}: no prompts (empty)")
-    for i, p in enumerate(prompts):
-        if not isinstance(p, str):
-            raise TypeError(f"{what}: prompt {i} is {type(p).__name__} {p!r}, expected str")
-        if not p.strip():
-            raise ValueError(f"{what}: prompt {i} is empty or whitespace only")
+    """The one prompt-list rule (:func:`thermo_lens.model.validate_prompts`), messages prefixed
+    with ``what``: ``ThermoLensInputError`` (a ``ValueError``; its type errors are also
+    ``TypeError``)."""
+    from thermo_lens.model import validate_prompts
+
+    try:
+        validate_prompts(prompts)
+    except ValueError as e:
+        raise type(e)(f"{what}: {e}") from None
 
 
 @lru_cache(maxsize=1)
@@ -206,7 +209,7 @@ def get(name: str = DEFAULT) -> PromptSet:
     return _build(canonical)
 
 
-def as_prompt_set(obj: PromptSet | str | Iterable[str] | Mapping[str, Iterable[str] | str],
+def as_prompt_set(obj: Any,  # a PromptSet, set name, list of strings or {category: [...]}; checked below
                   name: str | None = None) -> PromptSet:
     """Turn ``obj`` into a :class:`PromptSet`.
 

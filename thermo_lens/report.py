@@ -21,12 +21,13 @@ plane. Contents (each number with its definition):
    checkpoint directory); skipped otherwise, with the reason;
 10. definitions: every definition used, generated from the modules that compute the numbers.
 
-D'Elia (2026), "Thermodynamic Constraints in Transformer Architectures"; METHODS.md.
+D'Elia (2026), "Thermodynamic Constraints in Transformer Architectures"; :mod:`thermo_lens.definitions`.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import html
 import os
 import re
@@ -38,6 +39,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+
+from thermo_lens import registry
 
 __all__ = ["write_report", "render_report", "ReportError"]
 
@@ -75,6 +78,9 @@ def _load_inputs(dir_or_profiles: Any) -> tuple[dict[str, Any], dict[str, Any], 
             raise ReportError(
                 f"{path}: no {study.MANIFEST} with models here; run `thermo-lens profile --out {path}` or "
                 f"`thermo-lens study SPEC --out {path}` first, or pass ThermoProfiles")
+        current = manifest.get("study", {}).get("models")  # stale models of an earlier spec: left out
+        if current is not None:
+            manifest = {**manifest, "models": {k: v for k, v in manifest["models"].items() if k in current}}
         return study.load_profiles(path), manifest, path
     if isinstance(dir_or_profiles, Mapping):
         profiles = {str(k): v for k, v in dir_or_profiles.items()}
@@ -166,6 +172,7 @@ table.tl th{background:#f4f6f8} table.tl td.l,table.tl th.l{text-align:left}
 .error{background:#fde8e8;border-left:4px solid #d62728;padding:6px 10px;font-family:monospace;white-space:pre-wrap}
 .note{color:#555} nav ul{columns:2;font-size:13px} pre{background:#f6f8fa;padding:8px;overflow-x:auto;font-size:12px}
 dt{font-weight:bold;margin-top:6px} dd{margin-left:18px} .scroll{overflow-x:auto;max-width:100%}
+table.glossary td{text-align:left}
 """
 
 
@@ -200,19 +207,23 @@ def _version() -> str:
 
 
 # ---------------------------------------------------------------------------- sections
-_SUMMARY_COLS = ["model", "lab", "family", "n_layers", "n_heads", "d_head", "rho", "gain", "gain_ci_low",
-                 "gain_ci_high", "regime", "last_block_gain", "penultimate_gain", "geometric_mean_gain",
-                 "W_V_norm", "W_O_norm", "ratio", "mean_trace", "l_star", "l_star_predicted", "post_ln",
-                 "weights", "dtype", "prepend_bos", "token_scope"]
+def _summary_cols() -> list[str]:
+    """Columns of the per-model summary table: identity, the deciding gain with its CI and regime,
+    every registered metric marked ``summary`` (:mod:`thermo_lens.registry`), then the settings."""
+    metric_cols = [m.row for m in registry.metrics() if m.summary_table and m.row]
+    return (["model", "lab", "family", "n_layers", "n_heads", "d_head", "rho", "gain", "gain_ci_low",
+             "gain_ci_high", "regime"] + metric_cols
+            + ["post_ln", "weights", "dtype", "prepend_bos", "token_scope"])
 
 
 def _settings_table(profiles: dict[str, Any]) -> tuple[str, list[str]]:
     keys = ["prompt_set", "n_prompts", "prepend_bos", "token_scope", "dtype", "weights", "norm_placement",
-            "source"]
+            "source", "hooks"]
     rows, warn = [], []
     for k, p in profiles.items():
         m = _meta(p)
         rows.append({"model": k, **{c: m.get(c) for c in keys}})
+        rows[-1]["hooks"] = rows[-1]["hooks"] or "none (clean run)"  # profiles stored before hooks were recorded
     df = pd.DataFrame(rows)
     for c in ("prompt_set", "prepend_bos", "token_scope", "weights"):
         vals = {str(v) for v in df[c]}
@@ -222,8 +233,11 @@ def _settings_table(profiles: dict[str, Any]) -> tuple[str, list[str]]:
     if any(str(v) == "processed" for v in df["weights"]):
         warn.append("some models have processed weights (LayerNorm folded / centered): residual norms and "
                     "W_V norms differ from the raw weights the paper measured")
+    if any(str(v) != "none (clean run)" for v in df["hooks"]):
+        warn.append("some models were measured under user hooks (ablation, patching, SAE): see the hooks column; "
+                    "those numbers describe the intervened model, not the clean one")
     return _table(df, left=["model", "prompt_set", "prepend_bos", "token_scope", "dtype", "weights",
-                            "norm_placement", "source"]), warn
+                            "norm_placement", "source", "hooks"]), warn
 
 
 def _failed(manifest: dict[str, Any]) -> pd.DataFrame:
@@ -279,18 +293,18 @@ def _laws_section(doc: _Doc, rows: pd.DataFrame) -> None:
     if by_col:
         gain_def = f" (column gain = {', '.join(map(str, dict.fromkeys(rows[by_col])))}, with its 95% CI)"
     doc.p(f"One row per model{gain_def}; regimes from each model's 95% CI, never from the lab name "
-          "(METHODS.md section 5).", "note")
+          "(thermo_lens.definitions §5).", "note")
     doc.html("<h3>Kleiber: gain vs depth with the bound 10^(1/L)</h3>")
     doc.figure("fig-kleiber", lambda: views.kleiber_plot(rows, gain="gain"))
     for col in ("penultimate_gain", "last_block_gain"):
         if col in rows.columns and not np.allclose(pd.to_numeric(rows[col], errors="coerce").to_numpy(float),
                                                    pd.to_numeric(rows["gain"], errors="coerce").to_numpy(float),
                                                    equal_nan=True):
-            doc.figure(f"fig-kleiber-{col}", lambda c=col: views.kleiber_plot(rows, gain=c),
+            doc.figure(f"fig-kleiber-{col}", functools.partial(views.kleiber_plot, rows, gain=col),
                        f"the same with {col} (the paper's Fig. 1 used the penultimate block)")
     try:
         k = laws.kleiber(rows, gain="gain", rho="rho" if "rho" in rows.columns else None)
-        doc.html(f"<pre>{esc(k.summary())}</pre>")
+        doc.html(f"<pre>{esc(k.summary())}</pre>" + _tests_table(k))
     except ValueError as e:
         doc.html(f'<p class="warn">Kleiber statistics not computed: {esc(str(e))}</p>')
     doc.html("<h3>Heritage: lab vs regime</h3>")
@@ -303,9 +317,18 @@ def _laws_section(doc: _Doc, rows: pd.DataFrame) -> None:
         sub = rows[rows["lab"].notna()].reset_index(drop=True)
         doc.figure("fig-heritage", lambda: views.heritage_plot(sub, gain="gain"))
         try:
-            doc.html(f"<pre>{esc(laws.heritage(sub, gain='gain').summary())}</pre>")
+            h = laws.heritage(sub, gain="gain")
+            doc.html(f"<pre>{esc(h.summary())}</pre>" + _tests_table(h))
         except ValueError as e:
             doc.html(f'<p class="warn">Heritage statistics not computed: {esc(str(e))}</p>')
+    doc.html("<h3>Crowding: head density rho vs regime</h3>")
+    try:
+        c = laws.crowding(rows, gain="gain")
+        doc.p(f"Rule rho > rho_crit => dampener: {c.verdict()}. Read within one family and across "
+              "families the verdict can differ; where rho and depth correlate the rule may be reading depth.")
+        doc.html(f"<pre>{esc(c.summary())}</pre>" + _tests_table(c))
+    except ValueError as e:
+        doc.html(f'<p class="warn">Crowding not computed: {esc(str(e))}</p>')
     doc.html("<h3>Hierarchy: groups ranked by mean gain</h3>")
     if len(labs) >= 2:
         by, table = "lab", rows[rows["lab"].notna()].reset_index(drop=True)
@@ -321,27 +344,85 @@ def _laws_section(doc: _Doc, rows: pd.DataFrame) -> None:
         doc.figure("fig-hierarchy", lambda: views.hierarchy_plot(table, gain="gain", by=by))
 
 
+def _metric_glossary_html() -> str:
+    """Every registered metric: name, symbol, shape, unit, formula and reference."""
+    rows = "".join(
+        f"<tr><td><code>{esc(m.name)}</code></td><td>{esc(m.symbol)}</td><td>[{esc(', '.join(m.dims))}]</td>"
+        f"<td>{esc(m.unit)}</td><td>{esc(m.formula)}</td><td>{esc(m.reference)}</td></tr>"
+        for m in registry.metrics())
+    return ("<h3>Metrics</h3><table class='tl glossary'><thead><tr><th>name</th><th>symbol</th><th>shape</th>"
+            f"<th>unit</th><th>definition</th><th>reference</th></tr></thead><tbody>{rows}</tbody></table>")
+
+
+def _lab_section(doc: _Doc, directory: Path | None) -> None:
+    """The heritage lab's effects and trajectories, when the report is of a lab's ``train/`` directory."""
+    lab_dir = directory.parent if directory is not None else None
+    if lab_dir is None or not (lab_dir / "lab.json").is_file() or not (lab_dir / "effects.csv").is_file():
+        return
+    from thermo_lens.lab import views as lab_views
+
+    runs, eff = pd.read_csv(lab_dir / "runs.csv"), pd.read_csv(lab_dir / "effects.csv")
+    doc.section("heritage-lab", "Heritage lab: what each knob does to the gain")
+    n = sorted(set(eff["n_seeds"].astype(int))) if len(eff) else []
+    doc.p(f"Each knob level is compared with its reference level, paired by seed (same initial weights where "
+          f"shapes allow, same batches, same token budget), at the last checkpoint: effect = mean over seeds "
+          f"(n = {', '.join(map(str, n)) or '0'}) of level minus reference, 95% Student-t CI over seeds, two-sided "
+          f"exact sign-flip permutation p-value (its smallest possible value is 2/2^n). flips_regime: the seed means "
+          f"lie on opposite sides of 1. Toy scale: 10^5-parameter models trained for minutes on CPU; read an effect "
+          f"as what a knob can do, not what it did in a published model.", "note")
+    if len(eff):
+        doc.figure("fig-lab-effects", lambda: lab_views.effect_sizes(eff))
+        doc.html(_table(eff[["knob", "reference", "level", "metric", "effect", "ci_low", "ci_high", "pvalue",
+                             "n_seeds", "flips_regime"]], left=["knob", "reference", "level", "metric"]))
+    for metric in ("last_block_gain", "penultimate_gain"):
+        if len(runs) and metric in runs.columns:
+            doc.figure(f"fig-lab-{metric}", lambda m=metric: lab_views.gain_trajectories(runs, m))  # type: ignore[misc]
+
+
+def _tests_table(result: Any) -> str:
+    """A law result's tests: effect with CI, small-n p, Holm, leave-one-out (one row per test)."""
+    df = result.tests_frame()
+    if df.empty:
+        return ""
+    cols = ["name", "n", "effect", "effect_value", "ci_low", "ci_high", "pvalue", "pvalue_method",
+            "pvalue_holm", "loo_model", "loo_statistic", "loo_worst_model", "loo_worst_pvalue", "note"]
+    return _table(df[cols], left=("name", "effect", "pvalue_method", "loo_model", "loo_worst_model", "note"))
+
+
+def _l_star_table(lstars: dict[str, Any]) -> str:
+    """Empirical L* (mean trace and per-prompt mean) beside eq. 6 and the fit-free L/2 baseline."""
+    rows = []
+    for k, r in lstars.items():
+        ape, pap = r.baseline_errors("ape"), r.baseline_errors("paper")
+        rows.append({"model": k, "variant": r.variant, "L": r.n_layers, "H": r.n_heads,
+                     "empirical (mean trace)": r.empirical, "per-prompt mean": r.per_prompt_mean,
+                     "eq. 6": r.predicted, "L/2": r.baselines.get("half_depth", float("nan")),
+                     "APE eq. 6": ape["eq6"], "APE L/2": ape.get("half_depth", float("nan")),
+                     "|err|/L eq. 6": pap["eq6"], "|err|/L L/2": pap.get("half_depth", float("nan")),
+                     "warning": "; ".join(r.warnings)})
+    return ('<p class="note">Eq. 6 beside the fit-free baseline L/2 (on the paper\'s own validation models '
+            "L/2 does as well); errors as fractions.</p>" + _table(pd.DataFrame(rows), left=("model", "variant", "warning")))
+
+
 def _definitions_html() -> str:
-    from thermo_lens import depth, gain, sheaf
-    from thermo_lens.anisotropy import DEFINITION as ANISO
+    from thermo_lens import definitions, depth, gain, sheaf
     from thermo_lens.views._common import POST_LN_NOTE
-    from thermo_lens.views.heads import SPECTRAL_DEFINITIONS
     from thermo_lens.views.laws import PAPER_DEFINITION_NOTE
 
-    try:
-        from thermo_lens.spectral import SpectralSignature
-
-        spectral_defs = dict(SpectralSignature.definitions)
-    except (ImportError, AttributeError):  # pragma: no cover
-        spectral_defs = SPECTRAL_DEFINITIONS
     items: list[tuple[str, str]] = [
         ("Residual states", "x_0 = blocks.0.hook_resid_pre (block-0 input), x_l = blocks.{l-1}.hook_resid_post "
                             "(block l output), l = 1..L; the final norm is never part of any x_l. Norms are L2 "
                             "over d_model per token, always in float32."),
-        ("Block gain", "G_l = ||x_l|| / ||x_{l-1}||, l = 1..L, reduced over tokens by the token scope."),
+        ("Block gain", "block layer (0-based, blocks.{layer}): ||resid_post_layer|| / ||resid_pre_layer||, reduced "
+                       "over tokens by the token scope; the paper's G_l = ||x_l|| / ||x_{l-1}|| is layer = l - 1 "
+                       "(G_L, paper metric B, is the last block, layer L - 1)."),
+        ("Gain attribution", "per block, ||x_out||^2 - ||x_in||^2 = sum_h <z_h W_O^h, x_out + x_in> + "
+                             "<mlp_out - b_out, x_out + x_in> + <b_O + b_out, x_out + x_in>, exactly (pre-LN "
+                             "blocks); a head's term is its share of the squared-norm change."),
+        ("Hooks", "user hooks of a run (ablation, patching, SAE) are recorded with each result: hook point, "
+                  "function, and the source of inserted activations."),
     ]
     items += [(f"token scope '{k}'", v) for k, v in gain.TOKEN_SCOPES.items()]
-    items += [(f"summary '{k}'", v) for k, v in gain.SUMMARIES.items()]
     items += [
         ("Across prompts", "mean; SD with ddof=1 (the paper's files store ddof=0); SE = SD / sqrt(n); 95% "
                            "Student-t CI. Regime: expander if the CI of the deciding summary lies above 1, "
@@ -349,9 +430,7 @@ def _definitions_html() -> str:
         ("BOS modes", "True: the tokenizer's BOS id prepended (TransformerLens default); False: no BOS; "
                       "'tokenizer': the special tokens the HF tokenizer adds (the paper's protocol)."),
         ("Post-LN", POST_LN_NOTE),
-        ("Anisotropy", ANISO),
     ]
-    items += [(f"spectral '{k}'", v) for k, v in spectral_defs.items()]
     items += [("rho", "dimensional crowding n_heads / d_head, with the configured d_head")]
     items += [
         ("Sheaf", "node stalks R^d_model per token, edge stalks R^d_head per token pair, restriction maps "
@@ -360,7 +439,7 @@ def _definitions_html() -> str:
     ]
     items += [(f"sheaf trace '{k}'", v) for k, v in sheaf.TRACE_DEFINITIONS.items()]
     items += [(f"L* '{k}'", v) for k, v in depth.L_STAR_VARIANTS.items()]
-    items += [("L* predicted", depth.PREDICTED_DEFINITION), ("L* layer indexing", depth.LAYER_INDEXING)]
+    items += [("L* layer indexing", depth.LAYER_INDEXING)]
     items += [(f"L* error '{k}'", v) for k, v in depth.ERROR_METRICS.items()]
     items += [("Kleiber bound", "G_max = 10^(1/L) (the paper's eq. 3: G_max^L = 10); correlations of gain vs L "
                                 "and vs rho with Pearson and Spearman p-values.")]
@@ -370,7 +449,13 @@ def _definitions_html() -> str:
     items += [("Reference overlay", PAPER_DEFINITION_NOTE.format(
         measurement="(per metric)", definition="see the paper metrics above", scope="last token",
         dtypes="fp16 (some files bf16/fp32)"))]
-    return "<dl>" + "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in items) + "</dl>"
+    page = definitions.path()
+    intro = (f"<p class='note'>The full definitions page ships with thermo-lens: <a href='{esc(page.as_uri())}'>"
+             f"{esc(page.name)}</a> (<code>python -m thermo_lens.definitions</code> prints it; sections are "
+             "cited below as <code>thermo_lens.definitions §N</code>).</p>")
+    options = "<h3>Settings and conventions</h3><dl>" + "".join(
+        f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in items) + "</dl>"
+    return intro + _metric_glossary_html() + options
 
 
 def _panel_model(profiles: dict[str, Any], panel: Any) -> tuple[Any, str, Any] | tuple[None, str, None]:
@@ -410,28 +495,25 @@ def _panel_model(profiles: dict[str, Any], panel: Any) -> tuple[Any, str, Any] |
 
 
 # ---------------------------------------------------------------------------- the report
-def render_report(dir_or_profiles: Any, *, title: str | None = None, panel: Any = "auto",
-                  panel_layer: int | None = None) -> tuple[str, list[str]]:
-    """The report's HTML text and the ids of its plotly figures (see :func:`write_report`)."""
-    from thermo_lens import views
+def _title(title: str | None, study_info: dict[str, Any], ids: list[str]) -> str:
+    if title:
+        return title
+    if study_info.get("name"):
+        return f"thermo-lens report: {study_info.get('name')}"
+    return f"thermo-lens report: {', '.join(ids[:4])}{' ...' if len(ids) > 4 else ''}"
 
-    profiles, manifest, directory = _load_inputs(dir_or_profiles)
-    study_info = manifest.get("study") or {}
-    doc = _Doc()
-    ids = list(profiles)
-    rows = _rows(profiles) if profiles else pd.DataFrame()
-    failed = _failed(manifest)
 
-    # 1. header
-    name = title or (f"thermo-lens report: {study_info.get('name')}" if study_info.get("name")
-                     else f"thermo-lens report: {', '.join(ids[:4])}{' ...' if len(ids) > 4 else ''}")
+def _header(doc: _Doc, name: str, n_profiles: int, n_failed: int, directory: Path | None) -> None:
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    doc.html(f"<h1>{esc(name)}</h1><p class='sub'>{len(profiles)} model(s) profiled"
-             f"{f', {len(failed)} failed' if len(failed) else ''}; generated {now} by thermo-lens {esc(_version())}"
-             f"{f' from {esc(str(directory))}' if directory else ''}. Measurements follow METHODS.md; "
+    doc.html(f"<h1>{esc(name)}</h1><p class='sub'>{n_profiles} model(s) profiled"
+             f"{f', {n_failed} failed' if n_failed else ''}; generated {now} by thermo-lens {esc(_version())}"
+             f"{f' from {esc(str(directory))}' if directory else ''}. Measurements follow the thermo-lens definitions page; "
              "D'Elia (2026), \"Thermodynamic Constraints in Transformer Architectures\". Every figure's hover "
              "text names the definition behind each number; see <a href='#definitions'>Definitions</a>.</p>")
     doc.html("<!--TOC-->")
+
+
+def _settings_section(doc: _Doc, study_info: dict[str, Any], profiles: dict[str, Any], failed: pd.DataFrame) -> None:
     doc.section("settings", "Settings")
     if study_info.get("settings"):
         doc.html("<p>Study settings: <code>" + esc(", ".join(f"{k}={v!r}" for k, v in study_info["settings"].items()))
@@ -446,129 +528,150 @@ def render_report(dir_or_profiles: Any, *, title: str | None = None, panel: Any 
         doc.html(_table(failed, left=["model", "status", "source", "error"]))
     if not profiles:
         doc.html('<p class="warn">No finished profiles: nothing to plot.</p>')
+
+
+def _summary_section(doc: _Doc, profiles: dict[str, Any], rows: pd.DataFrame) -> None:
+    from thermo_lens import views
+
+    doc.section("summary", "Per-model summary")
+    cols = [c for c in _summary_cols() if c in rows.columns]
+    doc.html(_table(rows[cols], left=["model", "lab", "family", "regime", "weights", "dtype", "prepend_bos",
+                                      "token_scope"]))
+    doc.p("gain = the summary that decided the regime (see its CI); last_block_gain = G_L (paper metric B); "
+          "penultimate_gain = G_{L-1} (paper metric A); per-head spectral metrics = means over layers and heads; "
+          "mean_trace = mean over layers of the layer sheaf trace. Every column is defined under "
+          "<a href='#definitions'>Definitions</a>.", "note")
+    post = [k for k, p in profiles.items() if _meta(p).get("post_ln")]
+    if post:
+        doc.html(f'<p class="warn">⚠ post-LN model(s): {esc(", ".join(post))}. {esc(views.POST_LN_NOTE)}</p>')
+
+
+def _dynamics_section(doc: _Doc, profiles: dict[str, Any]) -> None:
+    from thermo_lens import views
+
+    gains = _attr(profiles, "gain")
+    doc.section("dynamics", "Layer dynamics: residual gain per block")
+    if not gains:
+        doc.p("No gain measurements in these profiles.", "warn")
+        return
+    doc.figure("fig-dynamics", lambda: views.layer_dynamics(gains))
+    if len({g.n_layers for g in gains.values()}) > 1:
+        doc.figure("fig-dynamics-relative", lambda: views.layer_dynamics(gains, x="relative_depth"),
+                   "the same against relative depth l / L (models differ in depth)")
+    rob = _robustness(profiles)
+    if rob:
+        doc.html("<h3>Input robustness by prompt category</h3>")
+        doc.figure("fig-robustness", lambda: views.robustness_plot(rob))
+
+
+def _anisotropy_section(doc: _Doc, profiles: dict[str, Any]) -> None:
+    from thermo_lens import views
+
+    aniso = _attr(profiles, "anisotropy")
+    doc.section("anisotropy", "Anisotropy profile")
+    if aniso:
+        doc.figure("fig-anisotropy", lambda: views.anisotropy_plot(aniso))
     else:
-        # 2. summary
-        doc.section("summary", "Per-model summary")
-        cols = [c for c in _SUMMARY_COLS if c in rows.columns]
-        doc.html(_table(rows[cols], left=["model", "lab", "family", "regime", "weights", "dtype", "prepend_bos",
-                                          "token_scope"]))
-        doc.p("gain = the summary that decided the regime (see its CI); last_block_gain = G_L (paper metric B); "
-              "penultimate_gain = G_{L-1} (paper metric A); W_V_norm / W_O_norm / ratio = means over heads; "
-              "mean_trace = mean over layers of the layer sheaf trace.", "note")
-        post = [k for k, p in profiles.items() if _meta(p).get("post_ln")]
-        if post:
-            doc.html(f'<p class="warn">⚠ post-LN model(s): {esc(", ".join(post))}. {esc(views.POST_LN_NOTE)}</p>')
+        doc.p("No anisotropy measurements in these profiles.", "warn")
 
-        # 3. dynamics
-        gains = _attr(profiles, "gain")
-        doc.section("dynamics", "Layer dynamics: residual gain per block")
-        if gains:
-            doc.figure("fig-dynamics", lambda: views.layer_dynamics(gains))
-            if len({g.n_layers for g in gains.values()}) > 1:
-                doc.figure("fig-dynamics-relative", lambda: views.layer_dynamics(gains, x="relative_depth"),
-                           "the same against relative depth l / L (models differ in depth)")
-            rob = _robustness(profiles)
-            if rob:
-                doc.html("<h3>Input robustness by prompt category</h3>")
-                doc.figure("fig-robustness", lambda: views.robustness_plot(rob))
-        else:
-            doc.p("No gain measurements in these profiles.", "warn")
 
-        # 4. anisotropy
-        aniso = _attr(profiles, "anisotropy")
-        doc.section("anisotropy", "Anisotropy profile")
-        if aniso:
-            doc.figure("fig-anisotropy", lambda: views.anisotropy_plot(aniso))
-        else:
-            doc.p("No anisotropy measurements in these profiles.", "warn")
+def _spectral_section(doc: _Doc, profiles: dict[str, Any]) -> None:
+    from thermo_lens import views
 
-        # 5. spectral
-        spec = _attr(profiles, "spectral")
-        doc.section("spectral", "Spectral signature of the attention heads")
-        if spec:
-            labs = [str(_meta(profiles[k]).get("lab") or k) for k in spec]
-            doc.figure("fig-spectral-scatter", lambda: views.spectral_scatter(spec, labs=labs))
-            if len(spec) > 1:
-                doc.figure("fig-spectral-models", lambda: views.spectral_scatter(spec, labs=labs, per="model"),
-                           "one point per model: the mean over its heads and layers")
-            for i, (k, s) in enumerate(list(spec.items())[:MAX_PER_MODEL_FIGURES]):
-                doc.figure(f"fig-heads-{i}", lambda s=s, k=k: views.spectral_heatmaps(s, name=k))
-            if len(spec) > MAX_PER_MODEL_FIGURES:
-                doc.p(f"Per-head heatmaps shown for the first {MAX_PER_MODEL_FIGURES} of {len(spec)} models.", "note")
-        else:
-            doc.p("No spectral signatures in these profiles.", "warn")
+    spec = _attr(profiles, "spectral")
+    doc.section("spectral", "Spectral signature of the attention heads")
+    if not spec:
+        doc.p("No spectral signatures in these profiles.", "warn")
+        return
+    labs = [str(_meta(profiles[k]).get("lab") or k) for k in spec]
+    doc.figure("fig-spectral-scatter", lambda: views.spectral_scatter(spec, labs=labs))
+    if len(spec) > 1:
+        doc.figure("fig-spectral-models", lambda: views.spectral_scatter(spec, labs=labs, per="model"),
+                   "one point per model: the mean over its heads and layers")
+    for i, (k, s) in enumerate(list(spec.items())[:MAX_PER_MODEL_FIGURES]):
+        # beside the spectral norms, each head's exact share of its block's squared-norm change
+        attr = getattr(profiles[k], "attribution", None)
+        doc.figure(f"fig-heads-{i}", lambda s=s, k=k, a=attr: views.spectral_heatmaps(s, name=k, attribution=a))  # type: ignore[misc]
+    if len(spec) > MAX_PER_MODEL_FIGURES:
+        doc.p(f"Per-head heatmaps shown for the first {MAX_PER_MODEL_FIGURES} of {len(spec)} models.", "note")
 
-        # 6. sheaf and L*
-        sheaves = _attr(profiles, "sheaf")
-        lstars = _attr(profiles, "l_star")
-        doc.section("sheaf", "Sheaf Laplacian traces and L*")
-        if sheaves:
-            for i, (k, t) in enumerate(list(sheaves.items())[:MAX_PER_MODEL_FIGURES]):
-                doc.figure(f"fig-sheaf-{i}", lambda t=t, k=k: views.sheaf_trace_heatmap(t, name=k))
-        if lstars:
-            doc.figure("fig-lstar", lambda: views.l_star_plot(lstars))
-            if len({r.n_layers for r in lstars.values()}) > 1:
-                doc.figure("fig-lstar-relative", lambda: views.l_star_plot(lstars, x="relative_depth"))
-        if not sheaves and not lstars:
-            doc.p("No sheaf traces in these profiles.", "warn")
 
-        # 7. laws
-        _laws_section(doc, rows)
+def _sheaf_section(doc: _Doc, profiles: dict[str, Any]) -> None:
+    from thermo_lens import views
 
-        # 8. reference overlay
-        doc.section("reference", "Your models among the paper's published models")
-        doc.p("The paper's numbers come from its result files (thermo_lens.reference) and use ITS definitions: "
-              "metric A = the penultimate block's gain G_{L-1}, last token, fp16, BOS as the HF tokenizer adds it; "
-              "metric B = the true last block G_L, hook-based, last token, fp16/bf16. Your points compare like "
-              "with like only if your profiles used token_scope='last' and prepend_bos='tokenizer' (the figure "
-              "title and hover say whether they did; hollow stars: not like for like). thermo-lens takes norms "
-              "in float32.", "note")
-        for metric in ("A", "B"):
-            doc.figure(f"fig-reference-{metric}", lambda m=metric: views.reference_overlay(rows, metric=m))
+    sheaves = _attr(profiles, "sheaf")
+    lstars = _attr(profiles, "l_star")
+    doc.section("sheaf", "Sheaf Laplacian traces and L*")
+    for i, (k, t) in enumerate(list(sheaves.items())[:MAX_PER_MODEL_FIGURES]):
+        doc.figure(f"fig-sheaf-{i}", functools.partial(views.sheaf_trace_heatmap, t, name=k))
+    if lstars:
+        doc.figure("fig-lstar", lambda: views.l_star_plot(lstars))
+        if len({r.n_layers for r in lstars.values()}) > 1:
+            doc.figure("fig-lstar-relative", lambda: views.l_star_plot(lstars, x="relative_depth"))
+        doc.html(_l_star_table(lstars))
+    if not sheaves and not lstars:
+        doc.p("No sheaf traces in these profiles.", "warn")
 
-    # 9. attention panel
+
+def _reference_section(doc: _Doc, rows: pd.DataFrame) -> None:
+    from thermo_lens import views
+
+    doc.section("reference", "Your models among the paper's published models")
+    doc.p("The paper's numbers come from its result files (thermo_lens.reference) and use ITS definitions: "
+          "metric A = the penultimate block's gain G_{L-1}, last token, fp16, BOS as the HF tokenizer adds it; "
+          "metric B = the true last block G_L, hook-based, last token, fp16/bf16. Your points compare like "
+          "with like only if your profiles used token_scope='last' and prepend_bos='tokenizer' (the figure "
+          "title and hover say whether they did; hollow stars: not like for like). thermo-lens takes norms "
+          "in float32.", "note")
+    for metric in ("A", "B"):
+        doc.figure(f"fig-reference-{metric}", functools.partial(views.reference_overlay, rows, metric=metric))
+
+
+def _panel_section(doc: _Doc, profiles: dict[str, Any], panel: Any, panel_layer: int | None) -> None:
     doc.section("panel", "Attention patterns and per-head metrics (circuitsvis)")
-    if profiles:
-        try:
-            model, why, prof = _panel_model(profiles, panel)
-        except ReportError:
-            raise
-        if model is None:
-            doc.p(f"Skipped: {why}.", "note")
-        else:
-            try:
-                meta = _meta(prof)
-                g = getattr(prof, "gain", None)
-                prompt = (g.prompts[0] if g is not None and g.prompts else "The capital of France is Paris")
-                bos = meta.get("prepend_bos", True)
-                bos = {"True": True, "False": False}.get(str(bos), bos)
-                from thermo_lens.model import as_view
-
-                view = as_view(model)
-                layer = panel_layer if panel_layer is not None else view.n_layers // 2
-                pnl = views.attention_panel(model, prompt, layer, prepend_bos=bos,
-                                            token_scope=meta.get("token_scope") or "all_but_first")
-                doc.p(f"{why}; layer {layer}; prompt 0 of the profile's prompt set.", "note")
-                doc.html(pnl.html)
-            except Exception as e:  # noqa: BLE001 - optional section
-                doc.errors.append(f"panel: {type(e).__name__}: {e}")
-                doc.html(f'<div class="error">The attention panel could not be drawn: {esc(type(e).__name__)}: '
-                         f"{esc(str(e))}</div>")
-    else:
+    if not profiles:
         doc.p("Skipped: no profiles.", "note")
+        return
+    model, why, prof = _panel_model(profiles, panel)  # a ReportError propagates
+    if model is None:
+        doc.p(f"Skipped: {why}.", "note")
+        return
+    try:
+        from thermo_lens import views
+        from thermo_lens.model import as_view
 
-    # 10. definitions
+        meta = _meta(prof)
+        g = getattr(prof, "gain", None)
+        prompt = (g.prompts[0] if g is not None and g.prompts else "The capital of France is Paris")
+        bos = meta.get("prepend_bos", True)
+        bos = {"True": True, "False": False}.get(str(bos), bos)
+        view = as_view(model)
+        layer = panel_layer if panel_layer is not None else view.n_layers // 2
+        pnl = views.attention_panel(model, prompt, layer, prepend_bos=bos,
+                                    token_scope=meta.get("token_scope") or "all_but_first")
+        doc.p(f"{why}; layer {layer}; prompt 0 of the profile's prompt set.", "note")
+        doc.html(pnl.html)
+    except Exception as e:  # noqa: BLE001 - optional section
+        doc.errors.append(f"panel: {type(e).__name__}: {e}")
+        doc.html(f'<div class="error">The attention panel could not be drawn: {esc(type(e).__name__)}: '
+                 f"{esc(str(e))}</div>")
+
+
+def _definitions_section(doc: _Doc) -> None:
     doc.section("definitions", "Definitions")
     doc.html(_definitions_html())
     if doc.errors:
         doc.html("<h3>Problems while writing this report</h3><pre>" + esc("\n".join(doc.errors)) + "</pre>")
 
-    toc = "<nav><ul>" + "".join(f'<li><a href="#{a}">{esc(t)}</a></li>' for a, t in doc.toc) + "</ul></nav>"
-    body = "\n".join(doc.parts).replace("<!--TOC-->", toc, 1)
+
+def _page(doc: _Doc, name: str) -> str:
+    """The whole HTML page: table of contents, sections, and plotly.js embedded once."""
     import plotly.offline
 
+    toc = "<nav><ul>" + "".join(f'<li><a href="#{a}">{esc(t)}</a></li>' for a, t in doc.toc) + "</ul></nav>"
+    body = "\n".join(doc.parts).replace("<!--TOC-->", toc, 1)
     plotly_js = plotly.offline.get_plotlyjs()
-    page = (
+    return (
         "<!DOCTYPE html>\n<html lang='en'>\n<head>\n<meta charset='utf-8'>\n"
         f"<meta name='generator' content='thermo-lens {esc(_version())}'>\n"
         f"<meta name='thermo-lens-figures' content='{len(doc.figure_ids)}'>\n"
@@ -577,7 +680,31 @@ def render_report(dir_or_profiles: Any, *, title: str | None = None, panel: Any 
         f"<script type='text/javascript' id='plotly-js'>{plotly_js}</script>\n"
         f"</head>\n<body>\n{body}\n</body>\n</html>\n"
     )
-    return page, list(doc.figure_ids)
+
+
+def render_report(dir_or_profiles: Any, *, title: str | None = None, panel: Any = "auto",
+                  panel_layer: int | None = None) -> tuple[str, list[str]]:
+    """The report's HTML text and the ids of its plotly figures (see :func:`write_report`)."""
+    profiles, manifest, directory = _load_inputs(dir_or_profiles)
+    study_info = manifest.get("study") or {}
+    doc = _Doc()
+    rows = _rows(profiles) if profiles else pd.DataFrame()
+    failed = _failed(manifest)
+    name = _title(title, study_info, list(profiles))
+    _header(doc, name, len(profiles), len(failed), directory)
+    _settings_section(doc, study_info, profiles, failed)
+    if profiles:
+        _summary_section(doc, profiles, rows)
+        _dynamics_section(doc, profiles)
+        _anisotropy_section(doc, profiles)
+        _spectral_section(doc, profiles)
+        _sheaf_section(doc, profiles)
+        _laws_section(doc, rows)
+        _lab_section(doc, directory)
+        _reference_section(doc, rows)
+    _panel_section(doc, profiles, panel, panel_layer)
+    _definitions_section(doc)
+    return _page(doc, name), list(doc.figure_ids)
 
 
 def write_report(dir_or_profiles: Any, output: str | os.PathLike | None = None, *, title: str | None = None,
@@ -609,11 +736,14 @@ def write_report(dir_or_profiles: Any, output: str | os.PathLike | None = None, 
     out = Path(output)
     if out.is_dir():
         out = out / DEFAULT_NAME
+    if not out.parent.is_dir():  # checked before the (slow) rendering too
+        raise ReportError(f"cannot write {out}: folder {out.parent} does not exist or is not a folder")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # NaN means over empty CIs are expected
         page, _ = render_report(dir_or_profiles, title=title, panel=panel, panel_layer=panel_layer)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, out)
+    if not out.parent.is_dir():  # never create folders (up to the root) for a mistyped path
+        raise ReportError(f"cannot write {out}: folder {out.parent} does not exist or is not a folder")
+    from thermo_lens.safe_io import atomic_write_text
+
+    atomic_write_text(out, page)  # temp file in the same folder + rename; never follows a symlink
     return out

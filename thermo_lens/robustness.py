@@ -2,14 +2,16 @@
 
 D'Elia (2026), "Thermodynamic Constraints in Transformer Architectures", Fig. 7 ("Input
 Robustness": residual gain across the 25 prompts per model, 5 categories x 5: Factual, Syntactic,
-Cliche, Novel, Nonsense); METHODS.md sections 1 and 6.
+Cliche, Novel, Nonsense); ``thermo_lens.definitions`` §1 and §6.
 
 :func:`input_robustness` measures the gain (:func:`thermo_lens.gain.residual_gain`, any token
 scope / BOS mode) on every prompt of a prompt set in one pass, then summarises each named gain
 summary per prompt category: mean, SD (ddof=1), SE, 95% t-CI and the regime that category alone
 would give. A Kruskal-Wallis test of the headline metric across categories
-(``scipy.stats.kruskal``, H statistic and p-value) says whether the category matters; the paper
-showed error bars only. Per-prompt values are kept.
+(``scipy.stats.kruskal``, H statistic and p-value) says whether the category matters, with its
+effect size (epsilon^2 and eta^2_H) and the smallest effect it could detect: with 5 x 5 prompts
+only large category effects are detectable, so a non-significant H is not evidence of
+robustness. The paper showed error bars only. Per-prompt values are kept.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from scipy import stats as _st
 from thermo_lens.gain import SUMMARIES, GainResult, regime_from_summary, residual_gain
 from thermo_lens.model import ThermoLensInputError
 from thermo_lens.result import Result
-from thermo_lens.stats import SummaryStats, summarize
+from thermo_lens.stats import (SummaryStats, format_p, kruskal_detectable_effect, kruskal_effect_size,
+                                summarize)
 
 __all__ = ["RobustnessResult", "input_robustness", "robustness_from_gain"]
 
@@ -46,6 +49,11 @@ class RobustnessResult(Result):
         category_regimes: category -> regime from that category's CI of ``metric``.
         kruskal_statistic, kruskal_pvalue: Kruskal-Wallis H test of ``metric`` across categories
             (NaN with fewer than 2 categories, or when all values are equal).
+        kruskal_epsilon_squared, kruskal_eta_squared_h: its effect sizes ``H / (n - 1)`` and
+            ``(H - k + 1) / (n - k)`` (:func:`thermo_lens.stats.kruskal_effect_size`).
+        kruskal_detectable_eta2: the smallest eta^2 detected with 80% power at alpha = 0.05
+            (:func:`thermo_lens.stats.kruskal_detectable_effect`): below it, "not significant"
+            means "not measured", not "robust".
     """
 
     gain: GainResult
@@ -57,6 +65,9 @@ class RobustnessResult(Result):
     category_regimes: dict[str, str]
     kruskal_statistic: float
     kruskal_pvalue: float
+    kruskal_epsilon_squared: float = float("nan")
+    kruskal_eta_squared_h: float = float("nan")
+    kruskal_detectable_eta2: float = float("nan")
 
     @property
     def category_names(self) -> tuple[str, ...]:
@@ -109,7 +120,11 @@ class RobustnessResult(Result):
                      f"[{o.ci_low:.4g}, {o.ci_high:.4g}]".ljust(70) + f" {g.regime}")
         if np.isfinite(self.kruskal_pvalue):
             lines.append(f"  category effect (Kruskal-Wallis): H = {self.kruskal_statistic:.3g}, "
-                         f"p = {self.kruskal_pvalue:.3g}")
+                         f"p = {format_p(self.kruskal_pvalue)}, epsilon^2 = {self.kruskal_epsilon_squared:.3g}, "
+                         f"eta^2_H = {self.kruskal_eta_squared_h:.3g}")
+            lines.append(f"  power: with {g.n_prompts} prompts in {len(self.by_category)} categories only effects "
+                         f"eta^2 >= {self.kruskal_detectable_eta2:.2f} are detected 80% of the time; a "
+                         "non-significant p is not evidence of robustness")
         lines += [f"  note: {n}" for n in g.notes]
         return "\n".join(lines)
 
@@ -155,9 +170,13 @@ def robustness_from_gain(
                 h, p = float(res.statistic), float(res.pvalue)
             except ValueError:  # all values identical
                 pass
+    n_all, k = int(sum(len(x) for x in groups)), len(groups)
+    eff = kruskal_effect_size(h, n_all, k)
     return RobustnessResult(
         gain=gain, prompt_set=prompt_set, source=source, categories=categories, metric=metric,
         by_category=by_category, category_regimes=regimes, kruskal_statistic=h, kruskal_pvalue=p,
+        kruskal_epsilon_squared=eff["epsilon_squared"], kruskal_eta_squared_h=eff["eta_squared_h"],
+        kruskal_detectable_eta2=kruskal_detectable_effect(n_all, k) if k >= 2 else float("nan"),
     )
 
 
@@ -184,15 +203,15 @@ def input_robustness(
         ThermoLensInputError: unknown prompt-set name, bad prompts (see ``residual_gain``),
             unknown ``metric``.
     """
-    from thermo_lens.prompts import as_prompt_set
+    from thermo_lens.inputs import as_prompts
+    from thermo_lens.model import as_view
+    from thermo_lens.prompts import PromptSet
 
     if metric is not None and metric not in SUMMARIES:
         raise ThermoLensInputError(f"unknown metric {metric!r}; choose one of {', '.join(map(repr, SUMMARIES))}")
-    try:
-        ps = as_prompt_set(prompt_set)
-    except KeyError as e:
-        raise ThermoLensInputError(str(e.args[0]) if e.args else str(e)) from None
-    except (TypeError, ValueError) as e:
-        raise ThermoLensInputError(f"bad prompt set: {e}") from None
-    gain = residual_gain(model, list(ps.prompts), **gain_kwargs)
-    return robustness_from_gain(gain, ps.categories, metric=metric, prompt_set=ps.name, source=ps.source)
+    view = as_view(model)
+    ps = as_prompts(prompt_set, tokenizer=view.tokenizer)
+    source = prompt_set.source if isinstance(prompt_set, PromptSet) else (
+        "thermo_lens.prompts" if isinstance(prompt_set, str) and ps.name != "custom" else "user")
+    gain = residual_gain(view, ps, **gain_kwargs)
+    return robustness_from_gain(gain, ps.categories, metric=metric, prompt_set=ps.name, source=source)

@@ -13,7 +13,7 @@ summary is always the same, and always says what it is:
 
 With ``n < 2`` the SD, SE and CI are NaN (one prompt has no spread), never zero.
 
-METHODS.md section 1 ("Across prompts: mean, SD (ddof=1, say so), SE, 95% CI"); D'Elia (2026),
+The across-prompt summary every thermo-lens measurement reports (mean, SD with ddof=1, SE, 95% CI); D'Elia (2026),
 "Thermodynamic Constraints in Transformer Architectures", Fig. 2 and 7 error bars.
 
 >>> s = summarize([1.0, 1.2, 1.1])
@@ -23,13 +23,25 @@ METHODS.md section 1 ("Across prompts: mean, SD (ddof=1, say so), SE, 95% CI"); 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from scipy import stats as _st
 
 from thermo_lens.result import Result
+
+
+class _LazyScipyStats:
+    """``scipy.stats``, imported on first use so that ``import thermo_lens`` stays light."""
+
+    def __getattr__(self, name: str) -> Any:
+        from scipy import stats
+
+        return getattr(stats, name)
+
+
+_st = _LazyScipyStats()
 
 __all__ = ["SummaryStats", "summarize"]
 
@@ -109,8 +121,8 @@ def summarize(
     values: Any,
     *,
     axis: int = 0,
-    level: float = 0.95,
-    nan_policy: NanPolicy = "propagate",
+    level: float | int = 0.95,
+    nan_policy: str = "propagate",
     keep_values: bool = True,
 ) -> SummaryStats:
     """Mean, SD (ddof=1), SE and ``level`` t-CI of ``values`` along ``axis`` (the prompt axis).
@@ -159,9 +171,8 @@ def summarize(
         sd = np.sqrt((dev ** 2).sum(axis=0) / (n - 1))
         sd = np.where(n >= 2, sd, np.nan)
         se = sd / np.sqrt(n)
-        tcrit = _st.t.ppf(0.5 + level / 2.0, np.where(n >= 2, n - 1, np.nan))
-        half = tcrit * se
         mean = np.where(n >= 1, mean, np.nan)
+        ci_low, ci_high = (np.asarray(v) for v in t_interval(mean, sd, n, level))
 
     def out(a: np.ndarray, integer: bool = False) -> Any:
         if a.ndim == 0:
@@ -169,6 +180,226 @@ def summarize(
         return a.astype(np.int64) if integer else a.astype(np.float64)
     return SummaryStats(
         n=out(np.asarray(n), integer=True), mean=out(np.asarray(mean)), sd=out(np.asarray(sd)),
-        se=out(np.asarray(se)), ci_low=out(np.asarray(mean - half)), ci_high=out(np.asarray(mean + half)),
+        se=out(np.asarray(se)), ci_low=out(ci_low), ci_high=out(ci_high),
         level=float(level), values=np.moveaxis(x, 0, axis).copy() if keep_values else None,
     )
+
+
+# ============================================================================ shared inference
+# The one home of the statistics every thermo-lens module uses: the t interval, the regime rule,
+# p-value formatting, Holm's adjustment, correlation CIs, exact/permutation p-values, partial
+# correlation, the conditional odds ratio and the Kruskal-Wallis effect size. Imported lazily by
+# the laws so that ``import thermo_lens.stats`` stays as light as it was.
+
+__all__ += [
+    "REGIMES", "t_interval", "regime_from_ci", "format_p", "holm", "fisher_z_ci",
+    "permutation_correlation_pvalue", "partial_correlation", "PartialCorrelation",
+    "odds_ratio_ci", "kruskal_effect_size", "kruskal_detectable_effect", "EXACT_PERMUTATION_MAX_N",
+]
+
+#: Regime names, in display order.
+REGIMES: tuple[str, ...] = ("expander", "dampener", "neutral")
+
+#: Up to this many rows, permutation p-values enumerate all n! pairings (exact); above it they
+#: use 20,000 Monte Carlo resamples with a fixed seed (the method string says which).
+EXACT_PERMUTATION_MAX_N = 9
+
+
+def t_interval(mean: Any, sd: Any, n: Any, level: float = 0.95) -> tuple[Any, Any]:
+    """Student-t interval ``mean +- t_{(1+level)/2, n-1} * sd / sqrt(n)``; NaN where ``n < 2``.
+
+    ``sd`` is the sample SD (ddof=1). The single implementation behind :func:`summarize`,
+    ``thermo_lens.laws.gain_ci`` and the laws' group summaries. Scalars in, floats out.
+    """
+    m = np.asarray(mean, dtype=float)
+    s = np.asarray(sd, dtype=float)
+    k = np.asarray(n, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tcrit = _st.t.ppf(0.5 + level / 2.0, np.where(k >= 2, k - 1, np.nan))
+        half = np.where(k >= 2, tcrit * s / np.sqrt(k), np.nan)
+    lo, hi = m - half, m + half
+    if lo.ndim == 0:
+        return float(lo), float(hi)
+    return lo, hi
+
+
+def regime_from_ci(ci_low: Any, ci_high: Any, null: float = 1.0) -> Any:
+    """The regime rule: ``"expander"`` if the CI lies above ``null``, ``"dampener"`` if below,
+    ``"neutral"`` if it contains ``null``, ``"undetermined"`` where the CI is NaN.
+
+    The single rule behind ``GainResult.regime`` and ``thermo_lens.laws.regime_from_gain``
+    (which, without a CI, passes the gain itself as both ends: the paper's sign of ``G - 1``).
+    Scalars give a ``str``, arrays an object array.
+    """
+    lo, hi = np.broadcast_arrays(np.asarray(ci_low, dtype=float), np.asarray(ci_high, dtype=float))
+    finite = np.isfinite(lo) & np.isfinite(hi)
+    out = np.where(~finite, "undetermined",
+                   np.where(lo > null, "expander", np.where(hi < null, "dampener", "neutral")))
+    return str(out) if out.ndim == 0 else out.astype(object)
+
+
+def format_p(p: float) -> str:
+    """A p-value as thermo-lens prints it everywhere: 4 decimals, scientific below 0.001."""
+    p = float(p)
+    if not np.isfinite(p):
+        return "nan"
+    return f"{p:.2e}" if p < 1e-3 else f"{p:.4f}"
+
+
+def holm(pvalues: Any) -> np.ndarray:
+    """Holm-Bonferroni adjusted p-values (step-down, monotone, capped at 1); NaN stays NaN."""
+    p = np.asarray(pvalues, dtype=float).ravel()
+    adj = np.full(p.shape, np.nan)
+    ok = np.flatnonzero(np.isfinite(p))
+    m = ok.size
+    running = 0.0
+    for rank, i in enumerate(ok[np.argsort(p[ok], kind="stable")]):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        adj[i] = running
+    return adj
+
+
+def fisher_z_ci(r: float, n: int, level: float = 0.95, *, spearman: bool = False,
+                n_controls: int = 0) -> tuple[float, float]:
+    """Confidence interval of a correlation by Fisher's z: ``tanh(atanh(r) +- z * se)``.
+
+    ``se = 1 / sqrt(n - 3 - n_controls)`` for Pearson (and partial) r; for Spearman's rho
+    ``se = sqrt(1.06 / (n - 3))`` (Fieller, Hartley & Pearson 1957). NaN when ``n - 3 - k < 1``.
+    """
+    dof = n - 3 - n_controls
+    if dof < 1 or not np.isfinite(r):
+        return float("nan"), float("nan")
+    se = math.sqrt((1.06 if spearman else 1.0) / dof)
+    z = math.atanh(min(max(r, -1 + 1e-15), 1 - 1e-15))
+    q = float(_st.norm.ppf(0.5 + level / 2))
+    return math.tanh(z - q * se), math.tanh(z + q * se)
+
+
+def _ranks(a: np.ndarray) -> np.ndarray:
+    return _st.rankdata(a)
+
+
+def permutation_correlation_pvalue(x: Any, y: Any, method: str = "spearman",
+                                   seed: int = 0, n_resamples: int = 20_000) -> tuple[float, str]:
+    """Two-sided permutation p-value of a Pearson or Spearman correlation, and how it was made.
+
+    Pairs ``x`` with every permutation of ``y`` (``scipy.stats.permutation_test``,
+    ``permutation_type="pairings"``): all ``n!`` of them when ``n <= 9`` (exact), else
+    ``n_resamples`` random ones with ``seed``. Two-sided as ``P(|r_perm| >= |r_obs|)`` (not scipy's
+    default of doubling the smaller tail). Spearman ties get average ranks. Returns
+    ``(pvalue, description)``.
+    """
+    xa, ya = np.asarray(x, dtype=float).ravel(), np.asarray(y, dtype=float).ravel()
+    if method not in ("pearson", "spearman"):
+        raise ValueError(f"permutation_correlation_pvalue: method must be 'pearson' or 'spearman', got {method!r}")
+    if method == "spearman":
+        xa, ya = _ranks(xa), _ranks(ya)
+    xc = (xa - xa.mean()) / np.sqrt(((xa - xa.mean()) ** 2).sum())
+
+    def stat(yp, axis=-1):  # |r|: the two-sided p is P(|r_perm| >= |r_obs|)
+        yc = yp - yp.mean(axis=axis, keepdims=True)
+        return np.abs((yc * xc).sum(axis=axis) / np.sqrt((yc ** 2).sum(axis=axis)))
+
+    n = xa.size
+    exact = n <= EXACT_PERMUTATION_MAX_N
+    res = _st.permutation_test((ya,), stat, permutation_type="pairings", vectorized=True,
+                               n_resamples=np.inf if exact else n_resamples,
+                               alternative="greater", rng=np.random.default_rng(seed))
+    how = (f"exact permutation (all {math.factorial(n)} pairings)" if exact
+           else f"Monte Carlo permutation ({n_resamples} resamples, seed {seed})")
+    return float(min(1.0, res.pvalue)), how
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class PartialCorrelation(Result):
+    """Partial correlation ``r(x, y | z)``: Pearson r of the residuals of x and y on z.
+
+    ``pvalue`` from the t statistic with ``n - 2 - k`` df (k controls); ``ci_low``/``ci_high``
+    by Fisher z with ``se = 1/sqrt(n - 3 - k)``. ``r_xz`` is the confound's strength, r(x, z).
+    """
+
+    x: str
+    y: str
+    control: str
+    n: int
+    statistic: float
+    pvalue: float
+    ci_low: float
+    ci_high: float
+    r_xz: float
+    r_xz_pvalue: float
+
+    def __repr__(self) -> str:
+        return (f"PartialCorrelation(r({self.y}, {self.x} | {self.control}) = {self.statistic:.4f}, "
+                f"p={format_p(self.pvalue)}, 95% CI [{self.ci_low:.3f}, {self.ci_high:.3f}], n={self.n}; "
+                f"confound r({self.x}, {self.control}) = {self.r_xz:.4f})")
+
+
+def partial_correlation(x: Any, y: Any, z: Any, names: tuple[str, str, str] = ("x", "y", "z"),
+                        level: float = 0.95) -> PartialCorrelation:
+    """``r(x, y | z)`` with one control ``z`` (see :class:`PartialCorrelation`)."""
+    xa, ya, za = (np.asarray(v, dtype=float).ravel() for v in (x, y, z))
+    n = xa.size
+    if not (ya.size == n == za.size) or n < 4:
+        raise ValueError(f"partial_correlation: need >= 4 rows of equal length, got {xa.size}, {ya.size}, {za.size}")
+    Z = np.column_stack([np.ones(n), za])
+
+    def resid(v):
+        return v - Z @ np.linalg.lstsq(Z, v, rcond=None)[0]
+
+    rx, ry = resid(xa), resid(ya)
+    r = float(np.dot(rx, ry) / math.sqrt(np.dot(rx, rx) * np.dot(ry, ry)))
+    dof = n - 3
+    t = r * math.sqrt(dof / max(1e-300, 1 - r * r))
+    p = float(2 * _st.t.sf(abs(t), dof))
+    lo, hi = fisher_z_ci(r, n, level, n_controls=1)
+    cz = _st.pearsonr(xa, za)
+    return PartialCorrelation(x=names[0], y=names[1], control=names[2], n=n, statistic=r, pvalue=p,
+                              ci_low=lo, ci_high=hi, r_xz=float(cz.statistic), r_xz_pvalue=float(cz.pvalue))
+
+
+def odds_ratio_ci(table: Any, level: float = 0.95) -> tuple[float, float, float]:
+    """Conditional maximum-likelihood odds ratio of a 2x2 table with its exact CI.
+
+    ``scipy.stats.contingency.odds_ratio(kind="conditional")``: the estimate and the interval
+    that go with Fisher's exact test (the CI excludes 1 exactly when the two-sided test at
+    ``1 - level`` rejects, up to the test's two-sided convention). Returns ``(or, low, high)``.
+    """
+    from scipy.stats.contingency import odds_ratio
+
+    res = odds_ratio(np.asarray(table, dtype=int), kind="conditional")
+    ci = res.confidence_interval(level)
+    return float(res.statistic), float(ci.low), float(ci.high)
+
+
+def kruskal_effect_size(h: float, n: int, k: int) -> dict[str, float]:
+    """Effect sizes of a Kruskal-Wallis H over ``n`` values in ``k`` groups.
+
+    ``epsilon_squared = H / (n - 1)`` (Tomczak & Tomczak 2014; ``H (n + 1) / (n^2 - 1)``) and
+    ``eta_squared_h = (H - k + 1) / (n - k)`` (can be negative for tiny H; not clipped).
+    """
+    if n <= k or not np.isfinite(h):
+        return {"epsilon_squared": float("nan"), "eta_squared_h": float("nan")}
+    return {"epsilon_squared": float(h / (n - 1)), "eta_squared_h": float((h - k + 1) / (n - k))}
+
+
+def kruskal_detectable_effect(n: int, k: int, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest effect (eta^2) a Kruskal-Wallis test over ``n`` values in ``k`` groups detects
+    with probability ``power`` at level ``alpha`` (approximation).
+
+    Uses the one-way ANOVA noncentral chi-square ``chi2(k - 1, lambda = n f^2)`` with
+    ``f^2 = eta^2 / (1 - eta^2)``, scaled by the Kruskal-Wallis asymptotic relative efficiency
+    ``3 / pi`` (normal data). With 5 categories x 5 prompts it is about 0.33: smaller category
+    effects usually go undetected, so a non-significant H is not evidence of robustness.
+    """
+    from scipy.optimize import brentq
+
+    if n <= k or k < 2:
+        return float("nan")
+    crit = float(_st.chi2.ppf(1 - alpha, k - 1))
+
+    def gap(eta2: float) -> float:
+        lam = (3 / math.pi) * n * eta2 / (1 - eta2)
+        return float(_st.ncx2.sf(crit, k - 1, lam)) - power
+
+    return float(brentq(gap, 1e-9, 1 - 1e-9))

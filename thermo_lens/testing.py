@@ -18,7 +18,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ARCHITECTURES", "make_tokenizer", "make_checkpoint", "boot"]
+__all__ = ["ARCHITECTURES", "LEGACY_ARCHITECTURES", "make_tokenizer", "make_wordpiece_tokenizer",
+           "make_checkpoint", "boot", "hooked_transformer", "random_sae"]
 
 _SENTENCES = [
     "The capital of France is Paris.",
@@ -83,17 +84,44 @@ def make_tokenizer(vocab_size: int = 300) -> Any:
     )
 
 
+def make_wordpiece_tokenizer(vocab_size: int = 300) -> Any:
+    """A BERT-style WordPiece ``BertTokenizerFast`` trained offline: ``[CLS] text [SEP]`` with
+    ``add_special_tokens=True``, no BOS token, ``[UNK]`` (id 1) distinct from ``[CLS]`` (id 2)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import BertTokenizerFast
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    tok.train_from_iterator(_SENTENCES * 4, trainer)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    return BertTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", sep_token="[SEP]",
+                             pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]")
+
+
 def make_checkpoint(arch: str, directory: str | os.PathLike, *, seed: int = 0,
-                    dtype: Any = None, **overrides: Any) -> Path:
-    """Write a tiny random ``arch`` checkpoint with its tokenizer to ``directory``."""
+                    dtype: Any = None, tokenizer: str = "bpe", **overrides: Any) -> Path:
+    """Write a tiny random ``arch`` checkpoint with its tokenizer to ``directory``.
+
+    ``tokenizer="wordpiece"`` (BERT only) saves a real BERT-style tokenizer
+    (:func:`make_wordpiece_tokenizer`) instead of the shared byte-level BPE one.
+    """
     import torch
     import transformers
 
     if arch not in ARCHITECTURES:
         raise KeyError(f"unknown architecture {arch!r}; available: {sorted(ARCHITECTURES)}")
     cfg_name, model_name, kwargs = ARCHITECTURES[arch]
-    tok = make_tokenizer()
-    kwargs = dict(kwargs, vocab_size=len(tok), pad_token_id=0, **overrides)
+    if tokenizer not in ("bpe", "wordpiece") or (tokenizer == "wordpiece" and arch != "bert"):
+        raise ValueError(f"tokenizer must be 'bpe', or 'wordpiece' for bert; got {tokenizer!r} for {arch!r}")
+    tok = make_tokenizer() if tokenizer == "bpe" else make_wordpiece_tokenizer()
+    kwargs = dict(kwargs, vocab_size=len(tok), pad_token_id=tok.pad_token_id, **overrides)
     if arch != "bert":
         kwargs.update(bos_token_id=0, eos_token_id=0)
     config = getattr(transformers, cfg_name)(**kwargs)
@@ -116,9 +144,102 @@ def make_checkpoint(arch: str, directory: str | os.PathLike, *, seed: int = 0,
 def boot(arch: str, directory: str | os.PathLike, **boot_kwargs: Any) -> Any:
     """``make_checkpoint`` (if needed) then ``TransformerBridge.boot_transformers`` offline."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformer_lens.model_bridge import TransformerBridge
+    from thermo_lens.host import import_bridge
+
+    TransformerBridge = import_bridge("thermo_lens.testing.boot")
 
     directory = Path(directory)
     if not (directory / "config.json").exists():
         make_checkpoint(arch, directory)
     return TransformerBridge.boot_transformers(str(directory), **boot_kwargs)
+
+
+# Fixture architectures the legacy HookedTransformer (TransformerLens 2.16 / 3.x) loads; BERT is a
+# HookedEncoder there (unsupported: see thermo_lens.host); OPT-350m-style post-LN, Falcon and a Gemma
+# read from a local directory (its Gemma config is chosen by hub name) are not in its converters.
+LEGACY_ARCHITECTURES = ("gpt2", "neox", "opt", "llama_gqa", "gptj", "bloom")
+
+
+def hooked_transformer(directory: str | os.PathLike, *, processed: bool = False, cls: Any = None,
+                       **kwargs: Any) -> Any:
+    """A legacy ``HookedTransformer`` (or ``cls``, e.g. SAELens' ``HookedSAETransformer``) built
+    offline from a local checkpoint, with TransformerLens' own config and weight converters
+    (``get_pretrained_model_config`` + ``get_pretrained_state_dict`` + ``load_and_process_state_dict``:
+    what ``from_pretrained(name, hf_model=...)`` does, without its hub-name lookup).
+
+    ``processed=False`` is ``from_pretrained_no_processing`` (raw weights, what the bridge boots);
+    ``processed=True`` is ``from_pretrained``'s default processing (LayerNorm folded, writing
+    weights centred). The checkpoint is loaded through a neutrally named copy: TransformerLens
+    guesses some architectures from the model *name* ("llama", "gemma"), which a test directory
+    must not trigger.
+    """
+    import shutil
+    import tempfile
+
+    import transformers
+    from transformers import AutoTokenizer
+
+    if cls is None:
+        from transformer_lens import HookedTransformer as cls  # type: ignore[no-redef]  # noqa: N813 - legacy hosts only
+    src = Path(directory)
+    tmp = Path(tempfile.mkdtemp(prefix="thermo-lens-ht-"))
+    local = tmp / "local-checkpoint"
+    shutil.copytree(src, local)
+    try:
+        import json
+
+        # TransformerLens' GPT-2 converter reads n_ctx, which hub GPT-2 configs carry and configs
+        # saved by recent transformers do not: give the copy the value n_positions holds.
+        cfg_json = json.loads((local / "config.json").read_text())
+        if cfg_json.get("model_type") == "gpt2" and "n_ctx" not in cfg_json:
+            cfg_json["n_ctx"] = cfg_json["n_positions"]
+            (local / "config.json").write_text(json.dumps(cfg_json))
+        # Tokenizers saved by transformers 5 name the class "TokenizersBackend", which
+        # transformers 4 (TransformerLens 2.16's) does not know; it is a PreTrainedTokenizerFast there.
+        tok_cfg = local / "tokenizer_config.json"
+        if tok_cfg.exists():
+            tc = json.loads(tok_cfg.read_text())
+            if tc.get("tokenizer_class") == "TokenizersBackend":
+                tc["tokenizer_class"] = "PreTrainedTokenizerFast"
+                tok_cfg.write_text(json.dumps(tc))
+        from transformer_lens import loading_from_pretrained as loading
+
+        config = transformers.AutoConfig.from_pretrained(local)
+        hf = getattr(transformers, config.architectures[0]).from_pretrained(local).eval()
+        tok = AutoTokenizer.from_pretrained(local)
+        # What from_pretrained(name, hf_model=hf) does, minus its hub-name lookup.
+        cfg = loading.get_pretrained_model_config(
+            str(local), hf_cfg=hf.config.to_dict(), fold_ln=processed, device="cpu", **kwargs)
+        cfg.model_name = src.name
+        state_dict = loading.get_pretrained_state_dict(str(local), cfg, hf_model=hf)
+        model = cls(cfg, tokenizer=tok, move_to_device=False)
+        model.load_and_process_state_dict(
+            state_dict, fold_ln=processed, center_writing_weights=processed,
+            center_unembed=processed, fold_value_biases=processed,
+            refactor_factored_attn_matrices=False)
+        return model.eval()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def random_sae(hook_name: str, d_in: int, d_sae: int, *, seed: int = 0, use_error_term: bool = False,
+               scale: float = 0.5) -> Any:
+    """A SAELens ``StandardSAE`` with seeded random weights, reading ``hook_name`` (never downloaded).
+
+    ``W_dec = scale * W_enc.T / ||.||`` rows and a positive encoder bias, so the reconstruction is a
+    real (lossy) map of the activation, not zero.
+    """
+    import torch
+    from sae_lens import StandardSAE, StandardSAEConfig
+
+    cfg = StandardSAEConfig(d_in=d_in, d_sae=d_sae, dtype="float32", device="cpu")
+    cfg.metadata.hook_name = hook_name
+    sae = StandardSAE(cfg, use_error_term=use_error_term)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        w = torch.randn(d_in, d_sae, generator=g)
+        sae.W_enc.copy_(w / w.norm(dim=0, keepdim=True))
+        sae.W_dec.copy_(scale * sae.W_enc.T * (d_in / d_sae) ** 0.5)
+        sae.b_enc.copy_(0.1 * torch.rand(d_sae, generator=g))
+        sae.b_dec.zero_()
+    return sae

@@ -7,29 +7,39 @@ norms, model dtype, raw/processed weights, pre/post-LN). Inputs are the result o
 them for overlays, or ``ThermoProfile``s (the matching field is used).
 
 =========================  ====================================================================
-``layer_dynamics``         block gain G_l per layer, 95% CI bands, models overlaid (GainResult)
+``layer_dynamics``         block gain per layer (0-based block index), 95% CI bands (GainResult)
 ``anisotropy_plot``        mean pairwise cosine per residual state (AnisotropyResult)
 ``robustness_plot``        gain by prompt category (RobustnessResult)
 ``head_heatmap``           any ``[layer, head]`` tensor with a title and its definition
 ``spectral_scatter``       ||W_V||_2 vs ||W_O||_2, log-log, coloured by lab (SpectralSignature)
 ``spectral_heatmaps``      per-head spectral metrics of one model
 ``sheaf_trace_heatmap``    mean sheaf Laplacian trace per head (SheafTraces)
+``attribution_heatmap``    each head's exact share of its block's squared-norm change (GainAttribution)
 ``sheaf_plot``             one head's Laplacian: M, spectrum, restriction-map norms (SheafLaplacian)
 ``l_star_plot``            layer trace with empirical and predicted L* (LStarResult)
 ``kleiber_plot``           gain vs L with the bound 10^(1/L) (per-model table)
 ``heritage_plot``          per-lab mean gain +- SE with Fisher tests
 ``hierarchy_plot``         groups ranked by mean gain with CIs
 ``reference_overlay``      your models among the paper's published ones, like-for-like stated
-``attention_panel``        circuitsvis attention patterns next to per-head metrics (offline HTML)
+
+D'Elia (2026), "Thermodynamic Constraints in Transformer Architectures"; :mod:`thermo_lens.definitions`.
+=======
+``attention_panel``        circuitsvis attention patterns next to per-head metrics (offline HTML;
+                           ``head=`` selects heads)
+``sae_gain_change_plot``   gain with / without attached SAEs and the paired change (SAEGainChange)
 =========================  ====================================================================
 
-D'Elia (2026), "Thermodynamic Constraints in Transformer Architectures"; METHODS.md.
+Per-head figures take ``layers=`` / ``heads=`` subsets (negative indices from the end); ``layer``
+is always the 0-based block index of ``blocks.{layer}``.
+
+D'Elia (2026), "Thermodynamic Constraints in Transformer Architectures"; :mod:`thermo_lens.definitions`.
 """
 
 from thermo_lens.views._common import POST_LN_NOTE, ThermoLensViewError
 from thermo_lens.views.dynamics import anisotropy_plot, layer_dynamics, robustness_plot
 from thermo_lens.views.heads import (
     SPECTRAL_DEFINITIONS,
+    attribution_heatmap,
     head_heatmap,
     sheaf_trace_heatmap,
     spectral_heatmaps,
@@ -43,6 +53,7 @@ from thermo_lens.views.laws import (
     reference_overlay,
     rows_frame,
 )
+from thermo_lens.views.metrics import metric_plot
 from thermo_lens.views.panels import (
     PANEL_DEFINITIONS,
     AttentionPanel,
@@ -52,8 +63,10 @@ from thermo_lens.views.panels import (
     panel_from_results,
 )
 from thermo_lens.views.sheaf import l_star_plot, restriction_norms, sheaf_plot
+from thermo_lens.views.sae import sae_gain_change_plot
 
 __all__ = [
+    "sae_gain_change_plot",
     "POST_LN_NOTE",
     "ThermoLensViewError",
     "layer_dynamics",
@@ -77,6 +90,8 @@ __all__ = [
     "AttentionPanel",
     "panel_from_results",
     "head_ablation_gain",
+    "attribution_heatmap",
     "circuitsvis_html",
     "PANEL_DEFINITIONS",
+    "metric_plot",
 ]

@@ -1,8 +1,8 @@
 """Shared helpers of the views: definition strings, colours, hover text, input unwrapping.
 
-Every number a thermo-lens figure shows carries the definition that produced it (METHODS.md,
-"Every number in a result records the definition, token scope, dtype and BOS setting that
-produced it"): the helpers here turn a result's recorded settings into the short sentence that
+Every number a thermo-lens figure shows carries the definition that produced it (every result records
+the definition, token scope, dtype and BOS setting that produced it; :mod:`thermo_lens.definitions`):
+the helpers here turn a result's recorded settings into the short sentence that
 goes into hover text, titles and figure notes.
 """
 
@@ -63,6 +63,10 @@ def bos_text(prepend_bos: Any) -> str:
         return "no BOS"
     if s == "tokenizer":
         return "special tokens as the HF tokenizer adds them (paper protocol)"
+    if s == "host":
+        return "tokens as the host's model.to_tokens gives them"
+    if s.startswith("host:"):
+        return f"host tokenization ({s[5:]})"
     return f"prepend_bos={s}"
 
 
@@ -137,7 +141,7 @@ def named(items: Any, attr: str | None, kind: str, names: Sequence[str] | None =
     if items is None:
         raise ThermoLensViewError(f"expected a {kind} (or a list / dict of them), got None")
     if isinstance(items, Mapping):
-        pairs = [(str(k), v) for k, v in items.items()]
+        pairs: list[tuple[str | None, Any]] = [(str(k), v) for k, v in items.items()]
     elif isinstance(items, (list, tuple)):
         pairs = [(None, v) for v in items]
     else:
@@ -149,7 +153,7 @@ def named(items: Any, attr: str | None, kind: str, names: Sequence[str] | None =
         if len(names) != len(pairs):
             raise ThermoLensViewError(f"got {len(names)} names for {len(pairs)} {kind}s")
         pairs = [(n, v) for n, (_, v) in zip(names, pairs)]
-    out = []
+    out: list[tuple[str, Any]] = []
     for name, obj in pairs:
         label = name if name is not None else model_name(obj, default=f"model {len(out) + 1}")
         if attr is not None and hasattr(obj, "meta") and hasattr(obj, attr):

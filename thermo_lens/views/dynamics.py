@@ -1,7 +1,7 @@
 """Layer dynamics: block gain per layer with confidence bands, anisotropy profile, input robustness.
 
 D'Elia (2026), "Thermodynamic Constraints in Transformer Architectures", section 3 and appendix C;
-METHODS.md section 1. Every trace's hover text names the definition behind its numbers (token
+``thermo_lens.definitions`` §1. Every trace's hover text names the definition behind its numbers (token
 scope, BOS mode, float32 norms, model dtype, raw/processed weights, pre/post-LN).
 """
 
@@ -31,7 +31,8 @@ from thermo_lens.views._common import (
 
 __all__ = ["layer_dynamics", "anisotropy_plot", "robustness_plot"]
 
-GAIN_DEFINITION = "block gain G_l = ||x_l|| / ||x_{l-1}||"
+GAIN_DEFINITION = ("block gain of block layer (0-based) = ||resid_post_layer|| / ||resid_pre_layer|| "
+                   "(paper G_l = ||x_l|| / ||x_{l-1}||, l = layer + 1)")
 
 
 def _rgba(hex_color: str, alpha: float) -> str:
@@ -59,26 +60,30 @@ def _band(fig: go.Figure, x: np.ndarray, lo: np.ndarray, hi: np.ndarray, color: 
 
 
 def layer_dynamics(gains: Any, names: Sequence[str] | None = None, *,
-                   x: str = "layer", show_ci: bool = True, log_y: bool | str = "auto") -> go.Figure:
+                   x: str = "layer", show_ci: bool = True, log_y: bool | str = "auto",
+                   layers: Any = None) -> go.Figure:
     """Block gain ``G_l`` per layer, mean over prompts with its 95% t-CI band, models overlaid.
 
     Args:
         gains: a :class:`~thermo_lens.gain.GainResult`, a list of them, a ``{name: GainResult}``
             dict, or ThermoProfile(s) (their ``.gain`` is used).
         names: display names (default: the recorded model names).
-        x: ``"layer"`` (block index ``l = 1..L``) or ``"relative_depth"`` (``l / L``: compares
-            models of different depth).
+        x: ``"layer"`` (0-based block index ``layer = 0..L-1``, as ``blocks.{layer}`` and every
+            thermo-lens frame) or ``"relative_depth"`` (``(layer + 1) / L``: compares models of
+            different depth; the last block is at 1).
         show_ci: draw the CI bands (``GainResult.layer_summary``: mean +- t * SE, SD ddof=1).
         log_y: log-scale gain axis; ``"auto"``: when the per-layer means span more than a factor
             of 5 (the first block's gain is often 10-50x, which would flatten every other layer).
+        layers: draw only these blocks (ints or a list; negative from each model's end, so
+            ``layers=[-1]`` is every model's last block).
 
     Returns:
         ``plotly.graph_objects.Figure``; per model one line trace (``meta["role"] == "mean"``,
         ``y`` = per-layer mean ``G_l``) and one band (``meta["role"] == "ci_band"``). Post-LN models
         are drawn dashed with open diamonds, ``[post-LN]`` in their name and a note.
 
-    Definition (METHODS.md section 1): ``G_l = ||x_l|| / ||x_{l-1}||`` with ``x_0`` the block-0
-    input and ``x_l`` block l's output (final norm never included), norms in float32, reduced over
+    Definition (``thermo_lens.definitions`` §1): the gain of block ``layer`` is ``||resid_post_layer|| / ||resid_pre_layer||``
+    (the paper's ``G_{layer+1}``; final norm never included), norms in float32, reduced over
     tokens by the result's token scope.
     """
     if x not in ("layer", "relative_depth"):
@@ -95,10 +100,18 @@ def layer_dynamics(gains: Any, names: Sequence[str] | None = None, *,
         s = g.layer_summary
         mean, lo, hi = to_numpy(s.mean), to_numpy(s.ci_low), to_numpy(s.ci_high)
         sd, se = to_numpy(s.sd), to_numpy(s.se)
-        L = mean.shape[0]
+        L_all = mean.shape[0]
+        keep = np.arange(L_all)
+        if layers is not None:
+            items = [layers] if isinstance(layers, (int, np.integer)) else list(layers)
+            bad = [i for i in items if isinstance(i, bool) or not -L_all <= int(i) < L_all]
+            if bad or not items:
+                raise ThermoLensViewError(f"layer_dynamics: layer(s) {bad or items} out of range 0..{L_all - 1} for {name}")
+            keep = np.array([int(i) % L_all for i in items])
+        mean, lo, hi, sd, se = (v[keep] for v in (mean, lo, hi, sd, se))
+        L = L_all
         all_means.append(mean)
-        layers = np.arange(1, L + 1)
-        xs = layers / L if x == "relative_depth" else layers
+        xs = (keep + 1) / L if x == "relative_depth" else keep
         color = color_of(name, labels)
         post = bool(g.post_ln)
         any_post |= post
@@ -107,15 +120,15 @@ def layer_dynamics(gains: Any, names: Sequence[str] | None = None, *,
         label = name + (POST_LN_SUFFIX if post else "")
         if show_ci:
             _band(fig, xs.astype(float), lo, hi, color, label, name)
-        custom = np.stack([layers, lo, hi, se, sd, np.full(L, g.n_prompts)], axis=1)
+        custom = np.stack([keep, lo, hi, se, sd, np.full(len(keep), g.n_prompts)], axis=1)
         fig.add_trace(go.Scatter(
             x=xs, y=mean, mode="lines+markers", name=label, legendgroup=name,
             line=dict(color=color, dash=POST_LN_DASH if post else "solid"),
             marker=dict(symbol=POST_LN_SYMBOL if post else "circle", size=8 if post else 6),
             customdata=custom,
             hovertemplate=hover([
-                f"<b>{label}</b>", "block l = %{customdata[0]:.0f}",
-                "mean G_l = %{y:.4f}  (95% t-CI [%{customdata[1]:.4f}, %{customdata[2]:.4f}])",
+                f"<b>{label}</b>", "block (layer) %{customdata[0]:.0f} (paper G_l, l = layer + 1)",
+                "mean block gain = %{y:.4f}  (95% t-CI [%{customdata[1]:.4f}, %{customdata[2]:.4f}])",
                 "SE %{customdata[3]:.3g}, SD %{customdata[4]:.3g} (ddof=1), n = %{customdata[5]:.0f} prompts",
                 GAIN_DEFINITION, wrap(defn, 90)] + ([wrap(POST_LN_NOTE, 90)] if post else [])),
             meta={"role": "mean", "model": name, "post_ln": post, "definition": f"{GAIN_DEFINITION}, {defn}"},
@@ -126,15 +139,15 @@ def layer_dynamics(gains: Any, names: Sequence[str] | None = None, *,
     subtitle = GAIN_DEFINITION + ("; " + common if len(settings) == 1 else
                                   "; models measured under DIFFERENT settings (see hover)")
     base_layout(fig, "Layer dynamics: block gain per layer (mean over prompts, 95% CI)", subtitle)
-    fig.update_xaxes(title="block l" if x == "layer" else "relative depth l / L",
+    fig.update_xaxes(title="layer (0-based block index)" if x == "layer" else "relative depth (layer + 1) / L",
                      dtick=1 if x == "layer" and max(g.n_layers for _, g in pairs) <= 48 else None)
-    fig.update_yaxes(title="G_l = ||x_l|| / ||x_{l-1}||")
+    fig.update_yaxes(title="block gain ||resid_post|| / ||resid_pre||")
     if log_y == "auto":
         v = np.concatenate(all_means)
         v = v[np.isfinite(v) & (v > 0)]
         log_y = bool(v.size) and float(v.max() / v.min()) > 5.0
     if log_y:
-        fig.update_yaxes(type="log", dtick="D2", title="G_l = ||x_l|| / ||x_{l-1}|| (log scale)")
+        fig.update_yaxes(type="log", dtick="D2", title="block gain ||resid_post|| / ||resid_pre|| (log scale)")
     if any_post:
         note(fig, "⚠ " + POST_LN_NOTE)
     return fig
@@ -142,7 +155,7 @@ def layer_dynamics(gains: Any, names: Sequence[str] | None = None, *,
 
 # ---------------------------------------------------------------------------- anisotropy
 def _anisotropy_arrays(a: Any) -> dict[str, Any]:
-    s = a.summary
+    s = a.stats
     n = to_numpy(s.n)
     return {
         "mean": to_numpy(s.mean), "ci_low": to_numpy(s.ci_low), "ci_high": to_numpy(s.ci_high),
@@ -161,7 +174,7 @@ def anisotropy_plot(results: Any, names: Sequence[str] | None = None, *, show_ci
         names: display names.
         show_ci: 95% t-CI band across prompts.
 
-    Definition (paper appendix C; METHODS.md section 1): per prompt and state ``x_l``, the mean over
+    Definition (paper appendix C; ``thermo_lens.definitions`` §1): per prompt and state ``x_l``, the mean over
     token pairs ``i != j`` of ``cos(x_l[i], x_l[j])``, position 0 excluded; then mean over prompts.
     """
     pairs = named(results, "anisotropy", "AnisotropyResult", names)

@@ -3,7 +3,7 @@
 The ``[layer, head]`` layout is TransformerLens' (as ``head_detector`` returns): row = layer
 (block index, 0-based as in ``blocks.{l}``), column = query head. D'Elia (2026), "Thermodynamic
 Constraints in Transformer Architectures", section 4.3 (spectral signature) and section 5 (sheaf
-trace); METHODS.md sections 2 and 3.
+trace); ``thermo_lens.definitions`` §2 and §3.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from thermo_lens import registry
 from thermo_lens.views._common import (
     POST_LN_SUFFIX,
     ThermoLensViewError,
@@ -27,25 +28,37 @@ from thermo_lens.views._common import (
     wrap,
 )
 
-__all__ = ["head_heatmap", "spectral_scatter", "spectral_heatmaps", "sheaf_trace_heatmap",
-           "SPECTRAL_DEFINITIONS"]
+# SPECTRAL_DEFINITIONS (compatibility) is served by the module __getattr__ below.
+__all__ = ["head_heatmap", "spectral_scatter", "spectral_heatmaps", "sheaf_trace_heatmap", "attribution_heatmap"]
 
-#: Definition of each per-head spectral metric (METHODS.md section 2), used in hover text.
-SPECTRAL_DEFINITIONS: dict[str, str] = {
-    "W_V_norm": "||W_V||_2 = sigma_max(W_V), W_V [d_model, d_head] of the head (its KV head under GQA)",
-    "W_O_norm": "||W_O||_2 = sigma_max(W_O), W_O [d_head, d_model]",
-    "ratio": "||W_V||_2 / ||W_O||_2",
-    "W_V_frobenius": "||W_V||_F",
-    "W_O_frobenius": "||W_O||_F",
-    "W_V_stable_rank": "stable rank ||W_V||_F^2 / ||W_V||_2^2",
-    "W_O_stable_rank": "stable rank ||W_O||_F^2 / ||W_O||_2^2",
-    "ov_norm": "||W_V W_O||_2 = sigma_max of the OV circuit (from the d_head x d_head factors)",
-}
+def __getattr__(name: str) -> Any:
+    if name == "SPECTRAL_DEFINITIONS":  # kept for compatibility: now derived from the registry
+        return registry.definitions(result="SpectralSignature", shape="layer head")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def select_layers_heads(z: np.ndarray, layers: Any = None, heads: Any = None, *, func: str = "figure"
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows ``layers`` and columns ``heads`` of a ``[layer, head]`` matrix (ints or lists;
+    negative from the end, as everywhere in thermo-lens) and their true indices."""
+    L, H = z.shape
+
+    def pick(sel: Any, n: int, what: str) -> np.ndarray:
+        if sel is None:
+            return np.arange(n)
+        items = [sel] if isinstance(sel, (int, np.integer)) else list(sel)
+        bad = [i for i in items if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not -n <= int(i) < n]
+        if bad or not items:
+            raise ThermoLensViewError(f"{func}: {what}(s) {bad or items} out of range 0..{n - 1} (negative from the end)")
+        return np.array([int(i) % n for i in items])
+
+    ls, hs = pick(layers, L, "layer"), pick(heads, H, "head")
+    return z[np.ix_(ls, hs)], ls, hs
 
 
 def head_heatmap(values: Any, *, title: str, definition: str, colorscale: str | None = None,
                  zmid: float | None = None, layer_offset: int = 0, colorbar_title: str | None = None,
-                 value_format: str = ".4g") -> go.Figure:
+                 value_format: str = ".4g", layers: Any = None, heads: Any = None) -> go.Figure:
     """Any per-head metric as a layer x head heatmap.
 
     Args:
@@ -58,6 +71,8 @@ def head_heatmap(values: Any, *, title: str, definition: str, colorscale: str | 
         layer_offset: added to the row index in labels (0: ``blocks.{l}`` indexing).
         colorbar_title: colour bar label.
         value_format: d3 format of the value in hover text.
+        layers, heads: show only these layers / heads (ints or lists, negative from the end);
+            the axes keep their true indices.
 
     Returns:
         A figure with one ``go.Heatmap`` whose ``z`` is ``values`` (row = layer, column = head).
@@ -69,11 +84,10 @@ def head_heatmap(values: Any, *, title: str, definition: str, colorscale: str | 
             "[prompt, layer, head] tensors reduce over prompts first (e.g. .mean(0))")
     if not isinstance(title, str) or not isinstance(definition, str) or not definition.strip():
         raise ThermoLensViewError("head_heatmap: give a title and a non-empty definition string (what the numbers are)")
+    z, ls, hs = select_layers_heads(z, layers, heads, func="head_heatmap")
     L, H = z.shape
-    layers = np.arange(L) + layer_offset
-    heads = np.arange(H)
     fig = go.Figure(go.Heatmap(
-        z=z, x=heads, y=layers, colorscale=colorscale or ("RdBu_r" if zmid is not None else "Viridis"),
+        z=z, x=[str(h) for h in hs], y=[str(l + layer_offset) for l in ls], colorscale=colorscale or ("RdBu_r" if zmid is not None else "Viridis"),
         zmid=zmid, colorbar=dict(title=colorbar_title) if colorbar_title else None,
         hovertemplate=hover(["layer %{y}, head %{x}", f"value %{{z:{value_format}}}", wrap(definition, 90)]),
         meta={"role": "heatmap", "definition": definition},
@@ -99,15 +113,17 @@ def spectral_settings(sig: Any) -> str:
 
 
 def _definition(sig: Any, metric: str) -> str:
-    defs = getattr(sig, "definitions", None) or {}
-    return str(defs.get(metric) or SPECTRAL_DEFINITIONS.get(metric, metric))
+    try:
+        return registry.get(metric).formula
+    except KeyError:
+        return metric
 
 
 def _sig_tensor(sig: Any, metric: str) -> np.ndarray:
     if not hasattr(sig, metric):
         raise ThermoLensViewError(
             f"the spectral signature has no metric {metric!r}; available: "
-            f"{', '.join(m for m in SPECTRAL_DEFINITIONS if hasattr(sig, m))}")
+            f"{', '.join(getattr(sig, 'head_metrics', {}))}")
     z = to_numpy(getattr(sig, metric))
     if z.ndim != 2:
         raise ThermoLensViewError(f"spectral metric {metric!r} is not a [layer, head] tensor (shape {z.shape})")
@@ -205,14 +221,21 @@ def _labs(raw: Any, pairs: list[tuple[str, Any]], labs: Any) -> dict[str, str]:
 
 
 def spectral_heatmaps(signature: Any, metrics: Sequence[str] = ("W_V_norm", "W_O_norm", "ratio", "ov_norm"),
-                      *, name: str | None = None) -> go.Figure:
+                      *, name: str | None = None, layers: Any = None, heads: Any = None,
+                      attribution: Any = None) -> go.Figure:
     """Several per-head spectral metrics of one model as side-by-side ``[layer, head]`` heatmaps.
 
     Args:
         signature: a :class:`~thermo_lens.spectral.SpectralSignature` (or a ThermoProfile).
-        metrics: attribute names of ``[layer, head]`` tensors (see :data:`SPECTRAL_DEFINITIONS`).
+        metrics: names of registered ``[layer, head]`` metrics (:mod:`thermo_lens.registry`).
         name: display name (default: the recorded model name).
+        layers, heads: show only these layers / heads (negative from the end).
+        attribution: a :class:`~thermo_lens.attribution.GainAttribution` of the same model (or a
+            ThermoProfile, whose ``.attribution`` is used when ``signature`` is one): adds its
+            mean head term as a last, diverging heatmap beside the spectral ones.
     """
+    if attribution is None and getattr(signature, "attribution", None) is not None and hasattr(signature, "meta"):
+        attribution = signature.attribution
     ((label, sig),) = named(signature, "spectral", "SpectralSignature", [name] if name else None)
     check_type(sig, "SpectralSignature", "spectral_heatmaps",
                "Pass thermo_lens.spectral.spectral_signature(model) (or a ThermoProfile).")
@@ -220,14 +243,32 @@ def spectral_heatmaps(signature: Any, metrics: Sequence[str] = ("W_V_norm", "W_O
     if not metrics:
         raise ThermoLensViewError("spectral_heatmaps: give at least one metric")
     zs = [_sig_tensor(sig, m) for m in metrics]
+    defs_of = {m: _definition(sig, m) for m in metrics}
+    if attribution is not None:
+        check_type(attribution, "GainAttribution", "spectral_heatmaps",
+                   "Pass thermo_lens.gain_attribution(model, prompts) of the same model.")
+        if tuple(attribution.head.shape[1:]) != zs[0].shape:
+            raise ThermoLensViewError(
+                f"spectral_heatmaps: the attribution is [layer, head] = {tuple(attribution.head.shape[1:])}, "
+                f"the signature {zs[0].shape}: not the same model")
+        metrics.append("head_term")
+        zs.append(to_numpy(attribution.mean_head))
+        defs_of["head_term"] = (f"<z_h W_O^h, x_out + x_in>: the head's share of its block's ||x_out||^2 - "
+                                f"||x_in||^2, mean over {attribution.n_prompts} prompts (token scope "
+                                f"{attribution.token_scope}); > 0 expands the residual stream")
+    picked = [select_layers_heads(z, layers, heads, func="spectral_heatmaps") for z in zs]
+    zs = [p[0] for p in picked]
+    ls, hs = picked[0][1], picked[0][2]
     L, H = zs[0].shape
     defs = spectral_settings(sig)
     fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=metrics, horizontal_spacing=0.1)
     for k, (m, z) in enumerate(zip(metrics, zs)):
-        definition = _definition(sig, m)
+        definition = defs_of[m]
         axis = fig.layout["xaxis" if k == 0 else f"xaxis{k + 1}"]
+        diverging = m == "head_term"
         fig.add_trace(go.Heatmap(
-            z=z, x=np.arange(z.shape[1]), y=np.arange(z.shape[0]), colorscale="Viridis",
+            z=z, x=[str(h) for h in hs], y=[str(l) for l in ls],
+            colorscale="RdBu_r" if diverging else "Viridis", zmid=0.0 if diverging else None,
             showscale=True, colorbar=dict(len=0.9, x=axis.domain[1] + 0.005, xanchor="left", thickness=10,
                                           tickfont=dict(size=9)),
             hovertemplate=hover([f"<b>{m}</b>", "layer %{y}, head %{x}", "value %{z:.4g}",
@@ -241,15 +282,17 @@ def spectral_heatmaps(signature: Any, metrics: Sequence[str] = ("W_V_norm", "W_O
     return fig
 
 
-def sheaf_trace_heatmap(traces: Any, *, name: str | None = None, log: bool = False) -> go.Figure:
+def sheaf_trace_heatmap(traces: Any, *, name: str | None = None, log: bool = False, layers: Any = None,
+                        heads: Any = None) -> go.Figure:
     """Mean sheaf Laplacian trace per head over prompts, ``[layer, head]``.
 
     Args:
         traces: a :class:`~thermo_lens.sheaf.SheafTraces` (or a ThermoProfile, ``.sheaf``).
         name: display name.
         log: colour by ``log10`` of the trace (wide dynamic range across layers).
+        layers, heads: show only these layers / heads (negative from the end).
 
-    Definition (METHODS.md section 3): ``Tr L^{(l,h)} = (n - sum_i A_ii) ||W_V^{(l,h)}||_F^2`` per
+    Definition (``thermo_lens.definitions`` §3): ``Tr L^{(l,h)} = (n - sum_i A_ii) ||W_V^{(l,h)}||_F^2`` per
     prompt (or the traces' recorded formula), then the mean over prompts.
     """
     ((label, tr),) = named(traces, "sheaf", "SheafTraces", [name] if name else None)
@@ -265,4 +308,41 @@ def sheaf_trace_heatmap(traces: Any, *, name: str | None = None, log: bool = Fal
             z = np.log10(z)
         definition = "log10 of " + definition
     return head_heatmap(z, title=f"Sheaf Laplacian trace per head, {label}", definition=definition,
-                        colorbar_title="log10 Tr L" if log else "Tr L")
+                        colorbar_title="log10 Tr L" if log else "Tr L", layers=layers, heads=heads)
+
+
+def attribution_heatmap(attribution: Any, *, name: str | None = None, relative: bool = False,
+                        layers: Any = None, heads: Any = None) -> go.Figure:
+    """Per-head gain attribution, mean over prompts, as a diverging ``[layer, head]`` heatmap.
+
+    Args:
+        attribution: a :class:`~thermo_lens.attribution.GainAttribution` (or a ThermoProfile,
+            ``.attribution``).
+        name: display name.
+        relative: colour by the term divided by the block input's squared norm
+            (:attr:`GainAttribution.relative_head`, comparable across layers).
+        layers, heads: show only these layers / heads (negative from the end).
+
+    Red heads expand the residual stream (positive share of ``||x_out||^2 - ||x_in||^2`` of their
+    block), blue heads dampen it. ``layer`` is the 0-based block index, as in the spectral and
+    sheaf heatmaps.
+    """
+    if hasattr(attribution, "meta") and hasattr(attribution, "attribution"):
+        label = name or str(attribution.meta.get("name"))
+        attribution = attribution.attribution
+        if attribution is None:
+            raise ThermoLensViewError("attribution_heatmap: this profile has no attribution (post-LN model)")
+    else:
+        label = name or str((getattr(attribution, "model", None) or {}).get("name", "model"))
+    check_type(attribution, "GainAttribution", "attribution_heatmap",
+               "Pass thermo_lens.gain_attribution(model, prompts) (or a ThermoProfile).")
+    a = attribution
+    z = to_numpy(a.relative_head.mean(0) if relative else a.mean_head)
+    what = ("<z_h W_O^h, x_out + x_in> / ||x_in||^2" if relative else "<z_h W_O^h, x_out + x_in>")
+    definition = (f"{what}: head h's exact share of its block's squared-norm change ||x_out||^2 - ||x_in||^2 "
+                  f"(x_in = resid_pre, x_out = resid_post of block layer), mean over {a.n_prompts} prompts; "
+                  + settings_text(token_scope=a.token_scope, prepend_bos=a.prepend_bos, dtype=a.dtype,
+                                  weights=a.weights, post_ln=a.post_ln)
+                  + f"; hooks: {a.provenance.hooks_text}")
+    return head_heatmap(z, title=f"Gain attribution per head, {label}", definition=definition, zmid=0.0,
+                        colorbar_title="share" if relative else "head term", layers=layers, heads=heads)

@@ -1,7 +1,7 @@
 """Cross-model views: Kleiber plot, heritage bars, hierarchy, and the overlay on the paper's models.
 
 D'Elia (2026), "Thermodynamic Constraints in Transformer Architectures", sections 4.1-4.2, 5.1 and
-Fig. 1-2; METHODS.md section 5. The statistics come from :mod:`thermo_lens.laws` (computed, with
+Fig. 1-2; ``thermo_lens.definitions`` §5. The statistics come from :mod:`thermo_lens.laws` (computed, with
 p-values, never asserted); the paper's published numbers from :mod:`thermo_lens.reference`.
 
 Inputs are per-model tables: a DataFrame with one row per model, or a list of ThermoProfiles
@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from thermo_lens.stats import format_p as _fmt_p  # the one p-value format
 from thermo_lens.views._common import (
     POST_LN_NOTE,
     POST_LN_SYMBOL,
@@ -130,10 +131,6 @@ def _post(df: pd.DataFrame) -> np.ndarray:
     return np.array([is_true(v) for v in df["post_ln"]], dtype=bool)
 
 
-def _fmt_p(p: float) -> str:
-    return "nan" if not np.isfinite(p) else (f"{p:.2e}" if p < 1e-3 else f"{p:.3f}")
-
-
 # ---------------------------------------------------------------------------- Kleiber
 def kleiber_plot(table: Any, gain: str = "gain", *, n_layers: str = "n_layers") -> go.Figure:
     """Gain vs depth L with the bound curve ``G_max = 10^(1/L)`` (paper eq. 3, Fig. 1).
@@ -208,7 +205,7 @@ def kleiber_plot(table: Any, gain: str = "gain", *, n_layers: str = "n_layers") 
                              rho="rho" if ("rho" in df.columns or {"n_heads", "d_head"} <= set(df.columns)) else None)
             d = k.gain_vs_depth
             stats = (f"gain vs L over {k.n} models: Pearson r = {d.statistic:.3f} (p = {_fmt_p(d.pvalue)}), "
-                     f"Spearman {d.spearman_statistic:.3f} (p = {_fmt_p(d.spearman_pvalue)}); "
+                     f"Spearman {d.spearman_statistic:.3f} (permutation p = {_fmt_p(d.spearman_pvalue_exact)}); "
                      f"{len(k.violations)} above the bound")
         except ValueError as e:
             stats = f"no correlation: {e}"
@@ -344,7 +341,7 @@ def reference_overlay(table: Any, metric: str = "A", *, x: str = "n_layers") -> 
     difference, also stated). When they differ, your points are drawn hollow and the title says
     "NOT like for like".
     """
-    from thermo_lens import reference
+    from thermo_lens.paper import reference
     from thermo_lens.gain import PAPER_METRICS
 
     if metric not in PAPER_METRICS:

@@ -7,7 +7,7 @@ fetched from a CDN (``circuitsvis``' own ``RenderedHTML._repr_html_`` probes ``g
 uses unpkg when online; this module never does).
 
 Per-head metrics shown next to the patterns (D'Elia 2026, "Thermodynamic Constraints in
-Transformer Architectures"; METHODS.md sections 1-3):
+Transformer Architectures"; ``thermo_lens.definitions`` §1-3):
 
 * ``delta_block_gain``: the change in the layer's block gain ``G_{l+1} = ||x_{l+1}|| / ||x_l||``
   (block ``l``, 0-based) when the head is zero-ablated (``blocks.{l}.attn.hook_z[:, :, h] = 0``,
@@ -30,6 +30,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from thermo_lens.registry import Metric, metrics, register_metric
+from thermo_lens.result import Result
 from thermo_lens.views._common import ThermoLensViewError, bos_text, settings_text, to_numpy
 
 __all__ = [
@@ -39,19 +41,37 @@ __all__ = [
     "panel_from_results",
     "circuitsvis_html",
     "circuitsvis_js",
-    "PANEL_DEFINITIONS",
-]
+    "panel_definitions",
+]  # PANEL_DEFINITIONS (compatibility) is served by the module __getattr__ below.
 
-#: Definition of every column of :attr:`AttentionPanel.metrics`.
-PANEL_DEFINITIONS: dict[str, str] = {
-    "delta_block_gain": "change in this block's gain G_{l+1} = ||x_{l+1}|| / ||x_l|| when the head's "
-                        "output z is zero-ablated (blocks.{l}.attn.hook_z[:, :, h] = 0), mean over prompts",
-    "W_V_norm": "sigma_max(W_V) of the head's value matrix [d_model, d_head] (its KV head under GQA)",
-    "W_O_norm": "sigma_max(W_O), W_O [d_head, d_model]",
-    "ov_norm": "sigma_max(W_V W_O), the OV circuit's spectral norm",
-    "sheaf_trace": "Tr L = (n - sum_i A_ii) * ||W_V||_F^2, the head's sheaf Laplacian trace on the shown prompt",
-    "attn_to_self": "mean over query tokens of A_ii (diagonal attention mass) on the shown prompt",
-}
+for _name, _symbol, _formula, _unit in (
+    ("delta_block_gain", "Delta G", "change in this block's gain ||resid_post_layer|| / ||resid_pre_layer|| when "
+     "the head's output z is zero-ablated (blocks.{layer}.attn.hook_z[:, :, h] = 0), mean over prompts", "ratio"),
+    ("head_term", "<z_h W_O^h, x_out + x_in>", "the head's exact share <z_h W_O^h, x_out + x_in> of this block's "
+     "squared-norm change ||x_out||^2 - ||x_in||^2 (thermo_lens.gain_attribution), mean over prompts; > 0 expands",
+     "squared residual norm"),
+    ("sheaf_trace", "Tr L", "Tr L = (n - sum_i A_ii) * ||W_V||_F^2, the head's sheaf Laplacian trace on the "
+     "shown prompt", "squared weight norm x tokens"),
+    ("attn_to_self", "mean A_ii", "mean over query tokens of A_ii (diagonal attention mass) on the shown prompt",
+     "attention probability"),
+):
+    register_metric(Metric(_name, symbol=_symbol, formula=_formula, shape="head", result="AttentionPanel",
+                           section="gain" if _name in ("delta_block_gain", "head_term") else "sheaf", unit=_unit,
+                           frame="metrics", attr=f"metrics.{_name}", panel=True))
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PANEL_DEFINITIONS":  # kept for compatibility: now derived from the registry
+        return panel_definitions()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def panel_definitions() -> dict[str, str]:
+    """Definition of every column of :attr:`AttentionPanel.metrics`: the registered metrics shown in
+    panels (``Metric.panel``), the ablation first."""
+    shown = [m for m in metrics() if m.panel]
+    shown.sort(key=lambda m: m.name != "delta_block_gain")
+    return {m.name: m.formula for m in shown}
 
 
 # ---------------------------------------------------------------------------- offline circuitsvis
@@ -121,44 +141,66 @@ def _zero_heads(row_heads: Sequence[int | None], n_prompts: int, n_heads: int):
     return hook
 
 
-def head_ablation_gain(model: Any, prompts: Sequence[str], layer: int, *, token_scope: str = "all_but_first",
-                       prepend_bos: Any = True, heads: Sequence[int] | None = None,
-                       max_batch: int = 64) -> pd.DataFrame:
-    """Change in block ``layer``'s gain when each head is zero-ablated, via ``fwd_hooks``.
+def head_ablation_gain(model: Any, prompts: Any, layer: int, *, token_scope: str = "all_but_first",
+                       heads: Sequence[int] | None = None, max_batch: int = 64, settings: Any = None,
+                       **run: Any) -> pd.DataFrame:
+    """Change in block ``layer``'s gain when each head is zero-ablated.
 
-    :func:`thermo_lens.gain.residual_gain` with a hook on ``blocks.{layer}.attn.hook_z`` that zeroes
-    one head's output ``z``. The baseline and the ablated copies run as rows of the same batch (the
-    prompts repeated once per head, each copy ablating its own head), so all heads cost
-    ``ceil(P (H + 1) / max_batch)`` forward passes instead of ``H + 1``; right padding keeps every
-    row equal to its own unbatched run (batches keep the row order: the hook indexes rows). Block ``layer`` (0-based) has gain
-    ``G_{layer+1} = ||x_{layer+1}|| / ||x_layer||`` (column ``layer`` of ``block_gain``).
+    A hook on ``blocks.{layer}.attn.hook_z`` zeroes one head's output ``z``. The baseline and the
+    ablated copies run as rows of the same batch (the prompts repeated once per head, each copy
+    ablating its own head), so all heads cost ``ceil(P (H + 1) / max_batch)`` forward passes
+    instead of ``H + 1``; right padding keeps every row equal to its own unbatched run. Your own
+    ``fwd_hooks`` (e.g. a :func:`thermo_lens.patch_from` patch) run first in every copy and see
+    ``hook.ctx["batch"].prompt_index`` as indices into *your* prompt list. Block ``layer``
+    (0-based, negative from the end) has gain ``||resid_post_layer|| / ||resid_pre_layer||``.
+
+    Args:
+        model, prompts: as for :func:`thermo_lens.residual_gain`.
+        layer: the block whose heads are ablated.
+        token_scope: the gain's token scope.
+        heads: heads to ablate (default all; negative from the end).
+        max_batch: rows per forward pass.
+        settings, **run: run options (:class:`thermo_lens.RunSettings`: ``prepend_bos``,
+            ``truncate``, ``fwd_hooks``).
 
     Returns:
         One row per head: ``head, block_gain`` (ablated, mean over prompts), ``baseline``,
-        ``delta_block_gain`` (ablated - baseline), ``delta_last_block_gain`` (effect on G_L),
-        with the definition columns ``layer, token_scope, prepend_bos``.
+        ``delta_block_gain`` (ablated - baseline), ``delta_last_block_gain`` (effect on the last
+        block's gain), with the definition columns ``layer, token_scope, prepend_bos, hooks``.
     """
-    from thermo_lens.gain import residual_gain
-    from thermo_lens.model import as_view, validate_prompts
+    from thermo_lens.gain import collect_for_scope, gain_from_collected
+    from thermo_lens.hooks import residual_norms
+    from thermo_lens.inputs import Prompts, as_prompts
+    from thermo_lens.model import as_view
+    from thermo_lens.settings import RunSettings
 
     view = as_view(model)
-    prompts = validate_prompts(prompts)
-    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < view.n_layers:
-        raise ThermoLensViewError(f"layer must be an int in 0..{view.n_layers - 1}, got {layer!r}")
+    settings = RunSettings.resolve(settings, **run)
+    ps = as_prompts(prompts, tokenizer=view.tokenizer)
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not -view.n_layers <= layer < view.n_layers:
+        raise ThermoLensViewError(f"layer must be an int in 0..{view.n_layers - 1} (negative from the end), got {layer!r}")
+    layer = int(layer) % view.n_layers
     heads = list(range(view.n_heads)) if heads is None else [int(h) for h in heads]
-    bad = [h for h in heads if not 0 <= h < view.n_heads]
+    bad = [h for h in heads if not -view.n_heads <= h < view.n_heads]
     if bad:
         raise ThermoLensViewError(f"heads {bad} out of range 0..{view.n_heads - 1}")
-    P = len(prompts)
+    heads = [h % view.n_heads for h in heads]
+    P = len(ps)
     copies: list[int | None] = [None] + heads  # None = the unablated baseline
     per_pass = max(1, max_batch // P)
-    hook_name = f"blocks.{int(layer)}.attn.hook_z"
+    hook_name = f"blocks.{layer}.attn.hook_z"
     block, last = {}, {}
+    hooks_text = "none (clean run)"
     for start in range(0, len(copies), per_pass):
         chunk = copies[start:start + per_pass]
-        g = residual_gain(view, prompts * len(chunk), token_scope=token_scope, prepend_bos=prepend_bos,
-                          batch_size=P * len(chunk), progress=False, sort_by_length=False,
-                          fwd_hooks=[(hook_name, _zero_heads(chunk, P, view.n_heads))])
+        rep = Prompts(texts=ps.texts * len(chunk), categories=ps.categories * len(chunk), name=ps.name,
+                      token_ids=None if ps.token_ids is None else ps.token_ids * len(chunk))
+        run_settings = RunSettings.resolve(settings, batch_size=P * len(chunk), progress=False, sort_by_length=False)
+        got = collect_for_scope(view, rep, [residual_norms], token_scope, run_settings,
+                                internal_hooks=[(hook_name, _zero_heads(chunk, P, view.n_heads))],
+                                row_prompt=list(range(P)) * len(chunk))
+        g = gain_from_collected(got, token_scope)
+        hooks_text = g.provenance.hooks_text
         bg = g.block_gain[:, layer].double()
         lg = torch.as_tensor(np.asarray(g.last_block_gain.values, dtype=np.float64))
         for j, h in enumerate(chunk):
@@ -167,7 +209,8 @@ def head_ablation_gain(model: Any, prompts: Sequence[str], layer: int, *, token_
     df = pd.DataFrame([{"head": h, "block_gain": block[h], "baseline": block[None],
                         "delta_block_gain": block[h] - block[None],
                         "delta_last_block_gain": last[h] - last[None]} for h in heads])
-    df["layer"], df["token_scope"], df["prepend_bos"] = int(layer), token_scope, str(prepend_bos)
+    df["layer"], df["token_scope"], df["prepend_bos"] = int(layer), token_scope, str(got.prepend_bos)
+    df["hooks"] = hooks_text
     return df
 
 
@@ -178,13 +221,13 @@ def _display_tokens(view: Any, prompt: str, prepend_bos: Any, n: int) -> list[st
 
 
 # ---------------------------------------------------------------------------- the panel
-@dataclass(frozen=True)
-class AttentionPanel:
+@dataclass(frozen=True, eq=False)
+class AttentionPanel(Result):
     """A layer's attention patterns (circuitsvis) next to its per-head metrics; offline HTML.
 
     Attributes:
         html: the self-contained HTML fragment (circuitsvis JS inlined once).
-        metrics: one row per head (columns described in :data:`PANEL_DEFINITIONS`).
+        metrics: one row per head (columns described in :func:`panel_definitions`).
         tokens: the prompt's tokens as displayed.
         pattern: ``Float[Tensor, "head dest src"]`` the layer's attention pattern on the prompt.
         layer, prompt, model, settings: what is shown and how it was measured.
@@ -212,13 +255,15 @@ class AttentionPanel:
         """Write a standalone offline HTML page with this panel; returns the path."""
         p = Path(path)
         title = html.escape(f"thermo-lens: {self.model}, layer {self.layer}")
-        p.write_text(f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{title}</title></head>"
-                     f"<body>{self.html}</body></html>", encoding="utf-8")
+        from thermo_lens.safe_io import atomic_write_text
+
+        atomic_write_text(p, f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{title}</title></head>"
+                             f"<body>{self.html}</body></html>")
         return p
 
     def __repr__(self) -> str:
         return (f"AttentionPanel({self.model}, layer {self.layer}, {len(self.tokens)} tokens, "
-                f"{self.pattern.shape[0]} heads; metrics: {', '.join(c for c in self.metrics.columns if c in PANEL_DEFINITIONS)})")
+                f"{self.pattern.shape[0]} heads; metrics: {', '.join(c for c in self.metrics.columns if c in panel_definitions())})")
 
 
 def _cell_style(v: float, lo: float, hi: float, diverging: bool) -> str:
@@ -235,7 +280,8 @@ def _cell_style(v: float, lo: float, hi: float, diverging: bool) -> str:
 
 
 def _metrics_table(metrics: pd.DataFrame, columns: Sequence[str]) -> str:
-    head = "".join(f'<th title="{html.escape(PANEL_DEFINITIONS.get(c, c))}">{html.escape(c)}</th>' for c in columns)
+    defs = panel_definitions()
+    head = "".join(f'<th title="{html.escape(defs.get(c, c))}">{html.escape(c)}</th>' for c in columns)
     ranges = {c: (np.nanmin(metrics[c].to_numpy(float)), np.nanmax(metrics[c].to_numpy(float))) for c in columns
               if c != "head" and len(metrics)}
     rows = []
@@ -248,7 +294,7 @@ def _metrics_table(metrics: pd.DataFrame, columns: Sequence[str]) -> str:
                 continue
             v = float(v)
             lo, hi = ranges[c]
-            cells.append(f'<td{_cell_style(v, lo, hi, c.startswith("delta"))}>{v:.4g}</td>')
+            cells.append(f'<td{_cell_style(v, lo, hi, c.startswith("delta") or c == "head_term")}>{v:.4g}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return (f'<table class="thermo-lens-metrics" style="border-collapse:collapse;font-size:12px">'
             f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
@@ -267,7 +313,7 @@ def panel_from_results(tokens: Sequence[str], pattern: Any, metrics: pd.DataFram
     Args:
         tokens: ``n`` token strings.
         pattern: ``[head, n, n]`` attention pattern (rows = destination/query, columns = source/key).
-        metrics: one row per head with a ``head`` column and any of :data:`PANEL_DEFINITIONS`.
+        metrics: one row per head with a ``head`` column and any of :func:`panel_definitions`.
         layer, prompt, model: labels.
         settings: measurement settings to print (``prepend_bos``, ``token_scope``, ``dtype``, ``weights``).
         include_js: embed the circuitsvis bundle (set False when the page already has it).
@@ -280,10 +326,11 @@ def panel_from_results(tokens: Sequence[str], pattern: Any, metrics: pd.DataFram
     if "head" not in metrics.columns:
         raise ThermoLensViewError("panel: metrics needs a 'head' column")
     settings = dict(settings or {})
-    cols = ["head"] + [c for c in PANEL_DEFINITIONS if c in metrics.columns]
+    definitions = panel_definitions()
+    cols = ["head"] + [c for c in definitions if c in metrics.columns]
     # circuitsvis.attention.attention_patterns(tokens=..., attention=[head, dest, src]) props.
     vis = circuitsvis_html("AttentionPatterns", include_js=include_js, tokens=tokens, attention=pat)
-    defs = "".join(f"<dt>{html.escape(c)}</dt><dd>{html.escape(PANEL_DEFINITIONS[c])}</dd>" for c in cols if c != "head")
+    defs = "".join(f"<dt>{html.escape(c)}</dt><dd>{html.escape(definitions[c])}</dd>" for c in cols if c != "head")
     stext = html.escape(settings_text(token_scope=settings.get("token_scope"), prepend_bos=settings.get("prepend_bos"),
                                       dtype=settings.get("dtype"), weights=settings.get("weights"),
                                       post_ln=settings.get("post_ln")))
@@ -305,26 +352,29 @@ def panel_from_results(tokens: Sequence[str], pattern: Any, metrics: pd.DataFram
                           pattern=pat, layer=layer, prompt=prompt, model=model, settings=settings)
 
 
-def attention_panel(model: Any, prompt: str, layer: int, *, prepend_bos: Any = True,
-                    gain_prompts: Sequence[str] | None = None, token_scope: str = "all_but_first",
-                    ablation: bool = True, include_js: bool = True) -> AttentionPanel:
+def attention_panel(model: Any, prompt: str, layer: int, *, head: int | Sequence[int] | None = None,
+                    prepend_bos: Any = "host", gain_prompts: Any = None, token_scope: str = "all_but_first",
+                    ablation: bool = True, attribution: bool = True, include_js: bool = True) -> AttentionPanel:
     """Attention patterns of ``layer`` on ``prompt`` (circuitsvis) next to that layer's per-head metrics.
 
     Args:
         model: a TransformerLens model (``TransformerBridge``).
         prompt: the prompt whose patterns are shown (and the sheaf trace is measured on).
-        layer: block index (0-based).
+        layer: block index (0-based; negative from the end).
+        head: show only this head (or these heads; negative from the end); default all.
         prepend_bos: BOS mode (``True``, ``False``, ``"tokenizer"``), as in ``residual_gain``.
         gain_prompts: prompts for the ablation gain change (default ``[prompt]``).
         token_scope: token scope of the gain (``thermo_lens.gain.TOKEN_SCOPES``).
         ablation: compute ``delta_block_gain`` (``n_heads + 1`` forward passes over ``gain_prompts``).
+        attribution: compute ``head_term`` (:func:`thermo_lens.gain_attribution` on ``gain_prompts``;
+            skipped for post-LN models).
         include_js: embed the circuitsvis bundle (once per page is enough).
 
     Returns:
         :class:`AttentionPanel` (``panel.html``; displays itself in a notebook; ``panel.save(path)``).
     """
     from thermo_lens.model import as_view
-    from thermo_lens.sheaf import sheaf_laplacian
+    from thermo_lens.sheaf import LayerSheafLaplacian, sheaf_laplacian
     from thermo_lens.spectral import spectral_signature
 
     if not isinstance(prompt, str) or not prompt.strip():
@@ -333,25 +383,42 @@ def attention_panel(model: Any, prompt: str, layer: int, *, prepend_bos: Any = T
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not -view.n_layers <= layer < view.n_layers:
         raise ThermoLensViewError(f"attention_panel: layer must be an int in 0..{view.n_layers - 1}, got {layer!r}")
     layer = int(layer) % view.n_layers
+    if head is None:
+        shown = list(range(view.n_heads))
+    else:
+        hs = [head] if isinstance(head, (int, np.integer)) else list(head)
+        bad = [h for h in hs if isinstance(h, bool) or not -view.n_heads <= int(h) < view.n_heads]
+        if bad or not hs:
+            raise ThermoLensViewError(f"attention_panel: head must be in 0..{view.n_heads - 1} (negative from the end), got {head!r}")
+        shown = [int(h) % view.n_heads for h in hs]
     lap = sheaf_laplacian(view, prompt, layer, None, prepend_bos=prepend_bos)
+    assert isinstance(lap, LayerSheafLaplacian)  # head=None: all heads of the layer
     pattern = torch.stack([h.pattern for h in lap.heads]).float()  # [head, n, n]
     n = pattern.shape[-1]
     tokens = _display_tokens(view, prompt, prepend_bos, n)
     sig = spectral_signature(view)
-    metrics = pd.DataFrame({
+    head_metrics = {m.name: to_numpy(sig.head_metrics[m.name][layer])
+                    for m in metrics(result="SpectralSignature", shape="layer head") if m.panel and m.name in sig.head_metrics}
+    table = pd.DataFrame({
         "head": np.arange(view.n_heads),
-        "W_V_norm": to_numpy(sig.W_V_norm[layer]),
-        "W_O_norm": to_numpy(sig.W_O_norm[layer]),
-        "ov_norm": to_numpy(sig.ov_norm[layer]),
+        **head_metrics,
         "sheaf_trace": to_numpy(lap.head_traces()),
         "attn_to_self": to_numpy(torch.diagonal(pattern, dim1=-2, dim2=-1).double().mean(-1)),
     })
+    gp = gain_prompts if gain_prompts is not None else [prompt]
     if ablation:
-        abl = head_ablation_gain(view, list(gain_prompts or [prompt]), layer, token_scope=token_scope,
-                                 prepend_bos=prepend_bos)
-        metrics.insert(1, "delta_block_gain", abl["delta_block_gain"].to_numpy())
+        abl = head_ablation_gain(view, gp, layer, token_scope=token_scope, prepend_bos=prepend_bos)
+        table.insert(1, "delta_block_gain", abl["delta_block_gain"].to_numpy())
+    if attribution and not view.post_ln:
+        from thermo_lens.attribution import gain_attribution
+
+        attr = gain_attribution(view, gp, token_scope=token_scope, prepend_bos=prepend_bos, progress=False)
+        table.insert(1, "head_term", to_numpy(attr.mean_head[layer]))
+    table = table.iloc[shown].reset_index(drop=True)
+    pattern = pattern[shown]
     meta = view.metadata()
-    settings = {"prepend_bos": prepend_bos, "token_scope": token_scope if ablation else None,
+    settings = {"prepend_bos": lap.heads[0].prepend_bos,  # resolved
+                "token_scope": token_scope if (ablation or attribution) else None,
                 "dtype": meta["dtype"], "weights": meta["weights"], "post_ln": meta["post_ln"]}
-    return panel_from_results(tokens, pattern, metrics, layer=layer, prompt=prompt, model=view.name,
+    return panel_from_results(tokens, pattern, table, layer=layer, prompt=prompt, model=view.name,
                               settings=settings, include_js=include_js)

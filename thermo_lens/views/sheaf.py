@@ -1,7 +1,7 @@
 """Sheaf views: the factored Laplacian of one head (M, spectrum, restriction maps) and L*.
 
 D'Elia (2026), "Thermodynamic Constraints in Transformer Architectures", section 5 and appendix D;
-METHODS.md sections 3 and 4. The Laplacian is ``L = M (x) W_V W_V^T`` with restriction maps
+``thermo_lens.definitions`` §3 and §4. The Laplacian is ``L = M (x) W_V W_V^T`` with restriction maps
 ``rho_ij = sqrt(c_ij) W_V`` (``c = A`` directed, ``(A + A^T)/2`` symmetrized); nothing here forms
 the ``n d_model`` square matrix.
 """
@@ -177,7 +177,7 @@ def l_star_plot(results: Any, names: Sequence[str] | None = None, *, x: str = "l
         names: display names.
         x: ``"layer"`` (0-based block index) or ``"relative_depth"`` (``l / L``).
 
-    Definition (METHODS.md section 4): ``T_l`` = sum over heads of the sheaf trace, mean over
+    Definition (``thermo_lens.definitions`` §4): ``T_l`` = sum over heads of the sheaf trace, mean over
     prompts; empirical L* by the result's named variant (e.g. ``argmax_l |dT/dl|``, central
     differences); predicted (paper eq. 6) ``L* = L (0.11 + 0.012 L + 4.9 / H)``.
     """
@@ -193,7 +193,8 @@ def l_star_plot(results: Any, names: Sequence[str] | None = None, *, x: str = "l
         d = _lstar_arrays(r)
         L = d["trace"].shape[0]
         layers = np.arange(L)
-        scale = (lambda v: np.asarray(v, dtype=float) / L) if x == "relative_depth" else (lambda v: np.asarray(v, dtype=float))
+        scale = ((lambda v, L=L: np.asarray(v, dtype=float) / L) if x == "relative_depth"
+                 else (lambda v: np.asarray(v, dtype=float)))
         color = color_of(name, labels)
         post = d["post_ln"]
         any_post |= post

@@ -8,9 +8,16 @@ of any paper and say nothing quantitative about real LLMs.
 
 Checkpoints (HF format: ``config.json``, ``model.safetensors``, tokenizer
 files and a ``recipe.json`` describing exactly how each was trained) live in
-``thermo_lens/zoo/<name>/`` and were produced by::
+``thermo_lens/zoo/<name>/``. They are rebuilt by the heritage lab
+(:mod:`thermo_lens.lab`) from the repository's lab specs, on the fixed corpus file
+``thermo_lens/lab/corpora/stdlib-docstrings.jsonl.gz``::
 
-    HF_HUB_OFFLINE=1 python -m thermo_lens.zoo.recipe --out thermo_lens/zoo
+    thermo-lens lab recipes/zoo.toml --out zoo-rebuild        # gpt2-tiny-wd / gpt2-tiny-nowd
+    thermo-lens lab recipes/zoo-neox.toml --out zoo-rebuild   # neox-tiny
+
+``info(name)["provenance"]`` records the corpus file, the lab spec and arm, and how closely the
+rebuild reproduces the shipped weights (the recipe that first trained them is kept in the
+repository as ``recipes/zoo_recipe_v0.py``; it is not part of the installed package).
 
 ``gpt2-tiny-wd`` / ``gpt2-tiny-nowd`` -- the *training heritage* demo
     A matched pair of GPT-2-style models: same architecture, seed, initial
@@ -105,7 +112,9 @@ def load(name: str, *, device: Any = None, dtype: Any = None, **boot_kwargs: Any
     """
     ckpt = path(name)
     import torch  # lazy: keep ``names()`` / ``info()`` cheap
-    from transformer_lens.model_bridge import TransformerBridge
+    from thermo_lens.host import import_bridge
+
+    TransformerBridge = import_bridge("thermo_lens.zoo.load")
 
     kwargs: dict[str, Any] = dict(boot_kwargs)
     kwargs["dtype"] = torch.float32 if dtype is None else dtype

@@ -1,4 +1,7 @@
-"""Offline, deterministic training corpus for the embedded toy models.
+"""The builder of the zoo's docstring corpus (was ``thermo_lens/zoo/corpus.py``; kept for the record).
+
+The corpus is now the fixed file ``thermo_lens/lab/corpora/stdlib-docstrings.jsonl.gz``, frozen by
+``recipes/freeze_corpora.py`` with this builder; nothing in the package rebuilds it.
 
 The corpus is the docstrings of a fixed, sorted list of pure-Python
 standard-library modules (module docstrings, public classes and functions
@@ -144,7 +147,7 @@ class Corpus:
                 "and methods defined directly on those classes. Text depends on the Python "
                 "version."
             ),
-            "builder": "thermo_lens.zoo.corpus.build_corpus",
+            "builder": "recipes/docstring_corpus.py build_corpus (was thermo_lens.zoo.corpus)",
             "python_version": self.python_version,
             "python_implementation": platform.python_implementation(),
             "sha256": self.sha256,

@@ -1,9 +1,10 @@
-"""Seeded training recipe for the embedded toy checkpoints in :mod:`thermo_lens.zoo`.
+"""The recipe that first trained the embedded zoo (was ``thermo_lens/zoo/recipe.py``; kept for the record).
 
-Usage::
+The zoo is now rebuilt by the heritage lab (``thermo-lens lab recipes/zoo.toml``, same protocol, on the
+frozen corpus file); this script is no longer part of the installed package. Usage (repository root)::
 
-    HF_HUB_OFFLINE=1 python -m thermo_lens.zoo.recipe --out thermo_lens/zoo
-    HF_HUB_OFFLINE=1 python -m thermo_lens.zoo.recipe --out thermo_lens/zoo --only neox-tiny
+    HF_HUB_OFFLINE=1 python recipes/zoo_recipe_v0.py --out /tmp/zoo
+    HF_HUB_OFFLINE=1 python recipes/zoo_recipe_v0.py --out /tmp/zoo --only neox-tiny
 
 Steps (all offline, CPU, single-threaded):
 
@@ -359,7 +360,7 @@ def train_one(
             "tokenizers": __import__("tokenizers").__version__,
             "platform": platform.platform(),
         },
-        "command": "python -m thermo_lens.zoo.recipe --out thermo_lens/zoo --only " + name,
+        "command": "python recipes/zoo_recipe_v0.py --out thermo_lens/zoo --only " + name,
     }
     (dest / "recipe.json").write_text(json.dumps(recipe, indent=2) + "\n")
     for f in dest.iterdir():  # save_pretrained may write 0600 files; make them readable
@@ -379,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
 
-    from .corpus import build_corpus
+    from docstring_corpus import build_corpus  # recipes/docstring_corpus.py, next to this file
 
     corpus = build_corpus()
     info = corpus.describe()

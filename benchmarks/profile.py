@@ -1,0 +1,337 @@
+"""Benchmark: the whole battery, ``profile()``, against a bare forward pass of the same prompts.
+
+Every ratio is measured in this process, methods interleaved within each repeat, medians (and the
+spread: min..max of the per-repeat ratios) over ``--repeats``. Models have random weights and are
+built locally from configs (no downloads), with the tiny offline byte-level tokenizer of
+``thermo_lens.testing`` (a small vocabulary, so prompts are longer in tokens than with a real
+tokenizer). Prompts: the paper's 25 (``thermo_lens.prompts.get("paper25")``). All on CPU.
+
+Models:
+
+* ``GPT-2-small geometry``: GPT-2, 12 layers x d_model 768, 12 heads.
+* ``deeper-narrower``: GPT-2, 24 layers x d_model 512, 8 heads.
+* ``GQA``: LLaMA, 12 layers x d_model 768, 12 query heads / 4 KV heads.
+
+Times are CPU seconds of this process (``time.process_time``; with one torch thread, the work
+done), so that other processes on a shared machine do not enter the ratios; wall-clock seconds
+and the wall-clock ratio are printed alongside. Per model, rows (and ratios to
+``bare, same batches``):
+
+* ``bare, same batches``: ``run_with_hooks(return_type=None)`` of exactly the padded batches
+  ``profile()`` runs (:func:`thermo_lens.hooks.plan_batches`), tokenization excluded.
+* ``bare, best``: the faster of one prompt at a time and the plain length-sorted batches of
+  ``--batch-size`` (the "best bare forward of the same prompts").
+* ``profile (cold)``: ``profile()`` with the spectral cache cleared first: the cost of profiling
+  a model once (tokenization, the pass, the spectral signature, result building).
+* ``profile (warm)``: ``profile()`` again on the same weights (a notebook or study re-profiling:
+  the spectral signature comes from the cache).
+
+Also: the spectral part alone at LLaMA-7B geometry (32 layers x 32 heads x 4096 x 128, random
+bfloat16 weights as a 7B checkpoint stores them, no forward; per-head norms + OV + whole-layer
+norms, computed in float32 chunks), and wall time / peak RSS growth of ``profile()`` on 250 and
+1,000 prompts (streaming: the growth should not scale with the prompts beyond the per-prompt
+results).
+
+Usage: ``python benchmarks/profile.py`` (several minutes on 2 cores) or ``--quick`` (tiny
+models, one repeat: a smoke test). ``--threads`` (default 1) sets the torch thread count.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# This file is named like the standard library's ``profile`` module (which cProfile, torch and
+# transformers import). Run as a script, drop its own directory from the path so they get the real
+# one; imported as ``profile`` by a sibling script (whose directory is on the path), hand over the
+# real module.
+_HERE = Path(__file__).resolve().parent
+if __name__ == "__main__":
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+    sys.modules.pop("profile", None)
+elif __name__ == "profile":
+    import importlib.util
+    import sysconfig
+
+    _spec = importlib.util.spec_from_file_location("profile", Path(sysconfig.get_paths()["stdlib"]) / "profile.py")
+    _real = importlib.util.module_from_spec(_spec)
+    sys.modules["profile"] = _real
+    _spec.loader.exec_module(_real)
+
+import argparse  # noqa: E402
+import gc  # noqa: E402
+import os  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+
+class PeakRSS:
+    """Peak resident set size growth (bytes) over a block, sampled by a thread (Linux only)."""
+
+    def __init__(self, interval: float = 5e-4):
+        self.interval, self.page = interval, os.sysconf("SC_PAGE_SIZE")
+        self.available = Path("/proc/self/statm").exists()
+
+    def _rss(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self.page
+
+    def __enter__(self) -> "PeakRSS":
+        self.base = self.peak = self._rss() if self.available else 0
+        self._stop = threading.Event()
+        if self.available:
+            def run() -> None:
+                while not self._stop.is_set():
+                    self.peak = max(self.peak, self._rss())
+                    time.sleep(self.interval)
+            self._t = threading.Thread(target=run, daemon=True)
+            self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self.available:
+            self._t.join()
+            self.peak = max(self.peak, self._rss())
+
+    @property
+    def growth(self) -> float:
+        return float(self.peak - self.base) if self.available else float("nan")
+
+
+def build(kind: str, directory: Path, quick: bool) -> Path:
+    """A random-weight checkpoint of ``kind`` written to ``directory`` (offline)."""
+    import transformers
+
+    from thermo_lens.testing import make_tokenizer
+
+    tok = make_tokenizer()
+    V = len(tok)
+    if kind == "gpt2":
+        cfg = transformers.GPT2Config(n_layer=2 if quick else 12, n_embd=64 if quick else 768,
+                                      n_head=4 if quick else 12, n_positions=1024, vocab_size=V)
+        model = transformers.GPT2LMHeadModel(cfg)
+    elif kind == "small":
+        cfg = transformers.GPT2Config(n_layer=2 if quick else 6, n_embd=64 if quick else 384,
+                                      n_head=4 if quick else 6, n_positions=1024, vocab_size=V)
+        model = transformers.GPT2LMHeadModel(cfg)
+    elif kind == "deep":
+        cfg = transformers.GPT2Config(n_layer=4 if quick else 24, n_embd=32 if quick else 512,
+                                      n_head=4 if quick else 8, n_positions=1024, vocab_size=V)
+        model = transformers.GPT2LMHeadModel(cfg)
+    elif kind == "gqa":
+        d = 64 if quick else 768
+        cfg = transformers.LlamaConfig(
+            hidden_size=d, num_hidden_layers=2 if quick else 12, num_attention_heads=4 if quick else 12,
+            num_key_value_heads=2 if quick else 4, intermediate_size=4 * d if quick else 2048,
+            max_position_embeddings=1024, vocab_size=V, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+        model = transformers.LlamaForCausalLM(cfg)
+    else:  # pragma: no cover
+        raise ValueError(kind)
+    torch.manual_seed(0)
+    model.eval().save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return directory
+
+
+def _plan(view, prompts, batch_size):
+    """The padded batches profile() runs, and the plain length-sorted ones (old behaviour)."""
+    from thermo_lens import hooks
+
+    everything = view.tokenize(prompts, prepend_bos=True)
+    lengths = everything.lengths
+    order = sorted(range(len(prompts)), key=lambda i: int(lengths[i]))
+    sorted_batches = [everything.select([order[k] for k in ks])
+                      for ks in hooks.batches(len(prompts), batch_size)]
+    if hasattr(hooks, "plan_batches"):
+        same = [everything.select(rows) for rows in hooks.plan_batches(lengths, batch_size)]
+    else:  # the code before bucketing: length-sorted fixed-size batches
+        same = sorted_batches
+    single = [everything.select([i]) for i in range(len(prompts))]
+    return same, sorted_batches, single, lengths
+
+
+def _padding(batches) -> float:
+    real = sum(int(b.lengths.sum()) for b in batches)
+    padded = sum(int(b.tokens.numel()) for b in batches)
+    return 1 - real / padded
+
+
+def _clear_cache() -> None:
+    from thermo_lens import spectral
+
+    clear = getattr(spectral, "clear_cache", None)
+    if clear is not None:
+        clear()
+
+
+def bench_model(label: str, kind: str, prompts, args) -> dict[str, float]:
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from thermo_lens.model import ModelView
+    from thermo_lens.profile import profile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = build(kind, Path(tmp), args.quick)
+        bridge = TransformerBridge.boot_transformers(str(path))
+    view = ModelView(bridge)
+    same, sorted_batches, single, lengths = _plan(view, prompts, args.batch_size)
+
+    def run(batches):
+        def go() -> None:
+            for b in batches:
+                view.run(b)
+        return go
+
+    def prof_cold() -> None:
+        _clear_cache()
+        profile(bridge, prompts, batch_size=args.batch_size, progress=False)
+
+    def prof_warm() -> None:
+        profile(bridge, prompts, batch_size=args.batch_size, progress=False)
+
+    methods = {"bare, same batches": run(same), "bare, length-sorted": run(sorted_batches),
+               "bare, one at a time": run(single), "profile (cold)": prof_cold,
+               "profile (warm)": prof_warm}
+    for fn in methods.values():  # warm-up
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in methods}
+    walls: dict[str, list[float]] = {k: [] for k in methods}
+    for _ in range(args.repeats):
+        for name, fn in methods.items():
+            gc.collect()
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            times[name].append(time.process_time() - c0)
+            walls[name].append(time.perf_counter() - t0)
+    base = times["bare, same batches"]
+    best = [min(a, b) for a, b in zip(times["bare, length-sorted"], times["bare, one at a time"])]
+    best_name = ("length-sorted" if statistics.median(times["bare, length-sorted"])
+                 <= statistics.median(times["bare, one at a time"]) else "one at a time")
+
+    def ratio(name, ref):
+        r = [t / b for t, b in zip(times[name], ref)]
+        return statistics.median(r), min(r), max(r)
+
+    print(f"\n{label}: L={view.n_layers}, d_model={view.d_model}, heads={view.n_heads} "
+          f"(KV {view.n_kv_heads}), d_head={view.d_head}; {len(prompts)} prompts, "
+          f"{int(lengths.sum())} tokens; batches: {len(same)} ({100 * _padding(same):.1f}% padding) vs "
+          f"{len(sorted_batches)} length-sorted of {args.batch_size} ({100 * _padding(sorted_batches):.1f}%)")
+    print(f"  {'method':<24}{'CPU s':>9}{'wall s':>9}{'vs same batches (CPU)':>28}{'vs best bare (CPU)':>26}"
+          f"{'vs same (wall)':>16}")
+    out = {}
+    for name in methods:
+        r1, r2 = ratio(name, base), ratio(name, best)
+        wr = statistics.median([w / b for w, b in zip(walls[name], walls["bare, same batches"])])
+        print(f"  {name:<24}{statistics.median(times[name]):>9.3f}{statistics.median(walls[name]):>9.3f}"
+              f"{r1[0]:>13.3f}x [{r1[1]:.3f}..{r1[2]:.3f}]"
+              f"{r2[0]:>11.3f}x [{r2[1]:.3f}..{r2[2]:.3f}]{wr:>15.3f}x")
+        out[name] = r1[0]
+        out[name + " vs best"] = r2[0]
+    print(f"  best bare forward: {best_name}; profile (cold) / same batches "
+          f"{out['profile (cold)']:.3f}x (target <= 1.05x), / best bare {out['profile (cold) vs best']:.3f}x "
+          f"(target <= 1.10x); warm {out['profile (warm)']:.3f}x / {out['profile (warm) vs best']:.3f}x")
+    return out
+
+
+def bench_spectral_7b(args) -> None:
+    from thermo_lens.spectral import signature_from_weights
+
+    if args.quick:
+        L, H, d_model, d_head = 2, 4, 256, 32
+    else:
+        L, H, d_model, d_head = 32, 32, 4096, 128
+    gen = torch.Generator().manual_seed(0)
+    # bf16, as a 7B checkpoint stores them: 2 x 1 GiB (fp32 would be 2 x 2 GiB).
+    wv = torch.empty(L, H, d_model, d_head, dtype=torch.bfloat16)
+    wo = torch.empty(L, H, d_head, d_model, dtype=torch.bfloat16)
+    for l in range(L):
+        wv[l] = torch.randn(H, d_model, d_head, generator=gen) / d_model**0.5
+        wo[l] = torch.randn(H, d_head, d_model, generator=gen) / d_model**0.5
+    gc.collect()
+    with PeakRSS() as mem:
+        t0, c0 = time.perf_counter(), time.process_time()
+        sig = signature_from_weights(wv, wo, weights="raw", layer_norms=False)
+        t, c = time.perf_counter() - t0, time.process_time() - c0
+    m = L if args.full_7b else min(L, 2)
+    t1, c1 = time.perf_counter(), time.process_time()
+    lay = signature_from_weights(wv[:m], wo[:m], weights="raw")
+    tl_, cl = time.perf_counter() - t1, time.process_time() - c1
+    scale = L / m
+    print(f"\nspectral signature alone, LLaMA-7B geometry ({L} layers x {H} heads x {d_model} x {d_head}, "
+          f"random bf16 weights, {2 * wv.numel() * 2 / 2**30:.2f} GiB; no forward):")
+    print(f"  per-head norms + OV norms, all {L} layers: {c:.1f} s CPU ({t:.1f} s wall), "
+          f"peak RSS growth {mem.growth / 2**20:.0f} MiB (float32 chunks of "
+          f"{min(L, max(1, (1 << 26) // (2 * H * d_model * d_head)))} layers)")
+    print(f"  whole-layer norms ({lay.layer_norm_method}): {cl * scale:.1f} s CPU ({tl_ * scale:.1f} s wall)"
+          + ("" if m == L else f", measured on {m} of {L} layers and scaled x{scale:.0f} (--full-7b: all)"))
+    assert torch.isfinite(sig.ov_norm).all() and sig.W_V_norm.dtype == torch.float32
+
+
+def bench_stream(args) -> None:
+    from thermo_lens import prompts as prompt_sets
+    from thermo_lens.profile import profile
+    from transformer_lens.model_bridge import TransformerBridge
+
+    base = list(prompt_sets.get("paper25").prompts)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = TransformerBridge.boot_transformers(str(build("small", Path(tmp), args.quick)))
+    sizes = (40, 160) if args.quick else (250, 1000)
+    print("\nstreaming: profile() of a GPT-2 (6 x 384, 6 heads) on the paper's prompts repeated")
+    for n in sizes:
+        prompts = [f"{base[i % len(base)]} ({i})" for i in range(n)]
+        profile(model, prompts[:8], progress=False)  # warm-up
+        gc.collect()
+        with PeakRSS() as mem:
+            t0 = time.perf_counter()
+            p = profile(model, prompts, batch_size=args.batch_size, progress=False)
+            t = time.perf_counter() - t0
+        per_prompt = sum(x.numel() * x.element_size() for x in (p.sheaf.trace, p.gain.block_gain))
+        print(f"  {n:>5} prompts: wall {t:.2f} s, peak RSS growth {mem.growth / 2**20:.1f} MiB "
+              f"(per-prompt results {per_prompt / 2**20:.2f} MiB)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny models, 1 repeat (smoke test)")
+    ap.add_argument("--repeats", type=int, default=None, help="timing repeats (default 5; quick 1)")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (default 1; 0 = torch's default)")
+    ap.add_argument("--full-7b", action="store_true",
+                    help="whole-layer norms of all 32 layers at 7B geometry (minutes; default 2, scaled)")
+    ap.add_argument("--only", choices=["gpt2", "deep", "gqa", "7b", "stream"], action="append",
+                    help="run only these parts (repeatable)")
+    args = ap.parse_args(argv)
+    args.repeats = args.repeats or (1 if args.quick else 5)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from thermo_lens import prompts as prompt_sets
+
+    prompts = list(prompt_sets.get("paper25").prompts)
+    if args.quick:
+        prompts = prompts[:10]
+    print("thermo-lens profile() benchmark; torch threads", torch.get_num_threads(), "; load average",
+          ", ".join(f"{x:.1f}" for x in os.getloadavg()), f"on {os.cpu_count()} cores; "
+          f"median of {args.repeats}, [min..max] of the per-repeat ratios")
+    parts = args.only or ["gpt2", "deep", "gqa", "7b", "stream"]
+    for key, label in (("gpt2", "GPT-2-small geometry"), ("deep", "deeper-narrower"), ("gqa", "GQA (LLaMA)")):
+        if key in parts:
+            bench_model(label, key, prompts, args)
+    if "7b" in parts:
+        bench_spectral_7b(args)
+    if "stream" in parts:
+        bench_stream(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

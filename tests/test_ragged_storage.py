@@ -1,0 +1,72 @@
+"""Per-prompt arrays follow the real token counts: one long prompt among many short ones does not
+pad every prompt to its length (the recorder keeps length-bucketed batches; metrics reduce
+batch by batch)."""
+
+import pytest
+import torch
+
+import thermo_lens
+from thermo_lens import zoo
+from thermo_lens.hooks import Recorder, attention_diagonal, collect, residual_norms
+
+SHORT = ["The capital of France is", "Water freezes at", "Birds of a feather", "Two plus two is"] * 10
+LONG = "word " * 55  # about 110 tokens; the context is 128
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return zoo.load("gpt2-tiny-wd")
+
+
+def test_recorded_arrays_are_length_bucketed(tiny):
+    prompts = SHORT + [LONG]
+    col = collect(tiny, prompts, [residual_norms, attention_diagonal], prepend_bos=True, batch_size=4,
+                  progress=False)
+    stored = sum(p.numel() for k, parts in col.recorder._parts.items() if k[0] == "attn_diag" for p in parts)
+    L, H = tiny.cfg.n_layers, tiny.cfg.n_heads
+    padded = L * len(prompts) * H * int(col.lengths.max())
+    real = L * H * int(col.lengths.sum())
+    assert stored < 1.5 * real and padded > 8 * stored  # about the real token count, not 41 x 121
+    # batches() hands out each batch at its own width, with its prompts' lengths
+    widths = [(n.shape[-1], int(ln.max())) for n, ln in col.batches("resid_norm")]
+    assert all(w == m for w, m in widths) and max(w for w, _ in widths) == int(col.lengths.max())
+    rows = torch.cat([ln for _, ln in col.batches("resid_norm")])
+    assert torch.equal(col.in_caller_order(rows), col.lengths)
+
+
+def test_profile_never_pads_to_the_longest_prompt_and_matches_the_dense_computation(tiny, monkeypatch):
+    prompts = SHORT[:12] + [LONG]
+    dense_gain = thermo_lens.residual_gain(tiny, prompts, batch_size=4, progress=False, per_token=True)
+    dense_traces = thermo_lens.sheaf_traces(tiny, prompts, batch_size=4, progress=False)
+    real_stack = Recorder.stack
+
+    def no_global_padding(self, name):
+        if name in ("attn_diag", "resid_norm"):
+            raise AssertionError(f"{name} was padded to the longest prompt of the run")
+        return real_stack(self, name)
+
+    monkeypatch.setattr(Recorder, "stack", no_global_padding)
+    p = thermo_lens.profile(tiny, prompts, batch_size=4, progress=False)
+    assert torch.equal(p.gain.block_gain, dense_gain.block_gain)
+    assert torch.equal(p.sheaf.trace, dense_traces.trace)
+    # independent check of the block gain from the per-token gains (padded, asked for explicitly)
+    per_tok = dense_gain.per_token_gain  # [prompt, layer, pos], NaN on padding
+    mask = torch.arange(per_tok.shape[-1])[None, :] < dense_gain.lengths[:, None]
+    mask[:, 0] = False
+    expect = torch.where(mask[:, None, :], per_tok.double(), 0.0).sum(-1) / mask.sum(-1)[:, None]
+    torch.testing.assert_close(p.gain.block_gain.double(), expect, rtol=1e-6, atol=1e-6)
+    back = type(p).from_json(p.to_json())
+    assert torch.equal(back.gain.block_gain, p.gain.block_gain) and torch.equal(back.sheaf.trace, p.sheaf.trace)
+
+
+@pytest.mark.slow
+def test_benchmark_script_runs_quick():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "ragged_memory.py"), "--quick"],
+                         capture_output=True, text=True, timeout=120, cwd=root)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "attn_diag" in out.stdout and "x" in out.stdout

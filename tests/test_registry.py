@@ -1,0 +1,140 @@
+"""The metric registry is the one source of every metric: frames, rows, figures, glossary, docs.
+
+Also: a weight-based head metric is added with one registered function (shown with a test-only
+metric), and the registered QK circuit norm has a hand-made known answer under MQA.
+"""
+
+import html
+
+import numpy as np
+import pytest
+import torch
+
+from thermo_lens import definitions, registry
+from thermo_lens.registry import Metric, register_head_metric
+
+
+@pytest.fixture(scope="module")
+def measured():
+    """A fresh profile and attention panel of an embedded model: every result kind once."""
+    import thermo_lens as tl
+    from thermo_lens.views import attention_panel
+
+    model = tl.zoo.load("gpt2-tiny-wd")
+    prompts = ["The capital of France is Paris", "Water boils at one hundred degrees", "Colorless green ideas"]
+    prof = tl.profile(model, prompts, name="gpt2-tiny-wd")
+    panel = attention_panel(model, prompts[0], 1, include_js=False)
+    return prof, panel
+
+
+def _carrier_of(metric, prof, panel):
+    return panel if metric.result == "AttentionPanel" else registry.carrier(prof, metric.result)
+
+
+def test_every_metric_has_a_complete_definition():
+    names = [m.name for m in registry.metrics()]
+    assert len(names) == len(set(names)) and "qk_norm" in names and "ov_norm" in names
+    for m in registry.metrics():
+        assert m.symbol and m.formula and m.unit and m.section in registry.SECTIONS, m.name
+        assert m.reference.startswith("thermo_lens.definitions §"), m.name
+
+
+def test_every_metric_is_in_its_frame_and_the_profile_row(measured):
+    prof, panel = measured
+    row = prof.to_row()
+    for m in registry.metrics():
+        obj = _carrier_of(m, prof, panel)
+        frame = getattr(obj, m.frame)
+        frame = frame(**m.frame_kwargs) if callable(frame) else frame
+        assert m.frame_column in frame.columns, (m.name, m.frame, list(frame.columns))
+        values = np.asarray(frame[m.frame_column], dtype=float)
+        assert np.isfinite(values).any(), m.name
+        if m.row:
+            assert m.row in row, m.name
+    # The row's spectral means are the means of the registered tensors.
+    assert row["qk_norm"] == pytest.approx(prof.spectral.qk_norm.double().mean().item())
+
+
+def test_the_panel_is_a_result_that_round_trips(measured):
+    _, panel = measured
+    from thermo_lens.views import AttentionPanel
+
+    back = AttentionPanel.from_json(panel.to_json())
+    assert back.html == panel.html and back.tokens == panel.tokens and torch.equal(back.pattern, panel.pattern)
+    assert back.metrics.equals(panel.metrics) and back.settings == panel.settings
+
+
+def test_every_metric_draws_with_its_definition(measured):
+    from thermo_lens.views import metric_plot
+
+    prof, panel = measured
+    for m in registry.metrics():
+        fig = metric_plot(_carrier_of(m, prof, panel), m.name)
+        hovers = " ".join(str(t.hovertemplate) for t in fig.data)
+        assert m.formula[:40] in hovers.replace("<br>", " ") or m.formula[:40] in str(fig.layout.title.text), m.name
+        shown = np.concatenate([np.ravel(np.asarray(getattr(t, "z", None) if getattr(t, "z", None) is not None
+                                                    else t.y, dtype=float)) for t in fig.data])
+        assert np.isfinite(shown).any(), m.name
+
+
+def test_every_metric_is_in_the_report_glossary_and_the_docs(measured):
+    from thermo_lens.report import render_report
+
+    prof, _ = measured
+    page, _ = render_report(prof, panel=False)
+    glossary = page[page.index('id="definitions"'):]
+    for m in registry.metrics():
+        assert f"<code>{m.name}</code>" in glossary and html.escape(m.formula) in glossary, m.name
+    docs = definitions.text()
+    assert definitions.render() == docs, "run `python -m thermo_lens.definitions --write`"
+    for m in registry.metrics():
+        assert f"| `{m.name}` |" in docs, m.name
+    assert definitions.path().name in page  # the report links the shipped page
+
+
+def test_a_new_head_metric_is_one_registered_function(monkeypatch, bridge):
+    """Registering a function is all it takes: the signature computes it, frames and rows carry it."""
+    import thermo_lens as tl
+
+    monkeypatch.setattr(registry, "_METRICS", dict(registry._METRICS))
+
+    @register_head_metric(Metric("W_O_second_sv", symbol="sigma_2(W_O)", formula="second singular value of W_O",
+                                 shape="layer head", result="SpectralSignature", section="spectral",
+                                 unit="weight norm", frame_kwargs={"per": "head"}, row="W_O_second_sv",
+                                 weights=("W_O",)))
+    def _second(w):
+        return torch.linalg.svdvals(w.R_O)[..., 1]
+
+    model = bridge("llama_gqa")
+    sig = tl.spectral_signature(model)
+    dense = torch.linalg.svdvals(tl.ModelView(model).W_O(torch.float64))[..., 1]
+    torch.testing.assert_close(sig.W_O_second_sv.double(), dense, rtol=1e-5, atol=1e-7)
+    assert "W_O_second_sv" in sig.to_frame().columns and "W_O_second_sv" in sig.definitions
+
+
+def test_qk_norm_known_answer_under_multi_query_attention():
+    """W_Q^h W_K^T = diag(3 s_h, 2, 0, ...) by construction: sigma_max = max(3 s_h, 2)."""
+    from thermo_lens.spectral import signature_from_weights
+
+    d_model, d_head, H = 6, 2, 3
+    W_K = torch.zeros(1, 1, d_model, d_head, dtype=torch.float64)  # one KV head (MQA)
+    W_K[0, 0, 0, 0], W_K[0, 0, 1, 1] = 1.0, 2.0
+    scales = [0.5, 1.0, 2.0]
+    W_Q = torch.zeros(1, H, d_model, d_head, dtype=torch.float64)
+    for h, s in enumerate(scales):
+        W_Q[0, h, 0, 0], W_Q[0, h, 1, 1] = 3.0 * s, 1.0
+    W_V = torch.randn(1, 1, d_model, d_head, dtype=torch.float64)
+    W_O = torch.randn(1, H, d_head, d_model, dtype=torch.float64)
+    sig = signature_from_weights(W_V, W_O, W_Q=W_Q, W_K=W_K, dtype=torch.float64)
+    want = [max(3.0 * s, 2.0) for s in scales]
+    torch.testing.assert_close(sig.qk_norm[0], torch.tensor(want, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    without = signature_from_weights(W_V, W_O, dtype=torch.float64)
+    assert "qk_norm" not in without.head_metrics
+    with pytest.raises(AttributeError, match="qk_norm was not computed.*W_Q and W_K"):
+        _ = without.qk_norm
+    from thermo_lens.model import ThermoLensInputError
+
+    with pytest.raises(ThermoLensInputError, match="both W_Q and W_K"):
+        signature_from_weights(W_V, W_O, W_Q=W_Q)
+    with pytest.raises(ThermoLensInputError, match="W_K has shape"):
+        signature_from_weights(W_V, W_O, W_Q=W_Q, W_K=W_K.expand(1, 3, d_model, d_head))

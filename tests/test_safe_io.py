@@ -1,0 +1,198 @@
+"""Safe file I/O: atomic writes that never follow symlinks, bounded reads, the folder lock."""
+
+import errno
+import os
+import threading
+
+import pandas as pd
+import pytest
+
+from thermo_lens import safe_io
+from thermo_lens.model import ThermoLensInputError
+from thermo_lens.safe_io import (
+    TEMP_PREFIX,
+    FolderLock,
+    FolderLockedError,
+    SafeIOError,
+    atomic_write_bytes,
+    atomic_write_text,
+    neutralise_formulas,
+    remove_stale_temps,
+    safe_read_bytes,
+    safe_read_text,
+)
+
+
+def _temps(folder):
+    return [p.name for p in folder.iterdir() if p.name.startswith(TEMP_PREFIX)]
+
+
+def test_atomic_write_replaces_a_symlink_instead_of_following_it(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    link = out / "report.html"
+    link.symlink_to(victim)
+    atomic_write_text(link, "<html>")
+    assert victim.read_text() == "precious"
+    assert not link.is_symlink() and link.read_text() == "<html>"
+    assert not _temps(out)
+
+
+def test_atomic_write_is_readable_like_any_file_and_leaves_no_temp(tmp_path):
+    p = tmp_path / "a.json"
+    atomic_write_bytes(p, b"{}")
+    assert p.read_bytes() == b"{}" and p.stat().st_mode & 0o044
+    atomic_write_bytes(p, b"[1]")
+    assert p.read_bytes() == b"[1]" and not _temps(tmp_path)
+
+
+def test_disk_full_during_a_write_is_a_clear_error_and_cleans_up(tmp_path, monkeypatch):
+    p = tmp_path / "a.json"
+    p.write_bytes(b"old")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(safe_io.os, "fsync", full)
+    with pytest.raises(SafeIOError, match=r"cannot write .*a\.json: no space left on the device"):
+        atomic_write_bytes(p, b"new")
+    monkeypatch.undo()
+    assert p.read_bytes() == b"old" and not _temps(tmp_path)
+
+
+def test_write_into_missing_folder_or_onto_a_directory(tmp_path):
+    with pytest.raises(SafeIOError, match="no such file or folder"):
+        atomic_write_text(tmp_path / "missing" / "x.txt", "x")
+    assert not (tmp_path / "missing").exists()
+    (tmp_path / "d").mkdir()
+    with pytest.raises(SafeIOError, match="is a directory"):
+        atomic_write_text(tmp_path / "d", "x")
+    (tmp_path / "f").write_text("")
+    with pytest.raises(SafeIOError, match="not a folder"):
+        atomic_write_text(tmp_path / "f" / "x.txt", "x")
+
+
+def test_safe_read_errors(tmp_path):
+    with pytest.raises(SafeIOError, match="no such file"):
+        safe_read_text(tmp_path / "nope", 10)
+    with pytest.raises(SafeIOError, match="is a directory"):
+        safe_read_text(tmp_path, 10, what="study spec")
+    (tmp_path / "latin1.txt").write_bytes("café".encode("latin-1"))
+    with pytest.raises(SafeIOError, match="not UTF-8 text"):
+        safe_read_text(tmp_path / "latin1.txt", 100)
+    (tmp_path / "big.txt").write_bytes(b"x" * 101)
+    with pytest.raises(SafeIOError, match="larger than 100 bytes"):
+        safe_read_bytes(tmp_path / "big.txt", 100)
+    assert safe_read_bytes(tmp_path / "big.txt", 101) == b"x" * 101
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfname = 1")
+    assert safe_read_text(tmp_path / "bom.txt", 100) == "name = 1"
+    (tmp_path / "link").symlink_to(tmp_path / "bom.txt")
+    assert safe_read_text(tmp_path / "link", 100) == "name = 1"
+    with pytest.raises(SafeIOError, match="symbolic link"):
+        safe_read_text(tmp_path / "link", 100, follow_symlinks=False)
+    assert issubclass(SafeIOError, ThermoLensInputError)
+
+
+def test_unreadable_file(tmp_path, monkeypatch):
+    p = tmp_path / "spec.toml"
+    p.write_text("x")
+    real_open = os.open
+
+    def denied(path, *a, **k):
+        if str(path) == str(p):
+            raise PermissionError(errno.EACCES, "Permission denied", str(p))
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(safe_io.os, "open", denied)
+    with pytest.raises(SafeIOError, match="cannot read study spec .*permission denied"):
+        safe_read_text(p, 10, what="study spec")
+
+
+def test_lock_refuses_a_symlink_and_is_removed_after_use(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".lock").symlink_to(victim)
+    with pytest.raises(SafeIOError, match="symbolic link"):
+        with FolderLock(out):
+            pass
+    assert victim.read_text() == "precious"
+    (out / ".lock").unlink()
+    with FolderLock(out) as lock:
+        assert (out / ".lock").read_text() == str(os.getpid())
+        with pytest.raises(FolderLockedError, match=f"pid {os.getpid()}"):
+            with FolderLock(out):
+                pass
+        assert lock.fd is not None
+    assert not (out / ".lock").exists()
+
+
+def test_lock_holders_never_overlap(tmp_path):
+    """Many threads racing for the lock (which is removed on release): never two holders."""
+    inside, overlaps, got = [0], [0], [0]
+    guard = threading.Lock()
+
+    def worker():
+        for _ in range(30):
+            try:
+                with FolderLock(tmp_path):
+                    with guard:
+                        inside[0] += 1
+                        overlaps[0] += inside[0] > 1
+                        got[0] += 1
+                    with guard:
+                        inside[0] -= 1
+            except FolderLockedError:
+                pass
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert overlaps[0] == 0 and got[0] > 0
+    assert not (tmp_path / ".lock").exists()
+
+
+def test_remove_stale_temps_only_removes_ours(tmp_path):
+    (tmp_path / f"{TEMP_PREFIX}a.json.abc.tmp").write_text("partial")
+    (tmp_path / ".other.tmp").write_text("not ours")
+    (tmp_path / "a.json").write_text("{}")
+    assert remove_stale_temps(tmp_path) == [f"{TEMP_PREFIX}a.json.abc.tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.tmp", "a.json"]
+
+
+def test_neutralise_formulas_keeps_numbers_numeric():
+    df = pd.DataFrame({
+        "model": ["=HYPERLINK(\"http://x\")", "+1+2", "-cmd", "@SUM(A1)", "\tx", "plain", "-1.5"],
+        "gain": [-0.5, 1.0, -2.0, 3.0, 0.0, 1.5, -7.25],
+    })
+    out = neutralise_formulas(df)
+    assert out["model"].tolist() == ["'=HYPERLINK(\"http://x\")", "'+1+2", "'-cmd", "'@SUM(A1)", "'\tx", "plain", "-1.5"]
+    assert out["gain"].tolist() == df["gain"].tolist() and pd.api.types.is_float_dtype(out["gain"])
+    assert df["model"][0].startswith("=")  # the input frame is not modified
+    text = out.to_csv(index=False)
+    assert ",-0.5" in text and "\n'=HYPERLINK" in text.replace('"', "")
+
+
+def test_a_fifo_is_refused_not_waited_on(tmp_path):
+    fifo = tmp_path / "spec.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(SafeIOError, match="not a regular file"):
+        safe_read_text(fifo, 100, what="study spec")
+
+
+def test_result_to_json_path_is_atomic_and_does_not_follow_symlinks(tmp_path):
+    from thermo_lens.stats import summarize
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    link = tmp_path / "result.json"
+    link.symlink_to(victim)
+    s = summarize([1.0, 2.0, 3.0])
+    s.to_json(link)
+    assert victim.read_text() == "precious" and not link.is_symlink()
+    assert type(s).from_json(link.read_text()).mean == s.mean

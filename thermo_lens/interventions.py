@@ -1,0 +1,298 @@
+"""User hooks in a thermo-lens run: batch context, clear errors, and patching from a clean run.
+
+thermo-lens runs prompts in batches. With user hooks (``fwd_hooks``) the batches keep the
+caller's prompt order, so a hook written for ``model.run_with_hooks(prompts, ...)`` sees the same
+rows whenever all prompts fit one batch (``batch_size >= len(prompts)``). Beyond that, each hook
+can read the current batch from ``hook.ctx["batch"]``, a :class:`BatchInfo`::
+
+    def patch(x, hook):
+        rows = hook.ctx["batch"].prompt_index          # caller's index of each row
+        x[:, 3] = clean_cache[hook.name][rows, 3]       # position 3 of the matching clean prompts
+        return x
+
+:func:`patch_from` builds such hooks for you: it runs the clean prompts once, keeps only the
+patched hook points, and returns hooks that copy clean activations into the matching prompt, at
+the positions (and heads) you choose. A hook that raises, or returns a tensor of another shape,
+gets a :class:`ThermoLensHookError` naming the hook, the batch and the fix.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from thermo_lens.model import ThermoLensInputError, TokenBatch, as_view
+
+__all__ = ["BatchInfo", "ThermoLensHookError", "wrap_user_hooks", "Patch", "patch_from"]
+
+
+class ThermoLensHookError(RuntimeError):
+    """A user hook failed (or returned the wrong shape) inside a thermo-lens run; the message
+    names the hook, the batch and how to fix it."""
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """The batch a hook is running on (``hook.ctx["batch"]`` inside a thermo-lens run).
+
+    Attributes:
+        prompt_index: ``[batch]`` index of each row in the caller's prompt list.
+        lengths: ``[batch]`` real tokens of each row (BOS included when prepended); positions
+            ``>= lengths[b]`` are padding (right padding: real tokens keep their positions).
+        batch: number of this batch (0-based) and ``n_batches`` the number of batches.
+        width: the padded length of this batch.
+    """
+
+    prompt_index: Tensor
+    lengths: Tensor
+    batch: int
+    n_batches: int
+    width: int
+
+    @property
+    def mask(self) -> Tensor:
+        """``[batch, pos]`` True on real tokens."""
+        return torch.arange(self.width)[None, :] < self.lengths[:, None]
+
+    @classmethod
+    def of(cls, tb: TokenBatch, batch: int, n_batches: int, prompt_index: Tensor | None = None) -> "BatchInfo":
+        return cls(prompt_index=(tb.prompt_index if prompt_index is None else prompt_index).clone(),
+                   lengths=tb.lengths.clone(), batch=batch, n_batches=n_batches, width=int(tb.tokens.shape[1]))
+
+
+class _Current:
+    """The batch being run (set by :func:`thermo_lens.hooks.collect` around each pass)."""
+
+    info: BatchInfo | None = None
+
+
+_FIX = ("Fixes: index your source by the batch's prompts (rows = hook.ctx['batch'].prompt_index; "
+        "real lengths hook.ctx['batch'].lengths), use thermo_lens.patch_from(model, clean_prompts, "
+        "hook_names, positions=...), or run all prompts in one batch (batch_size=len(prompts)).")
+
+
+def _where(name: Any, fn: Callable, info: BatchInfo | None) -> str:
+    from thermo_lens.provenance import describe_hook
+
+    rec = describe_hook(name, fn)
+    at = rec.hook_point if isinstance(name, str) else f"{rec.hook_point} (matched {name!r})"
+    if info is None:
+        return f"user hook {rec.function} at {at}"
+    return (f"user hook {rec.function} at {at} on batch {info.batch + 1}/{info.n_batches} "
+            f"(prompts {info.prompt_index.tolist()}, lengths {info.lengths.tolist()}, padded width {info.width})")
+
+
+def wrap_user_hooks(hooks: Sequence[tuple[Any, Callable]], current: _Current) -> list[tuple[Any, Callable]]:
+    """Wrap ``(name, fn)`` hooks so they see ``hook.ctx["batch"]`` and fail with a clear error."""
+    out = []
+    for name, fn in hooks:
+        def hook(act: Any, hook: Any = None, *, _fn: Callable = fn, _name: Any = name) -> Any:
+            info = current.info
+            ctx = getattr(hook, "ctx", None) if hook is not None else None
+            if isinstance(ctx, dict) and info is not None:
+                ctx["batch"] = info
+            try:
+                res = _fn(act, hook=hook)
+            except ThermoLensHookError:
+                raise
+            except Exception as e:  # noqa: BLE001 - re-raised with the hook and batch named
+                raise ThermoLensHookError(
+                    f"{_where(_name if isinstance(_name, str) else getattr(hook, 'name', _name), _fn, info)} raised {type(e).__name__}: {e}. {_FIX}"
+                ) from e
+            finally:
+                # TransformerLens keeps hook.ctx between runs: never leave a stale batch behind for
+                # a later model.run_with_hooks call to read.
+                if isinstance(ctx, dict):
+                    ctx.pop("batch", None)
+            if isinstance(res, Tensor) and isinstance(act, Tensor) and res.shape != act.shape:
+                raise ThermoLensHookError(
+                    f"{_where(_name if isinstance(_name, str) else getattr(hook, 'name', _name), _fn, info)} returned shape {tuple(res.shape)} "
+                    f"for an activation of shape {tuple(act.shape)}; a hook must return a tensor of the "
+                    f"activation's shape (or None after editing it in place). {_FIX}")
+            return res
+        hook.__qualname__ = getattr(fn, "__qualname__", "hook")
+        out.append((name, hook))
+    return out
+
+
+# ---------------------------------------------------------------------------- patching
+def _positions(positions: Any, n: int, which: str, prompt: int) -> list[int]:
+    if positions is None:
+        return list(range(n))
+    ps = [positions] if isinstance(positions, int) else list(positions)
+    out = []
+    for p in ps:
+        if isinstance(p, bool) or not isinstance(p, int):
+            raise ThermoLensInputError(f"positions must be ints (negative counts from each prompt's end), got {p!r}")
+        q = p + n if p < 0 else p
+        if not 0 <= q < n:
+            raise ThermoLensInputError(
+                f"position {p} is outside {which} prompt {prompt} ({n} tokens); positions index real "
+                "tokens, negative ones from the end (-1 = last real token)")
+        out.append(q)
+    return out
+
+
+@dataclass(frozen=True)
+class Patch:
+    """Hooks that patch clean activations into a run: pass as ``fwd_hooks=patch``.
+
+    Iterating gives ``(hook_name, fn)`` pairs (the shape ``run_with_hooks`` takes). Row ``b`` of a
+    batch gets the activations of clean prompt ``source[prompt_index[b]]`` at :attr:`positions`
+    (negative: from each prompt's end; ``None``: every position, which needs equal lengths).
+
+    Attributes:
+        hook_names: the patched hook points.
+        clean_prompts: the clean prompts the activations come from.
+        positions, heads: what is patched (``heads`` for ``[batch, pos, head, d]`` hooks).
+        source: per run prompt, the index of its clean prompt.
+        description: recorded as the hooks' ``source`` in every result's provenance.
+    """
+
+    hook_names: tuple[str, ...]
+    clean_prompts: tuple[str, ...]
+    positions: Any
+    heads: tuple[int, ...] | None
+    source: tuple[int, ...] | None
+    description: str
+    _clean: dict[str, list[Tensor]] = field(repr=False)
+    _clean_lengths: tuple[int, ...] = field(repr=False)
+
+    def __iter__(self):
+        return iter(self.hooks())
+
+    def __len__(self) -> int:
+        return len(self.hook_names)
+
+    def hooks(self) -> list[tuple[str, Callable]]:
+        return [(name, self._hook(name)) for name in self.hook_names]
+
+    def _hook(self, name: str) -> Callable:
+        clean = self._clean[name]
+
+        def patch(x: Tensor, hook: Any = None) -> Tensor:
+            info = getattr(hook, "ctx", {}).get("batch") if hook is not None else None
+            if info is None:
+                raise ThermoLensHookError(
+                    f"patch_from hook at {name} ran outside a thermo-lens run (no hook.ctx['batch']); "
+                    "pass it as fwd_hooks= to a thermo-lens entry point")
+            for b, (i, n) in enumerate(zip(info.prompt_index.tolist(), info.lengths.tolist())):
+                j = i if self.source is None else self.source[i]
+                if not 0 <= j < len(clean):
+                    raise ThermoLensHookError(
+                        f"patch_from at {name}: run prompt {i} has no clean prompt ({len(clean)} clean prompts); "
+                        "pass as many clean prompts as prompts, or source=[clean index per prompt]")
+                nc = self._clean_lengths[j]
+                if self.positions is None and nc != n:
+                    raise ThermoLensHookError(
+                        f"patch_from at {name}: prompt {i} has {n} tokens but clean prompt {j} has {nc}; "
+                        "patching every position needs equal lengths: pass positions=[...] (negative "
+                        "positions count from each prompt's end)")
+                pr = _positions(self.positions, n, "run", i)
+                pc = _positions(self.positions, nc, "clean", j)
+                src = clean[j].to(device=x.device, dtype=x.dtype)
+                if self.heads is None:
+                    x[b, pr] = src[pc]
+                else:
+                    if x.ndim != 4:
+                        raise ThermoLensHookError(
+                            f"patch_from at {name}: heads= needs a [batch, pos, head, d_head] activation, "
+                            f"got shape {tuple(x.shape)}")
+                    h = list(self.heads)
+                    x[b, torch.tensor(pr)[:, None], torch.tensor(h)[None, :]] = src[torch.tensor(pc)[:, None], torch.tensor(h)[None, :]]
+            return x
+
+        patch.thermo_lens_source = self.description  # type: ignore[attr-defined]
+        patch.__qualname__ = "patch_from"
+        patch.__module__ = "thermo_lens"
+        return patch
+
+
+def patch_from(
+    model: Any,
+    clean_prompts: Any,
+    hook_names: str | Sequence[str],
+    *,
+    positions: int | Sequence[int] | None = None,
+    heads: int | Sequence[int] | None = None,
+    source: Sequence[int] | None = None,
+    prepend_bos: Any = True,
+    truncate: bool = False,
+) -> Patch:
+    """Activation patching from a clean prompt set, by prompt and position.
+
+    Runs ``clean_prompts`` once (one prompt per pass, nothing but ``hook_names`` kept, on the
+    CPU) and returns hooks that, in any thermo-lens run, replace the activation of run prompt
+    ``i`` at ``positions`` by clean prompt ``source[i]``'s (default: clean prompt ``i``).
+
+    Args:
+        model: the TransformerLens model (or ModelView).
+        clean_prompts: the clean prompts (anything :func:`thermo_lens.inputs.as_prompts` takes).
+        hook_names: hook point(s), e.g. ``"blocks.1.hook_resid_pre"`` or ``"blocks.0.attn.hook_z"``.
+        positions: token positions to patch (an int or a list; negative from each prompt's end,
+            ``-1`` = last real token); ``None``: every position (run and clean prompt must then
+            have the same token length).
+        heads: for per-head hooks (``hook_z``, ``hook_q``...), patch only these heads (negative
+            from the end).
+        source: clean prompt index for each run prompt (default: the same index).
+        prepend_bos, truncate: tokenization of the clean prompts; use the run's.
+
+    Returns:
+        :class:`Patch`, to pass as ``fwd_hooks=patch`` (or ``list(patch) + other_hooks``).
+
+    Example::
+
+        patch = tl.patch_from(model, clean, "blocks.1.hook_resid_pre", positions=[-1])
+        g = tl.residual_gain(model, corrupted, fwd_hooks=patch)
+    """
+    from thermo_lens.inputs import as_prompts
+
+    view = as_view(model)
+    ps = as_prompts(clean_prompts, tokenizer=view.tokenizer)
+    names = (hook_names,) if isinstance(hook_names, str) else tuple(hook_names)
+    if not names or not all(isinstance(n, str) for n in names):
+        raise ThermoLensInputError(f"hook_names must be a hook name or a list of names, got {hook_names!r}")
+    known = getattr(view.model, "hook_dict", None)
+    if known is not None:
+        bad = [n for n in names if n not in known]
+        if bad:
+            raise ThermoLensInputError(
+                f"unknown hook point(s) {bad} on {view.name}; e.g. 'blocks.0.hook_resid_pre', "
+                "'blocks.0.attn.hook_z', 'blocks.0.hook_mlp_out' (model.hook_dict lists them all)")
+    if heads is not None:
+        heads_t: tuple[int, ...] | None = (int(heads),) if isinstance(heads, int) else tuple(int(h) for h in heads)
+        bad_h = [h for h in heads_t if not -view.n_heads <= h < view.n_heads]  # type: ignore[union-attr]
+        if bad_h:
+            raise ThermoLensInputError(f"heads {bad_h} out of range 0..{view.n_heads - 1} (negative from the end)")
+        heads_t = tuple(h % view.n_heads for h in heads_t)  # type: ignore[union-attr]
+    else:
+        heads_t = None
+    src = None if source is None else tuple(int(s) for s in source)
+    if src is not None and any(not 0 <= s < len(ps) for s in src):
+        raise ThermoLensInputError(f"source indices must be in 0..{len(ps) - 1} (the clean prompts)")
+    if positions is not None:
+        _ = [positions] if isinstance(positions, int) else list(positions)
+    clean: dict[str, list[Tensor]] = {n: [] for n in names}
+    lengths = []
+    from thermo_lens.hooks import token_batch
+
+    for i in range(len(ps)):
+        tb = token_batch(view, ps, [i], prepend_bos=prepend_bos, truncate=truncate)
+        n = int(tb.lengths[0])
+        lengths.append(n)
+
+        def grab(x: Tensor, hook: Any = None, *, _name: str, _n: int = n) -> None:
+            clean[_name].append(x[0, :_n].detach().to("cpu").clone())
+
+        view.run(tb, [(name, functools.partial(grab, _name=name)) for name in names])
+    desc = (f"patch_from {len(ps)} clean prompt(s) ({ps.name}; first {ps.texts[0][:40]!r}) at "
+            f"positions {'all' if positions is None else positions}"
+            + (f", heads {list(heads_t)}" if heads_t is not None else "")
+            + (f", source {list(src)}" if src is not None else "")
+            + f", prepend_bos={prepend_bos!r}")
+    return Patch(hook_names=names, clean_prompts=ps.texts, positions=positions, heads=heads_t, source=src,
+                 description=desc, _clean=clean, _clean_lengths=tuple(lengths))

@@ -1,0 +1,177 @@
+"""A lab recipe (everything that decides a trained model) and the knobs that vary it.
+
+A :class:`Recipe` is a flat, frozen record: architecture fields (:class:`~thermo_lens.lab.
+architecture.Architecture`) plus data, tokenizer and optimisation fields. A knob names one field
+and the levels it may take; :data:`KNOBS` is the registry, and every error about a knob or a level
+names it and lists what is valid.
+
+Optimiser levels (``optimizer``):
+
+``adamw-b2=0.95``   ``torch.optim.AdamW``, betas (0.9, 0.95) (GPT-3 / Pythia style)
+``adamw-b2=0.999``  ``torch.optim.AdamW``, betas (0.9, 0.999) (the PyTorch default)
+``sgd-momentum``    ``torch.optim.SGD``, momentum 0.9, peak learning rate ``lr * sgd_lr_scale``
+
+Weight decay is decoupled (``p <- p * (1 - lr_t * weight_decay)`` at every step, ``lr_t`` the
+scheduled AdamW-scale learning rate) for every optimiser, so the optimiser knob changes the
+gradient step only. It applies to matrices (``ndim >= 2``: weights and embeddings), not to
+biases or LayerNorm parameters. Schedule: linear warm-up over ``warmup_steps`` then cosine decay
+to ``min_lr_ratio * lr``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Callable
+
+from thermo_lens.lab.architecture import Architecture
+
+__all__ = ["Recipe", "Knob", "KNOBS", "OPTIMIZERS", "LabSpecError", "check_level"]
+
+
+class LabSpecError(ValueError):
+    """A malformed lab spec: unknown knob, unknown level, bad field; the message names it."""
+
+
+#: Optimiser level -> (torch class name, settings).
+OPTIMIZERS: dict[str, dict[str, Any]] = {
+    "adamw-b2=0.95": {"class": "AdamW", "betas": (0.9, 0.95)},
+    "adamw-b2=0.999": {"class": "AdamW", "betas": (0.9, 0.999)},
+    "sgd-momentum": {"class": "SGD", "momentum": 0.9},
+}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that decides one trained lab model, apart from the seed."""
+
+    # architecture (see thermo_lens.lab.architecture)
+    n_layers: int = 3
+    d_model: int = 64
+    n_heads: int = 4
+    d_mlp: int = 256
+    n_ctx: int = 64
+    activation: str = "gelu_new"
+    positions: str = "learned"
+    attention: str = "sequential"
+    norm: str = "pre"
+    embeddings: str = "tied"
+    embed_proj_dim: int = 0
+    rotary_pct: float = 1.0
+    rotary_base: float = 10000.0
+    initializer_range: float = 0.02
+    init_scale: float = 1.0
+    # data and tokenizer
+    data: str = "stdlib-docstrings"
+    vocab_size: int = 1024
+    min_frequency: int = 2
+    # optimisation
+    optimizer: str = "adamw-b2=0.95"
+    lr: float = 3e-3
+    sgd_lr_scale: float = 30.0
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    warmup_steps: int = 30
+    min_lr_ratio: float = 0.1
+    grad_clip_norm: float = 1.0
+    batch_size: int = 16
+    block_size: int = 64
+    steps: int = 400
+
+    def architecture(self) -> Architecture:
+        names = {f.name for f in fields(Architecture)}
+        return Architecture(**{k: v for k, v in asdict(self).items() if k in names})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def hash(self) -> str:
+        """First 10 hex digits of the SHA-256 of the recipe's JSON (names a run directory).
+
+        Fields added after the first labs (:data:`_ADDED_FIELDS`) enter only when they differ from
+        their default, so adding a field never renames the runs of an existing lab.
+        """
+        d = {k: v for k, v in self.to_dict().items() if not (k in _ADDED_FIELDS and v == _DEFAULTS[k])}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:10]
+
+    def differences(self, other: "Recipe") -> dict[str, tuple[Any, Any]]:
+        """``{field: (self's, other's)}`` for every field that differs."""
+        a, b = self.to_dict(), other.to_dict()
+        return {k: (a[k], b[k]) for k in a if a[k] != b[k]}
+
+
+_ADDED_FIELDS = frozenset({"embed_proj_dim"})
+_DEFAULTS = {f.name: f.default for f in fields(Recipe)}
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One field of the recipe a lab varies, with what its levels may be."""
+
+    name: str
+    field: str
+    description: str
+    choices: tuple[Any, ...] | None = None          # categorical levels
+    check: Callable[[Any], bool] | None = None      # numeric levels
+    valid: str = ""                                 # how to say what is valid
+
+    def parse(self, level: Any) -> Any:
+        """The level as the recipe stores it; :class:`LabSpecError` naming the knob if invalid."""
+        if self.choices is not None:
+            if level not in self.choices:
+                raise LabSpecError(f"knob {self.name!r}: unknown level {level!r}; valid levels: "
+                                   f"{', '.join(map(repr, self.choices))}")
+            return level
+        if isinstance(level, bool) or not isinstance(level, (int, float)) or not self.check(level):  # type: ignore[misc]
+            raise LabSpecError(f"knob {self.name!r}: bad level {level!r}; valid levels: {self.valid}")
+        typ = type(getattr(Recipe(), self.field))
+        return typ(level)
+
+
+def _corpora() -> tuple[str, ...]:
+    from thermo_lens.lab import corpora
+
+    return tuple(corpora.names())
+
+
+def _knobs() -> dict[str, Knob]:
+    ks = [
+        Knob("weight_decay", "weight_decay", "decoupled weight decay on matrices (0 = none)",
+             check=lambda v: 0 <= v < 1, valid="a number in [0, 1)"),
+        Knob("optimizer", "optimizer", "AdamW with beta2 0.95 or 0.999, or SGD with momentum 0.9",
+             choices=tuple(OPTIMIZERS)),
+        Knob("lr", "lr", "peak learning rate (AdamW scale)", check=lambda v: 0 < v < 1,
+             valid="a number in (0, 1)"),
+        Knob("warmup_steps", "warmup_steps", "linear warm-up steps before the cosine decay",
+             check=lambda v: float(v).is_integer() and v >= 0, valid="an integer >= 0"),
+        Knob("init_scale", "init_scale", "multiplier on every initial matrix (embeddings and weights)",
+             check=lambda v: 0 < v <= 100, valid="a number in (0, 100]"),
+        Knob("embeddings", "embeddings", "unembedding tied to the embedding or its own matrix",
+             choices=("tied", "untied")),
+        Knob("attention", "attention", "attention and MLP in sequence, or in parallel (GPT-J / Pythia)",
+             choices=("sequential", "parallel")),
+        Knob("positions", "positions", "learned absolute position embeddings or rotary (RoPE)",
+             choices=("learned", "rotary")),
+        Knob("norm", "norm", "LayerNorm before each sublayer (pre-LN) or after the residual add (post-LN)",
+             choices=("pre", "post")),
+        Knob("data", "data", "training corpus (thermo_lens.lab.corpora)", choices=_corpora()),
+    ]
+    return {k.name: k for k in ks}
+
+
+#: Knob name -> :class:`Knob`.
+KNOBS: dict[str, Knob] = _knobs()
+
+
+def check_level(knob: str, level: Any) -> Any:
+    """Validate ``level`` of ``knob``; errors name the knob and list the valid knobs or levels."""
+    if knob not in KNOBS:
+        raise LabSpecError(f"unknown knob {knob!r}; valid knobs: {', '.join(KNOBS)}")
+    return KNOBS[knob].parse(level)
+
+
+def with_level(recipe: Recipe, knob: str, level: Any) -> Recipe:
+    """``recipe`` with ``knob`` set to ``level`` (validated)."""
+    return replace(recipe, **{KNOBS[knob].field: check_level(knob, level)})

@@ -1,0 +1,264 @@
+"""Run (or resume) a lab: train every arm x seed, profile every checkpoint, tabulate, test.
+
+``run_lab(spec, out_dir)`` (or ``thermo-lens lab SPEC --out DIR``) drives the study machinery
+(:func:`thermo_lens.study.run_study`) twice, so a lab is resumable and fail-soft exactly like a
+study: atomic result files, a manifest with SHA-256s, one run at a time per directory, a rerun that
+continues, a failure recorded and the rest carried on, and the local or Ray executor:
+
+1. ``DIR/train/``: one study "model" per run (arm x seed). Its task trains the run (resuming from
+   ``train_state.pt`` when interrupted), saving log-spaced checkpoints under ``DIR/runs/``, and
+   returns the profile of the last checkpoint;
+2. ``DIR/profiles/``: one study "model" per checkpoint of every trained run, profiled with the
+   same battery (gain under every named definition, spectral signature, sheaf traces, L*); each
+   profile's ``meta["lab"]`` carries the arm, knob, level, seed, step and validation loss.
+
+Then ``DIR/runs.csv`` (one row per run and checkpoint), ``DIR/effects.csv`` (per knob, level and
+metric: the seed-paired effect, 95% CI, permutation p-value, regime flip;
+:mod:`thermo_lens.lab.effects`), ``DIR/figures/*.html`` and ``DIR/report.html`` are written from
+whatever has finished. A run directory is named by its recipe's hash, so editing a spec retrains
+exactly the arms whose recipe changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from thermo_lens.lab.recipe import Recipe
+from thermo_lens.lab.spec import LabSpec, load_lab_spec
+
+__all__ = ["LabOutcome", "run_lab", "runs_frame", "write_tables"]
+
+GAIN_COLUMNS = ("last_block_gain", "penultimate_gain", "first_block_gain", "geometric_mean_gain",
+                "total_amplification", "max_block_gain")
+
+
+@dataclass(frozen=True)
+class LabOutcome:
+    """What a lab run did: trained/profiled now, skipped (already done), failed (with errors)."""
+
+    out_dir: str
+    trained: tuple[str, ...]
+    profiled: tuple[str, ...]
+    skipped: tuple[str, ...]
+    failed: dict[str, str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+@dataclass(frozen=True)
+class _RunInfo:
+    run_id: str
+    arm: str
+    knob: str
+    level: Any
+    seed: int
+    recipe: dict[str, Any]
+    base: dict[str, Any]
+    run_dir: str            # relative to the lab directory
+
+
+def _run_infos(spec: LabSpec) -> list[_RunInfo]:
+    out = []
+    for arm in spec.arms():
+        for seed in spec.seeds:
+            rid = f"{arm.id}__seed{seed}"
+            out.append(_RunInfo(rid, arm.id, arm.knob, arm.level, seed, arm.recipe.to_dict(), spec.base.to_dict(),
+                                f"runs/{arm.id}__seed{seed}__{arm.recipe.hash}"))
+    return out
+
+
+@dataclass(frozen=True)
+class _Task:
+    """The study ``profile_fn`` of both passes (picklable, for Ray)."""
+
+    lab_dir: str
+    runs: dict[str, _RunInfo]
+    n_checkpoints: int
+    eval_every: int | None
+    mode: str                   # "train" | "profile"
+
+    def _train(self, info: _RunInfo) -> dict[str, Any]:
+        from thermo_lens.lab.train import train_run
+
+        return train_run(Recipe(**info.recipe), info.seed, Path(self.lab_dir) / info.run_dir, base=Recipe(**info.base),
+                         n_checkpoints=self.n_checkpoints, tokenizer_cache=Path(self.lab_dir) / "tokenizers",
+                         eval_every=self.eval_every)
+
+    def __call__(self, model: Any, settings: dict[str, Any]) -> str:
+        from thermo_lens.lab.train import step_dir_name
+
+        if self.mode == "train":
+            info = self.runs[model.id]
+            step = Recipe(**info.recipe).steps
+            if not (Path(self.lab_dir) / info.run_dir / step_dir_name(step) / "metrics.json").is_file():
+                step = max(self._train(info)["checkpoints"])  # else: trained already (e.g. a settings change)
+        else:
+            rid, _, step_s = model.id.rpartition("__step")
+            info, step = self.runs[rid], int(step_s)
+        ckpt = Path(self.lab_dir) / info.run_dir / step_dir_name(step)
+        if not (ckpt / "metrics.json").is_file():  # deleted since: finish (or redo) the run first
+            self._train(info)
+        return _profile_checkpoint(model, settings, ckpt, info, step)
+
+
+def _profile_checkpoint(model: Any, settings: dict[str, Any], ckpt: Path, info: _RunInfo, step: int) -> str:
+    import torch
+
+    from thermo_lens.profile import ThermoProfile
+    from thermo_lens.study import profile_one
+
+    torch.set_num_threads(1)
+    text = profile_one(replace(model, name=str(ckpt), threads=1), settings)
+    prof = ThermoProfile.from_json(text)
+    metrics = json.loads((ckpt / "metrics.json").read_text())
+    meta = dict(prof.meta, source=f"{info.run_dir}/{ckpt.name}")
+    meta["lab"] = {"run": info.run_id, "arm": info.arm, "knob": info.knob, "level": info.level, "seed": info.seed,
+                   "step": step, "tokens_seen": metrics["tokens_seen"], "val_loss": metrics["val_loss"],
+                   "recipe_hash": Recipe(**info.recipe).hash, "family": _family(info)}
+    return replace(prof, meta=meta).to_json()
+
+
+def _family(info: _RunInfo) -> str:
+    return Recipe(**info.recipe).architecture().family
+
+
+def run_lab(spec: LabSpec | str | os.PathLike, out_dir: str | os.PathLike, *, executor: str = "local",
+            ray_address: str | None = None, progress: bool | None = None, report: bool = True) -> LabOutcome:
+    """Run or resume the lab ``spec`` into ``out_dir`` (see the module docstring).
+
+    Args:
+        spec: a :class:`~thermo_lens.lab.spec.LabSpec` or the path of a lab spec (TOML).
+        out_dir: the lab directory (created if needed).
+        executor: ``"local"`` or ``"ray"`` (one run, then one checkpoint, per Ray task).
+        ray_address: for Ray: ``None`` starts a local Ray; an address joins a cluster.
+        progress: progress bars (default: when stderr is a terminal).
+        report: also write ``report.html`` (the study report of the final checkpoints with a
+            heritage-lab section).
+
+    Returns:
+        :class:`LabOutcome`; failures are recorded in the manifests, never raised.
+    """
+    from thermo_lens.study import ModelSpec, StudySpec, read_manifest, run_study
+
+    if not isinstance(spec, LabSpec):
+        spec = load_lab_spec(spec)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    infos = _run_infos(spec)
+    runs = {i.run_id: i for i in infos}
+    from thermo_lens.study import _atomic_write
+
+    _atomic_write(out / "lab.json", json.dumps({
+        "name": spec.name, "spec": spec.path, "seeds": list(spec.seeds), "checkpoints": spec.checkpoints,
+        "settings": spec.settings(), "base": spec.base.to_dict(),
+        "knobs": [{"name": k.name, "levels": list(k.levels), "reference": k.reference, "context": dict(k.context)}
+                  for k in spec.knobs],
+        "arms": [{"id": a.id, "knob": a.knob, "level": a.level, "recipe_hash": a.recipe.hash,
+                  "family": a.recipe.architecture().family, "differs_from_base": {k: list(v) for k, v in
+                                                                                spec.base.differences(a.recipe).items()}}
+                 for a in spec.arms()],
+        "comparisons": [dict(zip(("knob", "reference", "level", "reference_arm", "arm"), c)) for c in spec.comparisons()],
+    }, indent=2, default=str).encode() + b"\n")
+    settings = spec.settings()
+
+    def models(ids_steps: list[tuple[_RunInfo, int | None]]) -> tuple[ModelSpec, ...]:
+        ms = []
+        for info, step in ids_steps:
+            mid = info.run_id if step is None else f"{info.run_id}__step{step:06d}"
+            ms.append(ModelSpec(id=mid, name=info.run_dir, lab=info.arm, family=info.knob,
+                                twin_of=None if info.arm == "base" else f"base__seed{info.seed}", threads=1))
+        return tuple(ms)
+
+    train_spec = StudySpec(name=f"{spec.name}: training", models=models([(i, None) for i in infos]), **settings)
+    task = _Task(str(out.resolve()), runs, spec.checkpoints, spec.eval_every, "train")
+    t = run_study(train_spec, out / "train", executor=executor, ray_address=ray_address, progress=progress,
+                  profile_fn=task)
+    trained_ok = [i for i in infos if read_manifest(out / "train")["models"].get(i.run_id, {}).get("status") == "done"]
+    from thermo_lens.lab.train import checkpoint_steps
+
+    pairs = [(i, s) for i in trained_ok for s in checkpoint_steps(Recipe(**i.recipe).steps, spec.checkpoints)]
+    failed = dict(t.failed)
+    p_done: tuple[str, ...] = ()
+    p_skipped: tuple[str, ...] = ()
+    if pairs:
+        prof_spec = StudySpec(name=f"{spec.name}: checkpoints", models=models(pairs), **settings)  # type: ignore[arg-type]
+        p = run_study(prof_spec, out / "profiles", executor=executor, ray_address=ray_address, progress=progress,
+                      profile_fn=replace(task, mode="profile"))
+        failed.update(p.failed)
+        p_done, p_skipped = p.done, p.skipped
+    write_tables(out, spec)
+    if report and trained_ok:
+        from thermo_lens.report import write_report
+
+        try:
+            write_report(out / "train", out / "report.html", title=f"thermo-lens heritage lab: {spec.name}",
+                         panel=False)
+        except Exception as e:  # noqa: BLE001 - the tables are the result; the report is a view
+            failed["report.html"] = f"{type(e).__name__}: {e}"
+    return LabOutcome(out_dir=str(out), trained=t.done, profiled=p_done, skipped=tuple(t.skipped) + tuple(p_skipped),
+                      failed=failed)
+
+
+def runs_frame(lab_dir: str | os.PathLike) -> Any:
+    """One row per trained run and checkpoint, from the finished checkpoint profiles of ``lab_dir``.
+
+    Columns: ``knob, level, arm, seed, step, tokens_seen, val_loss``, every named gain summary
+    (``last_block_gain`` = G_L, ``penultimate_gain`` = G_{L-1}, ...; token scope and BOS as in the
+    lab's settings), ``regime`` (decided by ``last_block_gain``'s 95% CI across prompts),
+    ``W_V_norm``, ``W_O_norm`` (means over heads of the spectral norms) and ``W_V_W_O_ratio`` (mean
+    over heads of ||W_V^h||_2 / ||W_O^h||_2), ``mean_trace`` (sheaf), ``family``, ``run``,
+    ``recipe_hash``.
+    """
+    import pandas as pd
+
+    from thermo_lens.study import load_profiles
+
+    d = Path(lab_dir) / "profiles"
+    profiles = load_profiles(d) if (d / "manifest.json").is_file() else {}
+    rows = []
+    for prof in profiles.values():
+        lab = prof.meta.get("lab") or {}
+        g, s = prof.gain, prof.spectral
+        row = {"knob": lab.get("knob"), "level": lab.get("level"), "arm": lab.get("arm"), "seed": lab.get("seed"),
+               "step": lab.get("step"), "tokens_seen": lab.get("tokens_seen"), "val_loss": lab.get("val_loss")}
+        for name in GAIN_COLUMNS:
+            row[name] = float(g.summaries[name].mean)
+        row.update({"regime": g.regime, "regime_by": g.regime_by,
+                    "W_V_W_O_ratio": float(s.ratio.mean()), "W_V_norm": float(s.W_V_norm.mean()),
+                    "W_O_norm": float(s.W_O_norm.mean()), "mean_trace": float(prof.sheaf.mean_layer_trace.mean()),
+                    "token_scope": prof.meta.get("token_scope"), "prepend_bos": prof.meta.get("prepend_bos"),
+                    "family": lab.get("family"), "run": lab.get("run"), "recipe_hash": lab.get("recipe_hash")})
+        rows.append(row)
+    cols = ["knob", "level", "arm", "seed", "step", "tokens_seen", "val_loss", *GAIN_COLUMNS, "regime", "regime_by",
+            "W_V_W_O_ratio", "W_V_norm", "W_O_norm", "mean_trace", "token_scope", "prepend_bos", "family", "run",
+            "recipe_hash"]
+    df = pd.DataFrame(rows, columns=cols)
+    return df.sort_values(["arm", "seed", "step"], kind="stable").reset_index(drop=True)
+
+
+def write_tables(lab_dir: str | os.PathLike, spec: LabSpec) -> None:
+    """``runs.csv``, ``effects.csv`` and ``figures/`` from what has finished in ``lab_dir``."""
+    from thermo_lens.lab import effects, views
+    from thermo_lens.study import _atomic_write
+
+    out = Path(lab_dir)
+    runs = runs_frame(out)
+    _atomic_write(out / "runs.csv", runs.to_csv(index=False, float_format="%.10g").encode())
+    eff = effects.effects_frame(runs, spec.comparisons())
+    _atomic_write(out / "effects.csv", eff.to_csv(index=False, float_format="%.10g").encode())
+    if len(runs):
+        figs = out / "figures"
+        figs.mkdir(exist_ok=True)
+        figures = [("trajectories_last_block_gain", views.gain_trajectories(runs, "last_block_gain")),
+                   ("trajectories_penultimate_gain", views.gain_trajectories(runs, "penultimate_gain"))]
+        if len(eff):  # a lab without knobs (one arm) has no effects
+            figures.append(("effects", views.effect_sizes(eff)))
+        for name, fig in figures:
+            html = fig.to_html(include_plotlyjs="cdn", full_html=True)
+            _atomic_write(figs / f"{name}.html", html.encode())

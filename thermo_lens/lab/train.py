@@ -1,0 +1,294 @@
+"""Train one lab run (a recipe and a seed) from scratch, with resumable log-spaced checkpoints.
+
+Protocol (all CPU, single-threaded, deterministic):
+
+1. tokenizer: a byte-level BPE (``tokenizers``) of ``vocab_size`` tokens trained on the corpus's
+   training documents; ``<|endoftext|>`` is BOS, EOS, PAD and UNK. Shared by every run on the same
+   corpus, so arms that differ in anything but ``data`` see identical token streams;
+2. streams: ``<|endoftext|> doc0 <|endoftext|> doc1 ...`` for the training and validation slices;
+3. model: :func:`~thermo_lens.lab.architecture.init_model` (matched initial weights across arms);
+4. steps: each step is ``batch_size`` windows of ``block_size + 1`` contiguous tokens at uniformly
+   random offsets of the training stream, drawn from ``torch.Generator().manual_seed(seed + 1)``,
+   so every arm on the same corpus sees the same batches in the same order; the token budget is
+   ``steps * batch_size * block_size`` for every arm;
+5. checkpoints at the log-spaced steps of :func:`checkpoint_steps` (step 0 is the initial model):
+   an HF checkpoint (``save_pretrained``, safetensors, tokenizer) plus ``metrics.json`` (validation
+   loss: mean next-token cross-entropy over every non-overlapping ``block_size`` window of the
+   validation stream, in nats per token), written to a temporary directory and renamed;
+6. resume: after each checkpoint the training state (weights, optimiser, data generator, step) is
+   saved atomically to ``train_state.pt``; a rerun continues from it and produces the same weights
+   as an uninterrupted run.
+
+The embedded zoo's recipe is this protocol with the zoo's hyperparameters (``recipes/zoo-*.toml``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from thermo_lens.lab.recipe import OPTIMIZERS, Recipe
+
+__all__ = ["EOT", "checkpoint_steps", "get_tokenizer", "encode_stream", "train_run", "step_dir_name",
+           "lr_at", "evaluate"]
+
+EOT = "<|endoftext|>"
+STATE = "train_state.pt"
+
+
+def checkpoint_steps(steps: int, n: int) -> list[int]:
+    """``n`` checkpoint steps spaced evenly in log(step): 0, 1, ..., ``steps`` (fewer if they collide)."""
+    if n < 2:
+        return [steps]
+    out = {0, steps}
+    if n > 2 and steps > 1:
+        out.update(int(round(steps ** (i / (n - 2)))) for i in range(n - 1))
+    return sorted(out)
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+# ---------------------------------------------------------------------------- tokenizer and data
+def _train_tokenizer(docs: tuple[str, ...], vocab_size: int, min_frequency: int, model_max_length: int) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOT],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(list(docs), trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOT, eos_token=EOT, pad_token=EOT,
+                                   unk_token=EOT, model_max_length=model_max_length,
+                                   clean_up_tokenization_spaces=False)
+
+
+def get_tokenizer(recipe: Recipe, cache_dir: str | os.PathLike | None = None) -> Any:
+    """The recipe's tokenizer, trained once per (corpus, vocab, min_frequency, n_ctx) and cached."""
+    from transformers import PreTrainedTokenizerFast
+
+    from thermo_lens.lab import corpora
+
+    corpus = corpora.load(recipe.data)
+    key = f"{recipe.data}-v{recipe.vocab_size}-f{recipe.min_frequency}-c{recipe.n_ctx}-{corpus.sha256[:8]}"
+    if cache_dir is not None:
+        path = Path(cache_dir) / key
+        if (path / "tokenizer.json").is_file():
+            return PreTrainedTokenizerFast.from_pretrained(str(path))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("RAYON_NUM_THREADS", "1")
+    tok = _train_tokenizer(corpus.train_documents, recipe.vocab_size, recipe.min_frequency, recipe.n_ctx)
+    if cache_dir is not None:
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".{key}."))
+        tok.save_pretrained(str(tmp))
+        try:
+            os.rename(tmp, path)
+        except OSError:  # another worker got there first: theirs is identical
+            shutil.rmtree(tmp, ignore_errors=True)
+    return tok
+
+
+def encode_stream(tokenizer: Any, docs: tuple[str, ...]) -> list[int]:
+    """``<|endoftext|> doc0 <|endoftext|> doc1 ...`` as one flat list of ids."""
+    eot = tokenizer.convert_tokens_to_ids(EOT)
+    ids: list[int] = []
+    for enc in tokenizer(list(docs), add_special_tokens=False, verbose=False)["input_ids"]:
+        ids.append(eot)
+        ids.extend(enc)
+    return ids
+
+
+def batch_offsets(n_tokens: int, batch_size: int, block_size: int, generator: Any) -> Any:
+    """Start offsets ``[batch_size]`` of one step's windows of ``block_size + 1`` tokens: uniform over
+    the stream, drawn from the run's data generator (the same draws in every arm of a seed)."""
+    import torch
+
+    return torch.randint(0, n_tokens - block_size - 1, (batch_size,), generator=generator)
+
+
+def lr_at(step: int, recipe: Recipe) -> float:
+    """Scheduled AdamW-scale learning rate before update ``step`` (0-based)."""
+    lr, warm, total = recipe.lr, recipe.warmup_steps, recipe.steps
+    if step < warm:
+        return lr * (step + 1) / warm
+    progress = (step - warm) / max(1, total - warm)
+    floor = recipe.min_lr_ratio * lr
+    return floor + (lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def evaluate(model: Any, stream: list[int], block_size: int, batch_size: int = 32) -> float:
+    """Mean next-token cross-entropy (nats/token) over non-overlapping ``block_size`` windows."""
+    import torch
+    import torch.nn.functional as F
+
+    data = torch.tensor(stream, dtype=torch.long)
+    n = (len(data) - 1) // block_size
+    x = data[: n * block_size].view(n, block_size)
+    y = data[1: n * block_size + 1].view(n, block_size)
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, n, batch_size):
+            logits = model(input_ids=x[i: i + batch_size]).logits
+            total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y[i: i + batch_size].reshape(-1),
+                                     reduction="sum").item()
+            count += y[i: i + batch_size].numel()
+    model.train(was_training)
+    return total / count
+
+
+def _atomic_torch_save(obj: Any, path: Path) -> None:
+    import torch
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _save_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: Any, metrics: dict[str, Any]) -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a per-shard bar for a 1 MB file is noise
+    dest = run_dir / step_dir_name(step)
+    if dest.exists():
+        shutil.rmtree(dest)
+    tmp = Path(tempfile.mkdtemp(dir=run_dir, prefix=f".{dest.name}."))
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    tokenizer.save_pretrained(str(tmp))
+    (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    for f in tmp.iterdir():
+        f.chmod(0o644)
+    tmp.chmod(0o755)
+    os.rename(tmp, dest)
+
+
+def train_run(recipe: Recipe, seed: int, run_dir: str | os.PathLike, *, base: Recipe | None = None,
+              n_checkpoints: int = 8, extra_checkpoints: tuple[int, ...] = (), tokenizer_cache: str | os.PathLike | None = None,
+              eval_every: int | None = None, log: Any = None) -> dict[str, Any]:
+    """Train (or finish training) one run; returns ``{step: metrics}`` for every checkpoint.
+
+    Args:
+        recipe: the arm's recipe.
+        seed: initial weights (``torch.manual_seed(seed)``) and batch order (``seed + 1``).
+        run_dir: the run's directory (checkpoints ``step_NNNNNN/`` and ``train_state.pt``).
+        base: the lab's base recipe (initial weights are the base family's, moved into this
+            arm's family; default ``recipe`` itself).
+        n_checkpoints: number of log-spaced checkpoints (:func:`checkpoint_steps`).
+        extra_checkpoints: further steps to checkpoint.
+        tokenizer_cache: directory where tokenizers are cached (shared by runs).
+        eval_every: also record validation loss every this many steps (no checkpoint).
+        log: ``callable(str)`` for progress lines (default: silent).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from thermo_lens.lab import corpora
+    from thermo_lens.lab.architecture import init_model
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    base = base or recipe
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "recipe.json").write_text(json.dumps({"recipe": recipe.to_dict(), "seed": seed,
+                                                      "base": base.to_dict()}, indent=2) + "\n")
+    say = log or (lambda s: None)
+
+    tok = get_tokenizer(recipe, tokenizer_cache)
+    corpus = corpora.load(recipe.data)
+    train_ids = encode_stream(tok, corpus.train_documents)
+    val_ids = encode_stream(tok, corpus.val_documents)
+    special = tok.convert_tokens_to_ids(EOT)
+    model = init_model(recipe.architecture(), base.architecture(), seed=seed, vocab_size=len(tok),
+                       special_id=special, init_scale=recipe.init_scale)
+    model.train()
+    decay = [p for _, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for _, p in model.named_parameters() if p.ndim < 2]
+    opt_spec = OPTIMIZERS[recipe.optimizer]
+    if opt_spec["class"] == "AdamW":
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
+                                 {"params": no_decay, "weight_decay": 0.0}],
+                                lr=recipe.lr, betas=opt_spec["betas"], eps=recipe.eps)
+        lr_scale = 1.0
+    else:  # SGD: decoupled decay applied by hand below, at the AdamW-scale rate
+        opt = torch.optim.SGD([{"params": decay}, {"params": no_decay}], lr=recipe.lr * recipe.sgd_lr_scale,  # type: ignore[assignment]
+                              momentum=opt_spec["momentum"])
+        lr_scale = recipe.sgd_lr_scale
+    data = torch.tensor(train_ids, dtype=torch.long)
+    gen = torch.Generator().manual_seed(seed + 1)
+    B, T = recipe.batch_size, recipe.block_size
+    ckpts = sorted(set(checkpoint_steps(recipe.steps, n_checkpoints)) | {s for s in extra_checkpoints if 0 <= s <= recipe.steps})
+
+    start, history = 0, []
+    state_path = run_dir / STATE
+    if state_path.is_file():
+        state = torch.load(state_path, weights_only=False)
+        if state.get("recipe") == recipe.to_dict() and state.get("seed") == seed:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
+            gen.set_state(state["generator"])
+            start, history = state["step"], state["history"]
+            say(f"resuming at step {start}")
+    metrics: dict[int, dict[str, Any]] = {}
+    for s in ckpts:
+        f = run_dir / step_dir_name(s) / "metrics.json"
+        if s <= start and f.is_file():
+            metrics[s] = json.loads(f.read_text())
+
+    def checkpoint(step: int, train_loss: float | None) -> None:
+        m = {"step": step, "tokens_seen": step * B * T, "val_loss": evaluate(model, val_ids, T),
+             "train_loss_last_step": train_loss, "lr": lr_at(max(step - 1, 0), recipe) * lr_scale}
+        _save_checkpoint(run_dir, step, model, tok, m)
+        metrics[step] = m
+        _atomic_torch_save({"recipe": recipe.to_dict(), "seed": seed, "step": step, "history": history,
+                            "model": model.state_dict(), "optimizer": opt.state_dict(),
+                            "generator": gen.get_state()}, state_path)
+        say(f"step {step}: val loss {m['val_loss']:.4f}")
+
+    if start == 0 and 0 in ckpts and 0 not in metrics:
+        checkpoint(0, None)
+    t0 = time.perf_counter()
+    for step in range(start, recipe.steps):
+        lr = lr_at(step, recipe)
+        for g in opt.param_groups:
+            g["lr"] = lr * lr_scale
+        off = batch_offsets(len(data), B, T, gen)
+        batch = data[off[:, None] + torch.arange(T + 1)[None, :]]
+        logits = model(input_ids=batch[:, :-1]).logits
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip_norm)
+        if lr_scale != 1.0 and recipe.weight_decay:
+            with torch.no_grad():
+                for p in decay:
+                    p.mul_(1.0 - lr * recipe.weight_decay)
+        opt.step()
+        done = step + 1
+        if not math.isfinite(loss.item()):
+            raise FloatingPointError(f"training loss is {loss.item()} at step {done}: the run diverged")
+        if eval_every and done % eval_every == 0 and done not in ckpts:
+            history.append({"step": done, "val_loss": evaluate(model, val_ids, T)})
+        if done in ckpts:
+            checkpoint(done, loss.item())
+    if start < recipe.steps:
+        say(f"trained steps {start}..{recipe.steps} in {time.perf_counter() - t0:.1f}s")
+    return {"checkpoints": metrics, "history": history, "n_params": sum(p.numel() for p in model.parameters()),
+            "vocab_size": len(tok), "train_stream_tokens": len(train_ids), "val_stream_tokens": len(val_ids)}

@@ -1,0 +1,145 @@
+"""Base vs fine-tuned pairs: is the sign of ``G - 1`` kept? (D'Elia 2026, section 5.5)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from thermo_lens.laws.base import LawResult, StatTest, leave_one_out, with_holm
+from thermo_lens.laws.table import _as_frame, _numeric, _require
+from thermo_lens.stats import t_interval
+
+__all__ = ["TwinResult", "twin"]
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class TwinResult(LawResult):
+    """Base vs fine-tuned test (D'Elia 2026, section 5.5).
+
+    ``pairs`` per pair: ``base, model, base_gain, ft_gain``, ``base_sign``/``ft_sign`` (sign of
+    ``G - 1``: +1 expander, -1 dampener, 0 exactly neutral), ``sign_kept``, ``delta = ft - base``,
+    ``relative_change = (ft - base) / |base - 1|`` (change relative to the base's distance from
+    neutrality: -1 means the fine-tune moved exactly to G = 1; < -1 with an expander base means the
+    sign flipped) and ``ratio = ft / base``.
+    The paper: "RLHF modulates magnitude (up to 50%) but cannot invert sign. Gemma: 2.32 -> 1.15".
+    """
+
+    pairs: pd.DataFrame
+    stat_tests: tuple = ()
+
+    @property
+    def n_pairs(self) -> int:
+        return len(self.pairs)
+
+    @property
+    def n_sign_kept(self) -> int:
+        return int(self.pairs["sign_kept"].sum())
+
+    @property
+    def all_sign_kept(self) -> bool:
+        return self.n_sign_kept == self.n_pairs
+
+    def to_frame(self) -> pd.DataFrame:
+        return self.pairs.copy()
+
+    def summary(self) -> str:
+        lines = [f"TwinResult(sign of G-1 kept in {self.n_sign_kept}/{self.n_pairs} pairs)"]
+        for _, r in self.pairs.iterrows():
+            lines.append(f"  {r['base']} -> {r['model']}: {r['base_gain']:.4f} -> {r['ft_gain']:.4f} "
+                         f"(sign {'kept' if r['sign_kept'] else 'FLIPPED'}, ratio {r['ratio']:.3f}, "
+                         f"relative change {r['relative_change']:+.3f})")
+        if self.tests:
+            lines.append(f"  tests ({len(self.tests)}; Holm over both):")
+            lines += [f"    {t.summary()}" for t in self.tests]
+        return "\n".join(lines)
+
+
+def twin(table: Any, model: str = "model", base: str = "base", gain: str = "gain") -> TwinResult:
+    """Compare fine-tuned models with their bases.
+
+    Two input shapes:
+
+    - one row per model with columns ``model``, ``base`` and ``gain``: a row whose ``base`` names
+      another row's ``model`` is a fine-tune of it (``base`` empty/NaN, or equal to ``model``, for
+      base rows). ``reference.twins()`` has this shape.
+    - one row per pair with columns ``base_gain`` and ``ft_gain`` (optionally ``base`` and
+      ``model`` as names).
+    """
+    func = "twin"
+    df = _as_frame(table, func)
+    if "base_gain" in df.columns and "ft_gain" in df.columns:
+        bg, fg = _numeric(df, "base_gain", func), _numeric(df, "ft_gain", func)
+        bnames = (df[base].astype(str).tolist() if base in df.columns
+                  else [f"base{i}" for i in range(len(df))])
+        fnames = df[model].astype(str).tolist() if model in df.columns else [f"ft{i}" for i in range(len(df))]
+    else:
+        _require(df, [model, base, gain], func)
+        g = _numeric(df, gain, func)
+        names = df[model].astype(str).to_numpy()
+        dup = sorted({m for m in names if (names == m).sum() > 1})
+        if dup:
+            raise ValueError(f"{func}: duplicate {model!r} names: {dup}")
+        lookup = dict(zip(names, g))
+        bcol = df[base]
+        bnames, fnames, bg_l, fg_l = [], [], [], []
+        for m, b, gv in zip(names, bcol, g):
+            if b is None or (isinstance(b, float) and math.isnan(b)) or b is pd.NA or str(b) in ("", m):
+                continue
+            b = str(b)
+            if b not in lookup:
+                raise ValueError(f"{func}: base {b!r} of {m!r} is not a {model!r} in the table")
+            bnames.append(b); fnames.append(m); bg_l.append(lookup[b]); fg_l.append(gv)
+        bg, fg = np.array(bg_l, dtype=float), np.array(fg_l, dtype=float)
+    if len(bg) == 0:
+        raise ValueError(f"{func}: no base/fine-tuned pairs found (fill the {base!r} column of the "
+                         "fine-tuned rows with their base model's name)")
+    bs, fs = np.sign(bg - 1.0).astype(int), np.sign(fg - 1.0).astype(int)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = (fg - bg) / np.abs(bg - 1.0)
+        ratio = fg / bg
+    pairs = pd.DataFrame({"base": bnames, "model": fnames, "base_gain": bg, "ft_gain": fg,
+                          "base_sign": bs, "ft_sign": fs, "sign_kept": bs == fs,
+                          "delta": fg - bg, "relative_change": rel, "ratio": ratio})
+    return TwinResult(pairs=pairs, stat_tests=_twin_tests(pairs))
+
+
+def _twin_tests(pairs: pd.DataFrame) -> tuple:
+    """Sign kept (exact binomial vs a coin flip) and the magnitude change (exact Wilcoxon)."""
+    from scipy import stats
+
+    n = len(pairs)
+    kept = pairs["sign_kept"].to_numpy(bool)
+    labels = [f"{b}->{m}" for b, m in zip(pairs["base"], pairs["model"])]
+    k = int(kept.sum())
+    ci = stats.binomtest(k, n).proportion_ci(0.95, method="exact")
+
+    def loo_sign(keep):
+        kk = int(kept[keep].sum())
+        return kk / int(keep.sum()), float(stats.binomtest(kk, int(keep.sum()), 0.5, alternative="greater").pvalue)
+
+    tests = [StatTest(
+        family="twin", name="sign of G - 1 kept by the fine-tune", test="exact binomial test vs p = 0.5 (one-sided)",
+        n=n, statistic=k / n, effect="fraction kept", effect_value=k / n, ci_low=float(ci.low),
+        ci_high=float(ci.high), pvalue=float(stats.binomtest(k, n, 0.5, alternative="greater").pvalue),
+        pvalue_method="exact (binomial)",
+        note="a coin-flip null is a weak one; with few pairs even n/n is weak evidence",
+        **leave_one_out(labels, loo_sign, k / n))]
+    logr = np.log(pairs["ratio"].to_numpy(float))
+    if n >= 2 and np.all(np.isfinite(logr)) and np.any(logr != 0):
+        lo, hi = t_interval(float(np.mean(logr)), float(np.std(logr, ddof=1)), n)
+
+        def loo_mag(keep):
+            x = logr[keep]
+            return float(np.exp(np.mean(x))), float(stats.wilcoxon(x, method="exact").pvalue)
+
+        tests.append(StatTest(
+            family="twin", name="magnitude change ft/base", test="Wilcoxon signed-rank of log(ft/base), exact",
+            n=n, statistic=float(np.exp(np.mean(logr))), effect="geometric mean ratio ft/base",
+            effect_value=float(np.exp(np.mean(logr))), ci_low=float(np.exp(lo)), ci_high=float(np.exp(hi)),
+            pvalue=float(stats.wilcoxon(logr, method="exact").pvalue), pvalue_method="exact (Wilcoxon)",
+            note="CI: t interval of the mean log ratio", **leave_one_out(labels, loo_mag, float(np.exp(np.mean(logr))))))
+    return with_holm(tests)

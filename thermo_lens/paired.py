@@ -1,0 +1,213 @@
+"""Paired comparisons of two runs on the same prompts (e.g. ablated minus clean).
+
+``paired_difference(b, a)`` (also ``b - a``) takes two results of the same kind, measured on the
+same prompts, model and settings and differing only in their user hooks, and returns per-prompt
+differences ``b - a`` with, per layer (and head), the mean difference, its Student-t CI (paired:
+computed from the per-prompt differences, SD with ``ddof=1``) and a two-sided paired t-test
+(``H0``: mean difference 0). Pairs on different prompts or settings are refused with the reason.
+
+Quantities compared, by result type:
+
+* :class:`~thermo_lens.gain.GainResult`: ``block_gain`` ``[prompt, layer]``;
+* :class:`~thermo_lens.sheaf.SheafTraces`: ``trace`` ``[prompt, layer, head]``;
+* :class:`~thermo_lens.anisotropy.AnisotropyResult`: ``values`` ``[prompt, state]`` (states
+  ``x_0..x_L``: ``state`` 0 is the embedding, state ``s`` the output of block ``s - 1``);
+* :class:`~thermo_lens.attribution.GainAttribution`: ``head`` ``[prompt, layer, head]`` (and
+  ``total`` through ``quantity="total"``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from thermo_lens.model import ThermoLensInputError
+from thermo_lens.provenance import Provenance
+from thermo_lens.result import Result
+from thermo_lens.stats import SummaryStats, summarize
+
+__all__ = ["PairedDifference", "paired_difference", "QUANTITIES"]
+
+#: result type -> (default quantity, {quantity: dimension names after "prompt"}).
+QUANTITIES: dict[str, tuple[str, dict[str, tuple[str, ...]]]] = {
+    "GainResult": ("block_gain", {"block_gain": ("layer",)}),
+    "SheafTraces": ("trace", {"trace": ("layer", "head"), "off_diagonal_mass": ("layer", "head")}),
+    "AnisotropyResult": ("values", {"values": ("state",)}),
+    "GainAttribution": ("head", {"head": ("layer", "head"), "total": ("layer",), "mlp": ("layer",),
+                                 "bias": ("layer",)}),
+}
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class PairedDifference(Result):
+    """Per-prompt differences ``b - a`` of two paired runs, with paired CIs and t-tests.
+
+    Attributes:
+        quantity: the compared quantity (e.g. ``"block_gain"``) of a ``result_type``.
+        dims: the dimension names after ``prompt`` (e.g. ``("layer",)``, ``("layer", "head")``).
+        difference: ``[prompt, *dims]`` float64, ``b - a`` per prompt.
+        a, b: the per-prompt values of each run.
+        summary: mean, SD (ddof=1), SE and the ``level`` t-CI of the difference per element.
+        t_statistic, pvalue: two-sided paired t-test per element (NaN with fewer than 2 prompts).
+        provenance_a, provenance_b: what each run was (prompts, settings, hooks).
+    """
+
+    quantity: str
+    result_type: str
+    dims: tuple[str, ...]
+    difference: Tensor
+    a: Tensor
+    b: Tensor
+    summary: SummaryStats
+    t_statistic: np.ndarray
+    pvalue: np.ndarray
+    provenance_a: Provenance
+    provenance_b: Provenance
+    level: float = 0.95
+
+    @property
+    def n_prompts(self) -> int:
+        return int(self.difference.shape[0])
+
+    @property
+    def mean(self) -> Tensor:
+        return torch.as_tensor(np.asarray(self.summary.mean, dtype=np.float64))
+
+    def select(self, prompts: Sequence[int] | None = None, **dims: Any) -> "PairedDifference":
+        """A slice: ``prompts`` (indices into the caller's prompt list) and any dimension by
+        name (``layer=2``, ``layer=[0, 1]``, ``head=3``; negative indices count from the end).
+        Summaries and tests are recomputed on the kept prompts."""
+        unknown = set(dims) - set(self.dims)
+        if unknown:
+            raise ThermoLensInputError(f"unknown dimension(s) {sorted(unknown)}; this difference has {self.dims}")
+        P = self.n_prompts
+        if prompts is None:
+            pidx = torch.arange(P)
+        else:
+            pidx = torch.as_tensor([_index(int(i), P, "prompt") for i in ([prompts] if isinstance(prompts, int) else prompts)])
+        a, b = self.a[pidx], self.b[pidx]
+        kept_dims = list(self.dims)
+        for axis, name in reversed(list(enumerate(self.dims, start=1))):
+            if name not in dims:
+                continue
+            sel = dims[name]
+            n = a.shape[axis]
+            if isinstance(sel, int):
+                i = _index(sel, n, name)
+                a, b = a.select(axis, i), b.select(axis, i)
+                kept_dims.pop(axis - 1)
+            else:
+                idx = torch.as_tensor([_index(int(i), n, name) for i in sel])
+                a, b = a.index_select(axis, idx), b.index_select(axis, idx)
+        return _build(self.quantity, self.result_type, tuple(kept_dims), a, b,
+                      self.provenance_a.select(pidx), self.provenance_b.select(pidx), self.level)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per element (``layer`` / ``head`` ...): ``mean_difference, sd, se, ci_low,
+        ci_high, t, pvalue, n, mean_a, mean_b`` and the two runs' hooks."""
+        shape = tuple(self.difference.shape[1:])
+        grids = np.meshgrid(*[np.arange(n) for n in shape], indexing="ij") if shape else []
+        s = self.summary
+        df = pd.DataFrame({name: g.ravel() for name, g in zip(self.dims, grids)})
+        flat = lambda v: np.atleast_1d(np.asarray(v, dtype=np.float64)).ravel()  # noqa: E731
+        for col, v in (("mean_difference", s.mean), ("sd", s.sd), ("se", s.se), ("ci_low", s.ci_low),
+                       ("ci_high", s.ci_high), ("t", self.t_statistic), ("pvalue", self.pvalue),
+                       ("mean_a", self.a.mean(0).numpy()), ("mean_b", self.b.mean(0).numpy())):
+            df[col] = flat(v)
+        df["n"] = self.n_prompts
+        df["quantity"] = self.quantity
+        df["model"] = self.provenance_a.model.get("name")
+        df["hooks_a"], df["hooks_b"] = self.provenance_a.hooks_text, self.provenance_b.hooks_text
+        return df
+
+    def __repr__(self) -> str:
+        m = np.atleast_1d(np.asarray(self.summary.mean, dtype=np.float64))
+        p = np.atleast_1d(np.asarray(self.pvalue, dtype=np.float64))
+        dims = ", ".join(("prompt",) + tuple(self.dims))
+        lines = [f"PairedDifference({self.result_type}.{self.quantity} [{dims}], "
+                 f"b - a over {self.n_prompts} paired prompts; {100 * self.level:g}% paired t-CI, two-sided paired t-test)",
+                 f"  a: {self.provenance_a.hooks_text}", f"  b: {self.provenance_b.hooks_text}"]
+        if m.size <= 48:
+            lo = np.atleast_1d(np.asarray(self.summary.ci_low, dtype=np.float64))
+            hi = np.atleast_1d(np.asarray(self.summary.ci_high, dtype=np.float64))
+            shape = tuple(self.difference.shape[1:])
+            for k in range(m.size):
+                at = ", ".join(f"{d} {i}" for d, i in zip(self.dims, np.unravel_index(k, shape))) if shape else "all"
+                lines.append(f"  {at:<18} {m[k]:+.4g} [{lo[k]:+.4g}, {hi[k]:+.4g}]  p = {p[k]:.3g}")
+        else:
+            lines.append(f"  {m.size} elements; largest |mean difference| {np.nanmax(np.abs(m)):.4g}; "
+                         f"{int(np.sum(p < 1 - self.level))} with p < {1 - self.level:.2g} (uncorrected)")
+        return "\n".join(lines)
+
+
+def _index(i: int, n: int, what: str) -> int:
+    if not -n <= i < n:
+        raise ThermoLensInputError(f"{what} index {i} out of range for {n} {what}s")
+    return i % n
+
+
+def _build(quantity: str, rtype: str, dims: tuple[str, ...], a: Tensor, b: Tensor, pa: Provenance, pb: Provenance,
+           level: float) -> PairedDifference:
+    from scipy import stats as st
+
+    d = (b - a).double()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        summary = summarize(d, level=level)
+        n = d.shape[0]
+        mean = np.asarray(summary.mean, dtype=np.float64)
+        se = np.asarray(summary.se, dtype=np.float64)
+        t = np.where(se > 0, mean / np.where(se > 0, se, 1.0), np.where(mean == 0, np.nan, np.sign(mean) * np.inf))
+        p = 2 * st.t.sf(np.abs(t), df=n - 1) if n >= 2 else np.full_like(mean, np.nan)
+    return PairedDifference(quantity=quantity, result_type=rtype, dims=dims, difference=d, a=a.double(), b=b.double(),
+                            summary=summary, t_statistic=np.asarray(t, dtype=np.float64),
+                            pvalue=np.asarray(p, dtype=np.float64), provenance_a=pa, provenance_b=pb, level=level)
+
+
+def paired_difference(b: Any, a: Any, *, quantity: str | None = None, level: float = 0.95) -> PairedDifference:
+    """``b - a`` for two runs on the same prompts (e.g. ``b`` ablated, ``a`` clean).
+
+    Args:
+        b, a: results of the same type (GainResult, SheafTraces, AnisotropyResult,
+            GainAttribution) from the same model, prompts and settings.
+        quantity: the compared quantity (default per type, see :data:`QUANTITIES`).
+        level: confidence level of the paired CIs.
+
+    Raises:
+        ThermoLensInputError: different types, prompts, tokenization, BOS, model or token scope.
+    """
+    ta, tb = type(a).__name__, type(b).__name__
+    if ta != tb:
+        raise ThermoLensInputError(f"cannot pair a {tb} with a {ta}: compare results of the same kind")
+    if ta not in QUANTITIES:
+        raise ThermoLensInputError(f"paired differences are defined for {', '.join(QUANTITIES)}, not {ta}")
+    default, known = QUANTITIES[ta]
+    quantity = quantity or default
+    if quantity not in known:
+        raise ThermoLensInputError(f"{ta} has no paired quantity {quantity!r}; choose one of {', '.join(known)}")
+    why = a.provenance.same_run_as(b.provenance)
+    for attr in ("token_scope", "formula"):
+        if getattr(a, attr, None) != getattr(b, attr, None):
+            why.append(f"{attr} differs ({getattr(b, attr)!r} vs {getattr(a, attr)!r})")
+    if why:
+        raise ThermoLensInputError(
+            "these two runs are not paired: " + "; ".join(why) + ". A paired difference needs the same "
+            "prompts, model and settings, differing only in fwd_hooks (e.g. ablated vs clean)")
+    va, vb = getattr(a, quantity), getattr(b, quantity)
+    return _build(quantity, ta, known[quantity], va.detach().double(), vb.detach().double(),
+                  a.provenance, b.provenance, level)
+
+
+class PairedMixin:
+    """``result_b - result_a`` is :func:`paired_difference` ``(result_b, result_a)``."""
+
+    def __sub__(self, other: Any) -> PairedDifference:
+        return paired_difference(self, other)
+
+

@@ -1,0 +1,296 @@
+"""Safe file I/O: atomic writes that never follow a symlink, bounded reads with clear errors.
+
+Every file thermo-lens writes (study results, the manifest, ``summary.csv``, the report) goes
+through :func:`atomic_write_bytes` / :func:`atomic_write_text`:
+
+* the data goes to a temporary file made by :func:`tempfile.mkstemp` *in the target folder*
+  (``O_CREAT | O_EXCL``: it never opens an existing file or a symlink), is flushed and fsynced,
+  then renamed over the target with :func:`os.replace`. ``rename`` replaces a symlink at the
+  target instead of following it, so a planted ``report.html -> ~/.bashrc`` is replaced, and
+  ``~/.bashrc`` is never touched. Readers see the old file or the new one, never a part;
+* a failed write (disk full, permission) removes its temporary file and raises
+  :class:`SafeIOError` naming the file and the reason;
+* temporary names start with :data:`TEMP_PREFIX`; a killed process can leave one behind, and
+  :func:`remove_stale_temps` (called by a study run while it holds the folder's lock) deletes
+  them.
+
+:func:`safe_read_text` / :func:`safe_read_bytes` read at most ``limit`` bytes and turn every
+failure (missing, a directory, unreadable, too large, not UTF-8, a symlink where one is refused)
+into a :class:`SafeIOError` that says which file and what to do. A UTF-8 byte-order mark is
+dropped.
+
+:class:`FolderLock` is an exclusive, non-blocking ``flock`` on ``DIR/.lock``, opened with
+``O_NOFOLLOW``, removed again when the holder is done.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from thermo_lens.model import ThermoLensInputError
+
+__all__ = [
+    "SafeIOError",
+    "TEMP_PREFIX",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "safe_read_bytes",
+    "safe_read_text",
+    "remove_stale_temps",
+    "FolderLock",
+    "FolderLockedError",
+    "neutralise_formulas",
+]
+
+TEMP_PREFIX = ".thermo-lens-tmp."
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class SafeIOError(ThermoLensInputError):
+    """A file could not be read or written; the message names it and says what to do."""
+
+
+class FolderLockedError(RuntimeError):
+    """Another process holds the folder's lock."""
+
+
+def _reason(e: OSError) -> str:
+    if e.errno == errno.ENOSPC:
+        return "no space left on the device; free some space and rerun"
+    if e.errno == errno.EDQUOT:
+        return "disk quota exceeded; free some space and rerun"
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    if e.errno == errno.EROFS:
+        return "read-only file system"
+    if e.errno == errno.ELOOP:
+        return "it is a symbolic link, which thermo-lens does not follow here; remove the link"
+    if e.errno == errno.EISDIR:
+        return "it is a directory, not a file"
+    if e.errno == errno.ENOTDIR:
+        return "a part of the path is a file, not a folder"
+    if e.errno == errno.ENOENT:
+        return "no such file or folder"
+    return e.strerror or type(e).__name__
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically, never following a symlink at ``path``.
+
+    The folder must exist. Raises :class:`SafeIOError` (the temporary file is removed).
+    """
+    path = Path(path)
+    folder = path.parent
+    if path.is_dir() and not path.is_symlink():
+        raise SafeIOError(f"cannot write {path}: it is a directory; choose a file name")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{TEMP_PREFIX}{path.name[:80]}.", suffix=".tmp")
+    except OSError as e:
+        raise SafeIOError(f"cannot write {path}: {_reason(e)}") from None
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; results are ordinary files
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise SafeIOError(f"cannot write {path}: {_reason(e)}") from None
+        raise
+    _fsync_dir(folder)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """:func:`atomic_write_bytes` of ``text`` encoded as UTF-8."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY | _CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def safe_read_bytes(path: str | os.PathLike, limit: int, *, follow_symlinks: bool = True,
+                    what: str = "file") -> bytes:
+    """At most ``limit`` bytes of ``path``; :class:`SafeIOError` if it is larger or unreadable.
+
+    ``follow_symlinks=False`` refuses a symlink (files thermo-lens itself wrote into an output
+    folder are never links). ``what`` names the file in errors ("study spec", "manifest").
+    """
+    path = Path(path)
+    # O_NONBLOCK: opening a FIFO must not hang waiting for a writer (it is refused below).
+    flags = os.O_RDONLY | _CLOEXEC | getattr(os, "O_NONBLOCK", 0) | (0 if follow_symlinks else _NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        raise SafeIOError(f"cannot read {what} {path}: {_reason(e)}") from None
+    try:
+        import stat
+
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise SafeIOError(f"cannot read {what} {path}: it is a directory, not a file")
+        if not stat.S_ISREG(st.st_mode):
+            raise SafeIOError(f"cannot read {what} {path}: not a regular file")
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:
+                raise SafeIOError(f"{what} {path} is larger than {limit:,} bytes; "
+                                  "is it the right file?")
+        return b"".join(chunks)
+    except OSError as e:
+        if isinstance(e, SafeIOError):
+            raise
+        raise SafeIOError(f"cannot read {what} {path}: {_reason(e)}") from None
+    finally:
+        os.close(fd)
+
+
+def safe_read_text(path: str | os.PathLike, limit: int, *, follow_symlinks: bool = True,
+                   what: str = "file") -> str:
+    """:func:`safe_read_bytes` decoded as UTF-8 (a leading byte-order mark is dropped)."""
+    data = safe_read_bytes(path, limit, follow_symlinks=follow_symlinks, what=what)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise SafeIOError(f"{what} {path} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+
+
+def remove_stale_temps(folder: str | os.PathLike) -> list[str]:
+    """Delete temporary files a killed writer left in ``folder``; returns their names.
+
+    Call only while holding the folder's :class:`FolderLock` (no live writer then).
+    """
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(os.fspath(folder)))
+    except OSError:
+        return removed
+    for e in entries:
+        if e.name.startswith(TEMP_PREFIX) and e.name.endswith(".tmp") and not e.is_dir(follow_symlinks=False):
+            try:
+                os.unlink(e.path)
+                removed.append(e.name)
+            except OSError:
+                pass
+    return removed
+
+
+class FolderLock:
+    """Exclusive, non-blocking lock on ``folder/.lock`` (released when the process dies).
+
+    The lock file is opened with ``O_NOFOLLOW`` (a planted symlink is refused, never written
+    through) and holds the holder's PID. It is removed on release; a process that opened the
+    old file before the removal notices (the path no longer names the file it locked) and
+    retries, so two holders can never coexist.
+    """
+
+    NAME = ".lock"
+
+    def __init__(self, folder: str | os.PathLike, *, what: str = "thermo-lens run",
+                 error: type[FolderLockedError] = FolderLockedError):
+        self.path = Path(folder) / self.NAME
+        self.fd: int | None = None
+        self.what, self.error = what, error
+
+    def __enter__(self) -> "FolderLock":
+        import fcntl
+
+        for _ in range(100):
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o644)
+            except OSError as e:
+                raise SafeIOError(f"cannot lock {self.path.parent}: {_reason(e)}") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                holder = os.pread(fd, 100, 0).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                if e.errno in (errno.EAGAIN, errno.EACCES):
+                    raise self.error(
+                        f"another {self.what} (pid {holder[:20]}) is using {self.path.parent}; "
+                        "wait for it to finish or use another output folder") from None
+                raise SafeIOError(f"cannot lock {self.path.parent}: {_reason(e)}") from None
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path, follow_symlinks=False))
+            except OSError:
+                same = False
+            if not same:  # the previous holder removed it after we opened it: try again
+                os.close(fd)
+                continue
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            self.fd = fd
+            return self
+        raise FolderLockedError(f"could not lock {self.path.parent}: the lock file keeps changing")
+
+    def __exit__(self, *exc: Any) -> None:
+        import fcntl
+
+        if self.fd is None:
+            return
+        try:
+            os.unlink(self.path)  # while still holding it: see the class docstring
+        except OSError:
+            pass
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+        self.fd = None
+
+
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def neutralise_formulas(frame: Any) -> Any:
+    """A copy of a DataFrame whose text cells cannot run as spreadsheet formulas.
+
+    A text cell starting with ``=``, ``+``, ``-``, ``@``, tab or carriage return gets a leading
+    ``'`` (OWASP's advice for CSV injection), unless the whole cell is a number (``"-1.5"``).
+    Numeric columns are untouched, so negative numbers stay numbers.
+    """
+    def fix(v: Any) -> Any:
+        if isinstance(v, str) and v.startswith(_FORMULA_START):
+            try:
+                float(v)
+                return v
+            except ValueError:
+                return "'" + v
+        return v
+
+    def _is_numeric(series: Any) -> bool:
+        import pandas as pd
+
+        return pd.api.types.is_numeric_dtype(series) or pd.api.types.is_bool_dtype(series)
+
+    out = frame.copy()
+    for col in out.columns:
+        if not _is_numeric(out[col]):
+            out[col] = out[col].map(fix).astype(object)
+    if any(isinstance(c, str) and c.startswith(_FORMULA_START) for c in out.columns):
+        out.columns = [fix(c) for c in out.columns]
+    return out

@@ -1,0 +1,128 @@
+"""RunSettings: the options of one measurement run, declared once for every entry point.
+
+Every activation-based entry point (:func:`~thermo_lens.residual_gain`,
+:func:`~thermo_lens.sheaf_traces`, :func:`~thermo_lens.anisotropy_profile`,
+:func:`~thermo_lens.gain_attribution`, :func:`~thermo_lens.profile`, ...) takes the same run
+options, either as keyword arguments (``prepend_bos=True, batch_size=4``) or as one
+``settings=RunSettings(...)`` object; keywords override the object's fields. An unknown keyword
+is an error that lists the valid ones, so options cannot drift between entry points.
+
+Batching order (why ``sort_by_length`` defaults to ``None``): without user hooks, prompts are
+batched by token length (less padding; results come back in the caller's order). With user hooks
+(``fwd_hooks``), batches keep the caller's prompt order, so a hook written for
+``model.run_with_hooks`` on the same prompt list sees the same rows whenever the prompts fit one
+batch; across batches a hook reads ``hook.ctx["batch"]`` (:class:`thermo_lens.interventions.BatchInfo`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from thermo_lens.model import ThermoLensInputError
+
+__all__ = ["RunSettings", "BOS_MODES", "TOKENS_GIVEN"]
+
+#: Accepted ``prepend_bos`` values (the meaning is in :meth:`thermo_lens.ModelView.encode`).
+BOS_MODES = ("host", True, False, "tokenizer")
+
+#: The ``prepend_bos`` recorded when the caller passed token ids: they are used exactly as given.
+TOKENS_GIVEN = "tokens_as_given"
+
+Hook = tuple[Any, Callable]
+
+
+def _check_bos(v: Any) -> Any:
+    from thermo_lens import validate
+
+    return validate.prepend_bos(v)
+
+
+def _check_hooks(hooks: Any) -> tuple[Hook, ...]:
+    from thermo_lens import validate
+
+    return tuple(validate.fwd_hooks(hooks))
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How prompts are tokenized, batched and run (not what is measured).
+
+    Attributes:
+        prepend_bos: ``"host"`` (default: exactly what the host's ``model.to_tokens`` does, so
+            ``run_with_cache(prompt)`` and thermo-lens agree), ``True`` (prepend the BOS token,
+            TransformerLens style; ``[CLS]`` on BERT), ``False`` or ``"tokenizer"`` (the HF tokenizer's own special tokens, the paper's protocol).
+            Ignored (recorded as ``"tokens_as_given"``) when the prompts are token ids.
+        batch_size: prompts per forward pass (right-padded; padding never enters a reduction).
+        truncate: cut prompts longer than the context to their first ``n_ctx`` tokens instead of
+            raising.
+        fwd_hooks: your own ``(hook_name, fn)`` hooks (ablation, patching), run in the same pass
+            before thermo-lens' reductions; recorded in every result's provenance.
+        progress: progress bar over batches (``None``: when there is more than one batch).
+        sort_by_length: ``None`` (default): batch by token length when there are no user hooks,
+            in the caller's order when there are. ``False``: always the caller's order. ``True``
+            with user hooks is refused (the hooks would see reordered rows).
+    """
+
+    prepend_bos: Any = "host"
+    batch_size: Any = 8  # validated in __post_init__ (clear message)
+    truncate: Any = False
+    fwd_hooks: Any = ()  # any iterable of (name, fn) pairs; stored as a tuple of pairs
+    progress: Any = None
+    sort_by_length: Any = None
+
+    def __post_init__(self) -> None:
+        from thermo_lens import validate
+
+        _check_bos(self.prepend_bos)
+        validate.positive_int("batch_size", self.batch_size)
+        validate.boolean("truncate", self.truncate)
+        for name in ("progress", "sort_by_length"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, bool):
+                raise ThermoLensInputError(f"{name} must be True, False or None, got {v!r}")
+        object.__setattr__(self, "fwd_hooks", _check_hooks(self.fwd_hooks))
+        if self.sort_by_length and self.fwd_hooks:
+            raise ThermoLensInputError(
+                "sort_by_length=True reorders the prompts into batches, and your fwd_hooks would see "
+                "other rows than model.run_with_hooks on the same list; leave sort_by_length unset "
+                "(batches then keep your order) or read hook.ctx['batch'].prompt_index in the hook")
+
+    @classmethod
+    def fields(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def resolve(cls, settings: "RunSettings | Mapping[str, Any] | None" = None, /, **options: Any) -> "RunSettings":
+        """``settings`` (or the defaults) with ``options`` overriding its fields.
+
+        Raises:
+            ThermoLensInputError: an option that is not a run setting (the message lists them),
+                or a bad value.
+        """
+        unknown = sorted(set(options) - set(cls.fields()))
+        if unknown:
+            raise ThermoLensInputError(
+                f"unknown option(s) {', '.join(map(repr, unknown))}; run options are "
+                f"{', '.join(cls.fields())} (see thermo_lens.RunSettings)")
+        if settings is None:
+            return cls(**options)
+        if isinstance(settings, Mapping):
+            return cls.resolve(None, **{**settings, **options})
+        if not isinstance(settings, RunSettings):
+            raise ThermoLensInputError(f"settings must be a thermo_lens.RunSettings, got {type(settings).__name__}")
+        return dataclasses.replace(settings, **options) if options else settings
+
+    @property
+    def by_length(self) -> bool:
+        """Whether prompts are batched by token length in this run."""
+        if self.sort_by_length is None:
+            return not self.fwd_hooks
+        return self.sort_by_length
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready description (the hooks are described in the result's provenance)."""
+        return {"prepend_bos": self.prepend_bos, "batch_size": self.batch_size, "truncate": self.truncate,
+                "batch_order": "by token length" if self.by_length else "caller's order",
+                "n_fwd_hooks": len(self.fwd_hooks)}

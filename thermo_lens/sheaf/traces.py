@@ -1,0 +1,251 @@
+"""Sheaf Laplacian traces of every head on every prompt, from one forward pass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from thermo_lens.hooks import Collected, attention_diagonal, collect
+from thermo_lens.model import ModelView, ThermoLensInputError, as_view, kv_head_map
+from thermo_lens.registry import Metric, register_metric
+from thermo_lens.paired import PairedMixin
+from thermo_lens.provenance import Provenance, ProvenanceFields, fold_legacy_fields
+from thermo_lens.result import Result
+from thermo_lens.sheaf.validation import _check_formula, _check_W_V
+
+TRACE_DEFINITIONS = {
+    "off_diagonal_mass": "Tr L = (n - sum_i A_ii) * ||W_V^h||_F^2  (sum over real tokens; "
+                         "= Tr(delta^T delta), both conventions)",
+    "paper_printed": "(sum_ij A_ij - n) * ||W_V^h||_F^2  (the paper's printed eq. 4; identically 0 "
+                     "for softmax attention, up to float rounding)",
+}
+for _name, _symbol, _formula, _shape, _unit in (
+    ("trace", "Tr L^(l,h)", "sheaf Laplacian trace of the head on the prompt under the traces' formula "
+     "(default off_diagonal_mass: (n - sum_i A_ii) ||W_V^h||_F^2; paper_printed: (sum_ij A_ij - n) "
+     "||W_V^h||_F^2, identically 0)", "prompt layer head", "squared weight norm x tokens"),
+    ("off_diagonal_mass", "sum_i (1 - A_ii)", "off-diagonal attention mass sum_i (1 - A_ii) over the real "
+     "tokens of the prompt (= Tr M)", "prompt layer head", "tokens"),
+    ("attention_mass", "sum_ij A_ij", "total attention mass sum_{i,j} A_ij over the real tokens (= n for "
+     "softmax attention)", "prompt layer head", "tokens"),
+    ("W_V_frob_sq", "||W_V||_F^2", "squared Frobenius norm of the query head's value matrix (its KV head "
+     "under GQA), float64", "layer head", "squared weight norm"),
+):
+    register_metric(Metric(_name, symbol=_symbol, formula=_formula, shape=_shape, result="SheafTraces",
+                           section="sheaf", paper="D'Elia (2026), sec. 5" if _name == "trace" else "",
+                           unit=_unit, row="mean_trace" if _name == "trace" else None,
+                           summary_table=_name == "trace"))
+
+_TOKEN_SCOPE = "all real tokens (every query position 0..n-1 of each prompt; padding excluded)"
+
+
+@dataclass(frozen=True, eq=False)
+class SheafTraces(PairedMixin, ProvenanceFields, Result):
+    """Sheaf Laplacian traces of every head on every prompt, from one forward pass.
+
+    ``trace[p, l, h] = (n_p - sum_i A^{l,h}_ii) * ||W_V^{l,h}||_F^2`` (``formula="off_diagonal_mass"``,
+    the trace of ``delta^T delta`` under either convention; ``thermo_lens.definitions`` §3), or the paper's
+    printed ``(sum_ij A_ij - n_p) ||W_V||_F^2`` (``formula="paper_printed"``, identically 0 for
+    softmax attention). Under GQA ``W_V^{l,h}`` is the KV head ``kv_head_of[h]`` of query head ``h``.
+
+    Attributes:
+        trace: ``[prompt, layer, head]`` float64, under ``formula``.
+        off_diagonal_mass: ``[prompt, layer, head]`` ``sum_i (1 - A_ii)`` over real tokens.
+        attention_mass: ``[prompt, layer, head]`` ``sum_{i,j} A_ij`` over real tokens (``= n``).
+        W_V_frob_sq: ``[layer, head]`` ``||W_V||_F^2`` per query head (float64 from the weights).
+        formula, definition: the formula's name and its text.
+        token_scope: which positions enter the sums.
+        provenance: :class:`~thermo_lens.provenance.Provenance`: prompts, real token counts
+            (``.lengths``, also ``.n_tokens``; BOS included when prepended), truncation, BOS
+            mode, :meth:`ModelView.metadata` (``.model``: name, dtype, weights raw/processed,
+            post-LN, ...) and the user hooks of the run (``.hooks``).
+    """
+
+    trace: Float[Tensor, "prompt layer head"]
+    off_diagonal_mass: Float[Tensor, "prompt layer head"]
+    attention_mass: Float[Tensor, "prompt layer head"]
+    W_V_frob_sq: Float[Tensor, "layer head"]
+    formula: str
+    definition: str
+    token_scope: str
+    provenance: Provenance
+
+    @property
+    def n_tokens(self) -> Int[Tensor, " prompt"]:
+        """``[prompt]`` real tokens (BOS included when prepended)."""
+        return self.provenance.lengths
+
+    @classmethod
+    def _upgrade_fields(cls, fields: dict) -> dict:
+        return fold_legacy_fields(fields, lengths_key="n_tokens")
+
+    @property
+    def layer_trace(self) -> Float[Tensor, "prompt layer"]:
+        """Per prompt and layer, the sum over heads (the block-diagonal layer Laplacian's trace)."""
+        return self.trace.sum(dim=-1)
+
+    @property
+    def mean_layer_trace(self) -> Float[Tensor, " layer"]:
+        """``T_l``: layer trace averaged over prompts (the input of L*, ``thermo_lens.definitions`` §4)."""
+        return self.layer_trace.mean(dim=0)
+
+    @property
+    def mean_trace(self) -> float:
+        """Mean over layers of :attr:`mean_layer_trace`: the paper's "mean trace" per model
+        (its "GPT-2 62,696 vs OPT-125m 2,368", over 4 prompts in float32)."""
+        return float(self.mean_layer_trace.mean())
+
+    @property
+    def n_prompts(self) -> int:
+        return int(self.trace.shape[0])
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.trace.shape[1])
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.trace.shape[2])
+
+    def l_star(self, variant: str = "argmax_abs_gradient") -> Any:
+        """L* from these traces (:func:`thermo_lens.depth.l_star_from_traces`)."""
+        from thermo_lens.depth import l_star_from_traces
+
+        return l_star_from_traces(self, variant=variant)
+
+    def to_frame(self) -> pd.DataFrame:
+        """Tidy frame: one row per (prompt, layer, head)."""
+        P, L, H = self.trace.shape
+        grid = np.meshgrid(np.arange(P), np.arange(L), np.arange(H), indexing="ij")
+        p, l, h = (g.ravel() for g in grid)
+        kv = kv_head_map(H, self.model.get("n_kv_heads")).numpy()
+        return pd.DataFrame({
+            "model": self.model.get("name"),
+            "prompt_index": p,
+            "prompt": np.asarray(self.prompts, dtype=object)[p],
+            "layer": l,
+            "head": h,
+            "kv_head": kv[h],
+            "trace": self.trace.numpy().ravel(),
+            "off_diagonal_mass": self.off_diagonal_mass.numpy().ravel(),
+            "attention_mass": self.attention_mass.numpy().ravel(),
+            "W_V_frob_sq": self.W_V_frob_sq.numpy()[l, h],
+            "n_tokens": self.n_tokens.numpy()[p],
+            "formula": self.formula,
+            "token_scope": "all",
+            "prepend_bos": self.prepend_bos,
+            "weights": self.model.get("weights"),
+            "dtype": self.model.get("dtype"),
+            "post_ln": self.model.get("post_ln"),
+            "hooks": self.provenance.hooks_text,
+        })
+
+    def __repr__(self) -> str:
+        m = self.model
+        lt = self.mean_layer_trace.tolist()
+        shown = ", ".join(f"{v:.4g}" for v in lt[:12]) + (", ..." if len(lt) > 12 else "")
+        flags = " post-LN" if m.get("post_ln") else ""
+        return (
+            f"SheafTraces({m.get('name')}: {self.n_prompts} prompts x {self.n_layers} layers x "
+            f"{self.n_heads} heads; formula {self.formula!r}: {self.definition}; BOS={self.prepend_bos!r}, "
+            f"weights {m.get('weights')}, {m.get('dtype')}{flags})\n"
+            f"  mean layer trace T_l (sum over heads, mean over prompts): [{shown}]\n"
+            f"  mean trace (mean over layers): {self.mean_trace:.6g}\n"
+            f"  hooks: {self.provenance.hooks_text}"
+        )
+
+
+def _w_v_frob_sq(W_V: Tensor, view: ModelView) -> Tensor:
+    """``[layer, head]`` ``||W_V||_F^2`` per query head, float64, one layer at a time."""
+    W_V = _check_W_V(W_V, view)
+    per_kv = torch.stack([W_V[l].double().pow(2).sum(dim=(-1, -2)) for l in range(W_V.shape[0])])
+    return per_kv[:, view.kv_head_of]
+
+
+def traces_from_collected(
+    collected: Collected,
+    *,
+    formula: str = "off_diagonal_mass",
+    W_V: Float[Tensor, "layer kv_head d_model d_head"] | None = None,
+) -> SheafTraces:
+    """Pure part of :func:`sheaf_traces`: the traces from a pass that ran ``attention_diagonal``.
+
+    Args:
+        collected: from :func:`thermo_lens.hooks.collect` with
+            :func:`thermo_lens.hooks.attention_diagonal` among its reductions (a profile runs one
+            pass with every reduction and derives every metric from it).
+        formula: ``"off_diagonal_mass"`` (default) or ``"paper_printed"`` (warns; see
+            :func:`sheaf_traces`).
+        W_V: ``[layer, kv_head, d_model, d_head]`` (default: ``collected.view.W_V()``).
+    """
+    return _traces(collected, _check_formula(formula, stacklevel=3), W_V=W_V)
+
+
+def _traces(collected: Collected, formula: str, W_V: Tensor | None) -> SheafTraces:
+    view = collected.view
+    view.warn_if_processed("||W_V||_F^2 and every sheaf trace differ from the raw model's", stacklevel=3)
+    if not {"attn_diag", "attn_mass"} <= collected.recorder.names:
+        raise ThermoLensInputError(
+            "this collection has no attention diagonal; run collect(...) with "
+            "thermo_lens.hooks.attention_diagonal among the reductions"
+        )
+    mass = collected.stack("attn_mass").double()  # [L, P, H]
+    n = collected.lengths.to(torch.float64)
+    # sum_i (1 - A_ii) per batch ([L, P, H]; exact 0 for a one-hot row): the [L, P, H, pos]
+    # diagonal is never padded to the longest prompt of the run, only within its batch.
+    off = collected.reduce("attn_diag", lambda d: torch.nansum(1.0 - d.double(), dim=-1))
+    wv2 = _w_v_frob_sq(view.W_V() if W_V is None else W_V, view)  # [L, H]
+    if formula == "off_diagonal_mass":
+        trace = off * wv2[:, None, :]
+    else:
+        trace = (mass - n[None, :, None]) * wv2[:, None, :]
+    return SheafTraces(
+        trace=trace.permute(1, 0, 2).contiguous(),
+        off_diagonal_mass=off.permute(1, 0, 2).contiguous(),
+        attention_mass=mass.permute(1, 0, 2).contiguous(),
+        W_V_frob_sq=wv2,
+        formula=formula,
+        definition=TRACE_DEFINITIONS[formula],
+        token_scope=_TOKEN_SCOPE,
+        provenance=collected.provenance(),
+    )
+
+
+def sheaf_traces(
+    model: Any,
+    prompts: Any,
+    *,
+    formula: str = "off_diagonal_mass",
+    settings: Any = None,
+    **run: Any,
+) -> SheafTraces:
+    """Sheaf Laplacian trace of every head, layer and prompt in one forward pass.
+
+    ``Tr L^{(l,h)} = (n - sum_i A_ii) ||W_V^{(l,h)}||_F^2``: the off-diagonal attention mass times
+    the squared Frobenius norm of the head's value matrix (``thermo_lens.definitions`` §3; the trace of
+    ``delta^T delta`` for either convention). The pattern is reduced to its diagonal inside the
+    hook; no ``n x n`` pattern is stored.
+
+    ``formula="paper_printed"`` gives the paper's printed eq. 4, ``(sum_ij A_ij - n) ||W_V||_F^2``,
+    for reproduction only: softmax rows sum to 1, so it is identically 0 up to float rounding
+    (a ``UserWarning`` says so). The paper's notebooks (and its "GPT-2 62,696 vs OPT-125m 2,368")
+    computed the off-diagonal-mass version.
+
+    Args:
+        model: a TransformerLens model or :class:`ModelView`.
+        prompts: a string, a list of strings, a prompt set name, ``{category: [...]}`` or token
+            ids (:func:`thermo_lens.inputs.as_prompts`).
+        formula: ``"off_diagonal_mass"`` (default) or ``"paper_printed"``.
+        settings, **run: run options (:class:`thermo_lens.RunSettings`): ``prepend_bos``,
+            ``batch_size``, ``truncate``, ``fwd_hooks`` (ablations, patching; run in the same
+            pass first, in your prompt order, recorded in the result), ``progress``.
+    """
+    formula = _check_formula(formula, stacklevel=3)  # fail (or warn) before any compute
+    view = as_view(model)
+    got = collect(view, prompts, [attention_diagonal], settings, **run)
+    return _traces(got, formula, W_V=None)
