@@ -84,7 +84,7 @@ def test_every_head_equals_numpy_svd_of_independent_hf_slices(arch, bridge, hf_m
     _close(sig.trace_proxy, ref["layer_W_V_norm"] ** 2, rtol=5e-5)
     _close(sig.layer_ratio, ref["layer_W_V_norm"] / ref["layer_W_O_norm"], rtol=5e-5)
     # Definition recorded; geometry from the config (Gemma: d_head 16 != d_model / n_heads).
-    assert (sig.weights, sig.dtype, sig.layer_norm_method) == ("raw", "float32", "gram")  # CPU "auto"
+    assert (sig.weights, sig.dtype, sig.layer_norm_method) == ("raw", "float32", "lanczos")  # CPU "auto"
     assert sig.d_head == view.d_head and sig.rho == pytest.approx(view.n_heads / view.d_head)
     assert sig.model["post_ln"] == view.post_ln and sig.means()["rho"] == sig.rho
 
@@ -239,7 +239,7 @@ def test_lanczos_layer_norm_equals_dense_svd():
     np.testing.assert_allclose(got.numpy(), dense, rtol=1e-12)
     wide, _ = matrix_spectral_norm(w.mT.contiguous().float(), "lanczos")  # m < n side, float32
     np.testing.assert_allclose(wide.numpy(), dense, rtol=2e-6)
-    assert matrix_spectral_norm(w, "auto")[1] == "gram"  # small, CPU: batched Gram eigvalsh
+    assert matrix_spectral_norm(w, "auto")[1] == "lanczos"  # CPU: Lanczos, whatever the size
     gram, method = matrix_spectral_norm(w, "gram")
     assert method == "gram"
     np.testing.assert_allclose(gram.numpy(), dense, rtol=1e-12)
@@ -251,6 +251,67 @@ def test_lanczos_layer_norm_equals_dense_svd():
     assert lan.layer_norm_method == "lanczos" and svd.layer_norm_method == "svd"
     torch.testing.assert_close(lan.layer_W_V_norm, svd.layer_W_V_norm, rtol=1e-12, atol=0)
     torch.testing.assert_close(lan.layer_W_O_norm, svd.layer_W_O_norm, rtol=1e-12, atol=0)
+
+
+def test_lanczos_converges_on_hard_spectra_and_falls_back_when_it_cannot():
+    from thermo_lens.spectral import _lanczos_sigma_max
+
+    gen = torch.Generator().manual_seed(3)
+    n = 200
+    U, _ = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64))
+    V, _ = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64))
+    cases = {
+        "gaussian (unseparated top)": torch.randn(n, n, generator=gen, dtype=torch.float64) / n**0.5,
+        "top two equal": (U * torch.tensor([3.0, 3.0] + [1.0] * (n - 2), dtype=torch.float64)) @ V.T,
+        "top two 1e-6 apart": (U * torch.tensor([3.0, 3.0 - 3e-6] + [2.9] * (n - 2), dtype=torch.float64)) @ V.T,
+        "rank one": torch.outer(U[:, 0], V[:, 0]) * 7.0,
+        "zero": torch.zeros(n, 50, dtype=torch.float64),
+        "wide": torch.randn(40, n, generator=gen, dtype=torch.float64),
+    }
+    for name, w in cases.items():
+        dense = np.linalg.norm(w.numpy(), 2)
+        for dtype, rtol in ((torch.float64, 1e-12), (torch.float32, 2e-6)):
+            got = _lanczos_sigma_max(w.to(dtype))
+            assert got is not None, name
+            np.testing.assert_allclose(got, dense, rtol=rtol, atol=1e-30, err_msg=f"{name} {dtype}")
+    # Not converged within the step budget: None, and matrix_spectral_norm falls back to the
+    # exact Gram eigenvalue and says so in the method.
+    hard = cases["gaussian (unseparated top)"]
+    assert _lanczos_sigma_max(hard, max_steps=3) is None
+    import thermo_lens.spectral as sp
+
+    orig = sp._lanczos_sigma_max
+    sp._lanczos_sigma_max = lambda w: orig(w, max_steps=3)
+    try:
+        got, method = matrix_spectral_norm(hard[None].repeat(2, 1, 1), "lanczos")
+    finally:
+        sp._lanczos_sigma_max = orig
+    assert method == "lanczos (gram for 2 of 2)"
+    np.testing.assert_allclose(got.numpy(), np.linalg.norm(hard.numpy(), 2), rtol=1e-12)
+
+
+def test_gram_factors_keep_float32_accuracy_on_rank_deficient_and_uneven_heads():
+    # Heads whose Gram matrices are singular or badly conditioned: zero heads, rank-1 heads,
+    # d_model < d_head, singular values over 6 decades. float32 against float64 dense SVDs.
+    gen = torch.Generator().manual_seed(5)
+    L, H, d_model, d_head = 2, 4, 48, 16
+    wv = torch.randn(L, H, d_model, d_head, generator=gen, dtype=torch.float64)
+    wo = torch.randn(L, H, d_head, d_model, generator=gen, dtype=torch.float64)
+    wv[0, 0] = 0.0  # a pruned head
+    wv[0, 1] = torch.outer(torch.randn(d_model, generator=gen, dtype=torch.float64),
+                           torch.randn(d_head, generator=gen, dtype=torch.float64))  # rank 1
+    u, _, vh = torch.linalg.svd(wv[1, 2], full_matrices=False)
+    wv[1, 2] = (u * torch.logspace(0, -6, d_head, dtype=torch.float64)) @ vh  # condition 1e6
+    wo[1, 3] = wo[1, 3] * 1e-4
+    wo[1, 3, :, :8] = 0.0
+    sig = signature_from_weights(wv.float(), wo.float())
+    dense_ov = torch.linalg.matrix_norm(wv @ wo, ord=2)
+    dense_v = torch.linalg.matrix_norm(wv, ord=2)
+    dense_o = torch.linalg.matrix_norm(wo, ord=2)
+    np.testing.assert_allclose(sig.ov_norm.double(), dense_ov, rtol=2e-6, atol=1e-30)
+    np.testing.assert_allclose(sig.W_V_norm.double(), dense_v, rtol=2e-6, atol=1e-30)
+    np.testing.assert_allclose(sig.W_O_norm.double(), dense_o, rtol=2e-6, atol=1e-30)
+    assert sig.ov_norm[0, 0] == 0 and sig.W_V_norm[0, 0] == 0
 
 
 # ------------------------------------------------------------------------------ result object

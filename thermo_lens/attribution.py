@@ -112,6 +112,7 @@ def attribution_terms(token_scope: str = "all_but_first"):
                 "is not its input plus its heads and MLP and the squared-norm change has no exact per-head "
                 "split; gain_attribution needs a pre-LN (or norm-free) model")
         W_O = view.W_O()  # [layer, head, d_head, d_model] float32 (CPU)
+        W_flat = W_O.reshape(view.n_layers, view.n_heads * view.d_head, view.d_model)
         biases = [view.output_biases(l) for l in range(view.n_layers)]
         for l in range(view.n_layers):
             state: dict[str, Tensor] = {}
@@ -134,9 +135,10 @@ def attribution_terms(token_scope: str = "all_but_first"):
                 if z.ndim == 3:
                     z = z.reshape(B, T, view.n_heads, view.d_head)
                 s = x_out + x_in
-                w = W_O[_l].to(dev)  # [head, d_head, d_model]
-                u = torch.einsum("btd,hed->bthe", s, w)  # s W_O^T per head, [B, T, head, d_head]
-                head = (z * u).sum(-1)  # [B, T, head]
+                # s W_O^T for every head at once: one [B*T, d_model] x [d_model, head*d_head]
+                # matmul (the only d_model^2-per-token work here; W_O is flattened once per layer).
+                u = (s.reshape(B * T, -1) @ W_flat[_l].to(dev).mT).view(B, T, view.n_heads, view.d_head)
+                head = torch.linalg.vecdot(z, u)  # [B, T, head]
                 b_O, b_out = biases[_l]
                 bias_vec = torch.zeros(view.d_model, device=dev)
                 if b_O is not None:
@@ -145,10 +147,10 @@ def attribution_terms(token_scope: str = "all_but_first"):
                 if b_out is not None:
                     bias_vec = bias_vec + b_out.to(dev)
                     mlp_vec = mlp_out - b_out.to(dev)
-                mlp = (mlp_vec * s).sum(-1)
+                mlp = torch.linalg.vecdot(mlp_vec, s)
                 bias = s @ bias_vec
-                total = ((x_out - x_in) * s).sum(-1)  # = ||x_out||^2 - ||x_in||^2 without cancellation
-                scale = (x_out * x_out).sum(-1) + (x_in * x_in).sum(-1)
+                total = torch.linalg.vecdot(x_out - x_in, s)  # = ||x_out||^2 - ||x_in||^2 without cancellation
+                scale = torch.linalg.vecdot(x_out, x_out) + torch.linalg.vecdot(x_in, x_in)
                 mask = _scope_mask(batch, token_scope, dev).to(torch.float64)
                 n = mask.sum(1).clamp_min(1.0)
 
