@@ -10,11 +10,11 @@ Rows (median of --repeats runs, wall-clock seconds, CPU):
   sigma_max / Frobenius / stable rank of W_V and W_O, **plus** the OV norms, batched) vs the paper's
   protocol, a Python loop over heads calling ``np.linalg.norm(W, 2)`` and ``np.linalg.norm(W)``
   (which computes no OV norm at all: the ratio is conservative).
-* ``OV norms``: :func:`ov_norm_factored` (QR factors, svdvals of d_head x d_head) vs
+* ``OV norms``: :func:`ov_norm_factored` (d_head x d_head Gram square roots, one eigvalsh) vs
   ``torch.linalg.svdvals(W_V @ W_O)`` on the dense d_model x d_model product (batched torch, the
   strongest dense baseline). The maximum relative difference is printed (target <= 1e-4).
 * ``layer W_V norms``: the paper's whole-layer sigma_max of [d_model, H*d_head] (our
-  :func:`matrix_spectral_norm`, "auto": batched SVD up to 1024, Lanczos above) vs
+  :func:`matrix_spectral_norm`, "auto": Lanczos on CPU, batched SVD on GPU) vs
   ``np.linalg.norm(W_layer, 2)`` per layer.
 
 Baselines run once and, where they are slow, on a subsample of heads / layers whose time is

@@ -8,7 +8,7 @@ report glossary and the definitions page all iterate over the registry, so a met
 one place.
 
 A weight-based per-head metric also registers the function that computes it from a
-:class:`~thermo_lens.spectral.HeadWeights` accessor (cached per-head weights and their QR factors)::
+:class:`~thermo_lens.spectral.HeadWeights` accessor (cached per-head weights, Gram matrices and their square-root factors)::
 
     @register_head_metric(Metric("qk_norm", symbol="||W_Q W_K^T||_2", ...))
     def qk_norm(w: HeadWeights) -> Float[Tensor, "layer head"]:

@@ -11,15 +11,16 @@ proxy"). Per query head ``h`` of layer ``l`` (TransformerLens convention ``v = x
 - ``W_V_frobenius = ||W_V||_F``, ``W_O_frobenius = ||W_O||_F``;
 - stable rank ``||W||_F^2 / ||W||_2^2`` (in ``[1, min(d_model, d_head)]``);
 - ``ov_norm = sigma_max(W_V W_O)``, the OV circuit's spectral norm, computed from the small
-  factors: with ``W_V = Q_V R_V`` and ``W_O^T = Q_O R_O`` (QR), ``W_V W_O = Q_V (R_V R_O^T) Q_O^T``
-  has the singular values of the ``d_head x d_head`` matrix ``R_V R_O^T``. The ``d_model x
-  d_model`` product is never formed;
+  factors: with ``R_V^T R_V = W_V^T W_V`` and ``R_O^T R_O = W_O W_O^T`` (``d_head x d_head``
+  square roots of the Gram matrices; ``W_V = Q_V R_V``, ``W_O^T = Q_O R_O`` with orthonormal
+  ``Q``), ``W_V W_O = Q_V (R_V R_O^T) Q_O^T`` has the singular values of the ``d_head x d_head``
+  matrix ``R_V R_O^T``. The ``d_model x d_model`` product is never formed;
 - ``qk_norm = sigma_max(W_Q W_K^T)``, the QK circuit's spectral norm (the bilinear form of the
   attention scores before the ``1/sqrt(d_head)`` scale and any rotary embedding), the same way
   from ``R_Q R_K^T``; ``W_K`` is the query head's KV head.
 
 Each metric is one function registered with :func:`thermo_lens.registry.register_head_metric`
-(below); it reads a :class:`HeadWeights` accessor (weights and cached QR factors of a chunk of
+(below); it reads a :class:`HeadWeights` accessor (weights, Gram matrices and factors of a chunk of
 layers). Adding a per-head weight metric is one such function (plus an accessor on
 :class:`HeadWeights` if it needs a new factor) and its test; the signature, frames, rows, hover
 text, panels, the report glossary and the definitions page then carry it.
@@ -33,8 +34,9 @@ matrix ``[d_model, n_kv_heads * d_head]`` (all heads side by side, as in a fused
 ``layer_W_O_norm`` of the output matrix ``[n_heads * d_head, d_model]``, and the paper's "trace
 proxy" ``layer_W_V_norm ** 2`` (it is not a trace; ``thermo_lens.definitions`` §3).
 
-Everything is batched over layers and heads (``torch.linalg.geqrf`` / ``svdvals`` /
-``matrix_norm`` on stacked tensors; the whole-layer norms by ``eigvalsh`` of Gram matrices on CPU),
+Everything is batched over layers and heads (Gram matrices, ``eigh`` / ``eigvalsh`` of
+``d_head x d_head`` matrices and ``matrix_norm`` on stacked tensors; the whole-layer norms by
+Lanczos on CPU, one matrix at a time, and by batched ``svdvals`` on GPU),
 in float32 or float64, whatever the model's dtype: a bf16 model's weights are converted once, a
 chunk of layers at a time. :func:`spectral_signature` caches its result per weights fingerprint
 (:func:`clear_cache` says exactly when an entry is reused), so re-profiling a model costs nothing
@@ -83,7 +85,7 @@ __all__ = [
 LayerNormMethod = Literal["auto", "svd", "gram", "lanczos"]
 
 # Elements of W_V + W_O converted and factorised per chunk of layers (256 MiB in float32; with the
-# QR workspace a chunk stays well under 1 GiB).  A 7B model: 2 layers per chunk.
+# Gram and eigen workspaces a chunk stays well under 1 GiB).  A 7B model: 2 layers per chunk.
 _CHUNK_ELEMENTS = 1 << 26
 # No function here changes torch's global thread count (``torch.set_num_threads`` is process
 # wide: setting and restoring it races with other Python threads running torch); callers who want
@@ -226,8 +228,8 @@ def _ratio(w: HeadWeights) -> Tensor:
 
 
 @register_head_metric(_spectral(
-    "ov_norm", "||W_V W_O||_2", "sigma_max(W_V W_O), the OV circuit's spectral norm, from the QR factors: "
-    "svdvals(R_V R_O^T), d_head x d_head (never d_model x d_model); <= W_V_norm * W_O_norm",
+    "ov_norm", "||W_V W_O||_2", "sigma_max(W_V W_O), the OV circuit's spectral norm, from the d_head x d_head factors "
+    "R^T R = Gram matrix: sigma_max(R_V R_O^T), d_head x d_head (never d_model x d_model); <= W_V_norm * W_O_norm",
     summary_table=True, panel=True, paper=""))
 def _ov_norm(w: HeadWeights) -> Tensor:
     return _sigma_max_of_product(w.R_V[:, w.kv_head_of], w.gram("W_O"))
@@ -235,8 +237,8 @@ def _ov_norm(w: HeadWeights) -> Tensor:
 
 @register_head_metric(_spectral(
     "qk_norm", "||W_Q W_K^T||_2", "sigma_max(W_Q W_K^T), the QK circuit's spectral norm (bilinear attention "
-    "score form before the 1/sqrt(d_head) scale and any rotary embedding), from the QR factors: "
-    "svdvals(R_Q R_K^T), d_head x d_head; W_K of the query head's KV head under GQA",
+    "score form before the 1/sqrt(d_head) scale and any rotary embedding), from the d_head x d_head factors: "
+    "sigma_max(R_Q R_K^T), d_head x d_head; W_K of the query head's KV head under GQA",
     weights=("W_Q", "W_K"), panel=True, paper=""))
 def _qk_norm(w: HeadWeights) -> Tensor:
     return _sigma_max_of_product(w.R_Q, w.gram("W_K")[:, w.kv_head_of])
@@ -328,7 +330,7 @@ class SpectralSignature(Result):
     Attributes:
         head_metrics: name -> ``Float[Tensor, "layer head"]``: ``W_V_norm`` (sigma_max(W_V) of
             the head's KV head), ``W_O_norm``, ``ratio``, ``ov_norm`` (sigma_max(W_V W_O) from the
-            d_head x d_head QR factors; ``<= W_V_norm * W_O_norm``), ``qk_norm`` (sigma_max(W_Q
+            d_head x d_head Gram factors; ``<= W_V_norm * W_O_norm``), ``qk_norm`` (sigma_max(W_Q
             W_K^T); only when the query/key weights were given), Frobenius norms and stable ranks
             (NaN for an all-zero matrix).
         kv_head_metrics: name -> ``Float[Tensor, "layer kv_head"]``: ``W_V_norm_kv``,
@@ -346,7 +348,8 @@ class SpectralSignature(Result):
             ``"unknown"`` (tensors given directly).
         layer_norm_method: how the layer norms were computed: ``"svd"`` (dense, batched),
             ``"gram"`` (largest eigenvalue of the smaller-side Gram matrix, batched), ``"lanczos"``
-            (ARPACK on the Gram operator, to machine precision) or ``"skipped"``.
+            (on the Gram operator, to machine precision; ``"lanczos (gram for k of n)"`` when
+            ``k`` matrices fell back to ``"gram"``) or ``"skipped"``.
         model: the model's metadata (:meth:`ModelView.metadata`; geometry only when built from
             tensors).
     """
@@ -770,7 +773,7 @@ def signature_from_weights(
 
     Every weight-based metric registered in :mod:`thermo_lens.registry` whose weights are given is
     computed. Computed on the device of ``W_V``; results on CPU. Layers are processed in chunks so
-    the QR workspace stays under ~1 GiB (a loop over layer chunks, never over heads); each chunk is
+    the Gram and eigen workspaces stay under ~1 GiB (a loop over layer chunks, never over heads); each chunk is
     converted to ``dtype`` once, and that copy feeds every metric and the whole-layer norms.
     """
     dtype = _check_dtype(dtype)
