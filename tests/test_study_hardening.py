@@ -339,6 +339,26 @@ def test_result_from_other_settings_is_not_accepted(tmp_path, capsys, fast):
     assert study.read_study(out).problems["a"] == "measured with other settings"
 
 
+def test_result_whose_recorded_bos_mode_differs_is_not_accepted(tmp_path, capsys, fast):
+    # The study asks prepend_bos="host"; the profile records both what it resolved to and the
+    # mode asked for. A result file measured with an explicit mode is refused, even when the
+    # manifest's SHA-256 was updated to match it.
+    import dataclasses
+    import hashlib
+
+    out = tmp_path / "out"
+    spec = _spec(tmp_path, [{"zoo": "gpt2-tiny-wd", "id": "a"}])
+    assert _main(["study", spec, "--out", out], capsys)[0] == 0
+    prof = study.load_profiles(out)["a"]
+    assert prof.meta["prepend_bos_requested"] == "host"
+    raw = dataclasses.replace(prof, meta={**prof.meta, "prepend_bos_requested": True}).to_json().encode()
+    (out / "a.json").write_bytes(raw)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["models"]["a"]["sha256"] = hashlib.sha256(raw).hexdigest()
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert "measured with prepend_bos=True, the study uses 'host'" in study.read_study(out).problems["a"]
+
+
 def test_one_corrupt_result_does_not_refuse_the_whole_report(tmp_path, capsys, fast):
     out = tmp_path / "out"
     spec = _spec(tmp_path, [{"zoo": "gpt2-tiny-wd", "id": "a"}, {"zoo": "neox-tiny", "id": "b"}])

@@ -67,8 +67,9 @@ class ThermoProfile(Result):
         meta: name, lab, family, twin_of, source, geometry (``n_layers``, ``n_heads``,
             ``n_kv_heads``, ``d_model``, ``d_head``, ``rho = n_heads / d_head``), norm placement,
             ``post_ln``, ``parallel_attn``, ``weights`` (raw / processed), ``dtype``,
-            ``prepend_bos``, ``token_scope``, ``prompt_set``, ``n_prompts``, library versions,
-            creation time.
+            ``prepend_bos`` (the BOS mode used: ``"host"`` as it resolved) and
+            ``prepend_bos_requested`` (the mode asked for), ``token_scope``, ``prompt_set``,
+            ``n_prompts``, library versions, creation time.
         gain: :class:`~thermo_lens.gain.GainResult` (block gains, named summaries, regime).
         anisotropy: :class:`~thermo_lens.anisotropy.AnisotropyResult` per residual state.
         spectral: :class:`~thermo_lens.spectral.SpectralSignature` (``[layer, head]`` norms).
@@ -225,7 +226,8 @@ def profile(
     meta = dict(view.metadata())
     meta.update(
         name=name or view.name, lab=lab, family=family, twin_of=twin_of, source=source or view.name,
-        prepend_bos=collected.prepend_bos, token_scope=token_scope, prompt_set=ps.name,
+        prepend_bos=collected.prepend_bos, prepend_bos_requested=settings.prepend_bos,
+        token_scope=token_scope, prompt_set=ps.name,
         n_prompts=len(ps), categories=list(ps.categories), hooks=gain.provenance.hooks_text,
         batch_size=settings.batch_size, attribution_skipped=attr_note, versions=_versions(),
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -638,12 +638,16 @@ def _check_entry(out: Path, mid: str, entry: Any, settings: dict[str, Any] | Non
         return None, f"{f.name} holds the profile of {V.excerpt(getattr(prof, 'meta', {}).get('name'), 60)}, not {mid!r}"
     if settings is not None:
         for k in ("token_scope", "prepend_bos"):
-            # "host" is recorded as what it resolved to (True, False, "host:..."): the manifest's
-            # settings key already pins the requested mode, so only explicit modes are compared here.
-            if k == "prepend_bos" and settings.get(k) == "host":
-                continue
-            if k in settings and k in prof.meta and prof.meta[k] != settings[k]:
-                return None, f"{f.name} was measured with {k}={prof.meta[k]!r}, the study uses {settings[k]!r}"
+            recorded = prof.meta.get(k)
+            if k == "prepend_bos":
+                # ``prepend_bos`` is what "host" resolved to (True, False, "host:..."); the mode asked
+                # for is ``prepend_bos_requested`` (profiles before it: explicit modes only).
+                if "prepend_bos_requested" in prof.meta:
+                    recorded = prof.meta["prepend_bos_requested"]
+                elif settings.get(k) == "host":
+                    continue
+            if k in settings and k in prof.meta and recorded != settings[k]:
+                return None, f"{f.name} was measured with {k}={recorded!r}, the study uses {settings[k]!r}"
     return prof, None
 
 
