@@ -34,64 +34,13 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
-
-
-def build(directory: Path, quick: bool) -> Path:
-    import transformers
-
-    from thermo_lens.testing import make_tokenizer
-
-    tok = make_tokenizer()
-    if quick:
-        cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=256, vocab_size=len(tok))
-    else:
-        cfg = transformers.GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=1024, vocab_size=len(tok))
-    torch.manual_seed(0)
-    transformers.GPT2LMHeadModel(cfg).eval().save_pretrained(directory)
-    tok.save_pretrained(directory)
-    return directory
-
-
-class PeakRSS:
-    """Peak resident set size growth (bytes) over a block, sampled by a thread."""
-
-    def __init__(self, interval: float = 2e-4):
-        self.interval, self.page = interval, os.sysconf("SC_PAGE_SIZE")
-        self.available = Path("/proc/self/statm").exists()
-
-    def _rss(self) -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * self.page
-
-    def __enter__(self) -> "PeakRSS":
-        self.base = self.peak = self._rss() if self.available else 0
-        self._stop = threading.Event()
-        if self.available:
-            def run() -> None:
-                while not self._stop.is_set():
-                    self.peak = max(self.peak, self._rss())
-                    time.sleep(self.interval)
-            self._t = threading.Thread(target=run, daemon=True)
-            self._t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self.available:
-            self._t.join()
-            self.peak = max(self.peak, self._rss())
-
-    @property
-    def growth(self) -> float:
-        return float(self.peak - self.base) if self.available else float("nan")
+from _common import PeakRSS, build_checkpoint  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         prompts = prompts[:10]
     with tempfile.TemporaryDirectory() as tmp:
-        path = build(Path(tmp), args.quick)
+        path = build_checkpoint("gpt2", tmp, args.quick)
         bridge = TransformerBridge.boot_transformers(str(path))
         hf = GPT2LMHeadModel.from_pretrained(str(path), attn_implementation="eager").eval()
     view = ModelView(bridge)

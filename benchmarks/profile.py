@@ -25,6 +25,11 @@ and the wall-clock ratio are printed alongside. Per model, rows (and ratios to
   a model once (tokenization, the pass, the spectral signature, result building).
 * ``profile (warm)``: ``profile()`` again on the same weights (a notebook or study re-profiling:
   the spectral signature comes from the cache).
+* ``profile (warm, no attr.)``: the same with ``attribution=False``: the per-head gain
+  attribution's own cost is the difference (one extra ``d_model x n_heads*d_head`` matmul per
+  token and layer, ``s W_O^T``, about 1/12 of a GPT-2 block's matmul work, plus its reductions).
+* ``spectral alone (cold)``: ``spectral_signature`` with the cache cleared (the weights-only part
+  of a first profile).
 
 Also: the spectral part alone at LLaMA-7B geometry (32 layers x 32 heads x 4096 x 128, random
 bfloat16 weights as a 7B checkpoint stores them, no forward; per-head norms + OV + whole-layer
@@ -49,6 +54,7 @@ _HERE = Path(__file__).resolve().parent
 if __name__ == "__main__":
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
     sys.modules.pop("profile", None)
+    sys.path.append(str(_HERE))  # after the standard library: for ``_common`` only
 elif __name__ == "profile":
     import importlib.util
     import sysconfig
@@ -63,7 +69,6 @@ import gc  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
-import threading  # noqa: E402
 import time  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -71,75 +76,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-
-
-class PeakRSS:
-    """Peak resident set size growth (bytes) over a block, sampled by a thread (Linux only)."""
-
-    def __init__(self, interval: float = 5e-4):
-        self.interval, self.page = interval, os.sysconf("SC_PAGE_SIZE")
-        self.available = Path("/proc/self/statm").exists()
-
-    def _rss(self) -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * self.page
-
-    def __enter__(self) -> "PeakRSS":
-        self.base = self.peak = self._rss() if self.available else 0
-        self._stop = threading.Event()
-        if self.available:
-            def run() -> None:
-                while not self._stop.is_set():
-                    self.peak = max(self.peak, self._rss())
-                    time.sleep(self.interval)
-            self._t = threading.Thread(target=run, daemon=True)
-            self._t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self.available:
-            self._t.join()
-            self.peak = max(self.peak, self._rss())
-
-    @property
-    def growth(self) -> float:
-        return float(self.peak - self.base) if self.available else float("nan")
-
-
-def build(kind: str, directory: Path, quick: bool) -> Path:
-    """A random-weight checkpoint of ``kind`` written to ``directory`` (offline)."""
-    import transformers
-
-    from thermo_lens.testing import make_tokenizer
-
-    tok = make_tokenizer()
-    V = len(tok)
-    if kind == "gpt2":
-        cfg = transformers.GPT2Config(n_layer=2 if quick else 12, n_embd=64 if quick else 768,
-                                      n_head=4 if quick else 12, n_positions=1024, vocab_size=V)
-        model = transformers.GPT2LMHeadModel(cfg)
-    elif kind == "small":
-        cfg = transformers.GPT2Config(n_layer=2 if quick else 6, n_embd=64 if quick else 384,
-                                      n_head=4 if quick else 6, n_positions=1024, vocab_size=V)
-        model = transformers.GPT2LMHeadModel(cfg)
-    elif kind == "deep":
-        cfg = transformers.GPT2Config(n_layer=4 if quick else 24, n_embd=32 if quick else 512,
-                                      n_head=4 if quick else 8, n_positions=1024, vocab_size=V)
-        model = transformers.GPT2LMHeadModel(cfg)
-    elif kind == "gqa":
-        d = 64 if quick else 768
-        cfg = transformers.LlamaConfig(
-            hidden_size=d, num_hidden_layers=2 if quick else 12, num_attention_heads=4 if quick else 12,
-            num_key_value_heads=2 if quick else 4, intermediate_size=4 * d if quick else 2048,
-            max_position_embeddings=1024, vocab_size=V, bos_token_id=0, eos_token_id=0, pad_token_id=0)
-        model = transformers.LlamaForCausalLM(cfg)
-    else:  # pragma: no cover
-        raise ValueError(kind)
-    torch.manual_seed(0)
-    model.eval().save_pretrained(directory)
-    tok.save_pretrained(directory)
-    return directory
+from _common import PeakRSS, build_checkpoint  # noqa: E402
 
 
 def _plan(view, prompts, batch_size):
@@ -178,9 +115,10 @@ def bench_model(label: str, kind: str, prompts, args) -> dict[str, float]:
 
     from thermo_lens.model import ModelView
     from thermo_lens.profile import profile
+    from thermo_lens.spectral import spectral_signature
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = build(kind, Path(tmp), args.quick)
+        path = build_checkpoint(kind, tmp, args.quick)
         bridge = TransformerBridge.boot_transformers(str(path))
     view = ModelView(bridge)
     same, sorted_batches, single, lengths = _plan(view, prompts, args.batch_size)
@@ -198,9 +136,17 @@ def bench_model(label: str, kind: str, prompts, args) -> dict[str, float]:
     def prof_warm() -> None:
         profile(bridge, prompts, batch_size=args.batch_size, progress=False)
 
+    def prof_warm_no_attr() -> None:
+        profile(bridge, prompts, batch_size=args.batch_size, progress=False, attribution=False)
+
+    def spectral_cold() -> None:
+        _clear_cache()
+        spectral_signature(bridge)
+
     methods = {"bare, same batches": run(same), "bare, length-sorted": run(sorted_batches),
                "bare, one at a time": run(single), "profile (cold)": prof_cold,
-               "profile (warm)": prof_warm}
+               "profile (warm)": prof_warm, "profile (warm, no attr.)": prof_warm_no_attr,
+               "spectral alone (cold)": spectral_cold}
     for fn in methods.values():  # warm-up
         fn()
     times: dict[str, list[float]] = {k: [] for k in methods}
@@ -283,7 +229,7 @@ def bench_stream(args) -> None:
 
     base = list(prompt_sets.get("paper25").prompts)
     with tempfile.TemporaryDirectory() as tmp:
-        model = TransformerBridge.boot_transformers(str(build("small", Path(tmp), args.quick)))
+        model = TransformerBridge.boot_transformers(str(build_checkpoint("small", tmp, args.quick)))
     sizes = (40, 160) if args.quick else (250, 1000)
     print("\nstreaming: profile() of a GPT-2 (6 x 384, 6 heads) on the paper's prompts repeated")
     for n in sizes:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 
@@ -114,31 +113,19 @@ def reach(budget, max_dense_rows, max_factored_rows):
 
 
 def make_model(quick: bool, directory: str):
-    import transformers
-
-    from thermo_lens.testing import make_tokenizer
     from transformer_lens.model_bridge import TransformerBridge
 
-    tok = make_tokenizer()
-    geo = dict(n_layer=2, n_embd=64, n_head=4) if quick else dict(n_layer=12, n_embd=768, n_head=12)
-    cfg = transformers.GPT2Config(vocab_size=len(tok), n_positions=256, bos_token_id=0, eos_token_id=0,
-                                  pad_token_id=0, **geo)
-    torch.manual_seed(0)
-    transformers.GPT2LMHeadModel(cfg).eval().save_pretrained(directory)
-    tok.save_pretrained(directory)
-    return TransformerBridge.boot_transformers(directory)
+    from _common import build_checkpoint
+
+    path = build_checkpoint("gpt2", directory, quick, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return TransformerBridge.boot_transformers(str(path))
 
 
 def paper_prompts(quick: bool) -> list[str]:
-    for _ in range(60):  # prompts.py may still be being written by another engineer: poll
-        try:
-            from thermo_lens import prompts
+    from thermo_lens import prompts
 
-            ps = list(prompts.get("paper25").prompts)
-            return ps[:5] if quick else ps
-        except (ImportError, AttributeError, KeyError):
-            time.sleep(5)
-    sys.exit("thermo_lens.prompts.get('paper25') is not available")
+    ps = list(prompts.get("paper25").prompts)
+    return ps[:5] if quick else ps
 
 
 def traces_ratio(quick: bool, reps: int):

@@ -1,0 +1,87 @@
+"""Shared by the benchmark scripts: random-weight checkpoints built offline, and peak-RSS sampling.
+
+Every benchmark model is a random-weight HF checkpoint built from a config and written to a local
+directory with the tiny offline byte-level tokenizer of :mod:`thermo_lens.testing` (no downloads),
+then booted with ``TransformerBridge.boot_transformers(directory)``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+#: kind -> (full geometry, ``--quick`` geometry): layers, d_model, heads (, KV heads for GQA).
+GEOMETRIES: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
+    "gpt2": ((12, 768, 12), (2, 64, 4)),  # GPT-2-small geometry
+    "small": ((6, 384, 6), (2, 64, 4)),
+    "deep": ((24, 512, 8), (4, 32, 4)),  # deeper-narrower
+    "gqa": ((12, 768, 12, 4), (2, 64, 4, 2)),  # LLaMA with grouped-query attention
+}
+
+
+def build_checkpoint(kind: str, directory: Path | str, quick: bool = False, **config: Any) -> Path:
+    """A random-weight checkpoint of ``kind`` (:data:`GEOMETRIES`) written to ``directory``;
+    ``config`` overrides fields of the HF config. Seeded: the same weights on every call."""
+    import transformers
+
+    from thermo_lens.testing import make_tokenizer
+
+    directory = Path(directory)
+    tok = make_tokenizer()
+    geo = GEOMETRIES[kind][1 if quick else 0]
+    torch.manual_seed(0)
+    if kind == "gqa":
+        n_layer, d, n_head, n_kv = geo
+        cfg = transformers.LlamaConfig(
+            hidden_size=d, num_hidden_layers=n_layer, num_attention_heads=n_head, num_key_value_heads=n_kv,
+            intermediate_size=4 * d if quick else 2048, max_position_embeddings=1024, vocab_size=len(tok),
+            bos_token_id=0, eos_token_id=0, pad_token_id=0, **config)
+        model = transformers.LlamaForCausalLM(cfg)
+    else:
+        n_layer, d, n_head = geo
+        cfg = transformers.GPT2Config(n_layer=n_layer, n_embd=d, n_head=n_head, n_positions=1024,
+                                      vocab_size=len(tok), **config)
+        model = transformers.GPT2LMHeadModel(cfg)
+    model.eval().save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return directory
+
+
+class PeakRSS:
+    """Peak resident set size growth (bytes) over a ``with`` block, sampled by a thread (Linux;
+    ``growth`` is NaN elsewhere)."""
+
+    def __init__(self, interval: float = 5e-4):
+        self.interval, self.page = interval, os.sysconf("SC_PAGE_SIZE")
+        self.available = Path("/proc/self/statm").exists()
+
+    def _rss(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self.page
+
+    def __enter__(self) -> "PeakRSS":
+        self.base = self.peak = self._rss() if self.available else 0
+        self._stop = threading.Event()
+        if self.available:
+            def run() -> None:
+                while not self._stop.is_set():
+                    self.peak = max(self.peak, self._rss())
+                    time.sleep(self.interval)
+            self._t = threading.Thread(target=run, daemon=True)
+            self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self.available:
+            self._t.join()
+            self.peak = max(self.peak, self._rss())
+
+    @property
+    def growth(self) -> float:
+        return float(self.peak - self.base) if self.available else float("nan")
