@@ -599,9 +599,11 @@ def _lanczos_sigma_max(W: Float[Tensor, "m n"], max_steps: int = 300) -> float |
         if not done:
             Q[k + 1] = v / beta[-1]
         if done or (k + 1) % 4 == 0 or k + 1 == steps:
-            # The k x k tridiagonal matrix in float64 (numpy: tiny, no torch dispatch).
-            T = np.diag(alpha) + np.diag(beta[:-1], 1) + np.diag(beta[:-1], -1)
-            lam, Y = np.linalg.eigh(T)
+            # The k x k tridiagonal matrix, float64 on CPU (torch, not numpy: numpy's BLAS would
+            # start its own thread pool, outside the caller's torch thread setting).
+            a = torch.tensor(alpha, dtype=torch.float64)
+            b = torch.tensor(beta[:-1], dtype=torch.float64)
+            lam, Y = torch.linalg.eigh(torch.diag(a) + torch.diag(b, 1) + torch.diag(b, -1))
             theta, resid = float(lam[-1]), beta[-1] * abs(float(Y[-1, -1]))
             if done or (prev is not None and abs(theta - prev) <= 4 * eps * theta
                         and resid <= math.sqrt(eps) * theta) or k + 1 == n:
