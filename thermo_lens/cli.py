@@ -86,10 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run a study spec (TOML or YAML). Each model's profile is written to DIR as soon as it "
                                    "is done; rerunning resumes; failures are recorded in DIR/manifest.json.")
     p.add_argument("spec", help="study spec file (.toml, .yaml)")
-    p.add_argument("--out", required=True, help="study directory")
-    p.add_argument("--executor", choices=["local", "ray"], default="local", help="where models run (default: local)")
-    p.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local Ray)")
-    p.add_argument("--no-report", action="store_true", help="skip the HTML report")
+    _add_run_options(p, "study directory", "where models run")
 
     p = sub.add_parser("report", help="write the report of a study/profile directory",
                        description="Write DIR/report.html (self-contained, offline) and DIR/summary.csv from the profiles in DIR.")
@@ -103,11 +100,16 @@ def build_parser() -> argparse.ArgumentParser:
                                    "checkpoint, and write DIR/runs.csv, DIR/effects.csv, DIR/figures/ and DIR/report.html. "
                                    "Rerunning resumes; failures are recorded in DIR/train/ and DIR/profiles/manifest.json.")
     p.add_argument("spec", help="lab spec file (.toml)")
-    p.add_argument("--out", required=True, help="lab directory")
-    p.add_argument("--executor", choices=["local", "ray"], default="local", help="where runs train (default: local)")
+    _add_run_options(p, "lab directory", "where runs train")
+    return parser
+
+
+def _add_run_options(p: argparse.ArgumentParser, out_help: str, executor_help: str) -> None:
+    """The options of the resumable commands (``study``, ``lab``): output folder, executor, report."""
+    p.add_argument("--out", required=True, help=out_help)
+    p.add_argument("--executor", choices=["local", "ray"], default="local", help=f"{executor_help} (default: local)")
     p.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local Ray)")
     p.add_argument("--no-report", action="store_true", help="skip the HTML report")
-    return parser
 
 
 def _prompts_arg(value: str) -> object:
