@@ -1,11 +1,11 @@
-"""`import thermo_lens` stays light: figures, report, studies and laws load on first use."""
+"""`import thermo_lens` stays light: pandas, figures, report, studies and laws load on first use."""
 
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-HEAVY = ("plotly", "scipy.stats", "circuitsvis", "transformer_lens", "thermo_lens.report", "thermo_lens.study",
+HEAVY = ("plotly", "pandas", "scipy.stats", "circuitsvis", "transformer_lens", "thermo_lens.report", "thermo_lens.study",
          "thermo_lens.laws", "thermo_lens.views", "thermo_lens.robustness", "thermo_lens.zoo")
 
 

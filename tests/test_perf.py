@@ -184,6 +184,7 @@ def test_cuda_profile_equals_cpu(tmp_path, dtype):
 
 
 # ------------------------------------------------------------------------------ benchmark smoke run
+@pytest.mark.slow  # like the other benchmark smoke runs: a subprocess building five models (~25 s)
 def test_profile_benchmark_runs_quick():
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "profile.py"), "--quick"],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
@@ -192,3 +193,4 @@ def test_profile_benchmark_runs_quick():
     for part in ("GPT-2-small geometry", "deeper-narrower", "GQA", "LLaMA-7B geometry", "streaming"):
         assert part in text, part
     assert "profile (cold)" in text and "x [" in text and "peak RSS" in text
+    assert "profile (warm, no attr.)" in text and "spectral alone (cold)" in text and "min/min" in text

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
+from thermo_lens._lazy import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
-import pandas as pd
+from thermo_lens._lazy import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor

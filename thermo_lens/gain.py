@@ -72,7 +72,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
-import pandas as pd
+from thermo_lens._lazy import pandas as pd
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
-import pandas as pd
+from thermo_lens._lazy import pandas as pd
 import torch
 from torch import Tensor
 

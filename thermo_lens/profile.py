@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 import numpy as np
-import pandas as pd
+from thermo_lens._lazy import pandas as pd
 
 from thermo_lens.anisotropy import AnisotropyResult, anisotropy_from_collected
 from thermo_lens import registry

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-import pandas as pd
+from thermo_lens._lazy import pandas as pd
 import torch
 
 __all__ = ["Result", "ThermoLensSchemaError", "deprecated_alias", "encode", "decode"]

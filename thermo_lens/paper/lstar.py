@@ -20,7 +20,7 @@ import warnings
 from typing import Any
 
 import numpy as np
-import pandas as pd
+from thermo_lens._lazy import pandas as pd
 
 __all__ = ["PREDICTED_DEFINITION", "L_STAR_BASELINES", "predicted_l_star", "l_star_baselines",
            "l_star_comparison", "LStarBeyondDepthWarning"]

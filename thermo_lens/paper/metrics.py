@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import pandas as pd
+from thermo_lens._lazy import pandas as pd
 
 from thermo_lens.gain import GainResult, residual_gain
 from thermo_lens.model import ThermoLensInputError

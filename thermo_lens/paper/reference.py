@@ -48,7 +48,7 @@ from functools import lru_cache
 from importlib import resources
 
 import numpy as np
-import pandas as pd
+from thermo_lens._lazy import pandas as pd
 
 __all__ = [
     "GAIN_MEASUREMENTS",

@@ -12,7 +12,7 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
-import pandas as pd
+from thermo_lens._lazy import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor

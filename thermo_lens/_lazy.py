@@ -1,0 +1,33 @@
+"""Modules imported on first use, so that ``import thermo_lens`` costs little beyond torch.
+
+``pandas`` takes ~0.5 s to import and is needed only when a result is turned into a frame;
+``scipy.stats`` only by the statistics. A module here is a stand-in whose first attribute access
+imports the real module (annotations such as ``-> pd.DataFrame`` resolve through it too).
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+__all__ = ["pandas"]
+
+
+class _LazyModule:
+    """Stand-in for the module ``name``, imported on the first attribute access."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._module: ModuleType | None = None
+
+    def __getattr__(self, attr: str) -> Any:
+        if self._module is None:
+            self._module = importlib.import_module(self._name)
+        return getattr(self._module, attr)
+
+    def __repr__(self) -> str:
+        return f"<lazy module {self._name!r}{'' if self._module is None else ' (imported)'}>"
+
+
+pandas: Any = _LazyModule("pandas")
