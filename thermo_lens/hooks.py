@@ -151,6 +151,39 @@ class _BatchContext:
         self.rec._masks = {}
 
 
+# ---------------------------------------------------------------------------- memory
+_MALLOC_TRIM: Any = None
+# Batches between two trims: each trim makes the next batch fault its pages in again, so trimming
+# after every batch cost ~10-20% of the pass on CPU; every 8th bounds the growth at a few batches'.
+_TRIM_EVERY = 8
+
+
+def _release_freed_memory() -> None:
+    """Hand the pages that the last batch's activations freed back to the OS (glibc only).
+
+    Why: each batch leaves a few small live tensors (its reductions) in the C heap between the
+    large, freed activation blocks of varying sizes (length buckets), so glibc cannot shrink its
+    heap and the process' resident memory grew with the number of prompts (measured: +0.6 MiB per
+    prompt on a 6 x 384 GPT-2, 1.4 GiB at 2,000 prompts) although nothing but the small results
+    stays alive. ``malloc_trim(0)`` returns the free pages inside the heap (``madvise``), not only
+    its top. Called every :data:`_TRIM_EVERY` batches on CPU. A no-op where glibc is not the C library.
+    """
+    global _MALLOC_TRIM
+    if _MALLOC_TRIM is None:
+        _MALLOC_TRIM = False
+        try:
+            import ctypes
+            import ctypes.util
+
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _MALLOC_TRIM = libc.malloc_trim
+            _MALLOC_TRIM.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):  # not glibc (macOS, Windows, musl without it)
+            _MALLOC_TRIM = False
+    if _MALLOC_TRIM:
+        _MALLOC_TRIM(0)
+
+
 # ---------------------------------------------------------------------------- reductions
 def _norms32(x: Tensor) -> Tensor:
     """Per-token L2 norms over d_model as float32. ``vector_norm(dtype=float32)`` reduces in float32
@@ -484,6 +517,8 @@ def collect(
                 view.run(batch, hooks)
         finally:
             current.info = None
+        if k % _TRIM_EVERY == _TRIM_EVERY - 1 and view.device.type == "cpu":
+            _release_freed_memory()
         silent = rec.silent_hooks()
         if silent:
             # Some hosts skip hook names they do not know without a word; never return a
