@@ -37,9 +37,9 @@ and the wall-clock ratio are printed alongside. Per model, rows (and ratios to
 
 Also: the spectral part alone at LLaMA-7B geometry (32 layers x 32 heads x 4096 x 128, random
 bfloat16 weights as a 7B checkpoint stores them, no forward; per-head norms + OV + whole-layer
-norms, computed in float32 chunks), and wall time / peak RSS growth of ``profile()`` on 250 and
-1,000 prompts (streaming: the growth should not scale with the prompts beyond the per-prompt
-results).
+norms, computed in float32 chunks), and wall time / peak RSS growth of ``profile()`` on 250, 1,000 and
+2,000 prompts, each in a fresh process (streaming: the growth should not scale with the prompts
+beyond the per-prompt results).
 
 Usage: ``python benchmarks/profile.py`` (several minutes on 2 cores) or ``--quick`` (tiny
 models, one repeat: a smoke test). ``--threads`` (default 1) sets the torch thread count.
@@ -228,7 +228,8 @@ def bench_spectral_7b(args) -> None:
     assert torch.isfinite(sig.ov_norm).all() and sig.W_V_norm.dtype == torch.float32
 
 
-def bench_stream(args) -> None:
+def stream_one(n: int, args) -> None:
+    """One size of the streaming measurement, in this (fresh) process: prints one line."""
     from thermo_lens import prompts as prompt_sets
     from thermo_lens.profile import profile
     from transformer_lens.model_bridge import TransformerBridge
@@ -236,19 +237,32 @@ def bench_stream(args) -> None:
     base = list(prompt_sets.get("paper25").prompts)
     with tempfile.TemporaryDirectory() as tmp:
         model = TransformerBridge.boot_transformers(str(build_checkpoint("small", tmp, args.quick)))
-    sizes = (40, 160) if args.quick else (250, 1000)
-    print("\nstreaming: profile() of a GPT-2 (6 x 384, 6 heads) on the paper's prompts repeated")
+    prompts = [f"{base[i % len(base)]} ({i})" for i in range(n)]
+    profile(model, prompts[:8], progress=False)  # warm-up
+    gc.collect()
+    with PeakRSS() as mem:
+        t0 = time.perf_counter()
+        p = profile(model, prompts, batch_size=args.batch_size, progress=False)
+        t = time.perf_counter() - t0
+    per_prompt = sum(x.numel() * x.element_size() for x in (p.sheaf.trace, p.gain.block_gain))
+    print(f"  {n:>5} prompts: wall {t:.2f} s, peak RSS growth {mem.growth / 2**20:.1f} MiB "
+          f"(per-prompt results {per_prompt / 2**20:.2f} MiB)", flush=True)
+
+
+def bench_stream(args) -> None:
+    """Peak RSS growth of profile() against the number of prompts, one fresh process per size:
+    in one process, the allocator's memory from the first size hides the growth of the next."""
+    import subprocess
+
+    sizes = (40, 160) if args.quick else (250, 1000, 2000)
+    print("\nstreaming: profile() of a GPT-2 (6 x 384, 6 heads) on the paper's prompts repeated, "
+          "one fresh process per size", flush=True)
     for n in sizes:
-        prompts = [f"{base[i % len(base)]} ({i})" for i in range(n)]
-        profile(model, prompts[:8], progress=False)  # warm-up
-        gc.collect()
-        with PeakRSS() as mem:
-            t0 = time.perf_counter()
-            p = profile(model, prompts, batch_size=args.batch_size, progress=False)
-            t = time.perf_counter() - t0
-        per_prompt = sum(x.numel() * x.element_size() for x in (p.sheaf.trace, p.gain.block_gain))
-        print(f"  {n:>5} prompts: wall {t:.2f} s, peak RSS growth {mem.growth / 2**20:.1f} MiB "
-              f"(per-prompt results {per_prompt / 2**20:.2f} MiB)")
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--stream-one", str(n),
+               "--batch-size", str(args.batch_size), "--threads", str(args.threads)] + (["--quick"] if args.quick else [])
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        lines = [line for line in out.stdout.splitlines() if "prompts: wall" in line]
+        print(lines[-1] if out.returncode == 0 and lines else f"  {n:>5} prompts: failed: {out.stderr[-500:]}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -260,12 +274,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="torch threads (default 1; 0 = torch's default)")
     ap.add_argument("--full-7b", action="store_true",
                     help="whole-layer norms of all 32 layers at 7B geometry (minutes; default 2, scaled)")
+    ap.add_argument("--stream-one", type=int, default=None, help=argparse.SUPPRESS)  # bench_stream's child
     ap.add_argument("--only", choices=["gpt2", "deep", "gqa", "7b", "stream"], action="append",
                     help="run only these parts (repeatable)")
     args = ap.parse_args(argv)
     args.repeats = args.repeats or (1 if args.quick else 5)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.stream_one is not None:
+        stream_one(args.stream_one, args)
+        return 0
     from thermo_lens import prompts as prompt_sets
 
     prompts = list(prompt_sets.get("paper25").prompts)
