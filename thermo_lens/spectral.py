@@ -141,12 +141,9 @@ class HeadWeights:
 
     def sigma_max(self, name: str) -> Float[Tensor, "layer head"]:
         """``sigma_max`` of each head's ``name``: the root of its Gram matrix's largest eigenvalue
-        (relative error ~ machine epsilon, as from an SVD)."""
-        def compute() -> Tensor:
-            key = f"eigh_{name}"
-            lam = self._cache[key][0] if key in self._cache else torch.linalg.eigvalsh(self.gram(name))
-            return lam[..., -1].clamp_min(0).sqrt()
-        return self._cached(f"sigma_{name}", compute)
+        (relative error ~ machine epsilon, as from an SVD). From the same cached ``eigh`` as
+        :meth:`root` (an ``eigvalsh`` first would repeat the work for the factors the products need)."""
+        return self._cached(f"sigma_{name}", lambda: self._eigh(name)[0][..., -1].clamp_min(0).sqrt())
 
     def root(self, name: str) -> Float[Tensor, "layer head d_head d_head"]:
         """Square root factor ``R`` of each head's ``name``: ``R^T R`` = its Gram matrix."""
