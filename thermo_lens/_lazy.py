@@ -11,7 +11,7 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-__all__ = ["pandas"]
+__all__ = ["pandas", "scipy_stats"]
 
 
 class _LazyModule:
@@ -31,3 +31,4 @@ class _LazyModule:
 
 
 pandas: Any = _LazyModule("pandas")
+scipy_stats: Any = _LazyModule("scipy.stats")

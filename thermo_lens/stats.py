@@ -29,19 +29,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from thermo_lens._lazy import scipy_stats as _st
 from thermo_lens.result import Result
-
-
-class _LazyScipyStats:
-    """``scipy.stats``, imported on first use so that ``import thermo_lens`` stays light."""
-
-    def __getattr__(self, name: str) -> Any:
-        from scipy import stats
-
-        return getattr(stats, name)
-
-
-_st = _LazyScipyStats()
 
 __all__ = ["SummaryStats", "summarize"]
 
