@@ -34,6 +34,14 @@ and the wall-clock ratio are printed alongside. Per model, rows (and ratios to
   token and layer, ``s W_O^T``, about 1/12 of a GPT-2 block's matmul work, plus its reductions).
 * ``spectral alone (cold)``: ``spectral_signature`` with the cache cleared (the weights-only part
   of a first profile).
+* ``attribution matmul alone``: only the ``[scoped tokens, d_model] x [d_model, head*d_head]``
+  products ``s W_O^T`` the exact attribution needs, one per layer and batch, on random inputs of
+  the same shapes: the floor of the attribution's cost (no exact per-head split of the squared-norm
+  change does less work; see the README's performance section).
+
+Then, from two extra warm profiles (not the timed ones), the CPU time spent inside thermo-lens'
+own hooks, per reduction, as a share of the bare forward of the same batches: a decomposition of
+the overhead that does not suffer from run-to-run noise, since it is measured inside one run.
 
 Also: the spectral part alone at LLaMA-7B geometry (32 layers x 32 heads x 4096 x 128, random
 bfloat16 weights as a 7B checkpoint stores them, no forward; per-head norms + OV + whole-layer
@@ -114,6 +122,64 @@ def _clear_cache() -> None:
         clear()
 
 
+def _attribution_matmuls(view, same):
+    """The ``s W_O^T`` products of the exact attribution (scope ``all_but_first``: the real tokens
+    after position 0), on random inputs of the same shapes: its irreducible work."""
+    gen = torch.Generator().manual_seed(0)
+    W = torch.randn(view.n_heads * view.d_head, view.d_model, generator=gen)
+    inputs = [torch.randn(int((b.lengths - 1).clamp_min(0).sum()), view.d_model, generator=gen) for b in same]
+
+    def go() -> None:
+        for s in inputs:
+            for _ in range(view.n_layers):
+                s @ W.mT
+    return go
+
+
+def _in_pass_shares(bridge, prompts, args, bare_cpu: float) -> None:
+    """CPU time inside thermo-lens' hooks during a warm profile(), per reduction, against the
+    bare forward (the benchmark wraps :meth:`Recorder.add`; nothing in the package is timed)."""
+    from collections import defaultdict
+
+    from thermo_lens import hooks
+    from thermo_lens.profile import profile
+
+    spent: dict[str, float] = defaultdict(float)
+    orig = hooks.Recorder.add
+
+    def add(self, hook_name, key, fn):
+        def timed(x, batch, _fn=fn, _k=key[0]):
+            c0 = time.process_time()
+            out = _fn(x, batch)
+            spent[_k] += time.process_time() - c0
+            return out
+        orig(self, hook_name, key, timed)
+
+    hooks.Recorder.add = add
+    try:
+        runs = 2
+        total = 0.0
+        for _ in range(runs):
+            c0 = time.process_time()
+            profile(bridge, prompts, batch_size=args.batch_size, progress=False)
+            total += time.process_time() - c0
+    finally:
+        hooks.Recorder.add = orig
+    family = {"attr": "gain attribution (attr_*)", "resid_norm": "residual norms (gain)",
+              "block_in_norm": "block input norms (gain)", "anisotropy": "anisotropy",
+              "attn_diag": "attention diagonal (sheaf)", "attn_mass": "attention mass (sheaf)"}
+    grouped: dict[str, float] = defaultdict(float)
+    for k, v in spent.items():
+        grouped[next((lab for pre, lab in family.items() if k.lstrip("_").startswith(pre)), k)] += v / runs
+    inside = sum(grouped.values())
+    print(f"  inside the pass (profile (warm), mean of {runs} extra runs: {total / runs:.3f} s CPU): "
+          f"thermo-lens' hooks {inside:.3f} s = {100 * inside / bare_cpu:.1f}% of the bare forward")
+    for lab, v in sorted(grouped.items(), key=lambda kv: -kv[1]):
+        print(f"    {lab:<32}{v:>7.3f} s  {100 * v / bare_cpu:>5.1f}%")
+    print(f"    the rest of profile() beyond the hooks and the bare forward (tokenizing, hook dispatch, "
+          f"results): {total / runs - inside - bare_cpu:+.3f} s")
+
+
 def bench_model(label: str, kind: str, prompts, args) -> dict[str, float]:
     from transformer_lens.model_bridge import TransformerBridge
 
@@ -150,7 +216,8 @@ def bench_model(label: str, kind: str, prompts, args) -> dict[str, float]:
     methods = {"bare, same batches": run(same), "bare, length-sorted": run(sorted_batches),
                "bare, one at a time": run(single), "profile (cold)": prof_cold,
                "profile (warm)": prof_warm, "profile (warm, no attr.)": prof_warm_no_attr,
-               "spectral alone (cold)": spectral_cold}
+               "spectral alone (cold)": spectral_cold,
+               "attribution matmul alone": _attribution_matmuls(view, same)}
     for fn in methods.values():  # warm-up
         fn()
     times: dict[str, list[float]] = {k: [] for k in methods}
@@ -191,6 +258,7 @@ def bench_model(label: str, kind: str, prompts, args) -> dict[str, float]:
     print(f"  best bare forward: {best_name}; profile (cold) / same batches "
           f"{out['profile (cold)']:.3f}x (target <= 1.05x), / best bare {out['profile (cold) vs best']:.3f}x "
           f"(target <= 1.10x); warm {out['profile (warm)']:.3f}x / {out['profile (warm) vs best']:.3f}x")
+    _in_pass_shares(bridge, prompts, args, statistics.median(base))
     return out
 
 

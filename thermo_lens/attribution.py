@@ -127,18 +127,22 @@ def attribution_terms(token_scope: str = "all_but_first"):
                         f"{view.name} block {_l}: hook(s) {sorted(missing)} did not fire before "
                         f"blocks.{_l}.hook_resid_post; this architecture's block is not supported by gain_attribution")
                 dev = x_out.device
-                x_in = _state.pop("x_in").float()
-                z = _state.pop("z").float()
-                mlp_out = _state.pop("mlp_out").float()
-                x_out = x_out.float()
                 B, T, _ = x_out.shape
-                if z.ndim == 3:
-                    z = z.reshape(B, T, view.n_heads, view.d_head)
-                s = x_out + x_in
-                # s W_O^T for every head at once: one [B*T, d_model] x [d_model, head*d_head]
-                # matmul (the only d_model^2-per-token work here; W_O is flattened once per layer).
-                u = (s.reshape(B * T, -1) @ W_flat[_l].to(dev).mT).view(B, T, view.n_heads, view.d_head)
-                head = torch.linalg.vecdot(z, u)  # [B, T, head]
+                # Only the scoped real tokens enter the means, so only they are reduced: padding,
+                # position 0 (all_but_first) or all but the last token ("last") never reach the
+                # s W_O^T matmul, the one d_model^2-per-token step here.
+                mask = _scope_mask(batch, token_scope, dev).reshape(B * T)
+                rows = mask.nonzero().squeeze(1)  # [n] flat (prompt, position) indices
+                prompt_of = rows // T
+                x_in = _state.pop("x_in").reshape(B * T, -1)[rows].float()
+                z = _state.pop("z").reshape(B * T, view.n_heads, view.d_head)[rows].float()
+                mlp_out = _state.pop("mlp_out").reshape(B * T, -1)[rows].float()
+                x_out = x_out.reshape(B * T, -1)[rows].float()
+                s = x_out + x_in  # [n, d_model]
+                # s W_O^T for every head at once: one [n, d_model] x [d_model, head*d_head] matmul
+                # (W_O is flattened once per layer).
+                u = (s @ W_flat[_l].to(dev).mT).view(-1, view.n_heads, view.d_head)
+                head = torch.linalg.vecdot(z, u)  # [n, head]
                 b_O, b_out = biases[_l]
                 bias_vec = torch.zeros(view.d_model, device=dev)
                 if b_O is not None:
@@ -151,13 +155,15 @@ def attribution_terms(token_scope: str = "all_but_first"):
                 bias = s @ bias_vec
                 total = torch.linalg.vecdot(x_out - x_in, s)  # = ||x_out||^2 - ||x_in||^2 without cancellation
                 scale = torch.linalg.vecdot(x_out, x_out) + torch.linalg.vecdot(x_in, x_in)
-                mask = _scope_mask(batch, token_scope, dev).to(torch.float64)
-                n = mask.sum(1).clamp_min(1.0)
+                n = torch.zeros(B, dtype=torch.float64, device=dev).index_add_(
+                    0, prompt_of, torch.ones_like(prompt_of, dtype=torch.float64)).clamp_min(1.0)
 
                 def mean(v: Tensor) -> Tensor:
-                    if v.ndim == 3:
-                        return (v.double() * mask[..., None]).sum(1) / n[:, None]
-                    return (v.double() * mask).sum(1) / n
+                    # per-prompt mean of per-token terms, accumulated in float64 (a prompt with no
+                    # scoped token gets 0; the entry points require enough tokens)
+                    acc = torch.zeros((B, *v.shape[1:]), dtype=torch.float64, device=dev)
+                    acc.index_add_(0, prompt_of, v.double())
+                    return acc / (n[:, None] if v.ndim == 2 else n)
 
                 rec.put(("attr_head", _l), mean(head))
                 rec.put(("attr_mlp", _l), mean(mlp))
