@@ -333,3 +333,49 @@ def test_a_host_that_skips_hooks_gets_an_error_not_a_partial_result(any_host_gpt
     monkeypatch.setattr(model, "run_with_hooks", skipping)
     with pytest.raises(ThermoLensInputError, match=r"never ran thermo-lens' hooks at blocks\.0\.hook_resid_post"):
         residual_gain(model, PROMPTS)
+
+
+# ---------------------------------------------------------------------------- early stop
+@pytest.mark.parametrize("host", HOSTS)
+@pytest.mark.parametrize("arch", ["gpt2", "llama_gqa"])
+def test_passes_end_after_the_last_block_with_the_numbers_of_a_full_forward(host, arch, host_model, monkeypatch):
+    """No metric reads the logits: a pass ends at the last block's hook_resid_post (the final norm
+    and the unembedding never run), and gives bit-identical numbers to one that runs to the end."""
+    m = host_model(host, arch)
+    calls: list[str] = []
+    handle = m.unembed.register_forward_hook(lambda *a: calls.append("unembed"))
+    try:
+        stopped = residual_gain(m, PROMPTS, batch_size=3, per_token=True)
+        stopped_traces = sheaf_traces(m, PROMPTS, batch_size=3)
+        assert calls == [], "the unembedding ran although nothing reads the logits"
+        with monkeypatch.context() as mp:
+            mp.setattr(ModelView, "last_hook_needed", lambda self, names: None)
+            full = residual_gain(m, PROMPTS, batch_size=3, per_token=True)
+            full_traces = sheaf_traces(m, PROMPTS, batch_size=3)
+        assert calls, "the reference run did not run the whole forward"
+        assert torch.equal(stopped.block_gain, full.block_gain)
+        assert torch.equal(stopped.per_token_gain.nan_to_num(-1.0), full.per_token_gain.nan_to_num(-1.0))
+        assert torch.equal(stopped_traces.trace, full_traces.trace)
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_a_user_hook_past_the_last_block_runs_the_whole_forward(host, host_model):
+    """A user hook after the blocks (or a name filter, which could match one) still fires: then
+    the pass is not cut short."""
+    m = host_model(host, "gpt2")
+    seen: list[str] = []
+
+    def at_ln_final(x, hook):
+        seen.append(hook.name)
+
+    residual_gain(m, PROMPTS[:2], fwd_hooks=[("ln_final.hook_normalized", at_ln_final)])
+    assert seen == ["ln_final.hook_normalized"]
+    seen.clear()
+    residual_gain(m, PROMPTS[:2], fwd_hooks=[(lambda name: name == "ln_final.hook_normalized", at_ln_final)])
+    assert seen == ["ln_final.hook_normalized"]
+    view = ModelView(m)
+    assert view.last_hook_needed(["blocks.0.hook_resid_pre", "blocks.1.attn.hook_pattern"]) == \
+        f"blocks.{view.n_layers - 1}.hook_resid_post"
+    assert view.last_hook_needed(["blocks.0.hook_resid_pre", "ln_final.hook_normalized"]) is None

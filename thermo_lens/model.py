@@ -55,6 +55,14 @@ class ThermoLensInputTypeError(ThermoLensInputError, TypeError):
     """Bad input of the wrong type (also a ``TypeError``, so ``except TypeError`` still works)."""
 
 
+class _StopForward(Exception):
+    """Raised by the hook :meth:`ModelView.run` appends at ``stop_after``: ends the pass there."""
+
+
+def _stop_forward(act: Tensor, hook: Any = None) -> None:
+    raise _StopForward
+
+
 @dataclass(frozen=True)
 class TokenBatch:
     """A right-padded batch of prompts.
@@ -572,23 +580,45 @@ class ModelView:
         )
 
     # ------------------------------------------------------------------ running
-    def run(self, batch: TokenBatch, fwd_hooks: Sequence[tuple[str | Callable, Callable]] = ()) -> None:
+    def run(self, batch: TokenBatch, fwd_hooks: Sequence[tuple[str | Callable, Callable]] = (), *,
+            stop_after: str | None = None) -> None:
         """One forward pass of ``batch`` with ``fwd_hooks``; logits are discarded.
 
         The attention mask is passed so padded positions are masked for bidirectional models;
         right padding makes it a no-op on real tokens of causal models.
+
+        ``stop_after``: a hook name; the pass ends right after that hook point has run every hook
+        registered there (a hook appended last raises a private exception that this method
+        catches), so what follows (for the last block's ``hook_resid_post``: the final norm and the
+        unembedding, ``d_model x d_vocab`` per token, a third of GPT-2-small's forward) is not
+        computed. Only for passes whose hooks all fire before that point.
         """
         self.check_saes()
         tokens = batch.tokens.to(self.device)
         mask = batch.mask.to(device=self.device, dtype=torch.long)
         hooks = list(fwd_hooks)
+        if stop_after is not None:
+            hooks.append((stop_after, _stop_forward))
         # Only hosts carrying SAEs (or SAETransformerBridge's aliases) need names re-pointed.
         if self._sae_wrappers() or hasattr(self.model, "_resolve_hook_name"):
             hooks = [(self.resolve_hook(name), fn) for name, fn in hooks]
         with torch.inference_mode():
-            self.model.run_with_hooks(
-                tokens, fwd_hooks=hooks, attention_mask=mask, return_type=None
-            )
+            try:
+                self.model.run_with_hooks(
+                    tokens, fwd_hooks=hooks, attention_mask=mask, return_type=None
+                )
+            except _StopForward:
+                pass
+
+    def last_hook_needed(self, hook_names: Sequence[str | Callable]) -> str | None:
+        """The hook point after which a pass running hooks at ``hook_names`` may stop
+        (:meth:`run`'s ``stop_after``): the last block's ``hook_resid_post`` when every name is a
+        block hook (``blocks.{l}.*``; a callable filter or e.g. ``ln_final.*`` could fire later)
+        and no SAE is attached (its hooks re-point names); else ``None`` (run to the end)."""
+        last = f"blocks.{self.n_layers - 1}.hook_resid_post"
+        if self._sae_wrappers() or not all(isinstance(n, str) and n.startswith("blocks.") for n in hook_names):
+            return None
+        return last
 
     # ------------------------------------------------------------------ SAEs (SAELens)
     def _sae_wrappers(self) -> dict[str, Any]:
