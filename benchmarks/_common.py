@@ -24,9 +24,18 @@ GEOMETRIES: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
 }
 
 
-def build_checkpoint(kind: str, directory: Path | str, quick: bool = False, **config: Any) -> Path:
+#: kind -> the vocabulary size of the real model of that geometry (GPT-2: 50,257; LLaMA: 32,000).
+REAL_VOCAB: dict[str, int] = {"gpt2": 50257, "small": 50257, "deep": 50257, "gqa": 32000}
+
+
+def build_checkpoint(kind: str, directory: Path | str, quick: bool = False, *, real_vocab: bool = False,
+                     **config: Any) -> Path:
     """A random-weight checkpoint of ``kind`` (:data:`GEOMETRIES`) written to ``directory``;
-    ``config`` overrides fields of the HF config. Seeded: the same weights on every call."""
+    ``config`` overrides fields of the HF config. Seeded: the same weights on every call.
+
+    ``real_vocab``: embedding and unembedding matrices of the real model's vocabulary size
+    (:data:`REAL_VOCAB`; the byte-level tokenizer uses only the first ids), so that a full
+    forward pays the real unembedding; else the tokenizer's own small vocabulary."""
     import transformers
 
     from thermo_lens.testing import make_tokenizer
@@ -34,18 +43,19 @@ def build_checkpoint(kind: str, directory: Path | str, quick: bool = False, **co
     directory = Path(directory)
     tok = make_tokenizer()
     geo = GEOMETRIES[kind][1 if quick else 0]
+    vocab = REAL_VOCAB[kind] if real_vocab else len(tok)
     torch.manual_seed(0)
     if kind == "gqa":
         n_layer, d, n_head, n_kv = geo
         cfg = transformers.LlamaConfig(
             hidden_size=d, num_hidden_layers=n_layer, num_attention_heads=n_head, num_key_value_heads=n_kv,
-            intermediate_size=4 * d if quick else 2048, max_position_embeddings=1024, vocab_size=len(tok),
+            intermediate_size=4 * d if quick else 2048, max_position_embeddings=1024, vocab_size=vocab,
             bos_token_id=0, eos_token_id=0, pad_token_id=0, **config)
         model = transformers.LlamaForCausalLM(cfg)
     else:
         n_layer, d, n_head = geo
         cfg = transformers.GPT2Config(n_layer=n_layer, n_embd=d, n_head=n_head, n_positions=1024,
-                                      vocab_size=len(tok), **config)
+                                      vocab_size=vocab, **config)
         model = transformers.GPT2LMHeadModel(cfg)
     model.eval().save_pretrained(directory)
     tok.save_pretrained(directory)

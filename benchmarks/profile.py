@@ -12,6 +12,10 @@ Models:
 * ``deeper-narrower``: GPT-2, 24 layers x d_model 512, 8 heads.
 * ``GQA``: LLaMA, 12 layers x d_model 768, 12 query heads / 4 KV heads.
 
+Embedding and unembedding have the real models' vocabulary sizes (50,257 for the GPT-2 ones,
+32,000 for LLaMA; the byte-level tokenizer uses only the first ids), so a full forward pays the
+real ``d_model x d_vocab`` unembedding per token (``--quick``: the tokenizer's own vocabulary).
+
 ``min/min (CPU)``: the fastest repeat of a method over the fastest bare repeat: on a shared
 machine, noise only ever adds time, so this ratio is the least disturbed by other processes
 (the per-repeat ratios above it can spread by +-20% on a busy 2-core VM).
@@ -23,6 +27,9 @@ and the wall-clock ratio are printed alongside. Per model, rows (and ratios to
 
 * ``bare, same batches``: ``run_with_hooks(return_type=None)`` of exactly the padded batches
   ``profile()`` runs (:func:`thermo_lens.hooks.plan_batches`), tokenization excluded.
+* ``bare, to the last block``: the same batches, the pass ended after the last block's
+  ``hook_resid_post`` (no final norm, no unembedding), as ``profile()`` ends its own pass: no
+  metric reads the logits. Against it, the last summary line gives the measurements' own cost.
 * ``bare, best``: the faster of one prompt at a time and the plain length-sorted batches of
   ``--batch-size`` (the "best bare forward of the same prompts").
 * ``profile (cold)``: ``profile()`` with the spectral cache cleared first: the cost of profiling
@@ -188,15 +195,17 @@ def bench_model(label: str, kind: str, prompts, args) -> dict[str, float]:
     from thermo_lens.spectral import spectral_signature
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_checkpoint(kind, tmp, args.quick)
+        path = build_checkpoint(kind, tmp, args.quick, real_vocab=not args.quick)
         bridge = TransformerBridge.boot_transformers(str(path))
     view = ModelView(bridge)
     same, sorted_batches, single, lengths = _plan(view, prompts, args.batch_size)
 
-    def run(batches):
+    last_block = f"blocks.{view.n_layers - 1}.hook_resid_post"
+
+    def run(batches, stop_after=None):
         def go() -> None:
             for b in batches:
-                view.run(b)
+                view.run(b, stop_after=stop_after)
         return go
 
     def prof_cold() -> None:
@@ -213,7 +222,8 @@ def bench_model(label: str, kind: str, prompts, args) -> dict[str, float]:
         _clear_cache()
         spectral_signature(bridge)
 
-    methods = {"bare, same batches": run(same), "bare, length-sorted": run(sorted_batches),
+    methods = {"bare, same batches": run(same), "bare, to the last block": run(same, last_block),
+               "bare, length-sorted": run(sorted_batches),
                "bare, one at a time": run(single), "profile (cold)": prof_cold,
                "profile (warm)": prof_warm, "profile (warm, no attr.)": prof_warm_no_attr,
                "spectral alone (cold)": spectral_cold,
@@ -258,6 +268,11 @@ def bench_model(label: str, kind: str, prompts, args) -> dict[str, float]:
     print(f"  best bare forward: {best_name}; profile (cold) / same batches "
           f"{out['profile (cold)']:.3f}x (target <= 1.05x), / best bare {out['profile (cold) vs best']:.3f}x "
           f"(target <= 1.10x); warm {out['profile (warm)']:.3f}x / {out['profile (warm) vs best']:.3f}x")
+    to_last = times["bare, to the last block"]
+    print("  the measurements' own cost (profile() ends its pass after the last block; against a bare pass "
+          "that ends there too): " + ", ".join(
+              f"{name.removeprefix('profile ')} {statistics.median([t / b for t, b in zip(times[name], to_last)]):.3f}x"
+              for name in ("profile (cold)", "profile (warm)", "profile (warm, no attr.)")))
     _in_pass_shares(bridge, prompts, args, statistics.median(base))
     return out
 

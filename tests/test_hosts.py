@@ -340,14 +340,15 @@ def test_a_host_that_skips_hooks_gets_an_error_not_a_partial_result(any_host_gpt
 @pytest.mark.parametrize("arch", ["gpt2", "llama_gqa"])
 def test_passes_end_after_the_last_block_with_the_numbers_of_a_full_forward(host, arch, host_model, monkeypatch):
     """No metric reads the logits: a pass ends at the last block's hook_resid_post (the final norm
-    and the unembedding never run), and gives bit-identical numbers to one that runs to the end."""
+    and, on the bridge, the unembedding never run; HookedTransformer skips the unembedding by
+    itself for return_type=None), and gives bit-identical numbers to one that runs to the end."""
     m = host_model(host, arch)
     calls: list[str] = []
-    handle = m.unembed.register_forward_hook(lambda *a: calls.append("unembed"))
+    handle = m.ln_final.register_forward_hook(lambda *a: calls.append("ln_final"))
     try:
         stopped = residual_gain(m, PROMPTS, batch_size=3, per_token=True)
         stopped_traces = sheaf_traces(m, PROMPTS, batch_size=3)
-        assert calls == [], "the unembedding ran although nothing reads the logits"
+        assert calls == [], "the final norm ran although nothing reads what follows the blocks"
         with monkeypatch.context() as mp:
             mp.setattr(ModelView, "last_hook_needed", lambda self, names: None)
             full = residual_gain(m, PROMPTS, batch_size=3, per_token=True)

@@ -476,6 +476,11 @@ def collect(
     ``batch_size`` prompts that pad at most 10% of their positions (:func:`plan_batches`);
     results come back in the caller's order either way.
 
+    Every state measured is a block's, so unless a hook is registered past the blocks (e.g. at
+    ``ln_final.*``, or a name filter), the pass ends after the last block's ``hook_resid_post``:
+    the final norm and the unembedding (``d_model x d_vocab`` per token) never run
+    (:meth:`ModelView.run`'s ``stop_after``; the numbers are those of a full forward).
+
     Raises:
         ThermoLensNumericsError: a real token's residual norm or attention was NaN/inf; the
             message names the first hook point (layer) where it happened.

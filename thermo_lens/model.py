@@ -589,9 +589,11 @@ class ModelView:
 
         ``stop_after``: a hook name; the pass ends right after that hook point has run every hook
         registered there (a hook appended last raises a private exception that this method
-        catches), so what follows (for the last block's ``hook_resid_post``: the final norm and the
-        unembedding, ``d_model x d_vocab`` per token, a third of GPT-2-small's forward) is not
-        computed. Only for passes whose hooks all fire before that point.
+        catches), so what follows is not computed: for the last block's ``hook_resid_post``, the
+        final norm and, on ``TransformerBridge`` (whose HF model computes logits even for
+        ``return_type=None``), the unembedding, ``d_model x d_vocab`` per token, about a third of
+        GPT-2-small's forward; ``HookedTransformer`` already skips its unembedding for
+        ``return_type=None``. Only for passes whose hooks all fire before that point.
         """
         self.check_saes()
         tokens = batch.tokens.to(self.device)
