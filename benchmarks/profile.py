@@ -47,7 +47,7 @@ and the wall-clock ratio are printed alongside. Per model, rows (and ratios to
   change does less work; see the README's performance section).
 
 Then, from two extra warm profiles (not the timed ones), the CPU time spent inside thermo-lens'
-own hooks, per reduction, as a share of the bare forward of the same batches: a decomposition of
+own hooks, per reduction, as a share of the bare pass to the last block: a decomposition of
 the overhead that does not suffer from run-to-run noise, since it is measured inside one run.
 
 Also: the spectral part alone at LLaMA-7B geometry (32 layers x 32 heads x 4096 x 128, random
@@ -144,8 +144,9 @@ def _attribution_matmuls(view, same):
 
 
 def _in_pass_shares(bridge, prompts, args, bare_cpu: float) -> None:
-    """CPU time inside thermo-lens' hooks during a warm profile(), per reduction, against the
-    bare forward (the benchmark wraps :meth:`Recorder.add`; nothing in the package is timed)."""
+    """CPU time inside thermo-lens' hooks during a warm profile(), per reduction, against the bare
+    pass to the last block (``bare_cpu``; the benchmark wraps :meth:`Recorder.add`; nothing in the
+    package is timed)."""
     from collections import defaultdict
 
     from thermo_lens import hooks
@@ -180,11 +181,11 @@ def _in_pass_shares(bridge, prompts, args, bare_cpu: float) -> None:
         grouped[next((lab for pre, lab in family.items() if k.lstrip("_").startswith(pre)), k)] += v / runs
     inside = sum(grouped.values())
     print(f"  inside the pass (profile (warm), mean of {runs} extra runs: {total / runs:.3f} s CPU): "
-          f"thermo-lens' hooks {inside:.3f} s = {100 * inside / bare_cpu:.1f}% of the bare forward")
+          f"thermo-lens' hooks {inside:.3f} s = {100 * inside / bare_cpu:.1f}% of the bare pass to the last block")
     for lab, v in sorted(grouped.items(), key=lambda kv: -kv[1]):
         print(f"    {lab:<32}{v:>7.3f} s  {100 * v / bare_cpu:>5.1f}%")
-    print(f"    the rest of profile() beyond the hooks and the bare forward (tokenizing, hook dispatch, "
-          f"results): {total / runs - inside - bare_cpu:+.3f} s")
+    print(f"    the rest of profile() beyond its hooks and that bare pass (tokenizing, hook dispatch, "
+          f"results; noisy: a difference of medians): {total / runs - inside - bare_cpu:+.3f} s")
 
 
 def bench_model(label: str, kind: str, prompts, args) -> dict[str, float]:
@@ -273,7 +274,7 @@ def bench_model(label: str, kind: str, prompts, args) -> dict[str, float]:
           "that ends there too): " + ", ".join(
               f"{name.removeprefix('profile ')} {statistics.median([t / b for t, b in zip(times[name], to_last)]):.3f}x"
               for name in ("profile (cold)", "profile (warm)", "profile (warm, no attr.)")))
-    _in_pass_shares(bridge, prompts, args, statistics.median(base))
+    _in_pass_shares(bridge, prompts, args, statistics.median(to_last))
     return out
 
 

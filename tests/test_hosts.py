@@ -380,3 +380,5 @@ def test_a_user_hook_past_the_last_block_runs_the_whole_forward(host, host_model
     assert view.last_hook_needed(["blocks.0.hook_resid_pre", "blocks.1.attn.hook_pattern"]) == \
         f"blocks.{view.n_layers - 1}.hook_resid_post"
     assert view.last_hook_needed(["blocks.0.hook_resid_pre", "ln_final.hook_normalized"]) is None
+    assert view.last_hook_needed(["blocks.0.hook_resid_pre"]) == "blocks.0.hook_resid_post"
+    assert view.last_hook_needed(["hook_embed"]) is None and view.last_hook_needed([]) is None

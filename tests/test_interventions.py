@@ -191,6 +191,26 @@ def test_hooks_keep_the_callers_order_across_batches(bridge):
     assert seen == [[0, 1], [2, 3]]
 
 
+def test_patch_from_reads_its_clean_run_only_up_to_the_deepest_block_it_patches(bridge):
+    """The clean pass of patch_from stops after the deepest block named (later blocks, the final
+    norm and the unembedding never run), and keeps exactly run_with_cache's states."""
+    model = bridge("gpt2")
+    clean = ["the cat sat on the mat", "green ideas"]
+    ran: list[int] = []
+    handle = model.blocks[-1].register_forward_hook(lambda *a: ran.append(1))
+    try:
+        patch = tl.patch_from(model, clean, "blocks.0.hook_resid_post")
+        assert ran == [], "the clean run went past the block it reads"
+        model.run_with_cache(clean[0])
+        assert ran, "the forward hook on the last block does not fire: this test would prove nothing"
+    finally:
+        handle.remove()
+    for i, text in enumerate(clean):
+        _, cache = model.run_with_cache(text)
+        torch.testing.assert_close(patch._clean["blocks.0.hook_resid_post"][i], cache["blocks.0.hook_resid_post"][0],
+                                   rtol=0, atol=0)
+
+
 def test_patch_from_checks_its_inputs(bridge):
     model = bridge("gpt2")
     with pytest.raises(tl.ThermoLensInputError, match="unknown hook point"):

@@ -512,8 +512,8 @@ def collect(
     current = _Current()
     user_index = None if row_prompt is None else torch.as_tensor(list(row_prompt), dtype=torch.long)
     hooks = wrap_user_hooks(settings.fwd_hooks, current) + list(internal_hooks) + rec.fwd_hooks()
-    # Every state measured is a block's: when no hook is registered past the last block, the pass
-    # ends there (the final norm and the unembedding, whose logits nothing reads, are skipped).
+    # Every state measured is a block's: when no hook is registered past the blocks, the pass ends
+    # after the last block (the final norm and the unembedding, whose logits nothing reads, are skipped).
     stop_after = view.last_hook_needed([name for name, _ in hooks])
     show = settings.progress if settings.progress is not None else len(tokenized) > 1
     for k, batch in enumerate(tqdm(tokenized, desc=f"thermo-lens {view.name}", unit="batch", disable=not show,

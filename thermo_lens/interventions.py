@@ -288,7 +288,9 @@ def patch_from(
         def grab(x: Tensor, hook: Any = None, *, _name: str, _n: int = n) -> None:
             clean[_name].append(x[0, :_n].detach().to("cpu").clone())
 
-        view.run(tb, [(name, functools.partial(grab, _name=name)) for name in names])
+        # The clean run stops after the deepest block it reads (nothing past it is needed).
+        view.run(tb, [(name, functools.partial(grab, _name=name)) for name in names],
+                 stop_after=view.last_hook_needed(names))
     desc = (f"patch_from {len(ps)} clean prompt(s) ({ps.name}; first {ps.texts[0][:40]!r}) at "
             f"positions {'all' if positions is None else positions}"
             + (f", heads {list(heads_t)}" if heads_t is not None else "")

@@ -614,13 +614,19 @@ class ModelView:
 
     def last_hook_needed(self, hook_names: Sequence[str | Callable]) -> str | None:
         """The hook point after which a pass running hooks at ``hook_names`` may stop
-        (:meth:`run`'s ``stop_after``): the last block's ``hook_resid_post`` when every name is a
-        block hook (``blocks.{l}.*``; a callable filter or e.g. ``ln_final.*`` could fire later)
-        and no SAE is attached (its hooks re-point names); else ``None`` (run to the end)."""
-        last = f"blocks.{self.n_layers - 1}.hook_resid_post"
-        if self._sae_wrappers() or not all(isinstance(n, str) and n.startswith("blocks.") for n in hook_names):
+        (:meth:`run`'s ``stop_after``): ``blocks.{l}.hook_resid_post`` of the deepest block ``l``
+        named, the last hook point of that block, when every name is a block hook
+        (``blocks.{l}.*``; a name filter or e.g. ``ln_final.*`` could fire later) and no SAE is
+        attached (its hooks re-point names); else ``None`` (run to the end)."""
+        if self._sae_wrappers() or not hook_names:
             return None
-        return last
+        deepest = -1
+        for name in hook_names:
+            parts = name.split(".") if isinstance(name, str) else []
+            if len(parts) < 3 or parts[0] != "blocks" or not parts[1].isdigit():
+                return None
+            deepest = max(deepest, int(parts[1]))
+        return f"blocks.{min(deepest, self.n_layers - 1)}.hook_resid_post"
 
     # ------------------------------------------------------------------ SAEs (SAELens)
     def _sae_wrappers(self) -> dict[str, Any]:
