@@ -377,8 +377,10 @@ def test_a_user_hook_past_the_last_block_runs_the_whole_forward(host, host_model
     residual_gain(m, PROMPTS[:2], fwd_hooks=[(lambda name: name == "ln_final.hook_normalized", at_ln_final)])
     assert seen == ["ln_final.hook_normalized"]
     view = ModelView(m)
-    assert view.last_hook_needed(["blocks.0.hook_resid_pre", "blocks.1.attn.hook_pattern"]) == \
-        f"blocks.{view.n_layers - 1}.hook_resid_post"
+    last = view.n_layers - 1
+    assert view.last_hook_needed(["blocks.0.hook_resid_pre", f"blocks.{last}.attn.hook_pattern"]) == \
+        f"blocks.{last}.hook_resid_post"
+    assert view.last_hook_needed(["blocks.1.attn.hook_z", "blocks.0.hook_resid_pre"]) == "blocks.1.hook_resid_post"
     assert view.last_hook_needed(["blocks.0.hook_resid_pre", "ln_final.hook_normalized"]) is None
     assert view.last_hook_needed(["blocks.0.hook_resid_pre"]) == "blocks.0.hook_resid_post"
     assert view.last_hook_needed(["hook_embed"]) is None and view.last_hook_needed([]) is None
