@@ -134,10 +134,12 @@ def attribution_terms(token_scope: str = "all_but_first"):
                 mask = _scope_mask(batch, token_scope, dev).reshape(B * T)
                 rows = mask.nonzero().squeeze(1)  # [n] flat (prompt, position) indices
                 prompt_of = rows // T
-                x_in = _state.pop("x_in").reshape(B * T, -1)[rows].float()
-                z = _state.pop("z").reshape(B * T, view.n_heads, view.d_head)[rows].float()
-                mlp_out = _state.pop("mlp_out").reshape(B * T, -1)[rows].float()
-                x_out = x_out.reshape(B * T, -1)[rows].float()
+                # index_select, not x[rows]: the same rows, a fraction of advanced indexing's overhead
+                x_in = _state.pop("x_in").reshape(B * T, -1).index_select(0, rows).float()
+                z = _state.pop("z").reshape(B * T, -1).index_select(0, rows).float()
+                z = z.view(-1, view.n_heads, view.d_head)
+                mlp_out = _state.pop("mlp_out").reshape(B * T, -1).index_select(0, rows).float()
+                x_out = x_out.reshape(B * T, -1).index_select(0, rows).float()
                 s = x_out + x_in  # [n, d_model]
                 # s W_O^T for every head at once: one [n, d_model] x [d_model, head*d_head] matmul
                 # (W_O is flattened once per layer).
