@@ -113,7 +113,28 @@ def attribution_terms(token_scope: str = "all_but_first"):
                 "split; gain_attribution needs a pre-LN (or norm-free) model")
         W_O = view.W_O()  # [layer, head, d_head, d_model] float32 (CPU)
         W_flat = W_O.reshape(view.n_layers, view.n_heads * view.d_head, view.d_model)
-        biases = [view.output_biases(l) for l in range(view.n_layers)]
+        H = view.n_heads
+        # Per layer, once: the summed output biases b_O + b_out (the bias term's vector) and b_out
+        # (taken off the MLP output), zero where the architecture has none.
+        bias_vecs: list[tuple[Tensor, Tensor]] = []
+        for l in range(view.n_layers):
+            b_O, b_out = view.output_biases(l)
+            zero = torch.zeros(view.d_model)
+            b_out_v = zero if b_out is None else b_out.detach().float().cpu()
+            bias_vecs.append(((zero if b_O is None else b_O.detach().float().cpu()) + b_out_v, b_out_v))
+        # The scoped rows of the current batch, shared by every layer (rebuilt when the batch changes).
+        rows_of: list[Any] = [None]
+
+        def scoped_rows(batch: TokenBatch, B: int, T: int, dev: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+            cached = rows_of[0]
+            if cached is not None and cached[0] is batch and cached[1] == dev:
+                return cached[2]
+            rows = _scope_mask(batch, token_scope, dev).reshape(B * T).nonzero().squeeze(1)  # [n]
+            prompt_of = rows // T
+            n = torch.bincount(prompt_of, minlength=B).to(torch.float64).clamp_min(1.0)[:, None]
+            rows_of[0] = (batch, dev, (rows, prompt_of, n))
+            return rows, prompt_of, n
+
         for l in range(view.n_layers):
             state: dict[str, Tensor] = {}
 
@@ -130,51 +151,33 @@ def attribution_terms(token_scope: str = "all_but_first"):
                 B, T, _ = x_out.shape
                 # Only the scoped real tokens enter the means, so only they are reduced: padding,
                 # position 0 (all_but_first) or all but the last token ("last") never reach the
-                # s W_O^T matmul, the one d_model^2-per-token step here.
-                mask = _scope_mask(batch, token_scope, dev).reshape(B * T)
-                rows = mask.nonzero().squeeze(1)  # [n] flat (prompt, position) indices
-                prompt_of = rows // T
-                # index_select, not x[rows]: the same rows, a fraction of advanced indexing's overhead
+                # s W_O^T matmul, the one d_model^2-per-token step here. index_select, not x[rows]:
+                # the same rows, a fraction of advanced indexing's overhead.
+                rows, prompt_of, n = scoped_rows(batch, B, T, dev)
                 x_in = _state.pop("x_in").reshape(B * T, -1).index_select(0, rows).float()
                 z = _state.pop("z").reshape(B * T, -1).index_select(0, rows).float()
-                z = z.view(-1, view.n_heads, view.d_head)
                 mlp_out = _state.pop("mlp_out").reshape(B * T, -1).index_select(0, rows).float()
                 x_out = x_out.reshape(B * T, -1).index_select(0, rows).float()
                 s = x_out + x_in  # [n, d_model]
-                # s W_O^T for every head at once: one [n, d_model] x [d_model, head*d_head] matmul
-                # (W_O is flattened once per layer).
-                u = (s @ W_flat[_l].to(dev).mT).view(-1, view.n_heads, view.d_head)
-                head = torch.linalg.vecdot(z, u)  # [n, head]
-                b_O, b_out = biases[_l]
-                bias_vec = torch.zeros(view.d_model, device=dev)
-                if b_O is not None:
-                    bias_vec = bias_vec + b_O.to(dev)
-                mlp_vec = mlp_out
-                if b_out is not None:
-                    bias_vec = bias_vec + b_out.to(dev)
-                    mlp_vec = mlp_out - b_out.to(dev)
-                mlp = torch.linalg.vecdot(mlp_vec, s)
+                # s W_O^T for every head at once: one [n, d_model] x [d_model, head*d_head] matmul.
+                u = s @ W_flat[_l].to(dev).mT
+                head = torch.linalg.vecdot(z.view(-1, H, view.d_head), u.view(-1, H, view.d_head))  # [n, head]
+                bias_vec, b_out = (v.to(dev) for v in bias_vecs[_l])
+                mlp = torch.linalg.vecdot(mlp_out - b_out, s)
                 bias = s @ bias_vec
                 total = torch.linalg.vecdot(x_out - x_in, s)  # = ||x_out||^2 - ||x_in||^2 without cancellation
                 scale = torch.linalg.vecdot(x_out, x_out) + torch.linalg.vecdot(x_in, x_in)
-                n = torch.zeros(B, dtype=torch.float64, device=dev).index_add_(
-                    0, prompt_of, torch.ones_like(prompt_of, dtype=torch.float64)).clamp_min(1.0)
-
-                def mean(v: Tensor) -> Tensor:
-                    # per-prompt mean of per-token terms, accumulated in float64 (a prompt with no
-                    # scoped token gets 0; the entry points require enough tokens)
-                    acc = torch.zeros((B, *v.shape[1:]), dtype=torch.float64, device=dev)
-                    acc.index_add_(0, prompt_of, v.double())
-                    return acc / (n[:, None] if v.ndim == 2 else n)
-
-                rec.put(("attr_head", _l), mean(head))
-                rec.put(("attr_mlp", _l), mean(mlp))
-                rec.put(("attr_bias", _l), mean(bias))
-                rec.put(("attr_scale", _l), mean(scale))
-                # Per token |total - components|, then its scoped mean: a cancellation across tokens
-                # must not hide a block that does not close.
-                rec.put(("attr_closure", _l), mean((total - head.sum(-1) - mlp - bias).abs()))
-                return mean(total)
+                # Per token |total - components| (its scoped mean: a cancellation across tokens
+                # must not hide a block that does not close).
+                closure = (total - head.sum(-1) - mlp - bias).abs()
+                # Every per-token term, then one float64 per-prompt sum over the scoped rows.
+                terms = torch.cat([head, torch.stack([mlp, bias, scale, closure, total], dim=1)], dim=1)
+                means = torch.zeros(B, H + 5, dtype=torch.float64, device=dev).index_add_(
+                    0, prompt_of, terms.double()) / n
+                rec.put(("attr_head", _l), means[:, :H])
+                for k, name in enumerate(("attr_mlp", "attr_bias", "attr_scale", "attr_closure")):
+                    rec.put((name, _l), means[:, H + k])
+                return means[:, H + 4]
 
             for hook, key in (("hook_resid_pre", "x_in"), ("attn.hook_z", "z"), ("hook_mlp_out", "mlp_out")):
                 rec.add(f"blocks.{l}.{hook}", ("_attr_" + key, l),
