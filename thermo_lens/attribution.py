@@ -37,6 +37,7 @@ post-sublayer norms) fails loudly instead of giving wrong numbers.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,21 +119,18 @@ def attribution_terms(token_scope: str = "all_but_first"):
         # (taken off the MLP output), zero where the architecture has none.
         bias_vecs: list[tuple[Tensor, Tensor]] = []
         for l in range(view.n_layers):
-            b_O, b_out = view.output_biases(l)
+            b_O, b_out = view.output_biases(l)  # [d_model] float32 CPU, or None
             zero = torch.zeros(view.d_model)
-            b_out_v = zero if b_out is None else b_out.detach().float().cpu()
-            bias_vecs.append(((zero if b_O is None else b_O.detach().float().cpu()) + b_out_v, b_out_v))
-        # The scoped rows of the current batch, shared by every layer (rebuilt when the batch changes).
-        rows_of: list[Any] = [None]
+            b_out_v = zero if b_out is None else b_out
+            bias_vecs.append(((zero if b_O is None else b_O) + b_out_v, b_out_v))
 
-        def scoped_rows(batch: TokenBatch, B: int, T: int, dev: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-            cached = rows_of[0]
-            if cached is not None and cached[0] is batch and cached[1] == dev:
-                return cached[2]
-            rows = _scope_mask(batch, token_scope, dev).reshape(B * T).nonzero().squeeze(1)  # [n]
+        def scoped_rows(batch: TokenBatch, dev: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+            """The batch's scoped rows ``[n]`` (flat ``(prompt, position)`` indices), the prompt of
+            each, and the per-prompt counts ``[batch, 1]`` (at least 1)."""
+            B, T = batch.tokens.shape
+            rows = _scope_mask(batch, token_scope, dev).reshape(B * T).nonzero().squeeze(1)
             prompt_of = rows // T
             n = torch.bincount(prompt_of, minlength=B).to(torch.float64).clamp_min(1.0)[:, None]
-            rows_of[0] = (batch, dev, (rows, prompt_of, n))
             return rows, prompt_of, n
 
         for l in range(view.n_layers):
@@ -152,8 +150,9 @@ def attribution_terms(token_scope: str = "all_but_first"):
                 # Only the scoped real tokens enter the means, so only they are reduced: padding,
                 # position 0 (all_but_first) or all but the last token ("last") never reach the
                 # s W_O^T matmul, the one d_model^2-per-token step here. index_select, not x[rows]:
-                # the same rows, a fraction of advanced indexing's overhead.
-                rows, prompt_of, n = scoped_rows(batch, B, T, dev)
+                # the same rows, a fraction of advanced indexing's overhead. The rows are found once
+                # per batch and shared by every layer (the Recorder drops them when the batch ends).
+                rows, prompt_of, n = rec.per_batch(("attr_rows", str(dev)), functools.partial(scoped_rows, dev=dev))
                 x_in = _state.pop("x_in").reshape(B * T, -1).index_select(0, rows).float()
                 z = _state.pop("z").reshape(B * T, -1).index_select(0, rows).float()
                 mlp_out = _state.pop("mlp_out").reshape(B * T, -1).index_select(0, rows).float()

@@ -61,7 +61,7 @@ class Recorder:
         self._parts: dict[tuple[str, int], list[Tensor]] = defaultdict(list)
         self._fired: set[tuple[str, int]] = set()  # keys whose hook ran (some record nothing)
         self._batch: TokenBatch | None = None
-        self._masks: dict[str, Tensor] = {}  # the current batch's mask, per device (built once)
+        self._per_batch: dict[Any, Any] = {}  # values derived from the current batch (built once)
         self.nonfinite: list[str] = []  # hook names where a real token had NaN/inf
 
     def add(self, hook_name: str, key: tuple[str, int], fn: Reduce) -> None:
@@ -88,12 +88,17 @@ class Recorder:
 
     def mask(self, device: torch.device) -> Tensor:
         """The current batch's ``[batch, pos]`` real-token mask on ``device`` (cached per batch)."""
+        return self.per_batch(("mask", str(device)), lambda batch: batch.mask.to(device))
+
+    def per_batch(self, key: Any, build: Callable[[TokenBatch], Any]) -> Any:
+        """``build(batch)`` for the current batch, computed once per batch under ``key`` and shared
+        by every hook that asks (e.g. the mask on a device, the scoped rows of the attribution);
+        dropped when the batch ends."""
         if self._batch is None:
-            raise RuntimeError("Recorder.mask used outside Recorder.batch(...)")
-        key = str(device)
-        if key not in self._masks:
-            self._masks[key] = self._batch.mask.to(device)
-        return self._masks[key]
+            raise RuntimeError("Recorder.per_batch used outside Recorder.batch(...)")
+        if key not in self._per_batch:
+            self._per_batch[key] = build(self._batch)
+        return self._per_batch[key]
 
     def silent_hooks(self) -> list[str]:
         """Hook names whose reductions have recorded nothing (the host never ran those hooks)."""
@@ -143,12 +148,12 @@ class _BatchContext:
 
     def __enter__(self) -> Recorder:
         self.rec._batch = self.batch_
-        self.rec._masks = {}
+        self.rec._per_batch = {}
         return self.rec
 
     def __exit__(self, *exc: Any) -> None:
         self.rec._batch = None
-        self.rec._masks = {}
+        self.rec._per_batch = {}
 
 
 # ---------------------------------------------------------------------------- memory
