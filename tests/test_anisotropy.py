@@ -11,7 +11,8 @@ from test_gain import PROMPTS, hf_ids, hf_states
 from thermo_lens.anisotropy import AnisotropyResult, anisotropy_from_collected, anisotropy_profile
 from thermo_lens.gain import gain_from_collected, residual_gain
 from thermo_lens.hooks import anisotropy, collect, residual_norms
-from thermo_lens.model import ModelView, ThermoLensInputError
+from thermo_lens.model import ModelView
+from thermo_lens.errors import ThermoLensInputError
 
 torch.set_num_threads(1)  # tiny models on a shared machine: threads only contend
 

@@ -17,7 +17,7 @@ from thermo_lens.depth import (
     predicted_l_star,
     trace_derivative,
 )
-from thermo_lens.model import ThermoLensInputError
+from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.sheaf import sheaf_traces
 
 TABLE = Path(__file__).resolve().parents[1] / "thermo_lens" / "data" / "paper_reference_table.csv"

@@ -30,8 +30,10 @@ from thermo_lens.gain import (
     residual_gain,
     scope_ratio,
 )
-from thermo_lens.hooks import ThermoLensNumericsError, collect, residual_norms
-from thermo_lens.model import ModelView, ThermoLensInputError
+from thermo_lens.hooks import collect, residual_norms
+from thermo_lens.errors import ThermoLensNumericsError
+from thermo_lens.model import ModelView
+from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.stats import summarize
 
 # Tiny models on a shared 2-core machine: extra intra-op threads only contend (5x slower).

@@ -27,7 +27,8 @@ from conftest import ARCHS
 from hf_slices import hf_all_head_weights
 from test_gain import PROMPTS, hf_ids, hf_states, ref_gains
 from thermo_lens import ModelView, ThermoLensInputError, residual_gain, sheaf_traces, spectral_signature
-from thermo_lens.host import UnsupportedHostError, _parse, detect_host, transformer_lens_version
+from thermo_lens.host import _parse, detect_host, transformer_lens_version
+from thermo_lens.errors import UnsupportedHostError
 from thermo_lens.hooks import collect, residual_norms
 from thermo_lens.testing import LEGACY_ARCHITECTURES, hooked_transformer, make_checkpoint
 

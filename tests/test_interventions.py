@@ -20,7 +20,8 @@ import torch
 
 import thermo_lens as tl
 from thermo_lens import ModelView
-from thermo_lens.interventions import BatchInfo, ThermoLensHookError
+from thermo_lens.interventions import BatchInfo
+from thermo_lens.errors import ThermoLensHookError
 from thermo_lens.views import head_ablation_gain
 
 WORDS = ("the cat sat on a mat while water froze and early birds caught worms near the capital of "

@@ -132,7 +132,7 @@ def test_qk_norm_known_answer_under_multi_query_attention():
     assert "qk_norm" not in without.head_metrics
     with pytest.raises(AttributeError, match="qk_norm was not computed.*W_Q and W_K"):
         _ = without.qk_norm
-    from thermo_lens.model import ThermoLensInputError
+    from thermo_lens.errors import ThermoLensInputError
 
     with pytest.raises(ThermoLensInputError, match="both W_Q and W_K"):
         signature_from_weights(W_V, W_O, W_Q=W_Q)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from thermo_lens.result import Result, ThermoLensSchemaError, encode
+from thermo_lens.result import Result, encode
+from thermo_lens.errors import ThermoLensSchemaError
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from thermo_lens import safe_io
-from thermo_lens.model import ThermoLensInputError
+from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.safe_io import (
     TEMP_PREFIX,
     FolderLock,

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from hf_slices import hf_all_head_weights, hf_head_weights
 from thermo_lens.hooks import attention_diagonal, collect, residual_norms
-from thermo_lens.model import ModelView, ThermoLensInputError
+from thermo_lens.model import ModelView
+from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.sheaf import (
     DENSE_LIMIT,
     LayerSheafLaplacian,

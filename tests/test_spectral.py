@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 
 from conftest import ARCHS
 from hf_slices import hf_all_head_weights, hf_all_qk_weights
-from thermo_lens.hooks import ThermoLensNumericsError, collect, residual_norms
-from thermo_lens.model import ModelView, ThermoLensInputError
+from thermo_lens.hooks import collect, residual_norms
+from thermo_lens.errors import ThermoLensNumericsError
+from thermo_lens.model import ModelView
+from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.spectral import (
     HEAD_METRICS,
     SpectralSignature,

@@ -9,7 +9,7 @@ import torch
 import thermo_lens
 from thermo_lens import validate as V
 from thermo_lens import zoo
-from thermo_lens.model import ThermoLensInputError
+from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.study import ModelSpec, StudySpec
 
 PROMPTS = ["The capital of France is", "Water freezes at"]

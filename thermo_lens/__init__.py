@@ -20,10 +20,13 @@ from thermo_lens.attribution import GainAttribution, gain_attribution
 from thermo_lens.depth import LStarResult, l_star_from_traces, predicted_l_star
 from thermo_lens.gain import GainResult, residual_gain
 from thermo_lens.paper.metrics import paper_metric
-from thermo_lens.hooks import Recorder, ThermoLensNumericsError, collect
+from thermo_lens.hooks import Recorder, collect
+from thermo_lens.errors import ThermoLensError, ThermoLensNumericsError
 from thermo_lens.inputs import as_prompts
-from thermo_lens.interventions import BatchInfo, Patch, ThermoLensHookError, patch_from
-from thermo_lens.model import ModelView, ThermoLensInputError
+from thermo_lens.interventions import BatchInfo, Patch, patch_from
+from thermo_lens.errors import ThermoLensHookError
+from thermo_lens.model import ModelView
+from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.paired import PairedDifference, paired_difference
 from thermo_lens.profile import ThermoProfile, profile, profiles_frame
 from thermo_lens.provenance import HookRecord, Provenance
@@ -60,7 +63,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "BatchInfo", "GainAttribution", "HookRecord", "PairedDifference", "Patch", "Provenance", "RunSettings",
+    "BatchInfo", "ThermoLensError", "GainAttribution", "HookRecord", "PairedDifference", "Patch", "Provenance", "RunSettings",
     "ThermoLensHookError", "as_prompts", "gain_attribution", "paired_difference", "patch_from",
     "AnisotropyResult", "GainResult", "LStarResult", "ModelView", "Recorder", "SheafLaplacian",
     "SheafTraces", "SpectralSignature", "ThermoLensInputError", "ThermoLensNumericsError",

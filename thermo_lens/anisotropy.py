@@ -34,7 +34,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from thermo_lens.hooks import Collected, anisotropy, collect
-from thermo_lens.model import ThermoLensInputError, as_view
+from thermo_lens.model import as_view
+from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.paired import PairedMixin
 from thermo_lens.provenance import Provenance, ProvenanceFields
 from thermo_lens.registry import Metric, register_metric

@@ -48,7 +48,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from thermo_lens.hooks import Collected, Recorder, collect
-from thermo_lens.model import ModelView, ThermoLensInputError, TokenBatch, as_view
+from thermo_lens.model import ModelView, TokenBatch, as_view
+from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.paired import PairedMixin
 from thermo_lens.provenance import Provenance, ProvenanceFields
 from thermo_lens.result import Result

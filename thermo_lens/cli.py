@@ -21,12 +21,13 @@ import os
 import sys
 from pathlib import Path
 from typing import Sequence
+from thermo_lens.errors import ThermoLensInputError
 
 EXIT_OK, EXIT_FAILED_MODELS, EXIT_USAGE = 0, 1, 2
 DEFAULT_OUT = "thermo-lens-report"
 
 
-class CLIError(Exception):
+class CLIError(ThermoLensInputError):
     """A user-facing error: printed as ``thermo-lens: error: ...`` with exit code 2."""
 
 
@@ -311,8 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     handlers = {"profile": cmd_profile, "study": cmd_study, "report": cmd_report, "zoo": cmd_zoo, "lab": cmd_lab}
-    from thermo_lens.model import ThermoLensInputError
-    from thermo_lens.safe_io import FolderLockedError
+    from thermo_lens.errors import ThermoLensInputError
+    from thermo_lens.errors import FolderLockedError
 
     report_error: type[Exception] = CLIError
     try:

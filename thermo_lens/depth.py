@@ -54,7 +54,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from thermo_lens.model import ThermoLensInputError
+from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.registry import Metric, register_metric
 from thermo_lens.paper.lstar import PREDICTED_DEFINITION, l_star_baselines, predicted_l_star
 from thermo_lens.result import Result

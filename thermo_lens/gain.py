@@ -77,8 +77,10 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from thermo_lens.hooks import Collected, ThermoLensNumericsError, collect, residual_norms
-from thermo_lens.model import ModelView, ThermoLensInputError, as_view
+from thermo_lens.hooks import Collected, collect, residual_norms
+from thermo_lens.errors import ThermoLensNumericsError
+from thermo_lens.model import ModelView, as_view
+from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.paired import PairedMixin
 from thermo_lens.provenance import Provenance, ProvenanceFields
 from thermo_lens.registry import Metric, metrics, register_metric

@@ -26,7 +26,8 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from torch import Tensor
 
-from thermo_lens.model import ModelView, ThermoLensInputError, TokenBatch, as_view
+from thermo_lens.model import ModelView, TokenBatch, as_view
+from thermo_lens.errors import ThermoLensInputError, ThermoLensNumericsError
 
 __all__ = [
     "Recorder",
@@ -42,9 +43,6 @@ __all__ = [
 Reduce = Callable[[Tensor, TokenBatch], Tensor]
 Reduction = Callable[[ModelView, "Recorder"], None]
 
-
-class ThermoLensNumericsError(FloatingPointError):
-    """The model produced NaN or inf; the message names the hook point (layer)."""
 
 
 class Recorder:

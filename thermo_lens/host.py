@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from typing import Any
+from thermo_lens.errors import UnsupportedHostError
 
 __all__ = ["Host", "UnsupportedHostError", "detect_host", "import_bridge", "SUPPORTED_TL", "transformer_lens_version"]
 
@@ -28,9 +29,6 @@ __all__ = ["Host", "UnsupportedHostError", "detect_host", "import_bridge", "SUPP
 SUPPORTED_TL = ">=2.16.1,<5"
 _MIN, _MAX_MAJOR = (2, 16, 1), 5
 
-
-class UnsupportedHostError(TypeError):
-    """The model object comes from a TransformerLens release or class thermo-lens does not support."""
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
-from thermo_lens.model import ThermoLensInputError
+from thermo_lens.errors import ThermoLensInputError
 
 __all__ = ["Prompts", "as_prompts"]
 

@@ -25,14 +25,11 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from thermo_lens.model import ThermoLensInputError, TokenBatch, as_view
+from thermo_lens.model import TokenBatch, as_view
+from thermo_lens.errors import ThermoLensHookError, ThermoLensInputError
 
 __all__ = ["BatchInfo", "ThermoLensHookError", "wrap_user_hooks", "Patch", "patch_from"]
 
-
-class ThermoLensHookError(RuntimeError):
-    """A user hook failed (or returned the wrong shape) inside a thermo-lens run; the message
-    names the hook, the batch and how to fix it."""
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
+from thermo_lens.errors import ThermoLensInputError, ThermoLensInputTypeError
 
 __all__ = ["ModelView", "TokenBatch", "ThermoLensInputError", "as_view", "kv_head_map"]
 
@@ -47,12 +48,6 @@ _POST_LN_MODEL_TYPES = frozenset(
 _ALWAYS_PARALLEL_MODEL_TYPES = frozenset({"gptj", "codegen", "phi", "cohere", "gpt_neox_japanese"})
 
 
-class ThermoLensInputError(ValueError):
-    """Bad input to thermo-lens: the message says what was wrong and what to do."""
-
-
-class ThermoLensInputTypeError(ThermoLensInputError, TypeError):
-    """Bad input of the wrong type (also a ``TypeError``, so ``except TypeError`` still works)."""
 
 
 class _StopForward(Exception):

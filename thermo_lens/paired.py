@@ -27,7 +27,7 @@ from thermo_lens._lazy import pandas as pd
 import torch
 from torch import Tensor
 
-from thermo_lens.model import ThermoLensInputError
+from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.provenance import Provenance
 from thermo_lens.result import Result
 from thermo_lens.stats import SummaryStats, summarize

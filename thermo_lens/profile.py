@@ -27,7 +27,8 @@ from thermo_lens.attribution import GainAttribution
 from thermo_lens.depth import LStarResult, l_star_from_traces
 from thermo_lens.gain import DEFAULT_REGIME_BY, GainResult, collect_for_scope, gain_from_collected
 from thermo_lens.hooks import anisotropy, attention_diagonal, residual_norms
-from thermo_lens.model import ThermoLensInputError, as_view
+from thermo_lens.model import as_view
+from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.result import Result
 from thermo_lens.sheaf import SheafTraces, traces_from_collected
 from thermo_lens.spectral import SpectralSignature, spectral_signature

@@ -41,6 +41,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from thermo_lens import registry
+from thermo_lens.errors import ThermoLensInputError
 
 __all__ = ["write_report", "render_report", "ReportError"]
 
@@ -52,7 +53,7 @@ MAX_PER_MODEL_FIGURES = 12
 MAX_AUTO_PANEL_BYTES = 500 * 2**20
 
 
-class ReportError(ValueError):
+class ReportError(ThermoLensInputError):
     """The report cannot be written from this input; the message says what to pass."""
 
 

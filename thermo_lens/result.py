@@ -26,12 +26,10 @@ from typing import Any, ClassVar
 import numpy as np
 from thermo_lens._lazy import pandas as pd
 import torch
+from thermo_lens.errors import ThermoLensSchemaError
 
 __all__ = ["Result", "ThermoLensSchemaError", "deprecated_alias", "encode", "decode"]
 
-
-class ThermoLensSchemaError(ValueError):
-    """A stored result cannot be read by this version of thermo-lens (the message says why)."""
 
 
 _REGISTRY: dict[str, type] = {}

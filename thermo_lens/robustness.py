@@ -25,7 +25,7 @@ import pandas as pd
 from scipy import stats as _st
 
 from thermo_lens.gain import SUMMARIES, GainResult, regime_from_summary, residual_gain
-from thermo_lens.model import ThermoLensInputError
+from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.result import Result
 from thermo_lens.stats import (SummaryStats, format_p, kruskal_detectable_effect, kruskal_effect_size,
                                 summarize)

@@ -28,7 +28,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from thermo_lens.gain import DEFAULT_SCOPE, GainResult, residual_gain
-from thermo_lens.model import ModelView, ThermoLensInputError, as_view
+from thermo_lens.model import ModelView, as_view
+from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.result import Result
 from thermo_lens.stats import SummaryStats, summarize
 

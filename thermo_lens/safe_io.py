@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from thermo_lens.model import ThermoLensInputError
+from thermo_lens.errors import FolderLockedError, SafeIOError
 
 __all__ = [
     "SafeIOError",
@@ -51,12 +51,6 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
-class SafeIOError(ThermoLensInputError):
-    """A file could not be read or written; the message names it and says what to do."""
-
-
-class FolderLockedError(RuntimeError):
-    """Another process holds the folder's lock."""
 
 
 def _reason(e: OSError) -> str:

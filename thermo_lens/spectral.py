@@ -64,8 +64,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from thermo_lens.hooks import ThermoLensNumericsError
-from thermo_lens.model import ModelView, ThermoLensInputError, as_view
+from thermo_lens.errors import ThermoLensNumericsError
+from thermo_lens.model import ModelView, as_view
+from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.registry import Metric, metrics, register_head_metric, register_metric
 from thermo_lens.result import Result
 

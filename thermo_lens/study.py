@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, no_type_check
 
 from thermo_lens import validate as V
-from thermo_lens.model import ThermoLensInputError
+from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.safe_io import (
     FolderLock,
     FolderLockedError,

@@ -21,7 +21,7 @@ import os
 import re
 from typing import Any, Callable, Sequence
 
-from thermo_lens.model import ThermoLensInputError
+from thermo_lens.errors import ThermoLensInputError
 
 __all__ = [
     "EXCERPT",

@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from thermo_lens.errors import ThermoLensInputError
 
 __all__ = ["Architecture", "ArchitectureError", "family_of", "hf_config", "build_model",
            "to_canonical", "from_canonical", "init_model"]
@@ -48,7 +49,7 @@ __all__ = ["Architecture", "ArchitectureError", "family_of", "hf_config", "build
 FAMILIES = ("gpt2", "opt", "gpt_neox")
 
 
-class ArchitectureError(ValueError):
+class ArchitectureError(ThermoLensInputError):
     """An architecture with no HF decoder family (e.g. learned positions + parallel attention)."""
 
 

@@ -23,13 +23,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+from thermo_lens.errors import ThermoLensInputError
 
 __all__ = ["Corpus", "CorpusError", "CORPORA_DIR", "names", "load", "describe"]
 
 CORPORA_DIR = Path(__file__).resolve().parent / "corpora"
 
 
-class CorpusError(ValueError):
+class CorpusError(ThermoLensInputError):
     """Unknown corpus name, or a corpus file that does not match its recorded SHA-256."""
 
 

@@ -26,11 +26,12 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Callable
 
 from thermo_lens.lab.architecture import Architecture
+from thermo_lens.errors import ThermoLensInputError
 
 __all__ = ["Recipe", "Knob", "KNOBS", "OPTIMIZERS", "LabSpecError", "check_level"]
 
 
-class LabSpecError(ValueError):
+class LabSpecError(ThermoLensInputError):
     """A malformed lab spec: unknown knob, unknown level, bad field; the message names it."""
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
+from thermo_lens.errors import ThermoLensWarning
 
 __all__ = ["PREDICTED_DEFINITION", "L_STAR_BASELINES", "predicted_l_star", "l_star_baselines",
            "l_star_comparison", "LStarBeyondDepthWarning"]
@@ -34,12 +35,12 @@ L_STAR_BASELINES: dict[str, str] = {
 }
 
 
-class LStarBeyondDepthWarning(UserWarning):
+class LStarBeyondDepthWarning(ThermoLensWarning):
     """Eq. 6 predicted an L* outside the network (larger than its depth L)."""
 
 
 def _positive_int(v: Any, what: str) -> int:
-    from thermo_lens.model import ThermoLensInputError
+    from thermo_lens.errors import ThermoLensInputError
 
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) < 1:
         raise ThermoLensInputError(f"{what} must be a positive integer, got {v!r}")

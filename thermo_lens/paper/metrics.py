@@ -15,7 +15,7 @@ from typing import Any
 from thermo_lens._lazy import pandas as pd
 
 from thermo_lens.gain import GainResult, residual_gain
-from thermo_lens.model import ThermoLensInputError
+from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.result import Result
 from thermo_lens.stats import SummaryStats
 

@@ -9,7 +9,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from thermo_lens.hooks import Collected, Recorder, collect
-from thermo_lens.model import ModelView, ThermoLensInputError, TokenBatch, as_view
+from thermo_lens.model import ModelView, TokenBatch, as_view
+from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.sheaf.operator import LayerSheafLaplacian, SheafLaplacian
 from thermo_lens.sheaf.validation import (
     _check_convention,

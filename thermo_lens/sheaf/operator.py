@@ -17,7 +17,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from thermo_lens.model import ThermoLensInputError
+from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.result import Result
 from thermo_lens.sheaf.gap import SpectralGap, gap_reason
 from thermo_lens.sheaf.restriction import RestrictionMaps, _edge_coefficients

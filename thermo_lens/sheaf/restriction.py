@@ -11,7 +11,7 @@ from typing import Iterator
 from jaxtyping import Float
 from torch import Tensor
 
-from thermo_lens.model import ThermoLensInputError
+from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.sheaf.validation import _check_edge
 
 

@@ -12,7 +12,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from thermo_lens.hooks import Collected, attention_diagonal, collect
-from thermo_lens.model import ModelView, ThermoLensInputError, as_view, kv_head_map
+from thermo_lens.model import ModelView, as_view, kv_head_map
+from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.registry import Metric, register_metric
 from thermo_lens.paired import PairedMixin
 from thermo_lens.provenance import Provenance, ProvenanceFields, fold_legacy_fields

@@ -13,7 +13,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from thermo_lens.model import ModelView, ThermoLensInputError
+from thermo_lens.model import ModelView
+from thermo_lens.errors import ThermoLensInputError
 
 Convention = Literal["directed", "symmetrized"]
 TraceFormula = Literal["off_diagonal_mass", "paper_printed"]

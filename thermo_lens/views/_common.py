@@ -14,6 +14,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
+from thermo_lens.errors import ThermoLensInputError
 
 #: Marker symbol and line dash used for post-LN models in every cross-model figure.
 POST_LN_SYMBOL = "diamond-open"
@@ -32,7 +33,7 @@ _PALETTE = (
 TEMPLATE = "plotly_white"
 
 
-class ThermoLensViewError(ValueError):
+class ThermoLensViewError(ThermoLensInputError):
     """A view got input it cannot draw; the message says what was wrong and what to pass."""
 
 
