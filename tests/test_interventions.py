@@ -20,9 +20,10 @@ import torch
 
 import thermo_lens as tl
 from thermo_lens import ModelView
-from thermo_lens.interventions import BatchInfo
+from thermo_lens.tokens import BatchInfo
 from thermo_lens.errors import ThermoLensHookError
 from thermo_lens.views import head_ablation_gain
+from thermo_lens.tokens import tokenize, encode
 
 WORDS = ("the cat sat on a mat while water froze and early birds caught worms near the capital of "
          "France where green ideas sleep furiously").split()
@@ -34,10 +35,10 @@ def _random_prompts(rng: random.Random, n: int) -> list[str]:
 
 def _same_length(view, prompt: str, rng: random.Random) -> str:
     """Another prompt with the same token count (pairs whose activations line up position by position)."""
-    n = len(view.encode(prompt, True))
+    n = len(encode(view, prompt, True))
     for _ in range(5000):
         cand = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 14)))
-        if cand != prompt and len(view.encode(cand, True)) == n:
+        if cand != prompt and len(encode(view, cand, True)) == n:
             return cand
     raise AssertionError("no prompt of the same length found")
 
@@ -119,7 +120,7 @@ def test_run_with_hooks_style_patch_works_unchanged_in_one_batch(bridge):
     view = ModelView(model)
     clean = ["The capital of France is Paris and", "Water freezes at zero", "the early bird catches the worm"]
     corrupted = [_same_length(view, c, random.Random(k)) for k, c in enumerate(clean)]
-    tc, tx = (view.tokenize(p, prepend_bos=True) for p in (clean, corrupted))
+    tc, tx = (tokenize(view, p, prepend_bos=True) for p in (clean, corrupted))
     assert torch.equal(tc.lengths, tx.lengths)  # pairwise equal lengths, so the caches line up
     point = "blocks.1.hook_resid_pre"
     _, cache = model.run_with_cache(tc.tokens, attention_mask=tc.mask.long())
@@ -235,7 +236,7 @@ def test_patch_by_head_changes_only_that_head(bridge):
 
     tl.residual_gain(model, corr, fwd_hooks=list(patch) + [(point, spy)])
     view = ModelView(model)
-    tc, tx = view.tokenize(clean, prepend_bos=True), view.tokenize(corr, prepend_bos=True)
+    tc, tx = tokenize(view, clean, prepend_bos=True), tokenize(view, corr, prepend_bos=True)
     _, cc = model.run_with_cache(tc.tokens)
     _, cx = model.run_with_cache(tx.tokens)
     z, zc, zx = got["z"][0], cc[point][0], cx[point][0]

@@ -20,10 +20,11 @@ from thermo_lens.attribution import GainAttribution, gain_attribution
 from thermo_lens.depth import LStarResult, l_star_from_traces, predicted_l_star
 from thermo_lens.gain import GainResult, residual_gain
 from thermo_lens.paper.metrics import paper_metric
-from thermo_lens.hooks import Recorder, collect
+from thermo_lens.passes import Recorder, collect
 from thermo_lens.errors import ThermoLensError, ThermoLensNumericsError
 from thermo_lens.inputs import as_prompts
-from thermo_lens.interventions import BatchInfo, Patch, patch_from
+from thermo_lens.interventions import Patch, patch_from
+from thermo_lens.tokens import BatchInfo
 from thermo_lens.errors import ThermoLensHookError
 from thermo_lens.model import ModelView
 from thermo_lens.errors import ThermoLensInputError

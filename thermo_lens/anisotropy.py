@@ -9,7 +9,7 @@ the BOS/first token, excluded; padding excluded), the **mean pairwise cosine sim
 
 over the ``m = n - 1`` remaining tokens. It is computed inside the forward hook from unit vectors
 ``u_t`` as ``(||sum_t u_t||^2 - m) / (m (m - 1))``, in float32, without a ``pos x pos`` matrix
-(:func:`thermo_lens.hooks.anisotropy`). 1 means all tokens point the same way; about 0 means
+(:func:`thermo_lens.anisotropy.anisotropy`). 1 means all tokens point the same way; about 0 means
 isotropic.
 
 A prompt needs at least 3 real tokens (2 after position 0) for a pair; shorter prompts give NaN for
@@ -17,7 +17,7 @@ that prompt (documented, not an error) and are left out of the across-prompt mea
 then says how many prompts it holds.
 
 Use :func:`anisotropy_profile` in a notebook, or :func:`anisotropy_from_collected` to derive it from
-the same :func:`thermo_lens.hooks.collect` pass as the gain (``collect(..., [residual_norms,
+the same :func:`thermo_lens.passes.collect` pass as the gain (``collect(..., [residual_norms,
 anisotropy])``).
 """
 
@@ -33,8 +33,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from thermo_lens.hooks import Collected, anisotropy, collect
-from thermo_lens.model import as_view
+from thermo_lens.passes import Collected, Recorder, collect
+from thermo_lens.tokens import TokenBatch
+from thermo_lens.model import ModelView, as_view
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.paired import PairedMixin
 from thermo_lens.provenance import Provenance, ProvenanceFields
@@ -53,6 +54,31 @@ register_metric(Metric(
     "anisotropy", symbol="a_l", formula=DEFINITION, shape="prompt state", result="AnisotropyResult",
     section="gain", paper="D'Elia (2026), appendix C", unit="cosine similarity", attr="values",
     row="anisotropy_last"))
+
+
+def anisotropy(view: ModelView, rec: Recorder) -> None:
+    """Per prompt and residual state, the mean pairwise cosine similarity of token states.
+
+    Position 0 (the BOS / first token, whose norm and direction dominate) and padding are
+    excluded. With unit vectors ``u_t`` over the ``m`` remaining tokens,
+    ``mean_{i != j} u_i . u_j = (||sum_t u_t||^2 - m) / (m (m - 1))``: O(pos * d_model) per
+    prompt, no ``pos x pos`` matrix. Records ``("anisotropy", l)``: ``[batch]`` float32, NaN when
+    fewer than two tokens remain.
+    """
+    for l, name in enumerate(view.resid_hook_names):
+        def fn(x: Tensor, batch: TokenBatch) -> Tensor:
+            xf = x if x.dtype == torch.float32 else x.float()
+            mask = rec.mask(x.device).clone()
+            mask[:, 0] = False
+            m = mask.sum(dim=1).float()
+            u = xf / torch.linalg.vector_norm(xf, dim=-1, keepdim=True).clamp_min(1e-30)
+            # Zero the excluded rows in place (one temporary, not two); the sum over positions
+            # runs in position order, so a prompt's value does not depend on its batch's padding.
+            s = u.masked_fill_(~mask[..., None], 0.0).sum(dim=1)
+            val = (s.pow(2).sum(-1) - m) / (m * (m - 1))
+            return val.masked_fill(m < 2, float("nan"))
+        rec.add(name, ("anisotropy", l), fn)
+
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -134,11 +160,11 @@ class AnisotropyResult(PairedMixin, ProvenanceFields, Result):
 
 
 def anisotropy_from_collected(collected: Any, *, level: float | int = 0.95) -> AnisotropyResult:
-    """The :class:`AnisotropyResult` of a :func:`~thermo_lens.hooks.collect` pass that included the
-    :func:`~thermo_lens.hooks.anisotropy` reduction. Pure: no forward pass."""
+    """The :class:`AnisotropyResult` of a :func:`~thermo_lens.passes.collect` pass that included the
+    :func:`~thermo_lens.anisotropy.anisotropy` reduction. Pure: no forward pass."""
     if not isinstance(collected, Collected):
         raise ThermoLensInputError(
-            f"anisotropy_from_collected expects a thermo_lens.hooks.Collected, got "
+            f"anisotropy_from_collected expects a thermo_lens.passes.Collected, got "
             f"{type(collected).__name__}; use anisotropy_profile(model, prompts) to run the model"
         )
     try:

@@ -47,8 +47,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from thermo_lens.hooks import Collected, Recorder, collect
-from thermo_lens.model import ModelView, TokenBatch, as_view
+from thermo_lens.passes import Collected, Recorder, collect
+from thermo_lens.model import ModelView, as_view
+from thermo_lens.tokens import TokenBatch
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.paired import PairedMixin
 from thermo_lens.provenance import Provenance, ProvenanceFields
@@ -101,7 +102,7 @@ def _scope_mask(batch: TokenBatch, token_scope: str, device: torch.device) -> Te
 
 
 def attribution_terms(token_scope: str = "all_but_first"):
-    """Reduction (for :func:`thermo_lens.hooks.collect`) recording the scoped means, per block
+    """Reduction (for :func:`thermo_lens.passes.collect`) recording the scoped means, per block
     ``l``: ``("attr_head", l)`` ``[batch, head]``, ``("attr_mlp", l)``, ``("attr_bias", l)``,
     ``("attr_total", l)``, ``("attr_closure", l)`` and ``("attr_scale", l)`` (the scoped mean of
     ``||x_out||^2 + ||x_in||^2``, the size the closure is compared with), each ``[batch]`` float64."""
@@ -299,7 +300,7 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
 
 
 def attribution_from_collected(collected: Collected, token_scope: str = "all_but_first") -> GainAttribution:
-    """The :class:`GainAttribution` of a :func:`~thermo_lens.hooks.collect` pass that ran
+    """The :class:`GainAttribution` of a :func:`~thermo_lens.passes.collect` pass that ran
     :func:`attribution_terms` (pure; checks that every block closes)."""
     _check_scope(token_scope)
     if "attr_head" not in collected.recorder.names:

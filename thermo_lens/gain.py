@@ -63,7 +63,7 @@ Definitions (D'Elia 2026, "Thermodynamic Constraints in Transformer Architecture
 The paper's own definitions are reachable by name: :data:`PAPER_METRICS` and :func:`paper_metric`.
 
 Use :func:`residual_gain` in a notebook; :func:`gain_from_collected` derives the same result from
-an existing one-pass :func:`thermo_lens.hooks.collect` (what ``profile()`` does).
+an existing one-pass :func:`thermo_lens.passes.collect` (what ``profile()`` does).
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from thermo_lens.hooks import Collected, collect, residual_norms
+from thermo_lens.passes import Collected, Recorder, collect
+from thermo_lens.tokens import TOKEN_SCOPES, TokenBatch
 from thermo_lens.errors import ThermoLensNumericsError
 from thermo_lens.model import ModelView, as_view
 from thermo_lens.errors import ThermoLensInputError
@@ -98,18 +99,6 @@ __all__ = [
     "collect_for_scope",
 ]
 
-#: Token scope name -> its definition (recorded in every result).
-TOKEN_SCOPES: dict[str, str] = {
-    "last": "last real token of each prompt (padding-aware): ||x_b[t_last]|| / ||x_a[t_last]||",
-    "all_but_first": (
-        "mean over real tokens t = 1..n-1 (position 0 excluded) of the per-token ratios "
-        "||x_b[t]|| / ||x_a[t]|| (mean of ratios, not ratio of mean norms)"
-    ),
-    "all": "mean over all real tokens t = 0..n-1 of the per-token ratios ||x_b[t]|| / ||x_a[t]||",
-    "frobenius": (
-        "ratio of Frobenius norms over all real tokens: ||X_b||_F / ||X_a||_F, X = x[0..n-1] [n, d_model]"
-    ),
-}
 
 register_metric(Metric(
     "block_gain", symbol="G_l", formula="G_l = ||x_l|| / ||x_{l-1}||, l = 1..L, per prompt, reduced over tokens by "
@@ -144,12 +133,48 @@ _POST_LN_NOTE = (
 )
 
 
+# ---------------------------------------------------------------------------- in-pass reduction
+def _norms32(x: Tensor) -> Tensor:
+    """Per-token L2 norms over d_model as float32. ``vector_norm(dtype=float32)`` reduces in float32
+    without a full float32 copy; a float64 model reduces in float64 (vector_norm refuses to
+    narrow) and is stored as float32."""
+    if x.dtype == torch.float64:
+        return torch.linalg.vector_norm(x, dim=-1).float()
+    return torch.linalg.vector_norm(x, dim=-1, dtype=torch.float32)
+
+
+def residual_norms(view: ModelView, rec: Recorder) -> None:
+    """Per-token L2 norms of every residual state ``x_0 .. x_L``, in float32.
+
+    Records ``("resid_norm", l)`` for ``l = 0..L``: ``[batch, pos]`` with NaN on padding, and
+    marks a hook in ``rec.nonfinite`` when a real token's norm is NaN/inf; and
+    ``("block_in_norm", l)`` for ``l = 0..L-1``, the norms of block ``l``'s input
+    ``blocks.{l}.hook_resid_pre`` (equal to ``x_l`` unless a user hook changes it there).
+    """
+    for l, name in enumerate(view.resid_hook_names):
+        def fn(x: Tensor, batch: TokenBatch, _name: str = name) -> Tensor:
+            norms = _norms32(x)
+            mask = rec.mask(norms.device)
+            if not (torch.isfinite(norms) | ~mask).all():  # a real token's norm is NaN/inf
+                rec.nonfinite.append(_name)
+            return norms.masked_fill(~mask, float("nan"))
+        rec.add(name, ("resid_norm", l), fn)
+    # The input of block l as the block reads it (after any user hook at blocks.{l}.hook_resid_pre,
+    # e.g. a patch): block l's gain is ||resid_post_l|| / ||resid_pre_l||. Records
+    # ("block_in_norm", l) for l = 0..L-1, [batch, pos] float32 with NaN on padding.
+    for l in range(view.n_layers):
+        def fn_in(x: Tensor, batch: TokenBatch) -> Tensor:
+            norms = _norms32(x)
+            return norms.masked_fill(~rec.mask(norms.device), float("nan"))
+        rec.add(f"blocks.{l}.hook_resid_pre", ("block_in_norm", l), fn_in)
+
+
 # ---------------------------------------------------------------------------- checks
 def _check_scope(token_scope: Any) -> str:
     if token_scope not in TOKEN_SCOPES:
         raise ThermoLensInputError(
             f"unknown token_scope {token_scope!r}; choose one of {', '.join(map(repr, TOKEN_SCOPES))} "
-            f"(see thermo_lens.gain.TOKEN_SCOPES for their definitions)"
+            f"(see thermo_lens.tokens.TOKEN_SCOPES for their definitions)"
         )
     return token_scope
 
@@ -474,9 +499,9 @@ def gain_from_collected(
     regime_by: str = DEFAULT_REGIME_BY,
     level: float | int = 0.95,
 ) -> GainResult:
-    """The :class:`GainResult` of a pass already made by :func:`thermo_lens.hooks.collect`.
+    """The :class:`GainResult` of a pass already made by :func:`thermo_lens.passes.collect`.
 
-    Pure: no forward pass. ``collected`` must include the :func:`~thermo_lens.hooks.residual_norms`
+    Pure: no forward pass. ``collected`` must include the :func:`~thermo_lens.gain.residual_norms`
     reduction. Use it to derive every token scope, and the other metrics, from one pass.
 
     Raises:
@@ -491,7 +516,7 @@ def gain_from_collected(
     level = _check_level(level)
     if not isinstance(collected, Collected):
         raise ThermoLensInputError(
-            f"gain_from_collected expects a thermo_lens.hooks.Collected, got {type(collected).__name__}; "
+            f"gain_from_collected expects a thermo_lens.passes.Collected, got {type(collected).__name__}; "
             "use residual_gain(model, prompts) to run the model"
         )
     try:
@@ -629,7 +654,7 @@ def residual_gain(
         ThermoLensInputError: empty prompt list, empty or non-string prompt, a prompt longer than
             the context (with ``truncate=False``), unknown ``token_scope``/``regime_by``/option,
             or a 1-token prompt with ``token_scope="all_but_first"``.
-        thermo_lens.hooks.ThermoLensNumericsError: NaN/inf in a residual state (names the layer).
+        thermo_lens.errors.ThermoLensNumericsError: NaN/inf in a residual state (names the layer).
         thermo_lens.interventions.ThermoLensHookError: one of your hooks failed (names it).
 
     Example::

@@ -26,7 +26,9 @@ from thermo_lens import registry
 from thermo_lens.attribution import GainAttribution
 from thermo_lens.depth import LStarResult, l_star_from_traces
 from thermo_lens.gain import DEFAULT_REGIME_BY, GainResult, collect_for_scope, gain_from_collected
-from thermo_lens.hooks import anisotropy, attention_diagonal, residual_norms
+from thermo_lens.anisotropy import anisotropy
+from thermo_lens.sheaf.traces import attention_diagonal
+from thermo_lens.gain import residual_norms
 from thermo_lens.model import as_view
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.result import Result
@@ -211,7 +213,7 @@ def profile(
     validate.token_scope(token_scope)
     view = as_view(model)
     settings = RunSettings.resolve(settings, **run)
-    ps = as_prompts(prompts, tokenizer=view.tokenizer)
+    ps = as_prompts(prompts, tokenizer=view.tokenizer, vocab_size=view.d_vocab)
     attr_scope = "all" if token_scope == "frobenius" else token_scope
     with_attr = bool(attribution) and not view.post_ln
     reductions = [residual_norms, anisotropy, attention_diagonal]

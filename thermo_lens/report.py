@@ -406,7 +406,9 @@ def _l_star_table(lstars: dict[str, Any]) -> str:
 
 
 def _definitions_html() -> str:
-    from thermo_lens import definitions, depth, gain, sheaf
+    from thermo_lens import definitions, depth, sheaf
+    from thermo_lens.paper.metrics import PAPER_METRICS
+    from thermo_lens.tokens import TOKEN_SCOPES
     from thermo_lens.views._common import POST_LN_NOTE
     from thermo_lens.views.laws import PAPER_DEFINITION_NOTE
 
@@ -423,7 +425,7 @@ def _definitions_html() -> str:
         ("Hooks", "user hooks of a run (ablation, patching, SAE) are recorded with each result: hook point, "
                   "function, and the source of inserted activations."),
     ]
-    items += [(f"token scope '{k}'", v) for k, v in gain.TOKEN_SCOPES.items()]
+    items += [(f"token scope '{k}'", v) for k, v in TOKEN_SCOPES.items()]
     items += [
         ("Across prompts", "mean; SD with ddof=1 (the paper's files store ddof=0); SE = SD / sqrt(n); 95% "
                            "Student-t CI. Regime: expander if the CI of the deciding summary lies above 1, "
@@ -446,7 +448,7 @@ def _definitions_html() -> str:
                                 "and vs rho with Pearson and Spearman p-values.")]
     items += [(f"paper metric {k}", f"{m.reference_measurement} = thermo-lens {m.summary} with token_scope="
                                     f"{m.token_scope!r}, prepend_bos={m.prepend_bos!r}. Paper: {m.paper_definition}. "
-                                    f"{m.note}") for k, m in gain.PAPER_METRICS.items()]
+                                    f"{m.note}") for k, m in PAPER_METRICS.items()]
     items += [("Reference overlay", PAPER_DEFINITION_NOTE.format(
         measurement="(per metric)", definition="see the paper metrics above", scope="last token",
         dtypes="fp16 (some files bf16/fp32)"))]

@@ -11,7 +11,7 @@ Batching order (why ``sort_by_length`` defaults to ``None``): without user hooks
 batched by token length (less padding; results come back in the caller's order). With user hooks
 (``fwd_hooks``), batches keep the caller's prompt order, so a hook written for
 ``model.run_with_hooks`` on the same prompt list sees the same rows whenever the prompts fit one
-batch; across batches a hook reads ``hook.ctx["batch"]`` (:class:`thermo_lens.interventions.BatchInfo`).
+batch; across batches a hook reads ``hook.ctx["batch"]`` (:class:`thermo_lens.tokens.BatchInfo`).
 """
 
 from __future__ import annotations
@@ -20,28 +20,19 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from thermo_lens import validate
 from thermo_lens.errors import ThermoLensInputError
 
-__all__ = ["RunSettings", "BOS_MODES", "TOKENS_GIVEN"]
-
-#: Accepted ``prepend_bos`` values (the meaning is in :meth:`thermo_lens.ModelView.encode`).
-BOS_MODES = ("host", True, False, "tokenizer")
-
-#: The ``prepend_bos`` recorded when the caller passed token ids: they are used exactly as given.
-TOKENS_GIVEN = "tokens_as_given"
+__all__ = ["RunSettings"]
 
 Hook = tuple[Any, Callable]
 
 
 def _check_bos(v: Any) -> Any:
-    from thermo_lens import validate
-
     return validate.prepend_bos(v)
 
 
 def _check_hooks(hooks: Any) -> tuple[Hook, ...]:
-    from thermo_lens import validate
-
     return tuple(validate.fwd_hooks(hooks))
 
 
@@ -73,8 +64,6 @@ class RunSettings:
     sort_by_length: Any = None
 
     def __post_init__(self) -> None:
-        from thermo_lens import validate
-
         _check_bos(self.prepend_bos)
         validate.positive_int("batch_size", self.batch_size)
         validate.boolean("truncate", self.truncate)

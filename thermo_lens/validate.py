@@ -22,6 +22,7 @@ import re
 from typing import Any, Callable, Sequence
 
 from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.tokens import TOKEN_SCOPES
 
 __all__ = [
     "EXCERPT",
@@ -43,12 +44,10 @@ __all__ = [
     "slug",
     "file_id",
     "RESERVED_IDS",
-    "TOKEN_SCOPES",
     "DTYPES",
 ]
 
 EXCERPT = 80
-TOKEN_SCOPES = ("last", "all_but_first", "all", "frobenius")
 # float64 works end to end: reductions run in float64 and are stored as float32 like the others.
 DTYPES = ("float32", "float16", "bfloat16", "float64", "auto")
 # Names a model id may not take: they are files of the output folder (case-insensitively, with

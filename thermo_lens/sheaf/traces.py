@@ -11,7 +11,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from thermo_lens.hooks import Collected, attention_diagonal, collect
+from thermo_lens.passes import Collected, Recorder, collect
+from thermo_lens.tokens import TokenBatch
 from thermo_lens.model import ModelView, as_view, kv_head_map
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.registry import Metric, register_metric
@@ -43,6 +44,39 @@ for _name, _symbol, _formula, _shape, _unit in (
                            summary_table=_name == "trace"))
 
 _TOKEN_SCOPE = "all real tokens (every query position 0..n-1 of each prompt; padding excluded)"
+
+
+def attention_diagonal(view: ModelView, rec: Recorder) -> None:
+    """Per layer, the attention pattern's diagonal ``A_ii`` and each head's total mass.
+
+    The sheaf Laplacian trace needs only ``sum_i (1 - A_ii)`` per head (``thermo_lens.definitions`` §3),
+    so the ``pos x pos`` pattern is reduced to its diagonal inside the hook. Records
+    ``("attn_diag", l)``: ``[batch, head, pos]`` float32 (NaN on padded query positions) and
+    ``("attn_mass", l)``: ``[batch, head]``, ``sum_{i,j real} A_ij`` (equals the number of real
+    tokens for softmax attention: the reason the paper's printed trace formula is zero).
+    """
+    for l in range(view.n_layers):
+        name = view.pattern_hook_name(l)
+
+        def diag(a: Tensor, batch: TokenBatch, _name: str = name) -> Tensor:
+            d = torch.diagonal(a, dim1=-2, dim2=-1).float()  # [batch, head, pos]
+            mask = rec.mask(a.device)
+            if not (torch.isfinite(d) | ~mask[:, None, :]).all():  # a real query's A_ii is NaN/inf
+                rec.nonfinite.append(_name)
+            return d.masked_fill(~mask[:, None, :], float("nan"))
+
+        def mass(a: Tensor, batch: TokenBatch) -> Tensor:
+            mask = rec.mask(a.device).to(a.dtype)
+            if a.dtype in (torch.float32, torch.float64):
+                # sum_i m_i sum_j A_ij m_j: a matrix-vector product per head, no [pos, pos] mask.
+                rows = torch.matmul(a, mask[:, None, :, None]).squeeze(-1)  # [batch, head, pos]
+                return (rows * mask[:, None, :]).sum(dim=-1, dtype=torch.float32)
+            # half precision: mask and reduce in float32 (a product would round each row sum)
+            pair = mask[:, None, :, None] * mask[:, None, None, :]
+            return (a * pair).sum(dim=(-1, -2), dtype=torch.float32)
+
+        rec.add(name, ("attn_diag", l), diag)
+        rec.add(name, ("attn_mass", l), mass)
 
 
 @dataclass(frozen=True, eq=False)
@@ -177,8 +211,8 @@ def traces_from_collected(
     """Pure part of :func:`sheaf_traces`: the traces from a pass that ran ``attention_diagonal``.
 
     Args:
-        collected: from :func:`thermo_lens.hooks.collect` with
-            :func:`thermo_lens.hooks.attention_diagonal` among its reductions (a profile runs one
+        collected: from :func:`thermo_lens.passes.collect` with
+            :func:`thermo_lens.sheaf.traces.attention_diagonal` among its reductions (a profile runs one
             pass with every reduction and derives every metric from it).
         formula: ``"off_diagonal_mass"`` (default) or ``"paper_printed"`` (warns; see
             :func:`sheaf_traces`).
@@ -193,7 +227,7 @@ def _traces(collected: Collected, formula: str, W_V: Tensor | None) -> SheafTrac
     if not {"attn_diag", "attn_mass"} <= collected.recorder.names:
         raise ThermoLensInputError(
             "this collection has no attention diagonal; run collect(...) with "
-            "thermo_lens.hooks.attention_diagonal among the reductions"
+            "thermo_lens.sheaf.traces.attention_diagonal among the reductions"
         )
     mass = collected.stack("attn_mass").double()  # [L, P, H]
     n = collected.lengths.to(torch.float64)

@@ -169,14 +169,14 @@ def head_ablation_gain(model: Any, prompts: Any, layer: int, *, token_scope: str
         block's gain), with the definition columns ``layer, token_scope, prepend_bos, hooks``.
     """
     from thermo_lens.gain import collect_for_scope, gain_from_collected
-    from thermo_lens.hooks import residual_norms
-    from thermo_lens.inputs import Prompts, as_prompts
+    from thermo_lens.gain import residual_norms
+    from thermo_lens.inputs import PromptList, as_prompts
     from thermo_lens.model import as_view
     from thermo_lens.settings import RunSettings
 
     view = as_view(model)
     settings = RunSettings.resolve(settings, **run)
-    ps = as_prompts(prompts, tokenizer=view.tokenizer)
+    ps = as_prompts(prompts, tokenizer=view.tokenizer, vocab_size=view.d_vocab)
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not -view.n_layers <= layer < view.n_layers:
         raise ThermoLensViewError(f"layer must be an int in 0..{view.n_layers - 1} (negative from the end), got {layer!r}")
     layer = int(layer) % view.n_layers
@@ -193,7 +193,7 @@ def head_ablation_gain(model: Any, prompts: Any, layer: int, *, token_scope: str
     hooks_text = "none (clean run)"
     for start in range(0, len(copies), per_pass):
         chunk = copies[start:start + per_pass]
-        rep = Prompts(texts=ps.texts * len(chunk), categories=ps.categories * len(chunk), name=ps.name,
+        rep = PromptList(texts=ps.texts * len(chunk), categories=ps.categories * len(chunk), name=ps.name,
                       token_ids=None if ps.token_ids is None else ps.token_ids * len(chunk))
         run_settings = RunSettings.resolve(settings, batch_size=P * len(chunk), progress=False, sort_by_length=False)
         got = collect_for_scope(view, rep, [residual_norms], token_scope, run_settings,
@@ -215,7 +215,9 @@ def head_ablation_gain(model: Any, prompts: Any, layer: int, *, token_scope: str
 
 
 def _display_tokens(view: Any, prompt: str, prepend_bos: Any, n: int) -> list[str]:
-    ids = view.encode(prompt, prepend_bos)[:n]
+    from thermo_lens.tokens import encode
+
+    ids = encode(view, prompt, prepend_bos)[:n]
     tok = view.tokenizer
     return [tok.decode([i]) for i in ids]
 
