@@ -52,8 +52,6 @@ LAYERS: dict[str, int] = {
 # Known upward imports still being removed (issue 20). Must only shrink: a new entry is a defect.
 KNOWN_UPWARD: set[tuple[str, str]] = {
     ("thermo_lens.depth", "thermo_lens.paper.lstar"),
-    ("thermo_lens.gain", "thermo_lens.paper"),
-    ("thermo_lens.gain", "thermo_lens.paper.metrics"),
     ("thermo_lens.sae", "thermo_lens.views.sae"),
     ("thermo_lens.report", "thermo_lens.lab"),
     ("thermo_lens.report", "thermo_lens.lab.views"),
@@ -61,7 +59,6 @@ KNOWN_UPWARD: set[tuple[str, str]] = {
 }
 # Known cycles still being removed (issue 20); must only shrink.
 KNOWN_CYCLES: list[list[str]] = [
-    ["thermo_lens.gain", "thermo_lens.paper.metrics"],
     ["thermo_lens.sae", "thermo_lens.views.sae"],
 ]
 
@@ -209,3 +206,17 @@ def test_every_public_exception_subclasses_thermo_lens_error():
     plain = [e.__qualname__ for e in excs if issubclass(e, ThermoLensError) and e is not ThermoLensError
              and not issubclass(e, (ValueError, TypeError, RuntimeError, ArithmeticError, OSError))]
     assert not plain, f"exceptions without a matching built-in base: {plain}"
+
+
+def test_pre_release_aliases_are_gone():
+    # 0.1.0 had no users to keep old paths for: one name per thing.
+    import importlib
+
+    import thermo_lens.gain
+
+    for name in ("paper_metric", "PAPER_METRICS", "PaperMetric", "TOKEN_SCOPES", "collect_for_scope"):
+        assert not hasattr(thermo_lens.gain, name) or name == "TOKEN_SCOPES" and "TOKEN_SCOPES" not in thermo_lens.gain.__all__
+    with pytest.raises(ImportError):
+        importlib.import_module("thermo_lens.reference")
+    with pytest.raises(ImportError):
+        importlib.import_module("thermo_lens.hooks")

@@ -128,7 +128,7 @@ def test_scope_and_frames(bridge):
     torch.testing.assert_close(torch.tensor(lf["total"].to_numpy()).view_as(a.total), a.total)
     top = a.top_heads(3)
     assert len(top) == 3 and top["head_term"].is_monotonic_decreasing
-    back = tl.GainAttribution.from_json(a.to_json())
+    back = tl.attribution.GainAttribution.from_json(a.to_json())
     assert torch.equal(back.head, a.head) and back.provenance.prompts == a.prompts
     assert "GainAttribution" in repr(a) and "exact" in repr(a)
     prof = tl.profile(model, PROMPTS)

@@ -20,16 +20,15 @@ from hypothesis import strategies as st
 
 from conftest import ARCHS
 from thermo_lens.gain import (
-    PAPER_METRICS,
     SUMMARIES,
-    TOKEN_SCOPES,
     GainResult,
     gain_from_collected,
-    paper_metric,
     regime_from_summary,
     residual_gain,
     scope_ratio,
 )
+from thermo_lens.paper.metrics import PAPER_METRICS, paper_metric
+from thermo_lens.tokens import TOKEN_SCOPES
 from thermo_lens.passes import collect
 from thermo_lens.gain import residual_norms
 from thermo_lens.errors import ThermoLensNumericsError

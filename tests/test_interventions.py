@@ -22,7 +22,7 @@ import thermo_lens as tl
 from thermo_lens import ModelView
 from thermo_lens.tokens import BatchInfo
 from thermo_lens.errors import ThermoLensHookError
-from thermo_lens.views import head_ablation_gain
+from thermo_lens.ablation import head_ablation
 from thermo_lens.tokens import tokenize, encode
 
 WORDS = ("the cat sat on a mat while water froze and early birds caught worms near the capital of "
@@ -78,8 +78,8 @@ def _entry_points(model, prompts, hooks, batch_size):
     out["profile.sheaf"] = prof.sheaf.trace
     out["profile.attribution"] = prof.attribution.head
     out["profile.anisotropy"] = prof.anisotropy.values
-    abl = head_ablation_gain(model, prompts, 1, heads=[0, 2], fwd_hooks=hooks)
-    out["head_ablation_gain"] = torch.tensor(abl["block_gain"].to_numpy())[None]
+    abl = head_ablation(model, prompts, 1, heads=[0, 2], fwd_hooks=hooks)
+    out["head_ablation"] = abl.block_gain  # [prompt, head], per prompt
     return out
 
 
@@ -102,10 +102,7 @@ def test_every_entry_point_batched_equals_one_prompt_at_a_time(bridge, arch, see
     batched = _entry_points(model, corrupted, hooks_for(range(P)), batch_size)
     single = [_entry_points(model, [corrupted[i]], hooks_for([i]), 1) for i in range(P)]
     for name, got in batched.items():
-        if name == "head_ablation_gain":  # a mean over prompts: compare with the mean of singles
-            want = torch.stack([s[name] for s in single]).mean(0)
-        else:
-            want = torch.cat([s[name] for s in single])
+        want = torch.cat([s[name] for s in single])
         w = min(got.shape[-1], want.shape[-1]) if got.ndim == 3 and name == "anisotropy_profile" else None
         torch.testing.assert_close(got.double(), want.double(), rtol=2e-4, atol=1e-6, equal_nan=True,
                                    msg=lambda m, name=name, w=w: f"{name}: {m}")
@@ -286,7 +283,7 @@ def test_results_stored_before_provenance_still_load(bridge):
     fields.update(prompts=prov["prompts"], lengths=prov["lengths"], truncated=prov["truncated"],
                   prepend_bos=prov["prepend_bos"], model=model, dtype="float32", weights="raw", post_ln=False)
     fields.pop("norms_in")
-    old = tl.GainResult.from_json(__import__("json").dumps(data))
+    old = tl.gain.GainResult.from_json(__import__("json").dumps(data))
     assert old.prompts == g.prompts and torch.equal(old.lengths, g.lengths) and old.hooks == ()
     torch.testing.assert_close(old.block_gain, g.block_gain)
 

@@ -139,17 +139,6 @@ def test_l_star_baselines_on_the_papers_validation_models():
     assert round(100 * np.mean(abs(pred - e) / e), 1) == 28.8 == round(100 * f["lstar_eq6_ape"], 1)
 
 
-def test_old_import_paths_keep_working():
-    import thermo_lens.depth
-    import thermo_lens.gain
-    import thermo_lens.reference
-
-    assert thermo_lens.reference is paper.reference
-    assert thermo_lens.gain.paper_metric is paper.paper_metric is tl.paper_metric
-    assert thermo_lens.gain.PAPER_METRICS is paper.PAPER_METRICS
-    assert thermo_lens.depth.predicted_l_star is paper.predicted_l_star is tl.predicted_l_star
-    assert paper.prompts.for_experiment("lab_survey").name == "high_rho_hunt_5"
-
 
 def test_paper_metric_defaults_to_the_papers_prompts(bridge):
     model = bridge("neox")

@@ -13,7 +13,8 @@ import pytest
 import torch
 from scipy import stats
 
-from thermo_lens import laws, reference, views
+from thermo_lens import laws, views
+from thermo_lens.paper import reference
 from thermo_lens.anisotropy import anisotropy_from_collected
 from thermo_lens.depth import l_star_from_traces
 from thermo_lens.gain import gain_from_collected
@@ -360,7 +361,7 @@ def test_attention_panel_offline_and_equal_to_model_activations(bridge):
     for h in range(view.n_heads):
         assert mt.loc[h, "delta_block_gain"] == pytest.approx(block_gain(h) - base, abs=1e-5)
     for name in ("delta_block_gain", "sheaf_trace", "W_V_norm"):
-        assert views.PANEL_DEFINITIONS[name] in panel.html.replace("&#x27;", "'")
+        assert views.panels.panel_definitions()[name] in panel.html.replace("&#x27;", "'")
     assert "BOS prepended" in panel.html
 
 

@@ -36,7 +36,7 @@ __all__ = ["Prompts", "PromptList", "as_prompts"]
 #: What every entry point accepts as prompts: a string, a built-in set name, a list of strings,
 #: ``{category: [strings]}``, a :class:`~thermo_lens.prompts.PromptSet`, a ``[batch, pos]`` token
 #: tensor, or a mapping with ``input_ids`` and ``attention_mask`` / ``lengths``.
-Prompts: TypeAlias = Union[str, Sequence[str], Mapping[str, Sequence[str]], "PromptSet", Tensor, Mapping[str, Any]]
+Prompts: TypeAlias = Union[str, Sequence[str], Mapping[str, Sequence[str]], "PromptSet", Tensor, Mapping[str, Any], "PromptList"]
 
 
 @dataclass(frozen=True)

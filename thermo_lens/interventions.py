@@ -28,6 +28,7 @@ from torch import Tensor
 from thermo_lens.model import as_view
 from thermo_lens.tokens import token_batch
 from thermo_lens.errors import ThermoLensHookError, ThermoLensInputError
+from thermo_lens.validate import validates_own_inputs
 
 __all__ = ["Patch", "patch_from"]
 
@@ -126,6 +127,7 @@ class Patch:
         return patch
 
 
+@validates_own_inputs
 def patch_from(
     model: Any,
     clean_prompts: Any,

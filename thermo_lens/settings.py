@@ -18,14 +18,34 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence, TypedDict
 
 from thermo_lens import validate
 from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.tokens import BosMode
 
-__all__ = ["RunSettings"]
+__all__ = ["RunSettings", "RunOptions", "HookFn", "NamesFilter", "FwdHooks"]
 
-Hook = tuple[Any, Callable]
+#: A forward hook, as TransformerLens calls it: ``fn(activation, hook)`` returning None (edited
+#: in place) or a tensor of the activation's shape.
+HookFn = Callable[..., Any]
+#: A hook point given by name (``"blocks.0.attn.hook_z"``) or by a filter ``name -> bool``.
+NamesFilter = str | Callable[[str], bool]
+#: What ``fwd_hooks`` takes: ``(hook point, fn)`` pairs, as ``model.run_with_hooks`` does.
+FwdHooks = Sequence[tuple[NamesFilter, HookFn]]
+Hook = tuple[NamesFilter, HookFn]
+
+
+class RunOptions(TypedDict, total=False):
+    """The run options every entry point takes as keywords (``**run``), for editors and type
+    checkers; the meaning and defaults are :class:`RunSettings`'s."""
+
+    prepend_bos: BosMode
+    batch_size: int
+    truncate: bool
+    fwd_hooks: FwdHooks
+    progress: bool | None
+    sort_by_length: bool | None
 
 
 def _check_bos(v: Any) -> Any:
@@ -36,6 +56,7 @@ def _check_hooks(hooks: Any) -> tuple[Hook, ...]:
     return tuple(validate.fwd_hooks(hooks))
 
 
+@validate.validates_own_inputs
 @dataclass(frozen=True)
 class RunSettings:
     """How prompts are tokenized, batched and run (not what is measured).
@@ -56,12 +77,12 @@ class RunSettings:
             with user hooks is refused (the hooks would see reordered rows).
     """
 
-    prepend_bos: Any = "host"
-    batch_size: Any = 8  # validated in __post_init__ (clear message)
-    truncate: Any = False
-    fwd_hooks: Any = ()  # any iterable of (name, fn) pairs; stored as a tuple of pairs
-    progress: Any = None
-    sort_by_length: Any = None
+    prepend_bos: BosMode = "host"
+    batch_size: int = 8  # every field is validated in __post_init__ (clear message)
+    truncate: bool = False
+    fwd_hooks: FwdHooks = ()  # any iterable of (name, fn) pairs; stored as a tuple of pairs
+    progress: bool | None = None
+    sort_by_length: bool | None = None
 
     def __post_init__(self) -> None:
         _check_bos(self.prepend_bos)

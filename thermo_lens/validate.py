@@ -19,12 +19,13 @@ import math
 import numbers
 import os
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.tokens import TOKEN_SCOPES
 
 __all__ = [
+    "validates_own_inputs",
     "EXCERPT",
     "excerpt",
     "boolean",
@@ -46,6 +47,22 @@ __all__ = [
     "RESERVED_IDS",
     "DTYPES",
 ]
+
+_F = TypeVar("_F")
+
+
+def validates_own_inputs(obj: _F) -> _F:
+    """Mark a public entry point (function or class) that checks its own inputs with the
+    validators here, so that a bad value gets thermo-lens' specific message.
+
+    Its annotations (``Literal`` token scopes and BOS modes, :data:`thermo_lens.inputs.Prompts`,
+    :class:`thermo_lens.settings.RunOptions`) are for editors and type checkers; a runtime type
+    checker (jaxtyping's import hook with beartype, as the test suite installs) leaves the entry
+    point alone (``__no_type_check__``), so the tests exercise the messages users see.
+    """
+    obj.__no_type_check__ = True  # type: ignore[attr-defined]  # read by jaxtyping and typing tools
+    return obj
+
 
 EXCERPT = 80
 # float64 works end to end: reductions run in float64 and are stored as float32 like the others.

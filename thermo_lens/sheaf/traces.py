@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
@@ -11,15 +11,19 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from thermo_lens.passes import Collected, Recorder, collect
+from thermo_lens import measure
+from thermo_lens.inputs import Prompts
+from thermo_lens.settings import RunOptions, RunSettings
+from thermo_lens.passes import Collected, Recorder
 from thermo_lens.tokens import TokenBatch
 from thermo_lens.model import ModelView, as_view, kv_head_map
 from thermo_lens.errors import ThermoLensInputError
-from thermo_lens.registry import Metric, register_metric
+from thermo_lens.registry import BuildContext, Measurement, Metric, Option, register_measurement, register_metric
 from thermo_lens.paired import PairedMixin
 from thermo_lens.provenance import Provenance, ProvenanceFields, fold_legacy_fields
 from thermo_lens.result import Result
 from thermo_lens.sheaf.validation import _check_formula, _check_W_V
+from thermo_lens.validate import validates_own_inputs
 
 TRACE_DEFINITIONS = {
     "off_diagonal_mass": "Tr L = (n - sum_i A_ii) * ||W_V^h||_F^2  (sum over real tokens; "
@@ -41,6 +45,8 @@ for _name, _symbol, _formula, _shape, _unit in (
     register_metric(Metric(_name, symbol=_symbol, formula=_formula, shape=_shape, result="SheafTraces",
                            section="sheaf", paper="D'Elia (2026), sec. 5" if _name == "trace" else "",
                            unit=_unit, row="mean_trace" if _name == "trace" else None,
+                           # the mean over layers of the layer trace (sum over heads, mean over prompts)
+                           row_reduce=(lambda t: float(t.double().sum(-1).mean())) if _name == "trace" else None,
                            summary_table=_name == "trace"))
 
 _TOKEN_SCOPE = "all real tokens (every query position 0..n-1 of each prompt; padding excluded)"
@@ -251,13 +257,28 @@ def _traces(collected: Collected, formula: str, W_V: Tensor | None) -> SheafTrac
     )
 
 
+def _build(ctx: BuildContext, *, formula: str) -> SheafTraces:
+    return _traces(ctx.collected, formula, W_V=None)
+
+
+register_measurement(Measurement(
+    "sheaf", title="Sheaf Laplacian traces", result="SheafTraces", section="sheaf",
+    summary="the trace of each head's sheaf Laplacian (restriction maps sqrt(A_ij) W_V) on each prompt: the "
+            "off-diagonal attention mass times ||W_V||_F^2",
+    options={"formula": Option("off_diagonal_mass", lambda v: _check_formula(v, stacklevel=4),
+                               "'off_diagonal_mass' (the trace) or 'paper_printed' (the paper's eq. 4, identically 0)")},
+    reductions=lambda **options: [attention_diagonal], build=_build,
+))
+
+
+@validates_own_inputs
 def sheaf_traces(
     model: Any,
-    prompts: Any,
+    prompts: Prompts,
     *,
     formula: str = "off_diagonal_mass",
-    settings: Any = None,
-    **run: Any,
+    settings: RunSettings | None = None,
+    **run: Unpack[RunOptions],
 ) -> SheafTraces:
     """Sheaf Laplacian trace of every head, layer and prompt in one forward pass.
 
@@ -280,7 +301,5 @@ def sheaf_traces(
             ``batch_size``, ``truncate``, ``fwd_hooks`` (ablations, patching; run in the same
             pass first, in your prompt order, recorded in the result), ``progress``.
     """
-    formula = _check_formula(formula, stacklevel=3)  # fail (or warn) before any compute
-    view = as_view(model)
-    got = collect(view, prompts, [attention_diagonal], settings, **run)
-    return _traces(got, formula, W_V=None)
+    # The option's check fails (or warns, for "paper_printed") before any compute.
+    return measure.run(as_view(model), prompts, {"sheaf": {"formula": formula}}, settings=settings, **run).sheaf

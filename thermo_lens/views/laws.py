@@ -329,7 +329,7 @@ def reference_overlay(table: Any, metric: str = "A", *, x: str = "n_layers") -> 
         table: your models (DataFrame / ThermoProfiles / GainResults, one row per model) with the
             thermo-lens summary matching ``metric`` (``penultimate_gain`` for A, ``last_block_gain``
             for B) and the definition columns ``token_scope``, ``prepend_bos``, ``dtype``.
-        metric: the paper's gain definition (``thermo_lens.gain.PAPER_METRICS``): ``"A"`` (its
+        metric: the paper's gain definition (``thermo_lens.paper.PAPER_METRICS``): ``"A"`` (its
             NO_FINAL_LN penultimate-block gain, 23 models incl. the Pythia sweep and lab survey),
             ``"B"`` (true last block, hook-based, the abstract's values), ``"alltokens"``,
             ``"emb_to_block0"``.
@@ -342,7 +342,7 @@ def reference_overlay(table: Any, metric: str = "A", *, x: str = "n_layers") -> 
     "NOT like for like".
     """
     from thermo_lens.paper import reference
-    from thermo_lens.gain import PAPER_METRICS
+    from thermo_lens.paper.metrics import PAPER_METRICS
 
     if metric not in PAPER_METRICS:
         raise ThermoLensViewError(f"reference_overlay: unknown paper metric {metric!r}; choose one of "
