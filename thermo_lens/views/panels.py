@@ -254,6 +254,22 @@ def panel_from_results(tokens: Sequence[str], pattern: Any, metrics: pd.DataFram
                           pattern=pat, layer=layer, prompt=prompt, model=model, settings=settings)
 
 
+def _per_head_activation_metrics(view: Any, prompts: Any, layer: int, token_scope: str,
+                                  prepend_bos: Any) -> dict[str, np.ndarray]:
+    """``{column: [head] values}``: every registered ``[prompt, layer, head]`` metric marked ``panel``,
+    block ``layer``, mean over ``prompts``, from one pass over every measurement that produces one."""
+    from thermo_lens import measure, registry
+
+    wanted = [m for m in metrics() if m.panel and m.dims == ("prompt", "layer", "head")]
+    runs = [meas.name for meas in registry.measurements()
+            if meas.reductions is not None and meas.applies(view) is None and any(m.result == meas.result for m in wanted)]
+    if not runs:
+        return {}
+    res = measure.run(view, prompts, runs, token_scope=token_scope, prepend_bos=prepend_bos, progress=False)
+    return {m.frame_column: to_numpy(m.values(res)[:, layer].double().mean(0)) for m in wanted
+            if any(type(r).__name__ == m.result for r in res.results.values())}
+
+
 def attention_panel(model: Any, prompt: str, layer: int, *, head: int | Sequence[int] | None = None,
                     prepend_bos: Any = "host", gain_prompts: Any = None, token_scope: TokenScope = "all_but_first",
                     ablation: bool = True, attribution: bool = True, include_js: bool = True) -> AttentionPanel:
@@ -268,8 +284,10 @@ def attention_panel(model: Any, prompt: str, layer: int, *, head: int | Sequence
         gain_prompts: prompts for the ablation gain change (default ``[prompt]``).
         token_scope: token scope of the gain (``thermo_lens.tokens.TOKEN_SCOPES``).
         ablation: compute ``delta_block_gain`` (``n_heads + 1`` forward passes over ``gain_prompts``).
-        attribution: compute ``head_term`` (:func:`thermo_lens.gain_attribution` on ``gain_prompts``;
-            skipped for post-LN models).
+        attribution: compute the per-head activation metrics registered for panels
+            (``Metric.panel``, shape ``[prompt, layer, head]``: the attribution's ``head_term``, ...),
+            mean over ``gain_prompts``, from one pass (:func:`thermo_lens.run`); a measurement with no
+            exact definition on the model (the attribution of a post-LN model) is left out.
         include_js: embed the circuitsvis bundle (once per page is enough).
 
     Returns:
@@ -313,11 +331,9 @@ def attention_panel(model: Any, prompt: str, layer: int, *, head: int | Sequence
 
         abl = head_ablation(view, gp, layer, token_scope=token_scope, prepend_bos=prepend_bos)
         table.insert(1, "delta_block_gain", abl.to_frame()["delta_block_gain"].to_numpy())
-    if attribution and not view.post_ln:
-        from thermo_lens.attribution import gain_attribution
-
-        attr = gain_attribution(view, gp, token_scope=token_scope, prepend_bos=prepend_bos, progress=False)
-        table.insert(1, "head_term", to_numpy(attr.mean_head[layer]))  # the registered metric head_term
+    if attribution:
+        for name, values in _per_head_activation_metrics(view, gp, layer, token_scope, prepend_bos).items():
+            table.insert(1, name, values)
     table = table.iloc[shown].reset_index(drop=True)
     pattern = pattern[shown]
     meta = view.metadata()
