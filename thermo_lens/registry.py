@@ -59,9 +59,6 @@ _PROVIDERS = (
     "thermo_lens.ablation",
 )
 
-#: Results in data-flow order: the registry lists their metrics in this order.
-RESULT_ORDER = ("GainResult", "AnisotropyResult", "SpectralSignature", "SheafTraces", "LStarResult",
-                "GainAttribution", "HeadAblation", "AttentionPanel")
 
 #: Shapes a metric can have (dimension names as in the jaxtyping annotations).
 SHAPES = ("layer head", "layer kv_head", "layer", "prompt layer", "prompt state", "prompt",
@@ -232,8 +229,9 @@ def metrics(*, result: str | None = None, shape: str | None = None, computed: bo
         if (result is None or m.result == result) and (shape is None or m.shape == shape)
         and (computed is None or (m.compute is not None) == computed)
     ]
-    # A fixed order whatever the import order: by result (the data flow), then as registered.
-    order = {name: i for i, name in enumerate(RESULT_ORDER)}
+    # A fixed order whatever the import order: by the measurement that produces the result (the
+    # providers' order, i.e. the data flow), results of no measurement last; then as registered.
+    order = {m.result: i for i, m in enumerate(measurements(load=False))}
     return tuple(sorted(chosen, key=lambda m: order.get(m.result, len(order))))
 
 
