@@ -56,6 +56,7 @@ _PROVIDERS = (
     "thermo_lens.sheaf.traces",
     "thermo_lens.depth",
     "thermo_lens.attribution",
+    "thermo_lens.write_norm",
     "thermo_lens.ablation",
 )
 

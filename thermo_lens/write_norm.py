@@ -1,0 +1,165 @@
+"""Head write norms: how much each head writes into the residual stream.
+
+For block ``layer`` (0-based, ``blocks.{layer}``) and head ``h``, the head's output on token ``t``
+is ``z_h(t) W_O^h`` (``z_h`` its ``attn.hook_z`` row, ``W_O^h`` its ``[d_head, d_model]`` output
+matrix, before the shared output bias); its write norm on a prompt is the mean over the token
+scope's real tokens (:data:`thermo_lens.tokens.TERM_SCOPES`)::
+
+    write_norm[p, layer, h] = mean_t ||z_h(t) W_O^h||_2
+
+(``thermo_lens.definitions`` §1). Beside the gain attribution it separates *how much* a head
+writes from *how that write lines up with the stream* (the attribution's head term is
+``<z_h W_O^h, x_out + x_in>``, at most ``||z_h W_O^h|| ||x_out + x_in||`` in size).
+
+Computed inside the hook from the ``d_head x d_head`` Gram matrix ``G_h = W_O^h W_O^{hT}``:
+``||z_h W_O^h||^2 = z_h G_h z_h^T``, so no ``[token, head, d_model]`` tensor is formed
+(``d_model / d_head`` times less work than forming the outputs). Only the scoped real tokens are
+reduced. User hooks run first: an ablated head writes 0.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Unpack
+
+import numpy as np
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from thermo_lens import measure
+from thermo_lens._lazy import pandas as pd
+from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.inputs import Prompts
+from thermo_lens.model import ModelView, as_view
+from thermo_lens.passes import Collected, Recorder, Reduction
+from thermo_lens.provenance import Provenance, ProvenanceFields
+from thermo_lens.registry import BuildContext, Measurement, Metric, Option, register_measurement, register_metric
+from thermo_lens.result import Result
+from thermo_lens.settings import RunOptions, RunSettings
+from thermo_lens.tokens import TERM_SCOPES, TokenBatch, TokenScope, scope_mask
+from thermo_lens.validate import validates_own_inputs
+
+__all__ = ["HeadWriteNorms", "write_norms", "write_norm_terms"]
+
+DEFINITION = ("mean over the token scope's real tokens of ||z_h(t) W_O^h||_2, the norm of what head h of block "
+              "layer writes into the residual stream (before the output bias)")
+
+register_metric(Metric(
+    "write_norm", symbol="||z_h W_O^h||", formula=DEFINITION, shape="prompt layer head", result="HeadWriteNorms",
+    section="gain", unit="residual norm", row="mean_write_norm", panel=True))
+
+
+def _check_scope(token_scope: Any) -> str:
+    if token_scope not in TERM_SCOPES:
+        raise ThermoLensInputError(
+            f"write norms are means of per-token norms: token_scope must be one of "
+            f"{', '.join(map(repr, TERM_SCOPES))}, got {token_scope!r}")
+    return str(token_scope)
+
+
+@functools.lru_cache(maxsize=None)
+def write_norm_terms(token_scope: str = "all_but_first") -> Reduction:
+    """Reduction (for :func:`thermo_lens.passes.collect`): records ``("write_norm", l)``, the scoped
+    mean of ``||z_h W_O^h||`` per prompt and head, ``[batch, head]`` float64."""
+    _check_scope(token_scope)
+
+    def reduction(view: ModelView, rec: Recorder) -> None:
+        W_O = view.W_O()  # [layer, head, d_head, d_model] float32 (CPU)
+        gram = W_O @ W_O.mT  # [layer, head, d_head, d_head]: ||z W_O^h||^2 = z G_h z^T
+        H, dh = view.n_heads, view.d_head
+
+        def rows(batch: TokenBatch, dev: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+            B, T = batch.tokens.shape
+            flat = scope_mask(batch.lengths, T, token_scope, dev).reshape(B * T).nonzero().squeeze(1)
+            prompt_of = flat // T
+            n = torch.bincount(prompt_of, minlength=B).to(torch.float64).clamp_min(1.0)[:, None]
+            return flat, prompt_of, n
+
+        for l in range(view.n_layers):
+            def fn(z: Tensor, batch: TokenBatch, _l: int = l) -> Tensor:
+                dev = z.device
+                B, T = z.shape[0], z.shape[1]
+                flat, prompt_of, n = rec.per_batch(("write_norm_rows", str(dev)), functools.partial(rows, dev=dev))
+                zs = z.reshape(B * T, H, dh).index_select(0, flat).float()  # [n, head, d_head]
+                G = gram[_l].to(dev)  # [head, d_head, d_head]
+                sq = torch.einsum("nhd,hde,nhe->nh", zs, G, zs).clamp_min(0.0)
+                per_prompt = torch.zeros(B, H, dtype=torch.float64, device=dev).index_add_(0, prompt_of, sq.sqrt().double())
+                return per_prompt / n
+            rec.add(f"blocks.{l}.attn.hook_z", ("write_norm", l), fn)
+
+    return reduction
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class HeadWriteNorms(ProvenanceFields, Result):
+    """How much each head writes into the residual stream, per prompt.
+
+    Attributes:
+        write_norm: ``Float[Tensor, "prompt layer head"]`` float64, the scoped mean of
+            ``||z_h(t) W_O^h||_2`` (``layer`` the 0-based block index).
+        token_scope: the token scope (:data:`thermo_lens.tokens.TERM_SCOPES`).
+        provenance: prompts, lengths, BOS mode, model metadata and the user hooks of the run.
+    """
+
+    write_norm: Float[Tensor, "prompt layer head"]
+    token_scope: str
+    provenance: Provenance
+
+    def __post_init__(self) -> None:
+        if self.write_norm.ndim != 3 or self.write_norm.shape[0] != len(self.provenance.prompts):
+            raise ValueError(f"write_norm must be [prompt, layer, head] with one row per prompt, got "
+                             f"{tuple(self.write_norm.shape)} for {len(self.provenance.prompts)} prompts")
+
+    @property
+    def mean_head(self) -> Float[Tensor, "layer head"]:
+        """Write norms averaged over prompts (the ``[layer, head]`` heatmap)."""
+        return self.write_norm.mean(0)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per (prompt, layer, head): ``prompt, layer, head, write_norm`` and the definition
+        columns (merges with the attribution, spectral and sheaf frames on ``layer`` and ``head``)."""
+        P, L, H = self.write_norm.shape
+        p, l, h = np.meshgrid(np.arange(P), np.arange(L), np.arange(H), indexing="ij")
+        df = pd.DataFrame({"prompt": p.ravel(), "layer": l.ravel(), "head": h.ravel(),
+                           "write_norm": self.write_norm.numpy().ravel()})
+        df["token_scope"] = self.token_scope
+        for k, v in self.provenance.columns().items():
+            df[k] = v
+        return df
+
+    def __repr__(self) -> str:
+        m = self.mean_head
+        top = torch.argsort(m.flatten(), descending=True)[:3].tolist()
+        H = m.shape[1]
+        tops = ", ".join(f"L{i // H}H{i % H} {float(m.flatten()[i]):.4g}" for i in top)
+        return (f"HeadWriteNorms({self.model.get('name')}: {self.write_norm.shape[0]} prompts x {m.shape[0]} layers x "
+                f"{H} heads; token_scope={self.token_scope!r}, BOS={self.prepend_bos!r}, weights {self.weights}, "
+                f"{self.dtype})\n  {DEFINITION}\n  largest (mean over prompts): {tops}\n"
+                f"  hooks: {self.provenance.hooks_text}")
+
+
+def _build(ctx: BuildContext, *, token_scope: str) -> HeadWriteNorms:
+    collected: Collected = ctx.collected
+    values = collected.stack("write_norm").permute(1, 0, 2).contiguous()  # [prompt, layer, head]
+    return HeadWriteNorms(write_norm=values, token_scope=token_scope, provenance=collected.provenance())
+
+
+register_measurement(Measurement(
+    "write_norm", title="Head write norms", result="HeadWriteNorms", section="gain",
+    summary="how much each head writes into the residual stream: the mean norm of z_h W_O^h over the token scope",
+    options={"token_scope": Option("all_but_first", _check_scope, "the tokens the per-token norms are averaged over")},
+    reductions=lambda *, token_scope: [write_norm_terms(token_scope)], build=_build,
+    min_tokens=lambda *, token_scope: 2 if token_scope == "all_but_first" else 1,
+))
+
+
+@validates_own_inputs
+def write_norms(model: Any, prompts: Prompts, *, token_scope: TokenScope = "all_but_first",
+                settings: RunSettings | None = None, **run: Unpack[RunOptions]) -> HeadWriteNorms:
+    """Head write norms of ``model`` on ``prompts`` in one forward pass per batch (see the module
+    docstring); ``token_scope`` (default ``"all_but_first"``) and the run options as for
+    :func:`thermo_lens.gain_attribution`. The same as ``thermo_lens.run(model, prompts, ["write_norm"])``."""
+    return measure.run(as_view(model), prompts, {"write_norm": {"token_scope": _check_scope(token_scope)}},
+                       settings=settings, **run).write_norm
