@@ -330,11 +330,11 @@ def test_a_host_that_skips_hooks_gets_an_error_not_a_partial_result(any_host_gpt
     model = any_host_gpt2
     real = model.run_with_hooks
 
-    def skipping(*args, fwd_hooks=(), **kwargs):  # a host that drops the resid_post hooks unseen
-        kept = [(n, f) for n, f in fwd_hooks if not str(n).endswith("hook_resid_post")]
+    def skipping(*args, fwd_hooks=(), **kwargs):  # a host that drops the resid_pre hooks unseen
+        kept = [(n, f) for n, f in fwd_hooks if not str(n).endswith("hook_resid_pre")]
         return real(*args, fwd_hooks=kept, **kwargs)
     monkeypatch.setattr(model, "run_with_hooks", skipping)
-    with pytest.raises(ThermoLensInputError, match=r"never ran thermo-lens' hooks at blocks\.0\.hook_resid_post"):
+    with pytest.raises(ThermoLensInputError, match=r"never ran thermo-lens' hooks at blocks\.0\.hook_resid_pre"):
         residual_gain(model, PROMPTS)
 
 

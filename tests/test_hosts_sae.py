@@ -151,9 +151,13 @@ def test_sae_gain_change_is_the_paired_difference_with_ci(model, plain):
     # The SAE is attached again afterwards, with its settings.
     assert attached.sae_records(model) == list(res.saes)
     assert res.saes[0]["hook"] == HOOK and res.saes[0]["d_sae"] == D_SAE
-    df = res.to_frame()
+    df = res.to_frame()  # a PairedDifference's frame, with where the SAEs sit
     assert list(df["layer"]) == [0, 1, 2] and df.loc[1, "saes_at_layer"] == HOOK
-    assert df.loc[0, "delta_mean"] == 0 and "delta_ci_low" in df.columns
+    assert df.loc[0, "mean_difference"] == 0 and {"ci_low", "t", "pvalue", "t_test"} <= set(df.columns)
+    for l in (1, 2):
+        ref = stats.ttest_rel(with_[:, l].numpy(), without[:, l].numpy())
+        np.testing.assert_allclose(df.loc[l, "pvalue"], ref.pvalue, rtol=1e-3)
+    assert df.loc[0, "t_test"].startswith("undefined: zero variance")
     back = SAEGainChange.from_json(res.to_json())
     torch.testing.assert_close(back.delta, res.delta, atol=0, rtol=0)
     assert "layer 1" in repr(res)

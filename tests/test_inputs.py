@@ -75,7 +75,7 @@ def test_run_settings_object_and_keywords(bridge):
     torch.testing.assert_close(a.block_gain, b.block_gain)
     assert a.prepend_bos is False
     assert tl.RunSettings.resolve(s, batch_size=4).batch_size == 4 and s.batch_size == 2
-    assert tl.RunSettings().by_length and not tl.RunSettings(fwd_hooks=[("x", print)]).by_length
+    assert tl.RunSettings().by_length is None and tl.RunSettings(fwd_hooks=[("x", print)]).by_length is None
 
 
 def test_layer_and_head_subsets_with_negative_indices(bridge):

@@ -136,10 +136,18 @@ def test_run_with_hooks_style_patch_works_unchanged_in_one_batch(bridge):
             for l in range(view.n_layers) for w in ("pre", "post")]
     model.run_with_hooks(tx.tokens, attention_mask=tx.mask.long(), fwd_hooks=[(point, patch)] + grab)
     last = tx.lengths - 1
-    for l in range(view.n_layers):
-        pre = c2[f"blocks.{l}.hook_resid_pre"][torch.arange(3), last].double().norm(dim=-1)
-        post = c2[f"blocks.{l}.hook_resid_post"][torch.arange(3), last].double().norm(dim=-1)
+    L = view.n_layers
+    # x_l is the stream block l reads (blocks.{l}.hook_resid_pre, after the patch), x_L the last
+    # block's output: the patch at blocks.1.hook_resid_pre lands in block 0's gain, and block 1 is
+    # measured against the input it read.
+    states = [c2[f"blocks.{l}.hook_resid_pre"] for l in range(L)] + [c2[f"blocks.{L - 1}.hook_resid_post"]]
+    for l in range(L):
+        pre = states[l][torch.arange(3), last].double().norm(dim=-1)
+        post = states[l + 1][torch.arange(3), last].double().norm(dim=-1)
         torch.testing.assert_close(g.block_gain[:, l].double(), post / pre, rtol=1e-5, atol=0)
+    # the gains telescope under the hook: prod_l G_l = ||x_L|| / ||x_0|| (token scope 'last')
+    torch.testing.assert_close(g.block_gain.double().prod(1), torch.as_tensor(g.summaries["total_amplification"].values,
+                                                                              dtype=torch.float64), rtol=1e-5, atol=0)
     # one prompt at a time with its own clean activation gives the same numbers
     for i in range(3):
         gi = tl.residual_gain(model, [corrupted[i]], token_scope="last",
@@ -160,7 +168,8 @@ def test_a_hook_that_cannot_be_batched_gets_a_clear_error(bridge):
         return x
 
     with pytest.raises(ThermoLensHookError) as err:
-        tl.sheaf_traces(model, prompts, batch_size=2, fwd_hooks=[("blocks.0.hook_resid_pre", patch)], progress=False)
+        tl.sheaf_traces(model, prompts, batch_size=2, fwd_hooks=[("blocks.0.hook_resid_pre", patch)], progress=False,
+                        sort_by_length=False)
     msg = str(err.value)
     for words in ("patch", "blocks.0.hook_resid_pre", "batch 1/2", "prompts [0, 1]", "lengths",
                   "hook.ctx['batch'].prompt_index", "patch_from", "batch_size=len(prompts)"):
@@ -179,15 +188,27 @@ def test_sort_by_length_true_with_hooks_is_refused(bridge):
                          fwd_hooks=[("blocks.0.hook_resid_pre", lambda x, hook: None)])
 
 
-def test_hooks_keep_the_callers_order_across_batches(bridge):
+def test_hooks_see_the_plan_a_clean_run_uses_and_their_prompts_by_index(bridge):
+    """Prompts that fit one batch: one batch in the caller's order (a run_with_hooks-style hook sees
+    the same rows). More: length buckets, with or without hooks (the plan never depends on them);
+    hook.ctx['batch'].prompt_index names each row's prompt; sort_by_length=False keeps the order."""
     seen = []
 
     def spy(x, hook):
         seen.append(hook.ctx["batch"].prompt_index.tolist())
 
+    model = bridge("gpt2")
     prompts = ["a much longer prompt than the others here", "b", "c d e", "f g"]
-    tl.residual_gain(bridge("gpt2"), prompts, batch_size=2, fwd_hooks=[("blocks.0.hook_resid_pre", spy)])
+    g = tl.residual_gain(model, prompts, batch_size=2, fwd_hooks=[("blocks.0.hook_resid_pre", spy)])
+    clean = tl.residual_gain(model, prompts, batch_size=2)
+    assert g.provenance.batch_plan == clean.provenance.batch_plan and len(seen) == len(g.provenance.batch_plan) > 1
+    assert [list(b) for b in g.provenance.batch_plan] == seen and sorted(sum(seen, [])) == [0, 1, 2, 3]
+    seen.clear()
+    tl.residual_gain(model, prompts, batch_size=2, sort_by_length=False, fwd_hooks=[("blocks.0.hook_resid_pre", spy)])
     assert seen == [[0, 1], [2, 3]]
+    seen.clear()
+    tl.residual_gain(model, prompts, batch_size=4, fwd_hooks=[("blocks.0.hook_resid_pre", spy)])
+    assert seen == [[0, 1, 2, 3]]
 
 
 def test_patch_from_reads_its_clean_run_only_up_to_the_deepest_block_it_patches(bridge):
@@ -212,7 +233,7 @@ def test_patch_from_reads_its_clean_run_only_up_to_the_deepest_block_it_patches(
 
 def test_patch_from_checks_its_inputs(bridge):
     model = bridge("gpt2")
-    with pytest.raises(tl.ThermoLensInputError, match="unknown hook point"):
+    with pytest.raises(tl.ThermoLensInputError, match="no hook point 'blocks.0.hook_nothing'.*closest: 'blocks.0"):
         tl.patch_from(model, ["a b"], "blocks.0.hook_nothing")
     with pytest.raises(tl.ThermoLensInputError, match="heads"):
         tl.patch_from(model, ["a b"], "blocks.0.attn.hook_z", heads=[9])

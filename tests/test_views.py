@@ -329,7 +329,9 @@ def test_attention_panel_offline_and_equal_to_model_activations(bridge):
     import circuitsvis.attention
 
     ref = circuitsvis.attention.attention_patterns(tokens=list(panel.tokens), attention=panel.pattern)
-    assert _props(panel.html, "AttentionPatterns") == _props(ref.local_src, "AttentionPatterns")
+    # plus headLabels (AttentionPatterns' prop): each pattern named by its head's index
+    expected = {**_props(ref.local_src, "AttentionPatterns"), "headLabels": [f"Head {h}" for h in range(view.n_heads)]}
+    assert _props(panel.html, "AttentionPatterns") == expected
     # pattern and metrics against the model's own cached activations
     tokens = tokenize(view, [prompt], prepend_bos=True).tokens
     _, cache = model.run_with_cache(tokens)

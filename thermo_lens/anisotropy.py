@@ -126,7 +126,8 @@ class AnisotropyResult(PairedMixin, ProvenanceFields, Result):
         """Tidy frame, one row per (prompt, state): ``prompt, state`` (0..L, ``x_state``),
         ``hook``, ``anisotropy``, ``n_tokens`` and the definition columns."""
         P, S = self.values.shape
-        hooks = ["blocks.0.hook_resid_pre"] + [f"blocks.{l}.hook_resid_post" for l in range(S - 1)]
+        # x_l is read where block l reads it (ModelView.resid_hook_names), x_L at the last block's output
+        hooks = [f"blocks.{l}.hook_resid_pre" for l in range(S - 1)] + [f"blocks.{S - 2}.hook_resid_post"]
         df = pd.DataFrame({
             "prompt": np.repeat(np.arange(P), S),
             "state": np.tile(np.arange(S), P),
@@ -211,6 +212,7 @@ def anisotropy_profile(
     *,
     level: float = 0.95,
     settings: RunSettings | None = None,
+    cache: Any = None,
     **run: Unpack[RunOptions],
 ) -> AnisotropyResult:
     """Anisotropy of every residual state ``x_0..x_L`` of ``model`` on ``prompts`` (one pass).
@@ -219,9 +221,12 @@ def anisotropy_profile(
     ``truncate``, ``fwd_hooks``, ``progress``, ``sort_by_length``) are as for
     :func:`thermo_lens.gain.residual_gain`; ``level`` is the CIs' confidence level (default
     ``0.95``). Prompts shorter than 3 tokens give NaN (see the module docstring); if every prompt
-    is that short the result is all NaN and a warning says so.
+    is that short the result is all NaN and a warning says so. ``cache``: measure from the
+    ``ActivationCache`` of ``model.run_with_cache`` on the same tokens (passed as ``prompts``), no
+    forward pass (as for :func:`thermo_lens.gain.residual_gain`).
     """
-    res = measure.run(as_view(model), prompts, {"anisotropy": {"level": level}}, settings=settings, **run).anisotropy
+    res = measure.run(as_view(model), prompts, {"anisotropy": {"level": level}}, settings=settings, cache=cache,
+                      **run).anisotropy
     if torch.isnan(res.values).all():
         warnings.warn("every prompt has fewer than 3 tokens: anisotropy (which excludes position 0 "
                       "and needs a pair of tokens) is NaN throughout", stacklevel=2)

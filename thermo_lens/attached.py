@@ -12,11 +12,16 @@ calls them, so this module sits below it.
 
 from __future__ import annotations
 
-from typing import Any
+import difflib
+import functools
+import re
+from typing import Any, Sequence
 
-from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.errors import ThermoLensInputError, ThermoLensInputTypeError
+from thermo_lens.provenance import HookRecord, describe_hook
 
-__all__ = ["sae_wrappers", "sae_records", "check_saes", "resolve_hook", "needs_resolving"]
+__all__ = ["sae_wrappers", "sae_records", "check_saes", "resolve_hook", "needs_resolving", "hook_points",
+           "attached_hooks", "check_hook_names", "forward_order"]
 
 
 def sae_wrappers(model: Any) -> dict[str, Any]:
@@ -100,3 +105,194 @@ def resolve_hook(model: Any, hook_name: Any, name: str = "the model") -> Any:
         "no hook_sae_output; thermo-lens reads SAEs attached with SAELens' add_sae. Remove the "
         f"module (model.reset_saes('{hook_name}')) or attach the SAE with model.add_sae(sae)."
     )
+
+
+# ---------------------------------------------------------------------------- hook points and names
+#: Functions defined here are the host's own wiring, not the user's (TransformerLens 4's bridge
+#: keeps permanent hooks that alias symbolic hook points, e.g. ``hook_mlp_in`` on OPT and BERT;
+#: transformers installs output-capturing module hooks on the HF model inside a bridge).
+_HOST_MODULES = ("transformer_lens.model_bridge", "sae_lens", "transformers.", "accelerate.")
+
+_SAE_SUFFIX = re.compile(r"\.hook_sae_[a-z_]+$")
+_BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
+
+
+def hook_points(model: Any) -> dict[str, Any]:
+    """``{name: HookPoint}`` of every hook point of ``model`` (``model.hook_dict``), one name per
+    hook point: on ``TransformerBridge``, which lists each point under its canonical name and its
+    TransformerLens aliases, the alias a user writes (``blocks.0.attn.hook_z``, not
+    ``blocks.0.attn.o.hook_in``)."""
+    hook_dict = getattr(model, "hook_dict", None)
+    if not isinstance(hook_dict, dict):
+        return {}
+    names: dict[int, list[str]] = {}
+    points: dict[int, Any] = {}
+    for name, hp in hook_dict.items():
+        points[id(hp)] = hp
+        names.setdefault(id(hp), []).append(name)
+    chosen = {}
+    for key, ns in names.items():
+        own = getattr(points[key], "name", None)
+        aliases = [n for n in ns if n != own] or ns
+        chosen[key] = min(aliases, key=lambda n: (len(n), n))
+    return {name: points[key] for key, name in chosen.items()}
+
+
+def _user_function(hp: Any, handle: Any) -> Any:
+    """The function the user attached with a :class:`LensHandle` (TransformerLens 3+ keeps it as
+    ``handle.user_hook``; 2.x only keeps torch's handle, whose hook is TransformerLens' wrapper with
+    the user's function as its free variable ``hook``)."""
+    fn = getattr(handle, "user_hook", None)
+    if fn is not None:
+        return fn
+    torch_handle = getattr(handle, "hook", None)
+    ref = getattr(torch_handle, "hooks_dict_ref", None)
+    hooks = ref() if callable(ref) else None
+    wrapper = hooks.get(getattr(torch_handle, "id", None)) if isinstance(hooks, dict) else None
+    code, cells = getattr(wrapper, "__code__", None), getattr(wrapper, "__closure__", None)
+    if code is not None and cells:
+        free = dict(zip(code.co_freevars, cells))
+        if "hook" in free:
+            try:
+                return free["hook"].cell_contents
+            except ValueError:  # an empty cell
+                pass
+    return wrapper
+
+
+def _is_host_wiring(fn: Any) -> bool:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return str(getattr(fn, "__module__", "") or "").startswith(_HOST_MODULES)
+
+
+def attached_hooks(model: Any) -> tuple[HookRecord, ...]:
+    """Every forward hook already attached to ``model``'s hook points, and every SAE spliced in:
+    what a pass will run besides the hooks passed to it as ``fwd_hooks``.
+
+    * ``model.add_hook(name, fn)`` -> ``attached="add_hook"``; ``add_perma_hook`` / ``is_permanent``
+      -> ``"permanent"``; inside ``with model.hooks(...)`` -> ``"model.hooks"``;
+    * a PyTorch forward (pre-)hook registered on a module of the model (not a hook point) ->
+      ``"torch"`` (the point is ``module <path>``);
+    * an SAE attached with SAELens' ``add_sae`` -> ``"sae"`` (the function names the SAE's class,
+      its width and whether its error term is added back).
+
+    The host's own wiring (TransformerLens' bridge aliases, SAELens internals) is not a user hook
+    and is left out. Backward hooks never change a forward pass and are left out.
+    """
+    out: list[HookRecord] = []
+    for name, hp in hook_points(model).items():
+        for handle in list(getattr(hp, "fwd_hooks", None) or []):
+            fn = _user_function(hp, handle)
+            if _is_host_wiring(fn):
+                continue
+            if getattr(handle, "context_level", None) is not None:
+                how = "model.hooks"
+            elif getattr(handle, "is_permanent", False):
+                how = "permanent"
+            else:
+                how = "add_hook"
+            rec = describe_hook(name, fn)
+            out.append(HookRecord(rec.hook_point, rec.function, rec.source, attached=how))
+    named = getattr(model, "named_modules", None)
+    if callable(named):
+        for path, mod in named():
+            if hasattr(mod, "fwd_hooks") and hasattr(mod, "add_hook"):
+                continue  # a hook point: its hooks are the LensHandles above (or the host's wiring)
+            for kind, hooks in (("forward hook", getattr(mod, "_forward_hooks", None)),
+                                ("forward pre-hook", getattr(mod, "_forward_pre_hooks", None))):
+                for fn in list((hooks or {}).values()):
+                    if _is_host_wiring(fn):
+                        continue
+                    rec = describe_hook(f"module {path or '<model>'} ({kind})", fn)
+                    out.append(HookRecord(rec.hook_point, rec.function, rec.source, attached="torch"))
+    for r in sae_records(model):
+        where = r["hook"] if r["hook_out"] == r["hook"] else f"{r['hook']} -> {r['hook_out']}"
+        err = ", error term added back" if r["use_error_term"] else ""
+        out.append(HookRecord(where, f"SAE {r['architecture']} d_in={r['d_in']} d_sae={r['d_sae']}{err}",
+                              r.get("source", ""), attached="sae"))
+    return tuple(out)
+
+
+def _n_layers(model: Any) -> int | None:
+    n = getattr(getattr(model, "cfg", None), "n_layers", None)
+    return int(n) if isinstance(n, int) else None
+
+
+def check_hook_names(model: Any, names: Sequence[Any], name: str = "the model") -> None:
+    """Raise :class:`ThermoLensInputError` for a hook name ``model`` has no hook point for
+    (misspelt, another host's spelling, a block out of range), naming it and the closest valid
+    names, before anything runs: some hosts skip an unknown name without a word (the hook would
+    never run while the result records it). A name filter (a callable) must match at least one
+    hook point. ``name`` is the model's name, for the message."""
+    hook_dict = getattr(model, "hook_dict", None)
+    if not isinstance(hook_dict, dict):
+        return  # a duck-typed host without hook_dict: nothing to check against
+    valid = list(hook_dict)
+    for i, hook_name in enumerate(names):
+        if callable(hook_name) and not isinstance(hook_name, str):
+            try:
+                hit = any(bool(hook_name(n)) for n in valid)
+            except Exception as e:  # noqa: BLE001 - the user's filter; named in the message
+                raise ThermoLensInputError(
+                    f"the name filter {describe_hook(hook_name, hook_name).hook_point} raised "
+                    f"{type(e).__name__}: {e} when called with a hook name (a str)") from e
+            if not hit:
+                raise ThermoLensInputError(
+                    f"the name filter {describe_hook(hook_name, hook_name).hook_point} matches none of "
+                    f"{name}'s {len(valid)} hook points, so its hook would never run; e.g. "
+                    f"{', '.join(repr(v) for v in valid[:3])} (model.hook_dict lists them all)")
+            continue
+        if not isinstance(hook_name, str):
+            raise ThermoLensInputTypeError(
+                f"hook name {i} is a {type(hook_name).__name__} ({hook_name!r}), not a hook name such as "
+                "'blocks.0.hook_resid_post' (a str) or a name filter (a function name -> bool)")
+        if hook_name in hook_dict:
+            continue
+        if needs_resolving(model) and resolve_hook(model, hook_name, name) in hook_dict:
+            continue  # the point an SAE replaced (read at its output) or an SAELens alias
+        raise ThermoLensInputError(_unknown_hook_message(model, hook_name, list(hook_points(model)) or valid, name))
+
+
+def _unknown_hook_message(model: Any, hook_name: str, valid: list[str], name: str) -> str:
+    L = _n_layers(model)
+    m = _BLOCK.match(hook_name)
+    why = ""
+    if m and L is not None and int(m.group(1)) >= L:
+        why = f" (block {m.group(1)} is out of range: {name} has blocks 0..{L - 1})"
+        # suggest the same point in the last block
+        hook_name_in_range = f"blocks.{L - 1}.{m.group(2)}"
+        near = difflib.get_close_matches(hook_name_in_range, valid, n=3, cutoff=0.6)
+    else:
+        near = difflib.get_close_matches(hook_name, valid, n=3, cutoff=0.6)
+        lowered = {v.lower(): v for v in valid}
+        if hook_name.lower() in lowered and lowered[hook_name.lower()] not in near:
+            near.insert(0, lowered[hook_name.lower()])
+    hint = f"; closest: {', '.join(repr(n) for n in near)}" if near else ""
+    return (f"{name} has no hook point {hook_name!r}{why}{hint}. A hook there would never run; "
+            "model.hook_dict lists every hook point (name filters, functions name -> bool, are "
+            "accepted too)")
+
+
+#: Order of a block's hook points in its forward pass (sequential pre-LN layout; the ranks that
+#: matter are the residual points: hook_resid_pre first, hook_resid_post last).
+_BLOCK_ORDER = (
+    ("hook_resid_pre", 0), ("ln1.", 1), ("hook_attn_in", 1), ("hook_q_input", 1), ("hook_k_input", 1),
+    ("hook_v_input", 1), ("attn.", 2), ("hook_attn_out", 3), ("hook_resid_mid", 4), ("ln2.", 5),
+    ("hook_mlp_in", 5), ("mlp.", 6), ("hook_mlp_out", 7), ("hook_resid_post", 9),
+)
+
+
+def forward_order(hook_name: str) -> tuple[float, ...]:
+    """A sort key putting hook names in the order a forward pass reaches them: embeddings, then
+    block by block (``hook_resid_pre``, attention, MLP, ``hook_resid_post``), then the final norm;
+    an SAE's hook points (``<point>.hook_sae_*``) right after the point they replace."""
+    base = _SAE_SUFFIX.sub("", hook_name)
+    sae = 0.5 if base != hook_name else 0.0
+    m = _BLOCK.match(base)
+    if m is None:
+        first = base.startswith(("hook_embed", "hook_pos_embed", "hook_tokens", "embed", "pos_embed"))
+        return (-1.0 if first else float("inf"), 0.0, sae)
+    rest = m.group(2)
+    rank = next((r for prefix, r in _BLOCK_ORDER if rest.startswith(prefix)), 8)
+    return (float(m.group(1)), float(rank), sae)

@@ -33,6 +33,27 @@ components and no such identity exists: they raise. Each block's attribution is 
 close (``closure``, the part of ``total`` the components do not explain, is recorded and must be
 at float32 rounding level), so an architecture whose blocks add something else (e.g. extra
 post-sublayer norms) fails loudly instead of giving wrong numbers.
+
+Weight processing (TransformerLens' ``from_pretrained``, ``load_and_process_state_dict``, the
+bridge's compatibility mode) changes some terms; every result records the steps the weights show
+(``weight_processing``, :attr:`thermo_lens.ModelView.weight_processing`), and with ``P = I - 1 1^T /
+d_model`` the projection that removes the mean over ``d_model``:
+
+* ``fold_ln``: each LayerNorm's weight and bias move into the weights that read it (``W_Q``,
+  ``W_K``, ``W_V``, ``W_in`` and their biases). ``z_h``, ``mlp_out`` and the residual stream are
+  the same tensors, so every term is unchanged.
+* ``center_writing_weights``: ``W_O``, ``W_out``, ``W_E``, ``W_pos``, ``b_O`` and ``b_out`` lose
+  their mean over ``d_model``, so every write and the stream itself become ``P c`` and ``P x`` (the
+  norms read after them are unchanged). Each term becomes ``<c, P s>``: its share of the change of
+  ``||P x||^2``, the centred stream's squared norm; ``total`` (and the gains) are the centred
+  stream's, not the raw model's.
+* ``center_unembed``: only ``W_U``; no term changes.
+* ``fold_value_biases``: each head's value bias moves into the output bias, ``b_O' = b_O + sum_h
+  b_V^h W_O^h`` and ``b_V = 0``; attention rows sum to 1, so ``z_h' = z_h - b_V^h`` and
+  ``head' = head - <b_V^h W_O^h, s>``, ``bias' = bias + sum_h <b_V^h W_O^h, s>``; ``mlp``,
+  ``total`` and the stream are unchanged. (``load_and_process_state_dict`` folds value biases by
+  default, even with ``fold_ln=False``: head terms of such a model differ from the raw model's by
+  ``<b_V^h W_O^h, s>``, and the bias term carries them.)
 """
 
 from __future__ import annotations
@@ -280,7 +301,7 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
         tops = ", ".join(f"L{r.layer}H{r.head} {r.head_term:+.4g}" for r in top.itertuples())
         return (f"GainAttribution({m.get('name')}: {self.n_prompts} prompts x {self.n_layers} layers x "
                 f"{self.n_heads} heads; token_scope={self.token_scope!r}, BOS={self.prepend_bos!r}, "
-                f"weights {self.weights}, {self.dtype})\n"
+                f"weights {self.provenance.weights_text}, {self.dtype})\n"
                 f"  per block: ||x_out||^2 - ||x_in||^2 = sum_h head + mlp + bias (exact; max closure "
                 f"{float((self.closure / self.scale).max()):.1e} of the scale)\n"
                 f"  mean total by layer 0..{self.n_layers - 1}: [{shown}]\n"
@@ -365,6 +386,7 @@ def gain_attribution(
     *,
     token_scope: TokenScope = "all_but_first",
     settings: RunSettings | None = None,
+    cache: Any = None,
     **run: Unpack[RunOptions],
 ) -> GainAttribution:
     """Exact per-head attribution of each block's squared-norm change, in one forward pass.
@@ -381,6 +403,10 @@ def gain_attribution(
         settings, **run: run options (:class:`thermo_lens.RunSettings`): ``prepend_bos``,
             ``batch_size``, ``truncate``, ``fwd_hooks`` (e.g. a patch or ablation; attributed as it
             ran), ``progress``.
+        cache: an ``ActivationCache`` from ``model.run_with_cache`` on the same tokens (pass those
+            tokens as ``prompts``, with their attention mask where padded, or the same prompt
+            strings): measured from the cache, no forward pass (``fwd_hooks`` then refused: make
+            the cache under your hooks); a cache lacking a needed hook is an error listing them.
 
     Returns:
         :class:`GainAttribution`.
@@ -391,4 +417,5 @@ def gain_attribution(
     if why:
         raise ThermoLensInputError(why)
     view.warn_if_processed("the residual norms differ from the raw model's", stacklevel=2)
-    return measure.run(view, prompts, {"attribution": {"token_scope": token_scope}}, settings=settings, **run).attribution
+    return measure.run(view, prompts, {"attribution": {"token_scope": token_scope}}, settings=settings, cache=cache,
+                       **run).attribution

@@ -5,7 +5,11 @@ Definitions (D'Elia 2026, "Thermodynamic Constraints in Transformer Architecture
 
 * residual states ``x_0 = blocks.0.hook_resid_pre`` and ``x_l = blocks.{l-1}.hook_resid_post``
   (``l = 1..L``), read from the hooks, so the final norm is never part of any ``x_l`` (this removes
-  the paper's "final LayerNorm artifact" at the root);
+  the paper's "final LayerNorm artifact" at the root). ``x_l`` is read where block ``l`` reads it
+  (``blocks.{l}.hook_resid_pre``, the same tensor without hooks), so an SAE or a hook that
+  replaces the stream between blocks ``l-1`` and ``l`` counts in block ``l-1``'s gain, block
+  ``l``'s gain is measured against what it read, and ``prod_l G_l = ||x_L|| / ||x_0||`` holds
+  under any hooks and SAEs (``last`` / ``frobenius``; :attr:`thermo_lens.ModelView.resid_hook_names`);
 * per-token norms ``||x_l[t]||`` (L2 over ``d_model``), always in float32 whatever the model dtype;
 * **layer convention** (every thermo-lens frame, tensor and figure): ``layer`` is the 0-based
   block index of ``blocks.{layer}``; the gain of block ``layer`` is
@@ -149,9 +153,8 @@ def residual_norms(view: ModelView, rec: Recorder) -> None:
     """Per-token L2 norms of every residual state ``x_0 .. x_L``, in float32.
 
     Records ``("resid_norm", l)`` for ``l = 0..L``: ``[batch, pos]`` with NaN on padding, and
-    marks a hook in ``rec.nonfinite`` when a real token's norm is NaN/inf; and
-    ``("block_in_norm", l)`` for ``l = 0..L-1``, the norms of block ``l``'s input
-    ``blocks.{l}.hook_resid_pre`` (equal to ``x_l`` unless a user hook changes it there).
+    marks a hook in ``rec.nonfinite`` when a real token's norm is NaN/inf. ``x_l`` is read where
+    block ``l`` reads it (:attr:`~thermo_lens.model.ModelView.resid_hook_names`).
     """
     for l, name in enumerate(view.resid_hook_names):
         def fn(x: Tensor, batch: TokenBatch, _name: str = name) -> Tensor:
@@ -161,14 +164,9 @@ def residual_norms(view: ModelView, rec: Recorder) -> None:
                 rec.nonfinite.append(_name)
             return norms.masked_fill(~mask, float("nan"))
         rec.add(name, ("resid_norm", l), fn)
-    # The input of block l as the block reads it (after any user hook at blocks.{l}.hook_resid_pre,
-    # e.g. a patch): block l's gain is ||resid_post_l|| / ||resid_pre_l||. Records
-    # ("block_in_norm", l) for l = 0..L-1, [batch, pos] float32 with NaN on padding.
-    for l in range(view.n_layers):
-        def fn_in(x: Tensor, batch: TokenBatch) -> Tensor:
-            norms = _norms32(x)
-            return norms.masked_fill(~rec.mask(norms.device), float("nan"))
-        rec.add(f"blocks.{l}.hook_resid_pre", ("block_in_norm", l), fn_in)
+    # x_l (l < L) is read at blocks.{l}.hook_resid_pre (ModelView.resid_hook_names), after any user
+    # hook or SAE there: block l's gain is measured against what it read, and a replacement between
+    # two blocks lands in the earlier block's gain, so the block gains telescope.
 
 
 # ---------------------------------------------------------------------------- checks
@@ -372,7 +370,16 @@ class GainResult(PairedMixin, ProvenanceFields, Result):
         if self.n_prompts < 2:
             out.append("one prompt: no SD/SE/CI, regime undetermined")
         if self.provenance.intervened:
-            out.append(f"measured under {len(self.hooks)} user hook(s) (an intervened run, not the clean model)")
+            n_sae = sum(h.attached == "sae" for h in self.hooks)
+            n_hooks = len(self.hooks) - n_sae
+            what = " and ".join(w for w in (f"{n_hooks} hook(s)" if n_hooks else "",
+                                             f"{n_sae} SAE(s)" if n_sae else "") if w)
+            out.append(f"measured under {what} (an intervened run, not the clean model)")
+        if self.provenance.origin == "ActivationCache":
+            out.append("measured from an ActivationCache (no forward pass); the hooks active when it was made are "
+                       "not recorded")
+        if self.provenance.padding:
+            out.append(self.provenance.padding)
         return out
 
     def select(self, prompts: Any) -> "GainResult":
@@ -467,7 +474,7 @@ class GainResult(PairedMixin, ProvenanceFields, Result):
     def __repr__(self) -> str:
         m = self.model
         head = (f"GainResult({m.get('name')}: L={self.n_layers}, {m.get('norm_placement', '?')}-LN, "
-                f"{self.weights} weights, {self.dtype}; {self.n_prompts} prompt(s), "
+                f"{self.provenance.weights_text} weights, {self.dtype}; {self.n_prompts} prompt(s), "
                 f"prepend_bos={self.prepend_bos!r})")
         lines = [head, f"  token_scope={self.token_scope!r}: {self.scope_definition}"]
         decider = self.summaries[self.regime_by]
@@ -632,6 +639,7 @@ def residual_gain(
     regime_by: str = DEFAULT_REGIME_BY,
     level: float = 0.95,
     settings: RunSettings | None = None,
+    cache: Any = None,
     **run: Unpack[RunOptions],
 ) -> GainResult:
     """Residual gain of ``model`` on ``prompts``: one forward pass per batch, norms reduced in-hook.
@@ -652,6 +660,10 @@ def residual_gain(
             ``fwd_hooks`` (your own ``(hook_name, fn)`` hooks: ablation, patching; batches then
             keep your prompt order, each hook can read ``hook.ctx["batch"]``, and the hooks are
             recorded in the result), ``progress``, ``sort_by_length``.
+        cache: an ``ActivationCache`` from ``model.run_with_cache`` on the same tokens (pass those
+            tokens as ``prompts``, with their attention mask where padded, or the same prompt
+            strings): measured from the cache, no forward pass (``fwd_hooks`` then refused: make
+            the cache under your hooks); a cache lacking a needed hook is an error listing them.
 
     Returns:
         :class:`GainResult`.
@@ -672,4 +684,4 @@ def residual_gain(
     options = dict(token_scope=token_scope, per_token=per_token, regime_by=regime_by, level=level)
     registry.measurement("gain").resolve(options)  # bad options fail before the warning and the pass
     view.warn_if_processed("residual norms, hence gains, differ from the raw model's", stacklevel=2)
-    return measure.run(view, prompts, {"gain": options}, settings=settings, **run).gain
+    return measure.run(view, prompts, {"gain": options}, settings=settings, cache=cache, **run).gain

@@ -12,22 +12,27 @@ can read the current batch from ``hook.ctx["batch"]``, a :class:`BatchInfo`::
 
 :func:`patch_from` builds such hooks for you: it runs the clean prompts once, keeps only the
 patched hook points, and returns hooks that copy clean activations into the matching prompt, at
-the positions (and heads) you choose. A hook that raises, or returns a tensor of another shape,
-gets a :class:`ThermoLensHookError` naming the hook, the batch and the fix.
+the positions (and heads) you choose. A patch records the model and the BOS mode its clean run
+used, and refuses a run on another model or with another BOS mode (the clean BOS would land on
+another token). A hook that raises, or returns a tensor of another shape, gets a
+:class:`ThermoLensHookError` naming the hook, the batch and the fix.
 """
 
 from __future__ import annotations
 
 import functools
+import numbers
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
 
+from thermo_lens import attached
 from thermo_lens.model import as_view
-from thermo_lens.tokens import token_batch
-from thermo_lens.errors import ThermoLensHookError, ThermoLensInputError
+from thermo_lens.tokens import TOKENS_GIVEN, token_batch
+from thermo_lens.errors import ThermoLensHookError, ThermoLensInputError, ThermoLensInputTypeError
 from thermo_lens.validate import validates_own_inputs
 
 __all__ = ["Patch", "patch_from"]
@@ -35,6 +40,30 @@ __all__ = ["Patch", "patch_from"]
 
 
 # ---------------------------------------------------------------------------- patching
+def _int_list(name: str, value: Any) -> tuple[int, ...]:
+    """An int or a sequence of ints (not a string: ``heads='13'`` is not heads 1 and 3; not bools)."""
+    def one(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise ThermoLensInputTypeError(
+                f"{name} must be an int or a list of ints, got {type(v).__name__} {v!r}")
+        return int(v)
+    if isinstance(value, (str, bytes)):
+        raise ThermoLensInputTypeError(
+            f"{name} must be an int or a list of ints, got the string {value!r} (a string is not a list of "
+            f"{name}: pass e.g. {name}=[1, 3])")
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return (int(value),)
+    if isinstance(value, Tensor):
+        value = value.tolist()
+    try:
+        items = list(value)
+    except TypeError:
+        raise ThermoLensInputTypeError(f"{name} must be an int or a list of ints, got {type(value).__name__}") from None
+    if not items:
+        raise ThermoLensInputError(f"{name} is empty; pass an int or a non-empty list of ints (or None for all)")
+    return tuple(one(v) for v in items)
+
+
 def _positions(positions: Any, n: int, which: str, prompt: int) -> list[int]:
     if positions is None:
         return list(range(n))
@@ -66,6 +95,9 @@ class Patch:
         positions, heads: what is patched (``heads`` for ``[batch, pos, head, d]`` hooks).
         source: per run prompt, the index of its clean prompt.
         description: recorded as the hooks' ``source`` in every result's provenance.
+        prepend_bos: the BOS mode of the clean run as it resolved (``True``, ``False``,
+            ``"host:..."``, ``"tokens_as_given"``); a run with another BOS mode is refused.
+        model_name: the model it was built on; a run on another model object is refused.
     """
 
     hook_names: tuple[str, ...]
@@ -76,6 +108,26 @@ class Patch:
     description: str
     _clean: dict[str, list[Tensor]] = field(repr=False)
     _clean_lengths: tuple[int, ...] = field(repr=False)
+    prepend_bos: Any = None
+    model_name: str = ""
+    _model: Any = field(default=None, repr=False)
+
+    def check_run(self, *, view: Any, prepend_bos: Any, **_: Any) -> None:
+        """Refuse a run this patch was not built for: another model object, or another BOS mode
+        (the clean prompts' positions would not line up with the run's). Called by every
+        thermo-lens pass before it runs."""
+        built_on = self._model() if self._model is not None else None
+        if built_on is not None and built_on is not view.model or (self._model is not None and built_on is None):
+            raise ThermoLensInputError(
+                f"this patch was built on {self.model_name!r} (another model object) and is applied to {view.name!r}: "
+                "its clean activations come from the other model. Build it on this model: "
+                "thermo_lens.patch_from(model, clean_prompts, hook_names, ...)")
+        if TOKENS_GIVEN not in (self.prepend_bos, prepend_bos) and self.prepend_bos != prepend_bos:
+            raise ThermoLensInputError(
+                f"this patch's clean run used prepend_bos={self.prepend_bos!r}, but this run uses "
+                f"prepend_bos={prepend_bos!r}: the clean BOS would land on another token (position 0 holds a "
+                "BOS in one run and the first word in the other). Pass the same prepend_bos to patch_from and "
+                "to the run.")
 
     def __iter__(self):
         return iter(self.hooks())
@@ -122,6 +174,7 @@ class Patch:
             return x
 
         patch.thermo_lens_source = self.description  # type: ignore[attr-defined]
+        patch.thermo_lens_check = self.check_run  # type: ignore[attr-defined]
         patch.__qualname__ = "patch_from"
         patch.__module__ = "thermo_lens"
         return patch
@@ -136,7 +189,7 @@ def patch_from(
     positions: int | Sequence[int] | None = None,
     heads: int | Sequence[int] | None = None,
     source: Sequence[int] | None = None,
-    prepend_bos: Any = True,
+    prepend_bos: Any = "host",
     truncate: bool = False,
 ) -> Patch:
     """Activation patching from a clean prompt set, by prompt and position.
@@ -155,7 +208,9 @@ def patch_from(
         heads: for per-head hooks (``hook_z``, ``hook_q``...), patch only these heads (negative
             from the end).
         source: clean prompt index for each run prompt (default: the same index).
-        prepend_bos, truncate: tokenization of the clean prompts; use the run's.
+        prepend_bos, truncate: tokenization of the clean prompts (default ``"host"``, as every
+            entry point's); the patch records the BOS mode as it resolved and refuses a run
+            with another one.
 
     Returns:
         :class:`Patch`, to pass as ``fwd_hooks=patch`` (or ``list(patch) + other_hooks``).
@@ -165,37 +220,41 @@ def patch_from(
         patch = tl.patch_from(model, clean, "blocks.1.hook_resid_pre", positions=[-1])
         g = tl.residual_gain(model, corrupted, fwd_hooks=patch)
     """
-    from thermo_lens.inputs import as_prompts
+    from thermo_lens.inputs import as_model_prompts
 
     view = as_view(model)
-    ps = as_prompts(clean_prompts, tokenizer=view.tokenizer, vocab_size=view.d_vocab)
-    names = (hook_names,) if isinstance(hook_names, str) else tuple(hook_names)
-    if not names or not all(isinstance(n, str) for n in names):
-        raise ThermoLensInputError(f"hook_names must be a hook name or a list of names, got {hook_names!r}")
-    known = getattr(view.model, "hook_dict", None)
-    if known is not None:
-        bad = [n for n in names if n not in known]
-        if bad:
-            raise ThermoLensInputError(
-                f"unknown hook point(s) {bad} on {view.name}; e.g. 'blocks.0.hook_resid_pre', "
-                "'blocks.0.attn.hook_z', 'blocks.0.hook_mlp_out' (model.hook_dict lists them all)")
+    if isinstance(hook_names, str):
+        names: tuple[str, ...] = (hook_names,)
+    elif isinstance(hook_names, (list, tuple)) and hook_names:
+        names = tuple(hook_names)
+    else:
+        raise ThermoLensInputTypeError(
+            f"hook_names must be a hook name (a str such as 'blocks.0.hook_resid_pre') or a non-empty list of "
+            f"names, got {type(hook_names).__name__} {hook_names!r}")
+    bad_t = [n for n in names if not isinstance(n, str)]
+    if bad_t:
+        raise ThermoLensInputTypeError(
+            f"hook_names must be strs such as 'blocks.0.hook_resid_pre', got {bad_t[0]!r} ({type(bad_t[0]).__name__})")
+    attached.check_hook_names(view.model, names, view.name)
+    ps = as_model_prompts(view, clean_prompts)
+    heads_t: tuple[int, ...] | None = None
     if heads is not None:
-        heads_t: tuple[int, ...] | None = (int(heads),) if isinstance(heads, int) else tuple(int(h) for h in heads)
-        bad_h = [h for h in heads_t if not -view.n_heads <= h < view.n_heads]  # type: ignore[union-attr]
+        heads_t = _int_list("heads", heads)
+        bad_h = [h for h in heads_t if not -view.n_heads <= h < view.n_heads]
         if bad_h:
             raise ThermoLensInputError(f"heads {bad_h} out of range 0..{view.n_heads - 1} (negative from the end)")
-        heads_t = tuple(h % view.n_heads for h in heads_t)  # type: ignore[union-attr]
-    else:
-        heads_t = None
-    src = None if source is None else tuple(int(s) for s in source)
+        heads_t = tuple(dict.fromkeys(h % view.n_heads for h in heads_t))
+    src = None if source is None else _int_list("source", source)
     if src is not None and any(not 0 <= s < len(ps) for s in src):
         raise ThermoLensInputError(f"source indices must be in 0..{len(ps) - 1} (the clean prompts)")
     if positions is not None:
-        _ = [positions] if isinstance(positions, int) else list(positions)
+        _int_list("positions", positions)
     clean: dict[str, list[Tensor]] = {n: [] for n in names}
     lengths = []
+    resolved: list[Any] = []
     for i in range(len(ps)):
         tb = token_batch(view, ps, [i], prepend_bos=prepend_bos, truncate=truncate)
+        resolved.append(tb.prepend_bos)
         n = int(tb.lengths[0])
         lengths.append(n)
 
@@ -205,10 +264,13 @@ def patch_from(
         # The clean run stops after the deepest block it reads (nothing past it is needed).
         view.run(tb.tokens, tb.mask, [(name, functools.partial(grab, _name=name)) for name in names],
                  stop_after=view.last_hook_needed(names))
+    kinds = list(dict.fromkeys(resolved))
+    bos = kinds[0] if len(kinds) == 1 else "host:" + "|".join(str(k) for k in kinds)
     desc = (f"patch_from {len(ps)} clean prompt(s) ({ps.name}; first {ps.texts[0][:40]!r}) at "
             f"positions {'all' if positions is None else positions}"
             + (f", heads {list(heads_t)}" if heads_t is not None else "")
             + (f", source {list(src)}" if src is not None else "")
-            + f", prepend_bos={prepend_bos!r}")
+            + f", prepend_bos={bos!r}")
     return Patch(hook_names=names, clean_prompts=ps.texts, positions=positions, heads=heads_t, source=src,
-                 description=desc, _clean=clean, _clean_lengths=tuple(lengths))
+                 description=desc, _clean=clean, _clean_lengths=tuple(lengths), prepend_bos=bos,
+                 model_name=view.name, _model=weakref.ref(view.model))

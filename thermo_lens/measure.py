@@ -9,11 +9,19 @@
     res["attribution"]            # GainAttribution
     res = tl.run(model, prompts, {"gain": {"per_token": True}, "sheaf": {}}, fwd_hooks=ablate)
 
+    tokens = model.to_tokens(prompts)                     # from a cache you already have:
+    _, cache = model.run_with_cache(tokens)               # no second forward pass
+    res = tl.run(model, tokens, ["gain", "attribution"], cache=cache)
+
 Each measurement (:func:`thermo_lens.registry.measurements`) registers its in-pass reductions on
 one :class:`~thermo_lens.passes.Recorder`; the prompts run once, in padded batches, with your
 hooks first (:mod:`thermo_lens.passes`); then every result is built from that one pass. The
 simple entry points (:func:`thermo_lens.residual_gain`, :func:`thermo_lens.gain_attribution` ...)
 are one-measurement uses of the same pass, and :func:`thermo_lens.profile` runs the whole battery.
+
+With ``cache=`` (the ``ActivationCache`` of ``model.run_with_cache`` on the same tokens, passed as
+the prompts), no forward pass runs: the cached activations are replayed through the same reductions
+in forward order (:func:`thermo_lens.passes.collect_cached`), so the numbers are the pass's.
 """
 
 from __future__ import annotations
@@ -24,9 +32,9 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from thermo_lens import registry
 from thermo_lens.errors import ThermoLensInputError, ThermoLensWarning
-from thermo_lens.inputs import as_prompts
+from thermo_lens.inputs import as_model_prompts
 from thermo_lens.model import ModelView, as_view
-from thermo_lens.passes import collect
+from thermo_lens.passes import collect, collect_cached
 from thermo_lens.result import Result
 from thermo_lens.settings import RunSettings
 from thermo_lens.validate import validates_own_inputs
@@ -138,13 +146,16 @@ def run_measurements(
     *,
     shared: Mapping[str, Any] | None = None,
     skip_inapplicable: bool = False,
+    cache: Any = None,
 ) -> tuple[Measurements, Any]:
     """The engine of :func:`run` and :func:`thermo_lens.profile`: ``(Measurements, collected)``.
 
     ``shared`` options (e.g. ``token_scope``) apply to every measurement that declares them,
     unless its own request sets them. With ``skip_inapplicable``, a measurement whose
     ``applies(view)`` gives a reason is recorded in ``skipped`` instead of raising, and an
-    ``optional`` one whose build fails is recorded with a warning.
+    ``optional`` one whose build fails is recorded with a warning. With ``cache`` (an
+    ``ActivationCache``), the reductions read it instead of running the model
+    (:func:`thermo_lens.passes.collect_cached`).
     """
     chosen = _with_needs(requests)
     options: dict[str, dict[str, Any]] = {}
@@ -170,7 +181,10 @@ def run_measurements(
     if reductions:
         need = max((m.min_tokens(**options[n]) for n, m in active.items() if m.reductions is not None), default=1)
         try:
-            collected = collect(view, prompts, reductions, settings, min_tokens=need)
+            if cache is not None:
+                collected = collect_cached(view, prompts, cache, reductions, settings, min_tokens=need)
+            else:
+                collected = collect(view, prompts, reductions, settings, min_tokens=need)
         except ThermoLensInputError as e:
             scoped = [n for n in active if options[n].get("token_scope") == "all_but_first"]
             if need == 2 and scoped and "needs at least 2" in str(e):
@@ -201,6 +215,7 @@ def run(
     *,
     token_scope: str | None = None,
     settings: RunSettings | Mapping[str, Any] | None = None,
+    cache: Any = None,
     **run_options: Any,
 ) -> Measurements:
     """Measure ``model`` on ``prompts``: every requested measurement from one forward pass per batch.
@@ -218,6 +233,10 @@ def run(
             default); a measurement's own options win.
         settings, **run_options: run options (:class:`thermo_lens.RunSettings`: ``prepend_bos``,
             ``batch_size``, ``truncate``, ``fwd_hooks``, ``progress``, ``sort_by_length``).
+        cache: an ``ActivationCache`` from ``model.run_with_cache`` on the same tokens (pass those
+            tokens as ``prompts``, with their attention mask where padded, or the same prompt
+            strings): no forward pass runs; a cache lacking a hook the measurements read is an
+            error listing the hooks to cache.
 
     Returns:
         :class:`Measurements` (``res.gain``, ``res["attribution"]``).
@@ -231,6 +250,6 @@ def run(
     requests = _requests(measures)
     if not requests:
         raise ThermoLensInputError("measures is empty; name at least one measurement (e.g. 'gain')")
-    ps = as_prompts(prompts, tokenizer=view.tokenizer, vocab_size=view.d_vocab)
-    out, _ = run_measurements(view, ps, requests, run_settings, shared={"token_scope": token_scope})
+    ps = prompts if cache is not None else as_model_prompts(view, prompts)  # the cache path lays out tokens itself
+    out, _ = run_measurements(view, ps, requests, run_settings, shared={"token_scope": token_scope}, cache=cache)
     return out

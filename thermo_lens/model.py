@@ -10,7 +10,9 @@ never computes a measure. It wraps every supported host (:mod:`thermo_lens.host`
 Conventions (TransformerLens):
 
 * residual states ``x_0 = blocks.0.hook_resid_pre`` and ``x_l = blocks.{l-1}.hook_resid_post``
-  for ``l = 1..L``; the final norm is never part of any ``x_l`` (``thermo_lens.definitions`` §1);
+  for ``l = 1..L``, read where the next block reads them (``blocks.{l}.hook_resid_pre``, the same
+  tensor unless an SAE or a hook replaces it in between: see :attr:`ModelView.resid_hook_names`);
+  the final norm is never part of any ``x_l`` (``thermo_lens.definitions`` §1);
 * ``W_V[layer, kv_head]`` is ``[d_model, d_head]`` (``v = x @ W_V``) and ``W_O[layer, head]`` is
   ``[d_head, d_model]``; with grouped-query attention ``W_V`` has ``n_kv_heads`` heads and query
   head ``h`` reads KV head ``kv_head_of[h] = h // (n_heads // n_kv_heads)``.
@@ -28,7 +30,18 @@ from torch import Tensor
 from thermo_lens import attached
 from thermo_lens.errors import ThermoLensInputError
 
-__all__ = ["ModelView", "as_view", "kv_head_map"]
+__all__ = ["ModelView", "as_view", "kv_head_map", "PROCESSING_STEPS"]
+
+#: TransformerLens' weight-processing steps thermo-lens detects (:attr:`ModelView.weight_processing`)
+#: and what each does to the weights.
+PROCESSING_STEPS: dict[str, str] = {
+    "fold_ln": "LayerNorm folded into W_V (each row scaled by the LayerNorm weight, then centred over d_model; "
+               "its bias into b_Q, b_K, b_V)",
+    "center_writing_weights": "writing weights centred (W_O, W_out, W_E, W_pos and their biases lose their "
+                              "mean over d_model, and so does the residual stream)",
+    "center_unembed": "W_U centred over the vocabulary (changes no residual state)",
+    "fold_value_biases": "value biases folded into b_O (b_V = 0; b_O gains sum_h b_V^h W_O^h)",
+}
 
 # HF model types whose blocks end in a LayerNorm on the residual stream (post-LN).
 _POST_LN_MODEL_TYPES = frozenset(
@@ -111,9 +124,12 @@ class ModelView:
             (post-LN: the block output is a LayerNorm output, BERT / OPT-350m), or ``"none"``.
         post_ln: ``norm_placement == "post"``.
         parallel_attn: attention and MLP read the same block input (GPT-J, GPT-NeoX/Pythia).
-        weights_processed: True when TransformerLens processed the weights (LayerNorm folded,
-            writing weights centered: compatibility mode or legacy ``from_pretrained``); False
-            for raw weights (the bridge default, and what the paper used).
+        weight_processing: the TransformerLens weight-processing steps the weights show
+            (:data:`PROCESSING_STEPS`: ``fold_ln``, ``center_writing_weights``, ``center_unembed``,
+            ``fold_value_biases``), detected from the weights on every host (compatibility mode,
+            legacy ``from_pretrained``, or ``load_and_process_state_dict``, which folds value
+            biases by default); ``()`` for raw weights (the bridge default, what the paper used).
+        weights_processed: ``bool(weight_processing)``.
         backend: ``"bridge"`` or ``"hooked_transformer"`` (HookedTransformer and SAELens'
             HookedSAETransformer).
         host: the :class:`~thermo_lens.host.Host` (class, TransformerLens version); a model from an
@@ -150,7 +166,8 @@ class ModelView:
         self.norm_placement: str = self._detect_norm_placement()
         self.post_ln: bool = self.norm_placement == "post"
         self.parallel_attn: bool = self._detect_parallel()
-        self.weights_processed: bool = self._detect_processed()
+        self.weight_processing: tuple[str, ...] = self._detect_processing()
+        self.weights_processed: bool = bool(self.weight_processing)
         name = str(getattr(cfg, "model_name", None) or type(model).__name__)
         # A local checkpoint's cfg.model_name is its path; its directory name reads better.
         self.name: str = Path(name).name if name.startswith(("/", ".", "~")) else name
@@ -191,25 +208,68 @@ class ModelView:
                 return bool(getattr(hf, "parallel_attn", True)) or bool(getattr(hf, "new_decoder_architecture", False))
         return bool(getattr(self.model.cfg, "parallel_attn_mlp", False))
 
-    def _detect_processed(self) -> bool:
+    # ------------------------------------------------------------------ weight processing
+    def _detect_processing(self) -> tuple[str, ...]:
+        """Which of TransformerLens' weight-processing steps the weights show, read from the weights
+        themselves on every host (``HookedTransformer.from_pretrained`` and
+        ``load_and_process_state_dict`` record none of them; the bridge records only that
+        ``process_weights`` ran): a subset of :data:`PROCESSING_STEPS`, in that order.
+
+        * ``fold_ln``: the block's first LayerNorm has no affine weights left (``LNPre`` /
+          ``RMSPre`` on ``HookedTransformer``; identity weights on a processed bridge);
+        * ``center_writing_weights``: every row of block 0's ``W_O`` has mean 0 over ``d_model``;
+        * ``center_unembed``: every row of ``W_U`` has mean 0 over the vocabulary;
+        * ``fold_value_biases``: ``b_V`` is exactly 0 while ``b_O`` is not (the value biases
+          moved into the output bias; a model without attention biases shows nothing).
+
+        Only a few rows are read (cheap on any model); a raw model's rows have means of order
+        ``rms / sqrt(d)``, a centred one's are float rounding.
+        """
         model, cfg = self.model, self.model.cfg
-        if self.backend == "bridge":
-            return bool(getattr(model, "_weights_processed", False))
-        # Legacy HookedTransformer: folded LayerNorm shows as LNPre / RMSPre.
-        return str(getattr(cfg, "normalization_type", "")).endswith("Pre")
+        if self.backend == "bridge" and not getattr(model, "_weights_processed", False):
+            return ()  # a bridge's weights change only through process_weights / compatibility mode
+        steps = []
+        block = self.model.blocks[0]
+        if str(getattr(cfg, "normalization_type", "")).endswith("Pre"):
+            steps.append("fold_ln")
+        elif self.backend == "bridge" and _identity_norm(getattr(block, "ln1", None),
+                                                          bool(getattr(cfg, "rmsnorm_uses_offset", False))):
+            steps.append("fold_ln")
+        try:
+            w_o = self._as_heads(self._attn(0).W_O, self.n_heads, (self.d_head, self.d_model), "W_O", 0)
+            if _centred(w_o.reshape(-1, self.d_model)[:64]):
+                steps.append("center_writing_weights")
+        except (AttributeError, RuntimeError, TypeError):  # an attention layout without W_O
+            pass
+        try:
+            w_u = getattr(model, "W_U", None)
+        except (AttributeError, RuntimeError, TypeError):
+            w_u = None
+        if isinstance(w_u, Tensor) and w_u.ndim == 2 and _centred(w_u[:16].detach()):
+            steps.append("center_unembed")
+        attn = self._attn(0)
+        b_v = getattr(attn, "_b_V", None)
+        if b_v is None:
+            b_v = getattr(attn, "b_V", None)
+        b_o = getattr(attn, "b_O", None)
+        if isinstance(b_v, Tensor) and isinstance(b_o, Tensor) and b_v.numel() and \
+                not bool(b_v.detach().any()) and bool(b_o.detach().any()):
+            steps.append("fold_value_biases")
+        return tuple(steps)
 
     def warn_if_processed(self, effect: str, stacklevel: int = 2) -> None:
         """Warn, when the weights are processed, what that changes (``effect``) and how to get raw
         weights. ``stacklevel`` is as for ``warnings.warn`` from the caller's point of view."""
         if not self.weights_processed:
             return
+        done = [PROCESSING_STEPS[s] for s in self.weight_processing]
         warnings.warn(
-            f"{self.name}: the weights are processed (TransformerLens compatibility mode, or legacy "
-            "HookedTransformer.from_pretrained); processed weights have LayerNorm folded into W_V "
-            f"(each row scaled by the LayerNorm weight, then centred over d_model) and writing weights centered, so {effect}. "
+            f"{self.name} has processed weights ({', '.join(self.weight_processing) or 'process_weights'}): "
+            f"{'; '.join(done) or 'TransformerLens processing'}, so {effect}. "
             "The paper used raw weights: boot with TransformerBridge.boot_transformers(name) without "
             "enable_compatibility_mode() (legacy TransformerLens: "
-            "HookedTransformer.from_pretrained_no_processing(name)). Results record weights='processed'.",
+            "HookedTransformer.from_pretrained_no_processing(name)). Results record weights='processed' "
+            "and the steps (weight_processing).",
             UserWarning,
             stacklevel=stacklevel + 1,
         )
@@ -254,6 +314,7 @@ class ModelView:
             "post_ln": self.post_ln,
             "parallel_attn": self.parallel_attn,
             "weights": self.weight_state,
+            "weight_processing": list(self.weight_processing),
             "dtype": str(self.dtype).replace("torch.", ""),
             "device": str(self.device),
             "host": self.host.describe(),
@@ -271,19 +332,22 @@ class ModelView:
     # ------------------------------------------------------------------ hook names
     @property
     def resid_hook_names(self) -> tuple[str, ...]:
-        """Hook names of the residual states ``x_0 .. x_L`` (``L + 1`` names).
+        """Hook names of the residual states ``x_0 .. x_L`` (``L + 1`` names): ``x_l`` is read where
+        block ``l`` reads it, ``blocks.{l}.hook_resid_pre`` (``l < L``), and ``x_L`` at
+        ``blocks.{L-1}.hook_resid_post``.
 
-        ``x_l`` (``l >= 1``) is read at ``blocks.{l-1}.hook_resid_post``, or at
-        ``blocks.{l}.hook_resid_pre`` when an SAE is spliced in there (that SAE's output is what block
-        ``l`` reads). :meth:`run` reads a hook point that carries an SAE at the SAE's output
+        Without hooks ``blocks.{l}.hook_resid_pre`` is the same tensor as
+        ``blocks.{l-1}.hook_resid_post``. Anything that replaces the stream between two blocks (an
+        SAE spliced in with SAELens, or a hook, at ``blocks.{l-1}.hook_resid_post`` or
+        ``blocks.{l}.hook_resid_pre``) therefore lands in ``x_l``: block ``l``'s gain is measured
+        against the stream it actually read, block ``l-1``'s gain includes the replacement, and
+        the block gains telescope, ``prod_l G_l = ||x_L|| / ||x_0||`` (token scopes ``last`` and
+        ``frobenius``), with SAEs and hooks alike. A replacement at ``blocks.0.hook_resid_pre``
+        is part of ``x_0``. :meth:`run` reads a hook point that carries an SAE at the SAE's output
         (``<hook>.hook_sae_output``): the residual stream the model carries downstream.
         """
-        spliced = set(attached.sae_wrappers(self.model))
-        names = ["blocks.0.hook_resid_pre"]
-        for l in range(1, self.n_layers + 1):
-            pre = f"blocks.{l}.hook_resid_pre"
-            names.append(pre if l < self.n_layers and pre in spliced else f"blocks.{l - 1}.hook_resid_post")
-        return tuple(names)
+        L = self.n_layers
+        return tuple([f"blocks.{l}.hook_resid_pre" for l in range(L)] + [f"blocks.{L - 1}.hook_resid_post"])
 
     def pattern_hook_name(self, layer: int) -> str:
         """Hook giving the attention pattern ``[batch, head, query_pos, key_pos]`` of a layer."""
@@ -430,6 +494,38 @@ class ModelView:
                 return None
             deepest = max(deepest, int(parts[1]))
         return f"blocks.{min(deepest, self.n_layers - 1)}.hook_resid_post"
+
+def _centred(rows: Tensor) -> bool:
+    """Whether every row of ``rows`` ``[n, d]`` has mean 0 up to float rounding (``|mean| <= 1e-3
+    rms``; a raw weight row's mean is of order ``rms / sqrt(d)``). All-zero rows are skipped; no
+    non-zero row: False."""
+    r = rows.detach().to("cpu", torch.float64)
+    rms = r.pow(2).mean(-1).sqrt()
+    keep = rms > 0
+    if not bool(keep.any()) or r.shape[-1] < 2:
+        return False
+    return bool((r.mean(-1).abs()[keep] <= 1e-3 * rms[keep]).all())
+
+
+def _identity_norm(norm: Any, uses_offset: bool) -> bool:
+    """Whether a norm module's affine parameters are the identity (weights 1, or 0 when stored as
+    an offset from 1; biases 0), as folding LayerNorm leaves them."""
+    if norm is None:
+        return False
+    params = list(norm.named_parameters())
+    if not params:
+        return True
+    for name, p in params:
+        leaf = name.rsplit(".", 1)[-1]
+        v = p.detach()
+        if leaf in ("b", "bias"):
+            if bool(v.any()):
+                return False
+        elif leaf in ("w", "weight"):
+            if not bool((v == (0.0 if uses_offset else 1.0)).all()):
+                return False
+    return True
+
 
 def kv_head_map(n_heads: int, n_kv_heads: int | None) -> Int[Tensor, " head"]:
     """KV head of each query head under grouped-query attention: ``h // (n_heads // n_kv_heads)``."""

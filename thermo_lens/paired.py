@@ -4,7 +4,13 @@
 same prompts, model and settings and differing only in their user hooks, and returns per-prompt
 differences ``b - a`` with, per layer (and head), the mean difference, its Student-t CI (paired:
 computed from the per-prompt differences, SD with ``ddof=1``) and a two-sided paired t-test
-(``H0``: mean difference 0). Pairs on different prompts or settings are refused with the reason.
+(``H0``: mean difference 0). The t statistic is undefined (NaN, and the frame's ``t_test`` column
+says why) with fewer than 2 prompts or when every difference is equal (zero variance: e.g. a
+layer upstream of an ablation, or an identity hook, whose differences are exactly 0: two runs of
+the same prompts and settings batch identically, so nothing but the hooks differs). Pairs on
+different prompts or settings are refused with the reason; hooks already on the model that differ
+between the two runs (``model.add_hook``, ``model.hooks(...)``, SAEs), a different batch plan or a
+cache are said in ``notes`` (repr and frame).
 
 Quantities compared, by result type:
 
@@ -32,7 +38,7 @@ from thermo_lens.provenance import Provenance
 from thermo_lens.result import Result
 from thermo_lens.stats import SummaryStats, summarize
 
-__all__ = ["PairedDifference", "paired_difference", "QUANTITIES"]
+__all__ = ["PairedDifference", "paired_difference", "paired_t", "QUANTITIES"]
 
 #: result type -> (default quantity, {quantity: dimension names after "prompt"}).
 QUANTITIES: dict[str, tuple[str, dict[str, tuple[str, ...]]]] = {
@@ -54,8 +60,11 @@ class PairedDifference(Result):
         difference: ``[prompt, *dims]`` float64, ``b - a`` per prompt.
         a, b: the per-prompt values of each run.
         summary: mean, SD (ddof=1), SE and the ``level`` t-CI of the difference per element.
-        t_statistic, pvalue: two-sided paired t-test per element (NaN with fewer than 2 prompts).
+        t_statistic, pvalue: two-sided paired t-test per element; NaN where it is undefined
+            (fewer than 2 prompts, or zero variance: every difference equal), see :attr:`t_test`.
         provenance_a, provenance_b: what each run was (prompts, settings, hooks).
+        notes: what the comparison must say besides its numbers (hooks already on the model that
+            differ between the runs, another batch plan, a cache).
     """
 
     quantity: str
@@ -70,6 +79,23 @@ class PairedDifference(Result):
     provenance_a: Provenance
     provenance_b: Provenance
     level: float = 0.95
+    notes: tuple[str, ...] = ()
+
+    @property
+    def t_test(self) -> np.ndarray:
+        """Per element, the test run (``"paired t, df = n - 1"``) or why it is undefined."""
+        n = self.n_prompts
+        sd = np.atleast_1d(np.asarray(self.summary.sd, dtype=np.float64))
+        mean = np.atleast_1d(np.asarray(self.summary.mean, dtype=np.float64))
+        out = np.empty(sd.shape, dtype=object)
+        for k in range(sd.size):
+            if n < 2:
+                out.flat[k] = f"undefined: {n} prompt (a t-test needs 2 or more)"
+            elif not sd.flat[k] > 0:
+                out.flat[k] = f"undefined: zero variance (every difference is {mean.flat[k]:.4g})"
+            else:
+                out.flat[k] = f"paired t, df = {n - 1}"
+        return out.reshape(np.shape(self.summary.sd))
 
     @property
     def n_prompts(self) -> int:
@@ -106,11 +132,12 @@ class PairedDifference(Result):
                 idx = torch.as_tensor([_index(int(i), n, name) for i in sel])
                 a, b = a.index_select(axis, idx), b.index_select(axis, idx)
         return _build(self.quantity, self.result_type, tuple(kept_dims), a, b,
-                      self.provenance_a.select(pidx), self.provenance_b.select(pidx), self.level)
+                      self.provenance_a.select(pidx), self.provenance_b.select(pidx), self.level, self.notes)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per element (``layer`` / ``head`` ...): ``mean_difference, sd, se, ci_low,
-        ci_high, t, pvalue, n, mean_a, mean_b`` and the two runs' hooks."""
+        ci_high, t, pvalue, t_test`` (the test, or why it is undefined), ``n, mean_a, mean_b``, the
+        two runs' hooks and the ``notes``."""
         shape = tuple(self.difference.shape[1:])
         grids = np.meshgrid(*[np.arange(n) for n in shape], indexing="ij") if shape else []
         s = self.summary
@@ -120,10 +147,12 @@ class PairedDifference(Result):
                        ("ci_high", s.ci_high), ("t", self.t_statistic), ("pvalue", self.pvalue),
                        ("mean_a", self.a.mean(0).numpy()), ("mean_b", self.b.mean(0).numpy())):
             df[col] = flat(v)
+        df["t_test"] = np.atleast_1d(self.t_test).ravel()
         df["n"] = self.n_prompts
         df["quantity"] = self.quantity
         df["model"] = self.provenance_a.model.get("name")
         df["hooks_a"], df["hooks_b"] = self.provenance_a.hooks_text, self.provenance_b.hooks_text
+        df["notes"] = "; ".join(self.notes)
         return df
 
     def __repr__(self) -> str:
@@ -136,13 +165,18 @@ class PairedDifference(Result):
         if m.size <= 48:
             lo = np.atleast_1d(np.asarray(self.summary.ci_low, dtype=np.float64))
             hi = np.atleast_1d(np.asarray(self.summary.ci_high, dtype=np.float64))
+            tests = np.atleast_1d(self.t_test).ravel()
             shape = tuple(self.difference.shape[1:])
             for k in range(m.size):
                 at = ", ".join(f"{d} {i}" for d, i in zip(self.dims, np.unravel_index(k, shape))) if shape else "all"
-                lines.append(f"  {at:<18} {m[k]:+.4g} [{lo[k]:+.4g}, {hi[k]:+.4g}]  p = {p[k]:.3g}")
+                test = f"p = {p[k]:.3g}" if np.isfinite(p[k]) else f"t {tests[k]}"
+                lines.append(f"  {at:<18} {m[k]:+.4g} [{lo[k]:+.4g}, {hi[k]:+.4g}]  {test}")
         else:
+            undefined = int(np.sum(~np.isfinite(p)))
             lines.append(f"  {m.size} elements; largest |mean difference| {np.nanmax(np.abs(m)):.4g}; "
-                         f"{int(np.sum(p < 1 - self.level))} with p < {1 - self.level:.2g} (uncorrected)")
+                         f"{int(np.sum(p < 1 - self.level))} with p < {1 - self.level:.2g} (uncorrected)"
+                         + (f"; t undefined for {undefined} (fewer than 2 prompts or zero variance)" if undefined else ""))
+        lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
 
@@ -152,22 +186,30 @@ def _index(i: int, n: int, what: str) -> int:
     return i % n
 
 
-def _build(quantity: str, rtype: str, dims: tuple[str, ...], a: Tensor, b: Tensor, pa: Provenance, pb: Provenance,
-           level: float) -> PairedDifference:
+def paired_t(d: Tensor, level: float) -> tuple[SummaryStats, np.ndarray, np.ndarray]:
+    """Summary, t statistic and two-sided p of per-prompt differences ``d`` ``[prompt, ...]``: a
+    paired t-test per element, NaN where undefined (fewer than 2 prompts, or zero variance)."""
     from scipy import stats as st
 
-    d = (b - a).double()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         summary = summarize(d, level=level)
         n = d.shape[0]
         mean = np.asarray(summary.mean, dtype=np.float64)
         se = np.asarray(summary.se, dtype=np.float64)
-        t = np.where(se > 0, mean / np.where(se > 0, se, 1.0), np.where(mean == 0, np.nan, np.sign(mean) * np.inf))
-        p = 2 * st.t.sf(np.abs(t), df=n - 1) if n >= 2 else np.full_like(mean, np.nan)
+        ok = np.isfinite(se) & (se > 0) if n >= 2 else np.zeros(np.shape(mean), dtype=bool)
+        t = np.where(ok, mean / np.where(ok, se, 1.0), np.nan)
+        p = np.where(ok, 2 * st.t.sf(np.abs(t), df=max(n - 1, 1)), np.nan)
+    return summary, np.asarray(t, dtype=np.float64), np.asarray(p, dtype=np.float64)
+
+
+def _build(quantity: str, rtype: str, dims: tuple[str, ...], a: Tensor, b: Tensor, pa: Provenance, pb: Provenance,
+           level: float, notes: Sequence[str] = ()) -> PairedDifference:
+    d = (b - a).double()
+    summary, t, p = paired_t(d, level)
     return PairedDifference(quantity=quantity, result_type=rtype, dims=dims, difference=d, a=a.double(), b=b.double(),
-                            summary=summary, t_statistic=np.asarray(t, dtype=np.float64),
-                            pvalue=np.asarray(p, dtype=np.float64), provenance_a=pa, provenance_b=pb, level=level)
+                            summary=summary, t_statistic=t, pvalue=p, provenance_a=pa, provenance_b=pb, level=level,
+                            notes=tuple(notes))
 
 
 def paired_difference(b: Any, a: Any, *, quantity: str | None = None, level: float = 0.95) -> PairedDifference:
@@ -201,7 +243,7 @@ def paired_difference(b: Any, a: Any, *, quantity: str | None = None, level: flo
             "prompts, model and settings, differing only in fwd_hooks (e.g. ablated vs clean)")
     va, vb = getattr(a, quantity), getattr(b, quantity)
     return _build(quantity, ta, known[quantity], va.detach().double(), vb.detach().double(),
-                  a.provenance, b.provenance, level)
+                  a.provenance, b.provenance, level, a.provenance.pairing_notes(b.provenance))
 
 
 class PairedMixin:

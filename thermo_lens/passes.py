@@ -20,19 +20,21 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
-from thermo_lens.errors import ThermoLensHookError, ThermoLensInputError, ThermoLensNumericsError
-from thermo_lens.inputs import as_prompts
+from thermo_lens import attached
+from thermo_lens.errors import (ThermoLensHookError, ThermoLensInputError, ThermoLensInputTypeError,
+                                ThermoLensNumericsError)
+from thermo_lens.inputs import as_model_prompts
 from thermo_lens.model import ModelView, as_view
 from thermo_lens.provenance import Provenance, describe_hook
 from thermo_lens.settings import RunSettings
-from thermo_lens.tokens import MAX_PADDING, BatchInfo, TokenBatch, plan_batches, token_batch
+from thermo_lens.tokens import HOST_BOS, MAX_PADDING, BatchInfo, TokenBatch, plan_batches, token_batch
 
-__all__ = ["Recorder", "Collected", "Reduction", "collect", "wrap_user_hooks"]
+__all__ = ["Recorder", "Collected", "Reduction", "collect", "collect_cached", "wrap_user_hooks"]
 
 Reduce = Callable[[Tensor, TokenBatch], Tensor]
 #: A reduction registers its hooks on a Recorder: ``reduction(view, recorder)``.
@@ -183,14 +185,18 @@ def _release_freed_memory() -> None:
 
 # ---------------------------------------------------------------------------- user hooks
 class _Current:
-    """The batch being run (set by :func:`collect` around each pass)."""
+    """The batch being run (set by :func:`collect` around each pass), and which user hooks fired."""
 
-    info: BatchInfo | None = None
+    def __init__(self) -> None:
+        self.info: BatchInfo | None = None
+        self.fired: set[int] = set()
 
 
 _FIX = ("Fixes: index your source by the batch's prompts (rows = hook.ctx['batch'].prompt_index; "
         "real lengths hook.ctx['batch'].lengths), use thermo_lens.patch_from(model, clean_prompts, "
         "hook_names, positions=...), or run all prompts in one batch (batch_size=len(prompts)).")
+_RETURN = ("A hook must return None (after editing the activation in place) or a tensor of the activation's "
+           "shape, dtype family and device, as model.run_with_hooks expects.")
 
 
 def _where(name: Any, fn: Callable, info: BatchInfo | None) -> str:
@@ -202,33 +208,60 @@ def _where(name: Any, fn: Callable, info: BatchInfo | None) -> str:
             f"(prompts {info.prompt_index.tolist()}, lengths {info.lengths.tolist()}, padded width {info.width})")
 
 
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_return(res: Any, act: Any, where: Callable[[], str]) -> None:
+    """A hook's return value must be usable as the activation: None, or a real tensor of its shape
+    on its device (anything else fails deep inside the host, or silently on a meta tensor)."""
+    if res is None:
+        return
+    if not isinstance(res, Tensor):
+        raise ThermoLensHookError(f"{where()} returned a {type(res).__name__} ({_short(res)}). {_RETURN}")
+    if res.is_meta:
+        raise ThermoLensHookError(f"{where()} returned a meta tensor (shape {tuple(res.shape)}, no values). {_RETURN}")
+    if isinstance(act, Tensor):
+        if res.shape != act.shape:
+            raise ThermoLensHookError(
+                f"{where()} returned shape {tuple(res.shape)} for an activation of shape {tuple(act.shape)}; a hook "
+                f"must return a tensor of the activation's shape (or None after editing it in place). {_FIX}")
+        if res.device != act.device:
+            raise ThermoLensHookError(
+                f"{where()} returned a tensor on {res.device} for an activation on {act.device}. {_RETURN}")
+        if res.is_floating_point() != act.is_floating_point():
+            raise ThermoLensHookError(
+                f"{where()} returned a {res.dtype} tensor for a {act.dtype} activation. {_RETURN}")
+
+
 def wrap_user_hooks(hooks: Sequence[tuple[Any, Callable]], current: _Current) -> list[tuple[Any, Callable]]:
-    """Wrap ``(name, fn)`` hooks so they see ``hook.ctx["batch"]`` and fail with a clear error."""
+    """Wrap ``(name, fn)`` hooks so they see ``hook.ctx["batch"]``, fail with a clear error (a hook
+    that raises, or returns something the host cannot use) and record that they fired
+    (``current.fired`` holds their indices)."""
     out = []
-    for name, fn in hooks:
-        def hook(act: Any, hook: Any = None, *, _fn: Callable = fn, _name: Any = name) -> Any:
+    for index, (name, fn) in enumerate(hooks):
+        def hook(act: Any, hook: Any = None, *, _fn: Callable = fn, _name: Any = name, _i: int = index) -> Any:
             info = current.info
+            current.fired.add(_i)
             ctx = getattr(hook, "ctx", None) if hook is not None else None
             if isinstance(ctx, dict) and info is not None:
                 ctx["batch"] = info
+
+            def where() -> str:
+                return _where(_name if isinstance(_name, str) else getattr(hook, "name", _name), _fn, info)
             try:
                 res = _fn(act, hook=hook)
             except ThermoLensHookError:
                 raise
             except Exception as e:  # noqa: BLE001 - re-raised with the hook and batch named
-                raise ThermoLensHookError(
-                    f"{_where(_name if isinstance(_name, str) else getattr(hook, 'name', _name), _fn, info)} raised {type(e).__name__}: {e}. {_FIX}"
-                ) from e
+                raise ThermoLensHookError(f"{where()} raised {type(e).__name__}: {e}. {_FIX}") from e
             finally:
                 # TransformerLens keeps hook.ctx between runs: never leave a stale batch behind for
                 # a later model.run_with_hooks call to read.
                 if isinstance(ctx, dict):
                     ctx.pop("batch", None)
-            if isinstance(res, Tensor) and isinstance(act, Tensor) and res.shape != act.shape:
-                raise ThermoLensHookError(
-                    f"{_where(_name if isinstance(_name, str) else getattr(hook, 'name', _name), _fn, info)} returned shape {tuple(res.shape)} "
-                    f"for an activation of shape {tuple(act.shape)}; a hook must return a tensor of the "
-                    f"activation's shape (or None after editing it in place). {_FIX}")
+            _check_return(res, act, where)
             return res
         hook.__qualname__ = getattr(fn, "__qualname__", "hook")
         out.append((name, hook))
@@ -250,9 +283,14 @@ class Collected:
         view: the :class:`ModelView`.
         row_prompt: ``[prompt]`` for each recorded row (batches may run in length order), the
             caller's index of its prompt; :meth:`stack` restores the caller's order.
-        hooks: the user hooks of the run (:class:`thermo_lens.provenance.HookRecord`).
+        hooks: every hook active in the pass (:class:`thermo_lens.provenance.HookRecord`): the
+            ``fwd_hooks`` first, then those already on the model (``add_hook``, ``model.hooks``,
+            PyTorch module hooks, SAEs), detected before the pass.
         prompt_set, categories: the prompt set's name and one category per prompt.
         settings: the :class:`thermo_lens.settings.RunSettings` of the run.
+        padding: how the padding of token ids given without a mask was found (``""`` otherwise).
+        batch_plan: the caller's prompt indices of each batch, in the order they ran.
+        origin: ``"forward pass"`` or ``"ActivationCache"`` (:func:`collect_cached`).
     """
 
     recorder: Recorder
@@ -266,6 +304,9 @@ class Collected:
     prompt_set: str = "custom"
     categories: tuple[str, ...] = ()
     settings: Any = None
+    padding: str = ""
+    batch_plan: tuple[tuple[int, ...], ...] = ()
+    origin: str = "forward pass"
 
     def stack(self, name: str) -> Tensor:
         """Reduction ``name`` as ``[index, prompt, ...]`` in the caller's prompt order."""
@@ -314,7 +355,8 @@ class Collected:
         return Provenance(prompts=tuple(self.prompts), lengths=self.lengths.to(torch.long).clone(),
                           truncated=tuple(bool(t) for t in self.truncated), prepend_bos=self.prepend_bos,
                           model=self.view.metadata(), hooks=tuple(self.hooks), prompt_set=self.prompt_set,
-                          categories=tuple(self.categories))
+                          categories=tuple(self.categories), padding=self.padding, batch_plan=self.batch_plan,
+                          origin=self.origin)
 
 
 def collect(
@@ -343,12 +385,18 @@ def collect(
         row_prompt: for a prompt list that repeats the user's prompts (internal use), the user's
             index of each prompt, shown to user hooks as ``hook.ctx["batch"].prompt_index``.
 
-    User hooks run in the same pass *before* the reductions, wrapped so that they can read
-    ``hook.ctx["batch"]`` (:class:`thermo_lens.tokens.BatchInfo`) and fail with an error
-    naming the hook and batch. With user hooks, batches keep the caller's order. Without them
-    (and with ``sort_by_length`` left unset or True) the batches are length buckets of up to
-    ``batch_size`` prompts that pad at most 10% of their positions (:func:`plan_batches`);
-    results come back in the caller's order either way.
+    Before anything runs, every ``fwd_hooks`` name is checked against the model's hook points
+    (:func:`thermo_lens.attached.check_hook_names`: a misspelt or out-of-range name is an error
+    naming the closest valid ones), and the hooks already on the model (``model.add_hook``,
+    ``with model.hooks(...)``, SAEs, PyTorch module hooks) are detected and recorded with the
+    ``fwd_hooks`` (:func:`thermo_lens.attached.attached_hooks`). User hooks run in the same pass
+    *before* the reductions, wrapped so that they can read ``hook.ctx["batch"]``
+    (:class:`thermo_lens.tokens.BatchInfo`) and fail with an error naming the hook and batch (also
+    for a return value the host cannot use); a ``fwd_hooks`` entry that never ran (a hook point the
+    host does not fire) is an error. Prompts that fit one batch run as one batch in the caller's
+    order; more run in length buckets of up to ``batch_size`` prompts that pad at most 10% of
+    their positions (:func:`plan_batches`); the plan never depends on the hooks, and results come
+    back in the caller's order either way.
 
     Every state measured is a block's, so unless a hook is registered past the blocks (e.g. at
     ``ln_final.*``, or a name filter), the pass ends after the last block's ``hook_resid_post``:
@@ -356,25 +404,34 @@ def collect(
     (:meth:`ModelView.run`'s ``stop_after``; the numbers are those of a full forward).
 
     Raises:
+        ThermoLensInputError: a hook name the model has no hook point for.
         ThermoLensNumericsError: a real token's residual norm or attention was NaN/inf; the
             message names the first hook point (layer) where it happened.
-        thermo_lens.interventions.ThermoLensHookError: a user hook failed.
+        thermo_lens.errors.ThermoLensHookError: a user hook failed, or never ran.
     """
     from tqdm.auto import tqdm  # imported on first use: a notebook's progress bar
 
     view = as_view(model)
     settings = RunSettings.resolve(settings, **options)
-    ps = as_prompts(prompts, tokenizer=view.tokenizer, vocab_size=view.d_vocab)
+    attached.check_hook_names(view.model, [name for name, _ in settings.fwd_hooks], view.name)
+    ps = as_model_prompts(view, prompts)
     if row_prompt is not None and len(row_prompt) != len(ps):
         raise ValueError("row_prompt needs one entry per prompt")
     # Tokenize everything once, first, so a bad prompt fails before any compute.
     everything = token_batch(view, ps, range(len(ps)), prepend_bos=settings.prepend_bos,
                              truncate=settings.truncate, min_tokens=min_tokens)
-    # Length buckets only without any hooks: hooks that index the batch must see plain batches.
+    for _, fn in settings.fwd_hooks:  # hooks that know what they were built for (a patch: its model, its BOS)
+        check = getattr(fn, "thermo_lens_check", None)
+        if callable(check):
+            check(view=view, prepend_bos=everything.prepend_bos, settings=settings)
+    # The plan depends on the lengths and settings only, never on the user's hooks: two runs that
+    # differ by their hooks batch identically (a paired difference is then exactly the hooks'
+    # effect). thermo-lens' own intervention passes stack copies of each prompt: caller's order.
     plan = plan_batches(everything.lengths, settings.batch_size,
-                        sort_by_length=settings.by_length and not internal_hooks,
-                        max_padding=None if (settings.fwd_hooks or internal_hooks) else MAX_PADDING)
+                        sort_by_length=False if internal_hooks else settings.sort_by_length,
+                        max_padding=None if internal_hooks else MAX_PADDING)
     tokenized = [everything.select(rows) for rows in plan]
+    hidden = attached.attached_hooks(view.model)  # before any hook of ours is registered
     rec = Recorder()
     for r in reductions:
         r(view, rec)
@@ -383,6 +440,8 @@ def collect(
     hooks = wrap_user_hooks(settings.fwd_hooks, current) + list(internal_hooks) + rec.fwd_hooks()
     # Every state measured is a block's: when no hook is registered past the blocks, the pass ends
     # after the last block (the final norm and the unembedding, whose logits nothing reads, are skipped).
+    # Hooks already on the model do not extend the pass: past the last block read they cannot change
+    # a measured state (they are recorded all the same).
     stop_after = view.last_hook_needed([name for name, _ in hooks])
     show = settings.progress if settings.progress is not None else len(tokenized) > 1
     for k, batch in enumerate(tqdm(tokenized, desc=f"thermo-lens {view.name}", unit="batch", disable=not show,
@@ -396,26 +455,15 @@ def collect(
             current.info = None
         if k % _TRIM_EVERY == _TRIM_EVERY - 1 and view.device.type == "cpu":
             _release_freed_memory()
-        silent = rec.silent_hooks()
-        if silent:
-            # Some hosts skip hook names they do not know without a word; never return a
-            # result built from a partial set of states.
-            raise ThermoLensInputError(
-                f"{view.name} ({view.host.describe()}) never ran thermo-lens' hooks at "
-                f"{', '.join(silent[:4])}{' ...' if len(silent) > 4 else ''}: its run_with_hooks "
-                "skipped them, so nothing was measured. This host does not expose TransformerLens' "
-                "standard hook names there; use a supported host (see thermo_lens.host)."
-            )
-        if rec.nonfinite:
-            first = rec.nonfinite[0]
-            layer = first.split(".")[1] if first.startswith("blocks.") else "?"
-            hint = (f" in {str(view.dtype).replace('torch.', '')} this is often overflow: try float32 or bfloat16"
-                    if view.dtype in (torch.float16, torch.bfloat16) else
-                    " check the weights (e.g. a NaN/inf parameter) and any hooks you passed")
-            raise ThermoLensNumericsError(
-                f"{view.name} produced NaN/inf at {first} (layer {layer}) for prompt(s) "
-                f"{batch.prompt_index.tolist()};{hint}."
-            )
+        _check_pass(view, rec, batch)
+    never = [i for i in range(len(settings.fwd_hooks)) if i not in current.fired]
+    if never:
+        name, fn = settings.fwd_hooks[never[0]]
+        raise ThermoLensHookError(
+            f"{_where(name, fn, None)} never ran in {len(tokenized)} batch(es): {view.name} "
+            f"({view.host.describe()}) does not fire that hook point in a forward pass (e.g. hook_result needs "
+            "model.set_use_attn_result(True), hook_attn_in model.set_use_attn_in(True)), so the result would "
+            "record an intervention that did not happen. Enable the hook point or hook another one.")
     return Collected(
         recorder=rec,
         lengths=everything.lengths,
@@ -424,8 +472,227 @@ def collect(
         truncated=everything.truncated,
         view=view,
         row_prompt=torch.cat([b.prompt_index for b in tokenized]),
-        hooks=tuple(describe_hook(n, f) for n, f in settings.fwd_hooks),
+        hooks=tuple(describe_hook(n, f) for n, f in settings.fwd_hooks) + hidden,
         prompt_set=ps.name,
         categories=tuple(ps.categories),
         settings=settings,
+        padding=ps.padding,
+        batch_plan=tuple(tuple(int(i) for i in rows) for rows in plan),
+    )
+
+
+def _check_pass(view: ModelView, rec: Recorder, batch: TokenBatch) -> None:
+    """After a batch: every reduction's hook ran, and no real token was NaN/inf."""
+    silent = rec.silent_hooks()
+    if silent:
+        # Some hosts skip hook names they do not know without a word; never return a
+        # result built from a partial set of states.
+        raise ThermoLensInputError(
+            f"{view.name} ({view.host.describe()}) never ran thermo-lens' hooks at "
+            f"{', '.join(silent[:4])}{' ...' if len(silent) > 4 else ''}: its run_with_hooks "
+            "skipped them, so nothing was measured. This host does not expose TransformerLens' "
+            "standard hook names there; use a supported host (see thermo_lens.host)."
+        )
+    if rec.nonfinite:
+        first = rec.nonfinite[0]
+        layer = first.split(".")[1] if first.startswith("blocks.") else "?"
+        where = f"{first} (layer {layer})"
+        if first.endswith(".hook_resid_pre") and layer.isdigit() and int(layer) > 0:
+            # x_l is read where block l reads it: name the block whose output it is
+            l = int(layer)
+            where = f"blocks.{l - 1}.hook_resid_post (layer {l - 1}), read at {first} where block {l} reads it,"
+        hint = (f" in {str(view.dtype).replace('torch.', '')} this is often overflow: try float32 or bfloat16"
+                if view.dtype in (torch.float16, torch.bfloat16) else
+                " check the weights (e.g. a NaN/inf parameter) and any hooks you passed")
+        raise ThermoLensNumericsError(
+            f"{view.name} produced NaN/inf at {where} for prompt(s) "
+            f"{batch.prompt_index.tolist()};{hint}."
+        )
+
+
+# ---------------------------------------------------------------------------- from a cache
+def _cache_dict(cache: Any) -> dict[str, Tensor]:
+    """``{hook name: activation}`` of an ``ActivationCache`` (or a dict like one)."""
+    if getattr(cache, "has_batch_dim", True) is False:
+        raise ThermoLensInputError(
+            "this ActivationCache has no batch dimension (run_with_cache(..., remove_batch_dim=True)); "
+            "make it without remove_batch_dim: thermo-lens reads [batch, pos, ...] activations")
+    acts = getattr(cache, "cache_dict", None)
+    if acts is None and isinstance(cache, Mapping):
+        acts = cache
+    if not isinstance(acts, Mapping) or not acts:
+        raise ThermoLensInputTypeError(
+            f"cache must be the ActivationCache of model.run_with_cache(tokens) (or a {{hook name: tensor}} dict), "
+            f"got {type(cache).__name__}")
+    return dict(acts)
+
+
+def _cache_key(view: ModelView, acts: Mapping[str, Tensor], name: str) -> str | None:
+    """The key under which ``acts`` holds the activation thermo-lens reads at hook ``name``: where
+    an SAE is spliced in, its output (as :meth:`ModelView.run` reads it); else the name itself, or
+    the bridge's canonical name of that alias."""
+    candidates = []
+    if attached.needs_resolving(view.model):
+        candidates.append(attached.resolve_hook(view.model, name, view.name))
+    candidates.append(name)
+    hook_dict = getattr(view.model, "hook_dict", None)
+    if isinstance(hook_dict, dict) and name in hook_dict:
+        own = getattr(hook_dict[name], "name", None)
+        if own:
+            candidates.append(own)
+    return next((c for c in candidates if c in acts), None)
+
+
+def _names_filter_hint(names: Sequence[str]) -> str:
+    """A ``names_filter`` for ``run_with_cache`` covering ``names``, by suffix (short) and exactly."""
+    suffixes = sorted({n.split(".", 2)[-1] if n.startswith("blocks.") else n for n in names})
+    return (f"_, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith({tuple(suffixes)!r})) "
+            f"(exactly: names_filter={sorted(names)!r})")
+
+
+def _position_dims(name: str) -> tuple[int, ...]:
+    """The position dimensions of the activation at hook ``name`` (after the batch)."""
+    base = name.rsplit(".", 1)[-1]
+    return (2, 3) if base in ("hook_pattern", "hook_attn_scores") else (1,)
+
+
+def _relayout(act: Tensor, name: str, starts: Tensor, width: int) -> Tensor:
+    """``act`` as a right-padded batch of ``width`` positions: row ``b``'s real tokens start at
+    ``starts[b]`` in the cache (left padding), at 0 here. Positions past a row's length are
+    padding (masked by every reduction)."""
+    dims = _position_dims(name)
+    if not bool(starts.any()):
+        for d in dims:
+            act = act.narrow(d, 0, width)
+        return act
+    T = act.shape[dims[0]]
+    idx = (starts[:, None] + torch.arange(width)[None, :]).clamp(max=T - 1).to(act.device)  # [batch, width]
+    if dims == (1,):
+        shape = (act.shape[0], width) + (1,) * (act.ndim - 2)
+        return act.gather(1, idx.view(shape).expand(act.shape[0], width, *act.shape[2:]))
+    B, H = act.shape[0], act.shape[1]
+    q = act.gather(2, idx[:, None, :, None].expand(B, H, width, act.shape[3]))
+    return q.gather(3, idx[:, None, None, :].expand(B, H, width, width))
+
+
+def _cache_prompts(view: ModelView, prompts: Any, settings: RunSettings) -> tuple[Any, Tensor, int]:
+    """The prompts of a cache as :func:`token_batch` takes them, the position of each row's first
+    real token in the cache, and the cache's width. Token ids: as given (masked as
+    :func:`thermo_lens.inputs.as_prompts` masks them). Texts: tokenized as ``run_with_cache`` did,
+    ``model.to_tokens(texts)`` (one padded batch)."""
+    from thermo_lens.inputs import PromptList
+
+    ps = as_model_prompts(view, prompts)
+    if ps.token_ids is not None:
+        ids = prompts["input_ids"] if isinstance(prompts, Mapping) else prompts
+        ids = torch.as_tensor(ids)
+        width = int(ids.shape[-1])
+        return ps, torch.as_tensor(ps.starts or (0,) * len(ps), dtype=torch.long), width
+    if settings.prepend_bos not in ("host", True, False):
+        raise ThermoLensInputError(
+            f"with cache=, prompt texts are tokenized as run_with_cache tokenized them (model.to_tokens); "
+            f"prepend_bos={settings.prepend_bos!r} has no to_tokens form: pass the tokens you cached instead")
+    to_tokens = getattr(view.model, "to_tokens", None)
+    if to_tokens is None:
+        raise ThermoLensInputError(f"{view.name} has no to_tokens: pass the token ids the cache was made from")
+    kw = {} if settings.prepend_bos == "host" else {"prepend_bos": bool(settings.prepend_bos)}
+    batch_ids = to_tokens(list(ps.texts), move_to_device=False, **kw)
+    rows, starts = [], []
+    side = str(getattr(view.tokenizer, "padding_side", "right") or "right")
+    for b, text in enumerate(ps.texts):
+        own = [int(t) for t in to_tokens(text, move_to_device=False, **kw)[0]]
+        n = len(own)
+        start = batch_ids.shape[1] - n if side == "left" else 0
+        if batch_ids[b, start:start + n].tolist() != own:
+            raise ThermoLensInputError(
+                f"prompt {b}: model.to_tokens of the prompt list does not hold its own tokens at positions "
+                f"{start}..{start + n - 1}; pass the token ids the cache was made from")
+        rows.append(tuple(own))
+        starts.append(start)
+    bos = HOST_BOS if settings.prepend_bos == "host" else settings.prepend_bos
+    # Token rows as the host made them; recorded with the BOS mode they were made under.
+    tokens_ps = PromptList(texts=ps.texts, categories=ps.categories, name=ps.name, token_ids=tuple(rows),
+                           starts=tuple(starts))
+    return (tokens_ps, bos), torch.as_tensor(starts, dtype=torch.long), int(batch_ids.shape[1])
+
+
+def collect_cached(
+    model: Any,
+    prompts: Any,
+    cache: Any,
+    reductions: Sequence[Reduction],
+    settings: Any = None,
+    *,
+    min_tokens: int = 1,
+    **options: Any,
+) -> Collected:
+    """What :func:`collect` records, from an existing ``ActivationCache``: no forward pass.
+
+    ``cache`` is ``model.run_with_cache(tokens)``'s cache and ``prompts`` the tokens it was made
+    from (a ``[batch, pos]`` tensor, masked as :func:`thermo_lens.inputs.as_prompts` masks it, or
+    ``{"input_ids", "attention_mask"}``), or the prompt strings it was made from
+    (``run_with_cache(prompts)``; tokenized again with ``model.to_tokens``, which is what
+    ``run_with_cache`` ran). The cached activations are replayed through the reductions' hooks in
+    forward order (each reduction is a plain ``(hook_name, fn)``; left-padded rows are moved to
+    the right-padded layout the reductions read), so the numbers are the pass's, up to the float
+    rounding of another batch shape.
+
+    Raises:
+        ThermoLensInputError: the cache lacks a hook the reductions read (the message lists them
+            and a ``names_filter`` for ``run_with_cache``), its activations do not have the tokens'
+            shape, it has no batch dimension, or ``fwd_hooks`` were given (nothing runs: cache
+            under your hooks instead, ``with model.hooks(fwd_hooks=...)``).
+    """
+    view = as_view(model)
+    settings = RunSettings.resolve(settings, **options)
+    if settings.fwd_hooks:
+        raise ThermoLensInputError(
+            "fwd_hooks cannot apply to a cache: no forward pass runs with cache=. Make the cache under your hooks "
+            "(with model.hooks(fwd_hooks=hooks): _, cache = model.run_with_cache(tokens)), or drop cache= to run "
+            "the hooks in thermo-lens' own pass")
+    acts = _cache_dict(cache)
+    laid, starts, width_cache = _cache_prompts(view, prompts, settings)
+    ps, bos = laid if isinstance(laid, tuple) else (laid, None)
+    batch = token_batch(view, ps, range(len(ps)), prepend_bos=settings.prepend_bos, truncate=settings.truncate,
+                        min_tokens=min_tokens)
+    if bos is not None:
+        from thermo_lens.tokens import resolve_host_bos
+
+        resolved = (list(dict.fromkeys(resolve_host_bos(view, t, list(r)) for t, r in zip(ps.texts, ps.token_ids)))
+                    if bos == HOST_BOS else [bos])
+        bos = resolved[0] if len(resolved) == 1 else "host:" + "|".join(str(k) for k in resolved)
+        batch = TokenBatch(tokens=batch.tokens, lengths=batch.lengths, prompt_index=batch.prompt_index,
+                           prepend_bos=bos, truncated=batch.truncated)
+    rec = Recorder()
+    for r in reductions:
+        r(view, rec)
+    hooks = rec.fwd_hooks()
+    keys = {name: _cache_key(view, acts, name) for name, _ in hooks}
+    missing = sorted({n for n, k in keys.items() if k is None}, key=attached.forward_order)
+    if missing:
+        raise ThermoLensInputError(
+            f"the cache lacks {len(missing)} hook(s) these measurements read: {', '.join(missing[:6])}"
+            f"{' ...' if len(missing) > 6 else ''} (it holds {len(acts)}). Cache them: "
+            f"{_names_filter_hint(list(keys))}")
+    B, width = len(ps), int(batch.tokens.shape[1])
+    for name, key in keys.items():
+        act = acts[key]  # type: ignore[index]
+        d = _position_dims(name)[0]
+        if act.ndim <= d or act.shape[0] != B or act.shape[d] != width_cache:
+            raise ThermoLensInputError(
+                f"the cache's activation at {key} has shape {tuple(act.shape)}, but the prompts give {B} row(s) of "
+                f"{width_cache} token positions: pass the tokens the cache was made from (model.to_tokens(prompts) "
+                "as given to run_with_cache), with their attention mask if padded")
+    order = sorted(range(len(hooks)), key=lambda i: (attached.forward_order(hooks[i][0]), i))
+    with torch.inference_mode(), rec.batch(batch):
+        for i in order:
+            name, fn = hooks[i]
+            fn(_relayout(acts[keys[name]], name, starts, width))  # type: ignore[index]
+    _check_pass(view, rec, batch)
+    sae = tuple(h for h in attached.attached_hooks(view.model) if h.attached == "sae")
+    return Collected(
+        recorder=rec, lengths=batch.lengths, prompts=tuple(ps.texts), prepend_bos=batch.prepend_bos,
+        truncated=batch.truncated, view=view, row_prompt=None, hooks=sae, prompt_set=ps.name,
+        categories=tuple(ps.categories), settings=settings, padding=ps.padding,
+        batch_plan=(tuple(range(B)),), origin="ActivationCache",
     )

@@ -24,7 +24,7 @@ from thermo_lens._lazy import pandas as pd
 
 from thermo_lens import registry, validate
 from thermo_lens.errors import ThermoLensInputError
-from thermo_lens.inputs import Prompts, as_prompts
+from thermo_lens.inputs import Prompts, as_model_prompts
 from thermo_lens.measure import run_measurements
 from thermo_lens.model import as_view
 from thermo_lens.result import Result
@@ -199,6 +199,7 @@ def profile(
     twin_of: str | None = None,
     source: str | None = None,
     settings: RunSettings | None = None,
+    cache: Any = None,
     **run: Unpack[RunOptions],
 ) -> ThermoProfile:
     """Profile ``model``: every measurement of the battery from one forward pass per batch.
@@ -234,6 +235,10 @@ def profile(
         settings, **run: run options (:class:`thermo_lens.settings.RunOptions`): ``prepend_bos``
             (default ``"host"``), ``batch_size``, ``truncate``, ``fwd_hooks`` (e.g. an ablation;
             recorded in ``meta["hooks"]`` and every sub-result), ``progress``, ``sort_by_length``.
+        cache: an ``ActivationCache`` from ``model.run_with_cache`` on the same tokens (pass those
+            tokens as ``prompts``, with their attention mask where padded, or the same prompt
+            strings): measured from the cache, no forward pass (``fwd_hooks`` then refused: make
+            the cache under your hooks); a cache lacking a needed hook is an error listing them.
     """
     for key, value in (("name", name), ("lab", lab), ("family", family), ("twin_of", twin_of), ("source", source)):
         validate.optional_text(key, value)
@@ -241,7 +246,7 @@ def profile(
     attribution = validate.boolean("attribution", attribution)
     view = as_view(model)
     run_settings = RunSettings.resolve(settings, **run)
-    ps = as_prompts(prompts, tokenizer=view.tokenizer, vocab_size=view.d_vocab)
+    ps = as_model_prompts(view, prompts)
     term_scope = token_scope if token_scope in TERM_SCOPES else "all"  # frobenius has no per-token form
     requests: dict[str, dict[str, Any]] = {}
     for m in registry.measurements(in_profile=True):
@@ -255,7 +260,8 @@ def profile(
         if m.name == "l_star":
             opts["variant"] = l_star_variant
         requests[m.name] = opts
-    out, collected = run_measurements(view, ps, requests, run_settings, skip_inapplicable=True)
+    out, collected = run_measurements(view, prompts if cache is not None else ps, requests, run_settings,
+                                      skip_inapplicable=True, cache=cache)
     if collected is None:  # pragma: no cover - the battery always holds activation measurements
         raise ThermoLensInputError("profile: no measurement of the battery ran a forward pass")
     skipped = dict(out.skipped)

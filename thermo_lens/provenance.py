@@ -1,11 +1,13 @@
 """Provenance: what was run to produce a result (prompts, tokenization, model, interventions).
 
 One :class:`Provenance` is shared by every activation-based result (gain, anisotropy, sheaf
-traces, gain attribution) instead of the same eight fields re-declared on each. It records the
-user hooks of the run (:class:`HookRecord`: the hook point, the function's qualified name and,
-for :func:`thermo_lens.patch_from` patches or SAE-like hook objects, where the inserted
-activations come from), so an ablated or patched run never looks like a clean one in its repr,
-frame, JSON or report.
+traces, gain attribution) instead of the same eight fields re-declared on each. It records every
+hook active during the pass (:class:`HookRecord`: the hook point, the function's qualified name,
+how it was attached and, for :func:`thermo_lens.patch_from` patches or SAE-like hook objects,
+where the inserted activations come from): the ``fwd_hooks`` passed to the call and those already
+on the model (``model.add_hook``, ``with model.hooks(...)``, permanent hooks, PyTorch module hooks,
+SAEs spliced in with SAELens), so an ablated, patched or SAE-spliced run never looks like a clean
+one in its repr, frame, JSON or report.
 """
 
 from __future__ import annotations
@@ -19,26 +21,49 @@ from torch import Tensor
 
 from thermo_lens.result import Result
 
-__all__ = ["Provenance", "HookRecord", "describe_hook", "hooks_text", "fold_legacy_fields", "ProvenanceFields"]
+__all__ = ["Provenance", "HookRecord", "ATTACHED", "describe_hook", "hooks_text", "fold_legacy_fields",
+           "ProvenanceFields"]
+
+#: How a hook came to run in a pass (:attr:`HookRecord.attached`).
+ATTACHED: dict[str, str] = {
+    "fwd_hooks": "passed as fwd_hooks",
+    "add_hook": "attached to the model with model.add_hook",
+    "permanent": "attached to the model permanently (add_perma_hook)",
+    "model.hooks": "attached by an enclosing `with model.hooks(...)`",
+    "torch": "a PyTorch hook registered on a module of the model",
+    "sae": "an SAE spliced in with SAELens' add_sae",
+}
 
 
 @dataclass(frozen=True)
 class HookRecord(Result):
-    """One user hook of a run.
+    """One hook active during a run.
 
     Attributes:
-        hook_point: the hook name (``"blocks.1.hook_resid_pre"``) or the filter function's name.
-        function: the hook function's qualified name (``module.qualname``).
+        hook_point: the hook name (``"blocks.1.hook_resid_pre"``), the filter function's name, or
+            ``"module <path> (forward hook)"`` for a PyTorch module hook.
+        function: the hook function's qualified name (``module.qualname``); for an SAE, its class
+            and width.
         source: where inserted activations come from (a patch's clean prompts, an SAE's id), or
             ``""`` when the function does not say (set ``fn.thermo_lens_source = "..."`` to say).
+        attached: how it came to run (a key of :data:`ATTACHED`): ``"fwd_hooks"`` (passed to the
+            call) or already on the model (``"add_hook"``, ``"permanent"``, ``"model.hooks"``,
+            ``"torch"``, ``"sae"``).
     """
 
     hook_point: str
     function: str
     source: str = ""
+    attached: str = "fwd_hooks"
+
+    @property
+    def hidden(self) -> bool:
+        """True for a hook already on the model (not passed as ``fwd_hooks``)."""
+        return self.attached != "fwd_hooks"
 
     def __str__(self) -> str:
-        return f"{self.hook_point} <- {self.function}" + (f" [{self.source}]" if self.source else "")
+        how = "" if not self.hidden else f" ({ATTACHED.get(self.attached, self.attached)})"
+        return f"{self.hook_point} <- {self.function}" + (f" [{self.source}]" if self.source else "") + how
 
 
 def _qualname(fn: Any) -> str:
@@ -97,9 +122,18 @@ class Provenance(Result):
         prepend_bos: ``True``, ``False``, ``"tokenizer"`` or ``"tokens_as_given"``.
         model: :meth:`thermo_lens.ModelView.metadata` (name, geometry, dtype, raw/processed
             weights, norm placement).
-        hooks: the user hooks of the run (:class:`HookRecord`), empty for a clean run.
+        hooks: every hook active during the pass (:class:`HookRecord`): the ``fwd_hooks`` of the
+            call first, then those already on the model (``add_hook``, ``model.hooks``, SAEs ...);
+            empty for a clean run.
         prompt_set: the prompt set's name (``"custom"`` for a list, ``"tokens"`` for token ids).
         categories: one category per prompt.
+        padding: for token ids given without a mask, how their padding was found (the pad token
+            and side, as ``transformer_lens.utils.get_attention_mask`` derives it); else ``""``.
+        batch_plan: the caller's prompt indices of each forward batch, in the order they ran
+            (two runs with the same plan differ by exactly their hooks, no float rounding).
+        origin: ``"forward pass"``, or ``"ActivationCache"`` when measured from a
+            ``run_with_cache`` cache (no forward pass ran; the hooks active when it was made
+            are not known).
     """
 
     prompts: tuple[str, ...]
@@ -110,6 +144,9 @@ class Provenance(Result):
     hooks: tuple[HookRecord, ...] = ()
     prompt_set: str = "custom"
     categories: tuple[str, ...] = field(default=())
+    padding: str = ""
+    batch_plan: tuple[tuple[int, ...], ...] = ()
+    origin: str = "forward pass"
 
     @property
     def dtype(self) -> str:
@@ -124,12 +161,29 @@ class Provenance(Result):
         return bool(self.model.get("post_ln"))
 
     @property
+    def weights_text(self) -> str:
+        """``"raw"``, or ``"processed (fold_ln, center_writing_weights, ...)"`` naming the steps."""
+        steps = self.model.get("weight_processing") or ()
+        w = self.weights
+        return f"{w} ({', '.join(steps)})" if steps and w != "raw" else w
+
+    @property
     def intervened(self) -> bool:
-        """True when user hooks changed the run (ablation, patching, SAE...)."""
+        """True when hooks or SAEs changed the run (ablation, patching, SAE...)."""
         return bool(self.hooks)
 
     @property
+    def hidden_hooks(self) -> tuple[HookRecord, ...]:
+        """The hooks that were already on the model (not passed as ``fwd_hooks``)."""
+        return tuple(h for h in self.hooks if h.hidden)
+
+    @property
     def hooks_text(self) -> str:
+        if self.origin == "ActivationCache":
+            sae = [h for h in self.hooks if h.attached == "sae"]
+            known = "; ".join(str(h) for h in sae)
+            return ("unknown: measured from an ActivationCache (the hooks active when it was made are not "
+                    "visible)" + (f"; SAEs attached now: {known}" if known else ""))
         return hooks_text(self.hooks)
 
     def select(self, index: Tensor) -> "Provenance":
@@ -138,7 +192,8 @@ class Provenance(Result):
         cats = tuple(self.categories[i] for i in idx) if self.categories else ()
         return Provenance(prompts=tuple(self.prompts[i] for i in idx), lengths=self.lengths[index].clone(),
                           truncated=tuple(self.truncated[i] for i in idx), prepend_bos=self.prepend_bos,
-                          model=self.model, hooks=self.hooks, prompt_set=self.prompt_set, categories=cats)
+                          model=self.model, hooks=self.hooks, prompt_set=self.prompt_set, categories=cats,
+                          padding=self.padding, batch_plan=self.batch_plan, origin=self.origin)
 
     def same_run_as(self, other: "Provenance") -> list[str]:
         """What differs between two runs besides their hooks (empty when they are paired)."""
@@ -152,15 +207,32 @@ class Provenance(Result):
             out.append("token lengths differ (another tokenization)")
         if self.prepend_bos != other.prepend_bos:
             out.append(f"prepend_bos differs ({self.prepend_bos!r} vs {other.prepend_bos!r})")
-        for k in ("name", "n_layers", "n_heads", "d_model", "dtype", "weights"):
+        for k in ("name", "n_layers", "n_heads", "d_model", "dtype", "weights", "weight_processing"):
             if self.model.get(k) != other.model.get(k):
                 out.append(f"model {k} differs ({self.model.get(k)!r} vs {other.model.get(k)!r})")
         return out
 
+    def pairing_notes(self, other: "Provenance") -> list[str]:
+        """What a paired difference ``other - self`` must say besides its numbers: hooks already on
+        the model that differ between the two runs (not passed as ``fwd_hooks``, so easy to miss),
+        a different batch plan (the difference then includes float rounding), a cache."""
+        notes = []
+        mine, theirs = [str(h) for h in self.hidden_hooks], [str(h) for h in other.hidden_hooks]
+        if mine != theirs:
+            notes.append("the two runs ran under different hooks already on the model (not passed as fwd_hooks): "
+                         f"a: {'; '.join(mine) or 'none'} / b: {'; '.join(theirs) or 'none'}")
+        if self.batch_plan and other.batch_plan and self.batch_plan != other.batch_plan:
+            notes.append("the two runs were batched differently (another batch_size or sort_by_length), so the "
+                         "differences include float rounding (~1e-7 relative); run both with the same settings")
+        if "ActivationCache" in (self.origin, other.origin):
+            notes.append("measured from an ActivationCache: the hooks active when it was made are not recorded")
+        return notes
+
     def columns(self) -> dict[str, Any]:
         """The definition columns every frame carries."""
         return {"model": self.model.get("name"), "prepend_bos": str(self.prepend_bos), "dtype": self.dtype,
-                "weights": self.weights, "post_ln": self.post_ln, "hooks": self.hooks_text}
+                "weights": self.weights, "weight_processing": ", ".join(self.model.get("weight_processing") or ()),
+                "post_ln": self.post_ln, "hooks": self.hooks_text}
 
 
 _LEGACY = ("prompts", "lengths", "truncated", "prepend_bos", "dtype", "weights", "post_ln", "model")

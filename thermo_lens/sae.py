@@ -9,9 +9,11 @@ without, and reports per block ``l`` (0-based) the paired difference
 
     delta_l(p) = G_l(p | SAEs) - G_l(p | no SAEs)
 
-with its mean, SD (ddof=1), SE and Student-t CI across prompts ``p`` (paired: both runs see the
-same prompts, so between-prompt variation cancels). ``G_l = ||x_{l+1}|| / ||x_l||`` under the
-chosen token scope (``thermo_lens.gain``).
+with its mean, SD (ddof=1), SE, Student-t CI and two-sided paired t-test across prompts ``p``
+(paired: both runs see the same prompts, tokens, batches and hooks, so between-prompt variation
+cancels): a :class:`~thermo_lens.paired.PairedDifference`. ``G_l = ||x_{l+1}|| / ||x_l||`` under
+the chosen token scope (``thermo_lens.gain``), with ``x_l`` read where block ``l`` reads it: an SAE
+between blocks ``l-1`` and ``l`` counts in block ``l-1``'s gain (``ModelView.resid_hook_names``).
 
 SAEs are never downloaded here; build one with SAELens (``StandardSAE(StandardSAEConfig(...))``) or
 load your own. SAE support needs SAELens, i.e. TransformerLens 2.16.x or 3.x.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, ClassVar, Unpack
 
 import pandas as pd
 from jaxtyping import Float
@@ -31,8 +33,9 @@ from thermo_lens.gain import DEFAULT_SCOPE, GainResult, residual_gain
 from thermo_lens import attached
 from thermo_lens.model import ModelView, as_view
 from thermo_lens.errors import ThermoLensInputError
-from thermo_lens.result import Result
-from thermo_lens.stats import SummaryStats, summarize
+from thermo_lens.paired import PairedDifference, paired_t
+from thermo_lens.settings import RunOptions, RunSettings
+from thermo_lens.stats import SummaryStats
 
 __all__ = ["SAEGainChange", "sae_gain_change", "sae_position"]
 
@@ -50,56 +53,80 @@ def sae_position(hook: str) -> float | None:
     return layer + {"pre": -0.5, "mid": 0.0, "post": 0.5}[where]
 
 
-@dataclass(frozen=True)
-class SAEGainChange(Result):
-    """Residual gain with and without attached SAEs, and their paired difference per block.
+@dataclass(frozen=True, repr=False, eq=False)
+class SAEGainChange(PairedDifference):
+    """Residual gain with and without attached SAEs: a :class:`~thermo_lens.paired.PairedDifference`
+    of ``block_gain`` (``b`` with the SAEs, ``a`` without), with the two runs and the SAEs.
 
-    Attributes:
+    Attributes (besides :class:`~thermo_lens.paired.PairedDifference`'s ``difference``,
+    ``summary``, ``t_statistic``, ``pvalue``, ``t_test``, ``notes`` ...):
         with_saes, without_saes: the two :class:`~thermo_lens.gain.GainResult` (same prompts, same
-            tokens, same token scope); ``with_saes.model["saes"]`` lists the SAEs.
-        delta: ``Float[Tensor, "prompt layer"]`` float32, ``G_l(p | SAEs) - G_l(p | no SAEs)``.
-        delta_summary: per-layer :class:`~thermo_lens.stats.SummaryStats` of ``delta`` across
-            prompts (arrays over ``layer``): mean, SD (ddof=1), SE, ``level`` t-CI.
+            tokens, same token scope, same run options and ``fwd_hooks``); their provenance
+            records the SAEs among the hooks.
         saes: one record per SAE compared (``hook``, ``d_in``, ``d_sae``, ``use_error_term``,
             ``architecture``).
-        level: confidence level of the CIs.
+
+    ``delta`` (``[prompt, layer]`` float32, ``G_l(p | SAEs) - G_l(p | no SAEs)``) and
+    ``delta_summary`` (its per-layer summary) read the same numbers.
     """
 
-    with_saes: GainResult
-    without_saes: GainResult
-    delta: Tensor
-    delta_summary: SummaryStats
-    saes: tuple[dict[str, Any], ...]
-    level: float = 0.95
+    with_saes: GainResult | None = None
+    without_saes: GainResult | None = None
+    saes: tuple[dict[str, Any], ...] = ()
+
+    schema_version: ClassVar[int] = 2
+
+    @classmethod
+    def migrate(cls, fields: dict[str, Any], version: int) -> dict[str, Any]:
+        """Version 1 stored ``delta`` and ``delta_summary`` beside the two runs; rebuild the paired
+        difference (with its tests) from the runs."""
+        fields = super().migrate(fields, version)
+        if version < 2 and "with_saes" in fields:
+            fields.pop("delta", None)
+            fields.pop("delta_summary", None)
+            w, wo = fields["with_saes"], fields["without_saes"]
+            a, b = wo.block_gain.double(), w.block_gain.double()
+            summary, t, p = paired_t(b - a, float(fields.get("level", 0.95)))
+            fields.update(quantity="block_gain", result_type="GainResult", dims=("layer",), difference=b - a,
+                          a=a, b=b, summary=summary, t_statistic=t, pvalue=p, provenance_a=wo.provenance,
+                          provenance_b=w.provenance)
+        return fields
+
+    @property
+    def delta(self) -> Float[Tensor, "prompt layer"]:
+        """``G_l(p | SAEs) - G_l(p | no SAEs)`` (float32)."""
+        return self.difference.float()
+
+    @property
+    def delta_summary(self) -> SummaryStats:
+        return self.summary
 
     @property
     def n_layers(self) -> int:
-        return int(self.delta.shape[1])
+        return int(self.difference.shape[1])
 
     @property
     def definition(self) -> str:
-        return (f"delta_l = G_l(with SAEs) - G_l(without), paired over {self.delta.shape[0]} prompts; "
-                f"G_l = ||x_(l+1)|| / ||x_l||, token scope {self.with_saes.token_scope}, "
-                f"prepend_bos={self.with_saes.prepend_bos}, {100 * self.level:g}% t-CI")
+        g = self.with_saes
+        scope = g.token_scope if g is not None else "?"
+        bos = g.prepend_bos if g is not None else "?"
+        return (f"delta_l = G_l(with SAEs) - G_l(without), paired over {self.n_prompts} prompts; "
+                f"G_l = ||x_(l+1)|| / ||x_l||, token scope {scope}, prepend_bos={bos}, "
+                f"{100 * self.level:g}% paired t-CI, two-sided paired t-test")
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per block ``layer`` (0-based): mean gains with / without, the paired delta with
-        SE and CI, whether the CI excludes 0, and which SAEs sit just before / in / after it."""
-        s = self.delta_summary
-        with_mean = self.with_saes.block_gain.double().mean(0).numpy()
-        without_mean = self.without_saes.block_gain.double().mean(0).numpy()
-        rows = []
-        for l in range(self.n_layers):
-            here = [r["hook"] for r in self.saes
-                    if (pos := sae_position(r["hook"])) is not None and l - 0.5 <= pos <= l + 0.5]
-            rows.append({
-                "layer": l, "gain_with_saes": with_mean[l], "gain_without_saes": without_mean[l],
-                "delta_mean": s.mean[l], "delta_se": s.se[l], "delta_ci_low": s.ci_low[l],
-                "delta_ci_high": s.ci_high[l], "ci_excludes_0": bool(s.excludes(0.0)[l]),
-                "n_prompts": int(s.n[l]), "saes_at_layer": ", ".join(here),
-                "token_scope": self.with_saes.token_scope, "prepend_bos": str(self.with_saes.prepend_bos),
-            })
-        return pd.DataFrame(rows)
+        """:meth:`PairedDifference.to_frame` (one row per block ``layer``: ``mean_difference, sd, se,
+        ci_low, ci_high, t, pvalue, t_test, n, mean_a`` (without), ``mean_b`` (with), hooks, notes)
+        plus ``saes_at_layer`` (the SAEs just before / in / after the block), ``token_scope`` and
+        ``prepend_bos``."""
+        df = super().to_frame()
+        df["saes_at_layer"] = [", ".join(r["hook"] for r in self.saes
+                                         if (pos := sae_position(r["hook"])) is not None and l - 0.5 <= pos <= l + 0.5)
+                               for l in df["layer"]]
+        if self.with_saes is not None:
+            df["token_scope"] = self.with_saes.token_scope
+            df["prepend_bos"] = str(self.with_saes.prepend_bos)
+        return df
 
     def plot(self) -> Any:
         """Plotly figure (:func:`thermo_lens.views.sae_gain_change_plot`)."""
@@ -108,13 +135,11 @@ class SAEGainChange(Result):
         return sae_gain_change_plot(self)
 
     def __repr__(self) -> str:
-        s = self.delta_summary
         saes = "; ".join(f"{r['hook']} (d_sae={r['d_sae']}, error term {'on' if r['use_error_term'] else 'off'})"
                          for r in self.saes)
-        lines = [f"SAEGainChange({self.with_saes.model.get('name')}: {saes})", f"  {self.definition}"]
-        for l in range(self.n_layers):
-            lines.append(f"  layer {l}: delta {s.mean[l]:+.4g} [{s.ci_low[l]:+.4g}, {s.ci_high[l]:+.4g}]")
-        return "\n".join(lines)
+        body = PairedDifference.__repr__(self).splitlines()[1:]  # a:, b: (the hooks, SAEs included), per layer
+        return "\n".join([f"SAEGainChange({self.provenance_b.model.get('name')}: {saes})", f"  {self.definition}"]
+                         + body)
 
     def _repr_html_(self) -> str:
         return self.to_frame().to_html(index=False, float_format=lambda v: f"{v:.4g}")
@@ -154,22 +179,21 @@ def _check_sae(view: ModelView, hook: str, d_in: int, what: str) -> None:
 
 def sae_gain_change(
     model: Any,
-    prompts: Sequence[str],
+    prompts: Any,
     *,
     saes: Any = None,
     use_error_term: bool | None = None,
     token_scope: str = DEFAULT_SCOPE,
-    prepend_bos: bool | str = "host",
-    batch_size: int = 8,
     level: float = 0.95,
-    progress: bool | None = None,
+    settings: RunSettings | None = None,
+    **run: Unpack[RunOptions],
 ) -> SAEGainChange:
     """How much SAEs spliced into the residual stream change the residual gain, per block.
 
     Args:
         model: SAELens ``HookedSAETransformer`` (TransformerLens 2.16.x / 3.x) or
             ``SAETransformerBridge`` (TransformerLens 3.x).
-        prompts: list of prompt strings.
+        prompts: anything :data:`thermo_lens.inputs.Prompts` describes.
         saes: SAEs to compare (an SAE or a list), attached for the "with" run only and removed
             afterwards (SAEs already attached stay in both runs; HookedSAETransformer only); default
             ``None`` compares the SAEs attached now (``model.add_sae``) against the same SAEs with
@@ -178,11 +202,14 @@ def sae_gain_change(
         use_error_term: for ``saes`` given here, attach them with this ``use_error_term`` (None: each
             SAE's own setting). With the error term the SAE's output equals its input up to
             rounding, so every delta is ~0: a check that nothing else changed.
-        token_scope, prepend_bos, batch_size, level, progress: as in
-            :func:`thermo_lens.gain.residual_gain` (both runs use the same settings and tokens).
+        token_scope, level: as in :func:`thermo_lens.gain.residual_gain`.
+        settings, **run: run options (:class:`thermo_lens.settings.RunOptions`: ``prepend_bos``,
+            ``batch_size``, ``truncate``, ``fwd_hooks``, ``progress``, ``sort_by_length``), the same
+            for both runs (``fwd_hooks`` run in both: the SAEs' effect under your intervention).
 
     Returns:
-        :class:`SAEGainChange` (``.to_frame()``, ``.plot()``).
+        :class:`SAEGainChange`: a :class:`~thermo_lens.paired.PairedDifference` (``.to_frame()``
+        with ``t``, ``pvalue``, CIs; ``.select()``), with both runs and ``.plot()``.
 
     Raises:
         ThermoLensInputError: the model cannot hold SAEs; no SAE to compare; an SAE on a hook that
@@ -191,8 +218,8 @@ def sae_gain_change(
     view = as_view(model)
     _require_sae_host(view)
     model = view.model
-    kwargs = dict(token_scope=token_scope, prepend_bos=prepend_bos, batch_size=batch_size,
-                  level=level, progress=progress)
+    run_settings = RunSettings.resolve(settings, **run)
+    kwargs: dict[str, Any] = dict(token_scope=token_scope, level=level, settings=run_settings)
     if saes is not None:
         if "Bridge" in type(model).__name__:
             raise ThermoLensInputError(
@@ -205,11 +232,11 @@ def sae_gain_change(
             raise ThermoLensInputError("saes is empty; pass an SAE, a list of SAEs, or None for the attached ones")
         for i, sae in enumerate(sae_list):
             _check_sae(view, str(sae.cfg.metadata.hook_name), int(sae.cfg.d_in), f"SAE {i}")
-        without = residual_gain(view, prompts, **kwargs)  # type: ignore[arg-type]
+        without = residual_gain(view, prompts, **kwargs)
         with model.saes(saes=sae_list, use_error_term=use_error_term):
             compared = [r for r in attached.sae_records(view.model)
                         if r["hook"] in {str(s.cfg.metadata.hook_name) for s in sae_list}]
-            with_ = residual_gain(view, prompts, **kwargs)  # type: ignore[arg-type]
+            with_ = residual_gain(view, prompts, **kwargs)
     else:
         records = attached.sae_records(view.model)
         if not records:
@@ -218,7 +245,7 @@ def sae_gain_change(
         for r in records:
             _check_sae(view, r["hook"], r["d_in"], "the attached SAE")
         compared = records
-        with_ = residual_gain(view, prompts, **kwargs)  # type: ignore[arg-type]
+        with_ = residual_gain(view, prompts, **kwargs)
         # The baseline runs the same SAEs with their error term added back: SAE(x) + (x - SAE(x))
         # is the model's own stream up to float rounding (~1e-7 relative). Detaching and
         # re-attaching is avoided: on SAETransformerBridge a reset hook point stops firing.
@@ -227,12 +254,21 @@ def sae_gain_change(
         try:
             for w in wrappers:
                 w.use_error_term = True
-            without = residual_gain(view, prompts, **kwargs)  # type: ignore[arg-type]
+            without = residual_gain(view, prompts, **kwargs)
         finally:
             for w, b in zip(wrappers, before):
                 w.use_error_term = b
-    delta: Float[Tensor, "prompt layer"] = (with_.block_gain.double() - without.block_gain.double()).float()
+    a, b = without.block_gain.double(), with_.block_gain.double()
+    summary, t, p = paired_t(b - a, float(level))
+    # The SAEs are what is compared (both runs record them among their hooks); say anything else that differs.
+    notes = [n for n in without.provenance.pairing_notes(with_.provenance) if not n.startswith("the two runs ran")]
+    other_a = [str(h) for h in without.provenance.hidden_hooks if h.attached != "sae"]
+    other_b = [str(h) for h in with_.provenance.hidden_hooks if h.attached != "sae"]
+    if other_a != other_b:
+        notes.append(f"hooks already on the model differ between the runs: without: {'; '.join(other_a) or 'none'} "
+                     f"/ with: {'; '.join(other_b) or 'none'}")
     return SAEGainChange(
-        with_saes=with_, without_saes=without, delta=delta,
-        delta_summary=summarize(delta, level=level), saes=tuple(compared), level=float(level),
+        quantity="block_gain", result_type="GainResult", dims=("layer",), difference=b - a, a=a, b=b,
+        summary=summary, t_statistic=t, pvalue=p, provenance_a=without.provenance, provenance_b=with_.provenance,
+        level=float(level), notes=tuple(notes), with_saes=with_, without_saes=without, saes=tuple(compared),
     )

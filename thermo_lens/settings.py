@@ -7,11 +7,13 @@ options, either as keyword arguments (``prepend_bos=True, batch_size=4``) or as 
 ``settings=RunSettings(...)`` object; keywords override the object's fields. An unknown keyword
 is an error that lists the valid ones, so options cannot drift between entry points.
 
-Batching order (why ``sort_by_length`` defaults to ``None``): without user hooks, prompts are
-batched by token length (less padding; results come back in the caller's order). With user hooks
-(``fwd_hooks``), batches keep the caller's prompt order, so a hook written for
-``model.run_with_hooks`` on the same prompt list sees the same rows whenever the prompts fit one
-batch; across batches a hook reads ``hook.ctx["batch"]`` (:class:`thermo_lens.tokens.BatchInfo`).
+Batching order (why ``sort_by_length`` defaults to ``None``): prompts that fit one batch
+(``batch_size >= len(prompts)``) run as one batch in the caller's order, so a hook written for
+``model.run_with_hooks`` on the same prompt list sees the same rows; more prompts run in length
+buckets (less padding; results come back in the caller's order), where a hook reads
+``hook.ctx["batch"]`` (:class:`thermo_lens.tokens.BatchInfo`). The plan never depends on the
+hooks: two runs that differ only in their hooks batch identically, so their paired difference is
+exactly the hooks' effect (an identity hook gives 0, not float rounding).
 """
 
 from __future__ import annotations
@@ -72,9 +74,10 @@ class RunSettings:
         fwd_hooks: your own ``(hook_name, fn)`` hooks (ablation, patching), run in the same pass
             before thermo-lens' reductions; recorded in every result's provenance.
         progress: progress bar over batches (``None``: when there is more than one batch).
-        sort_by_length: ``None`` (default): batch by token length when there are no user hooks,
-            in the caller's order when there are. ``False``: always the caller's order. ``True``
-            with user hooks is refused (the hooks would see reordered rows).
+        sort_by_length: ``None`` (default): one batch in the caller's order when every prompt
+            fits one batch, else length buckets (with or without hooks: the plan never depends on
+            them). ``False``: always the caller's order. ``True`` with user hooks is refused (the
+            hooks would see reordered rows even when the prompts fit one batch).
     """
 
     prepend_bos: BosMode = "host"
@@ -125,14 +128,14 @@ class RunSettings:
         return dataclasses.replace(settings, **options) if options else settings
 
     @property
-    def by_length(self) -> bool:
-        """Whether prompts are batched by token length in this run."""
-        if self.sort_by_length is None:
-            return not self.fwd_hooks
+    def by_length(self) -> bool | None:
+        """Whether prompts are batched by token length: ``True``, ``False``, or ``None`` (one batch
+        in the caller's order when they fit one batch, else by length; never hook-dependent)."""
         return self.sort_by_length
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready description (the hooks are described in the result's provenance)."""
+        order = {True: "by token length", False: "caller's order",
+                 None: "one batch in the caller's order if the prompts fit one, else by token length"}
         return {"prepend_bos": self.prepend_bos, "batch_size": self.batch_size, "truncate": self.truncate,
-                "batch_order": "by token length" if self.by_length else "caller's order",
-                "n_fwd_hooks": len(self.fwd_hooks)}
+                "batch_order": order[self.sort_by_length], "n_fwd_hooks": len(self.fwd_hooks)}

@@ -20,8 +20,9 @@ per-token quantity is reduced over (:data:`TOKEN_SCOPES` has their definitions; 
 **Batches**: right padding keeps every real token at its true position (absolute and rotary
 position encodings see the positions of an unpadded run) and, in causal models, real tokens
 never attend to padding; padded positions never enter a norm (:attr:`TokenBatch.mask`).
-:func:`plan_batches` groups prompts into length buckets (or keeps the caller's order when user
-hooks must see plain batches); a hook sees the batch it runs on as :class:`BatchInfo`.
+:func:`plan_batches` runs prompts that fit one batch in the caller's order and groups more into
+length buckets, whatever the hooks (two runs that differ only in their hooks batch identically); a
+hook sees the batch it runs on as :class:`BatchInfo`.
 """
 
 from __future__ import annotations
@@ -181,20 +182,31 @@ def plan_batches(
     lengths: Sequence[int] | Tensor,
     batch_size: int,
     *,
-    sort_by_length: bool = True,
+    sort_by_length: bool | None = None,
     max_padding: float | None = MAX_PADDING,
 ) -> list[list[int]]:
     """The prompt indices of each padded forward batch of a run.
 
-    ``sort_by_length=False``: the caller's order, ``batch_size`` prompts per batch.
+    ``sort_by_length=None`` (the default of every entry point): one batch in the caller's order
+    when every prompt fits one batch (``len(lengths) <= batch_size``), else length buckets as for
+    ``True``. ``sort_by_length=False``: the caller's order, ``batch_size`` prompts per batch.
     ``sort_by_length=True, max_padding=None``: prompts in order of token length (stable), then
     ``batch_size`` per batch. ``sort_by_length=True`` with ``max_padding``: length buckets; in
     length order, a batch is closed when it holds ``batch_size`` prompts or when adding the next
     (longest so far) prompt would make more than ``max_padding`` of the batch's positions padding.
     Every batch then pads at most ``max_padding`` of its positions (so does the whole run); the
     price is more, smaller batches when lengths are spread out.
+
+    The plan depends on the token lengths and these settings only, never on hooks: two runs of
+    the same prompts and settings batch identically, so a paired difference between them (an
+    ablation against the clean run) holds exactly the hooks' effect, no float rounding of
+    differently shaped batches.
     """
     n = [int(x) for x in lengths]
+    if sort_by_length is None:
+        if len(n) <= batch_size:
+            return [list(range(len(n)))]
+        sort_by_length = True
     if not sort_by_length:
         return [list(r) for r in _chunks(len(n), batch_size)]
     order = sorted(range(len(n)), key=lambda i: n[i])

@@ -278,6 +278,7 @@ def sheaf_traces(
     *,
     formula: str = "off_diagonal_mass",
     settings: RunSettings | None = None,
+    cache: Any = None,
     **run: Unpack[RunOptions],
 ) -> SheafTraces:
     """Sheaf Laplacian trace of every head, layer and prompt in one forward pass.
@@ -300,6 +301,11 @@ def sheaf_traces(
         settings, **run: run options (:class:`thermo_lens.RunSettings`): ``prepend_bos``,
             ``batch_size``, ``truncate``, ``fwd_hooks`` (ablations, patching; run in the same
             pass first, in your prompt order, recorded in the result), ``progress``.
+        cache: an ``ActivationCache`` from ``model.run_with_cache`` on the same tokens (pass those
+            tokens as ``prompts``, with their attention mask where padded, or the same prompt
+            strings): measured from the cache, no forward pass (``fwd_hooks`` then refused: make
+            the cache under your hooks); a cache lacking a needed hook is an error listing them.
     """
     # The option's check fails (or warns, for "paper_printed") before any compute.
-    return measure.run(as_view(model), prompts, {"sheaf": {"formula": formula}}, settings=settings, **run).sheaf
+    return measure.run(as_view(model), prompts, {"sheaf": {"formula": formula}}, settings=settings, cache=cache,
+                       **run).sheaf

@@ -230,12 +230,18 @@ def panel_from_results(tokens: Sequence[str], pattern: Any, metrics: pd.DataFram
     settings = dict(settings or {})
     definitions = panel_definitions()
     cols = ["head"] + [c for c in definitions if c in metrics.columns]
-    # circuitsvis.attention.attention_patterns(tokens=..., attention=[head, dest, src]) props.
-    vis = circuitsvis_html("AttentionPatterns", include_js=include_js, tokens=tokens, attention=pat)
+    if len(metrics) != pat.shape[0]:
+        raise ThermoLensViewError(f"panel: {len(metrics)} metric rows for {pat.shape[0]} heads in the pattern")
+    # circuitsvis' AttentionPatterns props (tokens, attention=[head, dest, src]); headLabels names each
+    # pattern by the head's real index (the metrics' head column), not its position in the shown subset.
+    labels = [f"Head {int(h)}" for h in metrics["head"]]
+    vis = circuitsvis_html("AttentionPatterns", include_js=include_js, tokens=tokens, attention=pat,
+                           headLabels=labels)
     defs = "".join(f"<dt>{html.escape(c)}</dt><dd>{html.escape(definitions[c])}</dd>" for c in cols if c != "head")
     stext = html.escape(settings_text(token_scope=settings.get("token_scope"), prepend_bos=settings.get("prepend_bos"),
                                       dtype=settings.get("dtype"), weights=settings.get("weights"),
-                                      post_ln=settings.get("post_ln")))
+                                      post_ln=settings.get("post_ln"),
+                                      extra=[f"hooks: {settings['hooks']}"] if settings.get("hooks") else ()))
     esc = html.escape
     frag = f"""<div class="thermo-lens-panel" style="font-family:system-ui,sans-serif;font-size:13px">{_PANEL_CSS}
 <div style="display:flex;flex-wrap:wrap;gap:24px;align-items:flex-start">
@@ -255,7 +261,7 @@ def panel_from_results(tokens: Sequence[str], pattern: Any, metrics: pd.DataFram
 
 
 def _per_head_activation_metrics(view: Any, prompts: Any, layer: int, token_scope: str,
-                                  prepend_bos: Any) -> dict[str, np.ndarray]:
+                                  prepend_bos: Any, fwd_hooks: Any = ()) -> dict[str, np.ndarray]:
     """``{column: [head] values}``: every registered ``[prompt, layer, head]`` metric marked ``panel``,
     block ``layer``, mean over ``prompts``, from one pass over every measurement that produces one."""
     from thermo_lens import measure, registry
@@ -265,14 +271,16 @@ def _per_head_activation_metrics(view: Any, prompts: Any, layer: int, token_scop
             if meas.reductions is not None and meas.applies(view) is None and any(m.result == meas.result for m in wanted)]
     if not runs:
         return {}
-    res = measure.run(view, prompts, runs, token_scope=token_scope, prepend_bos=prepend_bos, progress=False)
+    res = measure.run(view, prompts, runs, token_scope=token_scope, prepend_bos=prepend_bos, progress=False,
+                      fwd_hooks=fwd_hooks)
     return {m.frame_column: to_numpy(m.values(res)[:, layer].double().mean(0)) for m in wanted
             if any(type(r).__name__ == m.result for r in res.results.values())}
 
 
 def attention_panel(model: Any, prompt: str, layer: int, *, head: int | Sequence[int] | None = None,
                     prepend_bos: Any = "host", gain_prompts: Any = None, token_scope: TokenScope = "all_but_first",
-                    ablation: bool = True, attribution: bool = True, include_js: bool = True) -> AttentionPanel:
+                    ablation: bool = True, attribution: bool = True, include_js: bool = True,
+                    fwd_hooks: Any = ()) -> AttentionPanel:
     """Attention patterns of ``layer`` on ``prompt`` (circuitsvis) next to that layer's per-head metrics.
 
     Args:
@@ -289,6 +297,8 @@ def attention_panel(model: Any, prompt: str, layer: int, *, head: int | Sequence
             mean over ``gain_prompts``, from one pass (:func:`thermo_lens.run`); a measurement with no
             exact definition on the model (the attribution of a post-LN model) is left out.
         include_js: embed the circuitsvis bundle (once per page is enough).
+        fwd_hooks: your ``(hook_name, fn)`` hooks (an ablation, a patch), run in every pass the panel
+            makes (the pattern, the ablation gains, the activation metrics); shown in the panel.
 
     Returns:
         :class:`AttentionPanel` (``panel.html``; displays itself in a notebook; ``panel.save(path)``).
@@ -311,7 +321,13 @@ def attention_panel(model: Any, prompt: str, layer: int, *, head: int | Sequence
         if bad or not hs:
             raise ThermoLensViewError(f"attention_panel: head must be in 0..{view.n_heads - 1} (negative from the end), got {head!r}")
         shown = [int(h) % view.n_heads for h in hs]
-    lap = sheaf_laplacian(view, prompt, layer, None, prepend_bos=prepend_bos)
+    from thermo_lens import attached
+    from thermo_lens.provenance import describe_hook, hooks_text
+    from thermo_lens.validate import boolean, fwd_hooks as check_hooks
+
+    ablation, attribution = boolean("ablation", ablation), boolean("attribution", attribution)
+    hooks = check_hooks(fwd_hooks)
+    lap = sheaf_laplacian(view, prompt, layer, None, prepend_bos=prepend_bos, fwd_hooks=hooks)
     assert isinstance(lap, LayerSheafLaplacian)  # head=None: all heads of the layer
     pattern = torch.stack([h.pattern for h in lap.heads]).float()  # [head, n, n]
     n = pattern.shape[-1]
@@ -329,16 +345,17 @@ def attention_panel(model: Any, prompt: str, layer: int, *, head: int | Sequence
     if ablation:
         from thermo_lens.ablation import head_ablation
 
-        abl = head_ablation(view, gp, layer, token_scope=token_scope, prepend_bos=prepend_bos)
+        abl = head_ablation(view, gp, layer, token_scope=token_scope, prepend_bos=prepend_bos, fwd_hooks=hooks)
         table.insert(1, "delta_block_gain", abl.to_frame()["delta_block_gain"].to_numpy())
     if attribution:
-        for name, values in _per_head_activation_metrics(view, gp, layer, token_scope, prepend_bos).items():
+        for name, values in _per_head_activation_metrics(view, gp, layer, token_scope, prepend_bos, hooks).items():
             table.insert(1, name, values)
     table = table.iloc[shown].reset_index(drop=True)
     pattern = pattern[shown]
     meta = view.metadata()
     settings = {"prepend_bos": lap.heads[0].prepend_bos,  # resolved
                 "token_scope": token_scope if (ablation or attribution) else None,
-                "dtype": meta["dtype"], "weights": meta["weights"], "post_ln": meta["post_ln"]}
+                "dtype": meta["dtype"], "weights": meta["weights"], "post_ln": meta["post_ln"],
+                "hooks": hooks_text(tuple(describe_hook(n, f) for n, f in hooks) + attached.attached_hooks(view.model))}
     return panel_from_results(tokens, pattern, table, layer=layer, prompt=prompt, model=view.name,
                               settings=settings, include_js=include_js)
