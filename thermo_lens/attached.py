@@ -1,10 +1,17 @@
-"""What is attached to a host model besides its own weights: SAEs spliced in with SAELens.
+"""What is attached to a host model besides its own weights: SAEs spliced in with SAELens, hooks
+already registered on its hook points, and what its hook names are.
 
 SAELens' ``HookedSAETransformer.add_sae`` (and ``SAETransformerBridge``) replaces a hook point by
 a wrapper module whose ``hook_sae_output`` carries the SAE's output downstream. thermo-lens reads
 the residual stream the model actually carries, so a hook name that holds an SAE is read (and
 hooked) at that output (:func:`resolve_hook`), and every result records the SAEs
 (:func:`sae_records`, in the model metadata).
+
+A notebook often leaves hooks on the model (``model.add_hook``, an enclosing
+``with model.hooks(...)``, permanent hooks, a PyTorch ``register_forward_hook``): they run in every
+pass, so :func:`attached_hooks` finds them (and the SAEs) before each pass and every result
+records them beside its ``fwd_hooks``. :func:`check_hook_names` refuses a hook name the model has
+no hook point for (some hosts skip it without a word), naming the closest valid ones.
 
 Functions take the host model object (not a :class:`thermo_lens.model.ModelView`): the view
 calls them, so this module sits below it.

@@ -9,11 +9,17 @@ and memory linear in the number of tokens. :func:`collect` runs the pass and ret
 it picks the reductions of the measurements you name and builds their results from one pass.
 
 User hooks passed as ``fwd_hooks`` run in the same pass *before* the reductions, so a reduction at
-the same hook point sees the activation as the user's hook left it (e.g. after an ablation). With
-user hooks, batches keep the caller's prompt order and each hook can read the current batch from
-``hook.ctx["batch"]`` (:class:`thermo_lens.tokens.BatchInfo`); a hook that raises, or returns a
-tensor of another shape, gets a :class:`~thermo_lens.errors.ThermoLensHookError` naming the hook,
-the batch and the fix.
+the same hook point sees the activation as the user's hook left it (e.g. after an ablation). Their
+names are checked against the model's hook points before anything runs; each hook can read the
+current batch from ``hook.ctx["batch"]`` (:class:`thermo_lens.tokens.BatchInfo`); a hook that
+raises, returns something the host cannot use, or never runs gets a
+:class:`~thermo_lens.errors.ThermoLensHookError` naming the hook, the batch and the fix. Hooks
+already on the model (``model.add_hook``, ``with model.hooks(...)``, SAEs, PyTorch module hooks)
+run too and are recorded beside the ``fwd_hooks`` (:func:`thermo_lens.attached.attached_hooks`).
+The batch plan depends on the prompts' lengths and the settings, never on hooks.
+
+:func:`collect_cached` records the same reductions from an existing ``ActivationCache`` (the
+cached activations replayed through the reductions' hooks in forward order): no forward pass.
 """
 
 from __future__ import annotations
