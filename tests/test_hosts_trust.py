@@ -89,7 +89,7 @@ def _model(host_model, host, arch="gpt2"):
 
 # ---------------------------------------------------------------------------- 1. hooks on the model
 @pytest.mark.parametrize("host", HOSTS)
-def test_1_hooks_already_on_the_model_are_applied_and_recorded(host, host_model, tmp_path):
+def test_1_hooks_already_on_the_model_are_applied_and_recorded(host, host_model):
     m = _model(host_model, host)
     clean = tl.residual_gain(m, PROMPTS)
     ref, _ = _ref_gains(m, PROMPTS, fwd_hooks=[("blocks.1.attn.hook_z", zero_head0)])
@@ -115,20 +115,33 @@ def test_1_hooks_already_on_the_model_are_applied_and_recorded(host, host_model,
     m.add_hook("blocks.1.attn.hook_z", zero_head0, is_permanent=True)
     try:
         g3 = tl.residual_gain(m, PROMPTS, fwd_hooks=[("blocks.0.hook_resid_pre", identity)])
-        prof = tl.profile(m, PROMPTS, attribution=False, name="hidden")
     finally:
         m.reset_hooks(including_permanent=True)
     assert [(h.hook_point, h.attached) for h in g3.hooks] == [("blocks.0.hook_resid_pre", "fwd_hooks"),
                                                                ("blocks.1.attn.hook_z", "permanent")]
     torch.testing.assert_close(g3.block_gain, g.block_gain, rtol=0, atol=0)
-    assert "zero_head0" in prof.meta["hooks"] and "zero_head0" in repr(prof)
-    text = tl.write_report({"hidden": prof}, tmp_path / "r.html", panel=None).read_text(encoding="utf-8")
-    assert "zero_head0" in text
     # a paired difference against a clean run says the two ran under different hidden hooks
     d = g - clean
     assert any("different hooks already on the model" in n for n in d.notes)
     assert "different hooks already on the model" in repr(d) and "zero_head0" in d.to_frame()["notes"].iloc[0]
     assert "model.add_hook" in repr(d).splitlines()[2]  # b: ...
+
+
+@pytest.mark.slow  # a profile and a report
+@pytest.mark.parametrize("host", HOSTS)
+def test_1_hooks_already_on_the_model_reach_the_profile_and_the_report(host, host_model, tmp_path):
+    m = _model(host_model, host)
+    m.add_hook("blocks.1.attn.hook_z", zero_head0)
+    try:
+        prof = tl.profile(m, PROMPTS, attribution=False, name="hidden")
+    finally:
+        m.reset_hooks()
+    assert "zero_head0" in prof.meta["hooks"] and "zero_head0" in repr(prof)
+    np.testing.assert_allclose(prof.gain.block_gain.double().numpy(),
+                               _ref_gains(m, PROMPTS, fwd_hooks=[("blocks.1.attn.hook_z", zero_head0)])[0],
+                               rtol=TOL, atol=TOL)
+    text = tl.write_report({"hidden": prof}, tmp_path / "r.html", panel=None).read_text(encoding="utf-8")
+    assert "zero_head0" in text and "model.add_hook" in text
 
 
 # ---------------------------------------------------------------------------- 2. hook names
@@ -233,6 +246,7 @@ class _Forwards:
         self.handle.remove()
 
 
+@pytest.mark.slow  # every measurement twice, and a profile
 @pytest.mark.parametrize("host", HOSTS)
 def test_4_measures_read_an_activation_cache_without_a_second_forward(host, host_model):
     m = _model(host_model, host)

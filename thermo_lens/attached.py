@@ -232,6 +232,8 @@ def check_hook_names(model: Any, names: Sequence[Any], name: str = "the model") 
     names, before anything runs: some hosts skip an unknown name without a word (the hook would
     never run while the result records it). A name filter (a callable) must match at least one
     hook point. ``name`` is the model's name, for the message."""
+    if not names:
+        return
     hook_dict = getattr(model, "hook_dict", None)
     if not isinstance(hook_dict, dict):
         return  # a duck-typed host without hook_dict: nothing to check against

@@ -325,7 +325,8 @@ class ModelView:
         return (
             f"ModelView({self.name!r}: L={self.n_layers}, H={self.n_heads}, H_kv={self.n_kv_heads}, "
             f"d_model={self.d_model}, d_head={self.d_head}, {self.norm_placement}-LN"
-            f"{', parallel attn' if self.parallel_attn else ''}, weights {self.weight_state}, "
+            f"{', parallel attn' if self.parallel_attn else ''}, weights {self.weight_state}"
+            f"{' (' + ', '.join(self.weight_processing) + ')' if self.weight_processing else ''}, "
             f"{str(self.dtype).replace('torch.', '')}, {self.device})"
         )
 

@@ -151,7 +151,9 @@ class ThermoProfile(Result):
 
     def __repr__(self) -> str:
         m = self.meta
-        flags = [f"weights {m['weights']}", m["dtype"], f"BOS={m['prepend_bos']}"]
+        steps = m.get("weight_processing") or ()
+        flags = [f"weights {m['weights']}" + (f" ({', '.join(steps)})" if steps else ""), m["dtype"],
+                 f"BOS={m['prepend_bos']}"]
         if m["post_ln"]:
             flags.append("POST-LN: gain bounded by LayerNorm weights")
         lab = f" [{m['lab']}]" if m.get("lab") else ""

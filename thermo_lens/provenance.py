@@ -207,9 +207,12 @@ class Provenance(Result):
             out.append("token lengths differ (another tokenization)")
         if self.prepend_bos != other.prepend_bos:
             out.append(f"prepend_bos differs ({self.prepend_bos!r} vs {other.prepend_bos!r})")
-        for k in ("name", "n_layers", "n_heads", "d_model", "dtype", "weights", "weight_processing"):
+        for k in ("name", "n_layers", "n_heads", "d_model", "dtype", "weights"):
             if self.model.get(k) != other.model.get(k):
                 out.append(f"model {k} differs ({self.model.get(k)!r} vs {other.model.get(k)!r})")
+        steps = [tuple(p.model.get("weight_processing") or ()) for p in (self, other)]
+        if steps[0] != steps[1] and all("weight_processing" in p.model for p in (self, other)):
+            out.append(f"model weight_processing differs ({list(steps[0])} vs {list(steps[1])})")
         return out
 
     def pairing_notes(self, other: "Provenance") -> list[str]:
