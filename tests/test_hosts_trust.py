@@ -399,6 +399,25 @@ def test_5_weight_processing_is_detected_step_by_step(checkpoint_dir, tmp_path):
                 torch.testing.assert_close(a_f.bias[p, l], a_raw.bias[p, l] + shift.sum(), rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(a_f.total, a_raw.total, rtol=1e-5, atol=1e-5)
         assert (a_f.head - a_raw.head).abs().max() > 1e-2  # the effect is not rounding
+        # ... and with every step: fold_ln alone changes no term but adds the LayerNorm bias's share
+        # b_ln W_V^h to the value bias that is then folded; centring makes each term <c, P s> (P removes
+        # the mean over d_model) and the total ||P x_out||^2 - ||P x_in||^2
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            a_full = tl.gain_attribution(seen["full"], PROMPTS, token_scope="all")
+        for p, prompt in enumerate(PROMPTS):
+            _, c = raw.run_with_cache(prompt)
+            for l in range(raw.cfg.n_layers):
+                x_in, x_out = (c[f"blocks.{l}.hook_resid_{w}"][0].double() for w in ("pre", "post"))
+                P = lambda v: v - v.mean(-1, keepdim=True)  # noqa: E731
+                s = P(x_in + x_out)
+                attn, ln_b = raw.blocks[l].attn, raw.blocks[l].ln1.b.double()
+                b_v = attn.b_V.double() + torch.einsum("d,hde->he", ln_b, attn.W_V.double())
+                z = c[f"blocks.{l}.attn.hook_z"][0].double() - b_v
+                want = torch.einsum("phd,hde,pe->ph", z, attn.W_O.double(), s).mean(0)
+                torch.testing.assert_close(a_full.head[p, l], want, rtol=1e-4, atol=1e-4)
+                total = (P(x_out).pow(2).sum(-1) - P(x_in).pow(2).sum(-1)).mean()
+                torch.testing.assert_close(a_full.total[p, l], total, rtol=1e-4, atol=1e-4)
 
 
 # ---------------------------------------------------------------------------- 6. one convention

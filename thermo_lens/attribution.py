@@ -40,8 +40,8 @@ bridge's compatibility mode) changes some terms; every result records the steps 
 d_model`` the projection that removes the mean over ``d_model``:
 
 * ``fold_ln``: each LayerNorm's weight and bias move into the weights that read it (``W_Q``,
-  ``W_K``, ``W_V``, ``W_in`` and their biases). ``z_h``, ``mlp_out`` and the residual stream are
-  the same tensors, so every term is unchanged.
+  ``W_K``, ``W_V``, ``W_in`` and their biases; ``b_V^h`` gains ``b_ln W_V^h``). ``z_h``,
+  ``mlp_out`` and the residual stream are the same tensors, so every term is unchanged.
 * ``center_writing_weights``: ``W_O``, ``W_out``, ``W_E``, ``W_pos``, ``b_O`` and ``b_out`` lose
   their mean over ``d_model``, so every write and the stream itself become ``P c`` and ``P x`` (the
   norms read after them are unchanged). Each term becomes ``<c, P s>``: its share of the change of
@@ -51,9 +51,14 @@ d_model`` the projection that removes the mean over ``d_model``:
 * ``fold_value_biases``: each head's value bias moves into the output bias, ``b_O' = b_O + sum_h
   b_V^h W_O^h`` and ``b_V = 0``; attention rows sum to 1, so ``z_h' = z_h - b_V^h`` and
   ``head' = head - <b_V^h W_O^h, s>``, ``bias' = bias + sum_h <b_V^h W_O^h, s>``; ``mlp``,
-  ``total`` and the stream are unchanged. (``load_and_process_state_dict`` folds value biases by
-  default, even with ``fold_ln=False``: head terms of such a model differ from the raw model's by
-  ``<b_V^h W_O^h, s>``, and the bias term carries them.)
+  ``total`` and the stream are unchanged. After ``fold_ln``, ``b_V^h`` includes the LayerNorm
+  bias's share ``b_ln W_V^h``, which moves too. (``load_and_process_state_dict`` folds value biases
+  by default, even with ``fold_ln=False``: head terms of such a model differ from the raw model's
+  by ``<b_V^h W_O^h, s>``, and the bias term carries them.)
+
+With every step (``from_pretrained``'s default), ``head = <(z_h - b_V^h - b_ln W_V^h) W_O^h, P s>``
+with ``z_h``, ``b_V``, ``b_ln`` and ``s`` the raw model's (tested against a raw model's
+``run_with_cache`` in ``tests/test_hosts_trust.py``).
 """
 
 from __future__ import annotations
