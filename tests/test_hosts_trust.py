@@ -168,10 +168,21 @@ def test_2_name_filters_work_and_hooks_that_never_fire_are_errors(host, host_mod
     np.testing.assert_allclose(named.block_gain.double().numpy(), ref, rtol=TOL, atol=TOL)
     with pytest.raises(ThermoLensInputError, match="matches none of"):
         tl.residual_gain(m, PROMPTS, fwd_hooks=[(lambda n: n.endswith("hook_nothing"), zero_head0)])
-    if "Bridge" not in host:  # HookedTransformer: hook_result fires only with use_attn_result
-        assert not m.cfg.use_attn_result
-        with pytest.raises(ThermoLensHookError, match="never ran.*set_use_attn_result"):
-            tl.residual_gain(m, PROMPTS, fwd_hooks=[("blocks.0.attn.hook_result", identity)])
+    # hook_result fires only with use_attn_result: refused before the pass, on every host
+    assert not m.cfg.use_attn_result
+    with pytest.raises(ThermoLensInputError, match="blocks.0.attn.hook_result.*use_attn_result.*set_use_attn_result"):
+        tl.residual_gain(m, PROMPTS, fwd_hooks=[("blocks.0.attn.hook_result", identity)])
+    # a hook the host skips anyway (a host dropping it unseen) is an error after the pass, not a record
+    real = m.run_with_hooks
+
+    def dropping(*args, fwd_hooks=(), **kwargs):
+        return real(*args, fwd_hooks=[(n, f) for n, f in fwd_hooks if n != "blocks.1.attn.hook_z"], **kwargs)
+    m.run_with_hooks = dropping
+    try:
+        with pytest.raises(ThermoLensHookError, match=r"zero_head0 at blocks\.1\.attn\.hook_z never ran"):
+            tl.residual_gain(m, PROMPTS, fwd_hooks=[("blocks.1.attn.hook_z", zero_head0)])
+    finally:
+        del m.run_with_hooks
 
 
 def test_2_sae_hook_names_resolve(host_model):

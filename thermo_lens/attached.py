@@ -256,11 +256,41 @@ def check_hook_names(model: Any, names: Sequence[Any], name: str = "the model") 
             raise ThermoLensInputTypeError(
                 f"hook name {i} is a {type(hook_name).__name__} ({hook_name!r}), not a hook name such as "
                 "'blocks.0.hook_resid_post' (a str) or a name filter (a function name -> bool)")
-        if hook_name in hook_dict:
-            continue
-        if needs_resolving(model) and resolve_hook(model, hook_name, name) in hook_dict:
-            continue  # the point an SAE replaced (read at its output) or an SAELens alias
-        raise ThermoLensInputError(_unknown_hook_message(model, hook_name, list(hook_points(model)) or valid, name))
+        point = hook_dict.get(hook_name)
+        if point is None and needs_resolving(model):
+            point = hook_dict.get(resolve_hook(model, hook_name, name))  # an SAE's output, or an SAELens alias
+        if point is None:
+            raise ThermoLensInputError(_unknown_hook_message(model, hook_name, list(hook_points(model)) or valid, name))
+        flag = _gated(model, hook_name, point)
+        if flag:
+            raise ThermoLensInputError(
+                f"{name}'s hook point {hook_name!r} fires only when model.cfg.{flag} is True (it is False), so a "
+                f"hook there would never run: call model.set_{flag}(True) first"
+                + (" (or set model.cfg.use_hook_tokens = True)" if flag == "use_hook_tokens" else ""))
+
+
+#: Hook points a ``HookedTransformer`` fires only when a config flag is on (TransformerLens' setters
+#: ``set_use_attn_result`` ... switch them); the bridge says for itself (``_gated_hook_reason``).
+_GATED = (("attn.hook_result", "use_attn_result"), ("hook_attn_in", "use_attn_in"),
+          ("hook_q_input", "use_split_qkv_input"), ("hook_k_input", "use_split_qkv_input"),
+          ("hook_v_input", "use_split_qkv_input"), ("hook_mlp_in", "use_hook_mlp_in"),
+          ("hook_tokens", "use_hook_tokens"))
+
+
+def _gated(model: Any, hook_name: str, point: Any) -> str | None:
+    """The config flag that must be on for the hook point to fire, when it is off; else None."""
+    reason = getattr(model, "_gated_hook_reason", None)
+    if callable(reason):  # TransformerBridge: keyed on the point's canonical name (aliases may always fire)
+        try:
+            flag = reason(getattr(point, "name", None) or hook_name)
+        except Exception:  # noqa: BLE001 - a host's private helper; never block a run on it
+            return None
+        return str(flag) if flag else None
+    cfg = getattr(model, "cfg", None)
+    for suffix, flag in _GATED:
+        if hook_name.endswith(suffix) and getattr(cfg, flag, True) is False:
+            return flag
+    return None
 
 
 def _unknown_hook_message(model: Any, hook_name: str, valid: list[str], name: str) -> str:
