@@ -264,8 +264,8 @@ class ModelView:
             return
         done = [PROCESSING_STEPS[s] for s in self.weight_processing]
         warnings.warn(
-            f"{self.name} has processed weights ({', '.join(self.weight_processing) or 'process_weights'}): "
-            f"{'; '.join(done) or 'TransformerLens processing'}, so {effect}. "
+            f"{self.name}: the weights are processed ({', '.join(self.weight_processing) or 'process_weights'}); "
+            f"processed weights have {'; '.join(done) or 'been changed by TransformerLens'}, so {effect}. "
             "The paper used raw weights: boot with TransformerBridge.boot_transformers(name) without "
             "enable_compatibility_mode() (legacy TransformerLens: "
             "HookedTransformer.from_pretrained_no_processing(name)). Results record weights='processed' "
