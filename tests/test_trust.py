@@ -192,3 +192,14 @@ def test_centred_rows_are_told_from_raw_ones():
     assert not _centred(raw) and _centred(raw - raw.mean(-1, keepdim=True))
     bf16 = (raw - raw.mean(-1, keepdim=True)).bfloat16()  # centred, then rounded to bfloat16
     assert _centred(bf16) and not _centred(torch.zeros(4, 8))
+
+
+def test_a_patch_says_which_hooks_already_on_the_model_its_clean_run_ran_under(bridge):
+    model = bridge("gpt2")
+    model.add_hook("blocks.0.attn.hook_z", _zero)
+    try:
+        patch = tl.patch_from(model, PROMPTS[:1], "blocks.1.hook_resid_pre", positions=-1)
+    finally:
+        model.reset_hooks()
+    assert "clean run under hooks already on the model: blocks.0.attn.hook_z <- test_trust._zero" in patch.description
+    assert "clean run under" not in tl.patch_from(model, PROMPTS[:1], "blocks.1.hook_resid_pre").description

@@ -249,6 +249,7 @@ def patch_from(
         raise ThermoLensInputError(f"source indices must be in 0..{len(ps) - 1} (the clean prompts)")
     if positions is not None:
         _int_list("positions", positions)
+    hidden = attached.attached_hooks(view.model)  # they run in the clean run too: said where the patch is recorded
     clean: dict[str, list[Tensor]] = {n: [] for n in names}
     lengths = []
     resolved: list[Any] = []
@@ -270,7 +271,8 @@ def patch_from(
             f"positions {'all' if positions is None else positions}"
             + (f", heads {list(heads_t)}" if heads_t is not None else "")
             + (f", source {list(src)}" if src is not None else "")
-            + f", prepend_bos={bos!r}")
+            + f", prepend_bos={bos!r}"
+            + (f"; clean run under hooks already on the model: {'; '.join(str(h) for h in hidden)}" if hidden else ""))
     return Patch(hook_names=names, clean_prompts=ps.texts, positions=positions, heads=heads_t, source=src,
                  description=desc, _clean=clean, _clean_lengths=tuple(lengths), prepend_bos=bos,
                  model_name=view.name, _model=weakref.ref(view.model))
