@@ -517,14 +517,23 @@ def test_8_an_attached_sae_appears_in_every_printed_result(host_model):
     from thermo_lens.testing import random_sae
 
     m = _model(host_model, "HookedSAETransformer")
-    m.add_sae(random_sae("blocks.1.hook_resid_post", 32, D_SAE, seed=1))
+    m.add_sae(random_sae("blocks.1.hook_resid_pre", 32, D_SAE, seed=1))
     try:
         results = [tl.residual_gain(m, PROMPTS), tl.sheaf_traces(m, PROMPTS), tl.anisotropy_profile(m, PROMPTS)]
         prof = tl.profile(m, PROMPTS, attribution=False)
+        # a cache of an SAE model must hold the SAE's output: the error names it, and its filter works
+        tokens = m.to_tokens(PROMPTS)
+        _, small = m.run_with_cache(tokens, names_filter=["blocks.0.hook_resid_pre"])
+        with pytest.raises(ThermoLensInputError, match=r"lacks .*blocks\.1\.hook_resid_pre\.hook_sae_output") as err:
+            tl.residual_gain(m, tokens, cache=small)
+        exact = eval(str(err.value).split("(exactly: names_filter=")[1].rstrip(")"))  # noqa: S307 - our own message
+        _, enough = m.run_with_cache(tokens, names_filter=exact)
+        torch.testing.assert_close(tl.residual_gain(m, tokens, cache=enough).block_gain, results[0].block_gain,
+                                   rtol=1e-5, atol=1e-6)
     finally:
         m.reset_saes()
     for r in results:
-        assert "blocks.1.hook_resid_post <- SAE standard d_in=32 d_sae=64" in repr(r)
+        assert "blocks.1.hook_resid_pre <- SAE standard d_in=32 d_sae=64" in repr(r)
         assert "SAE standard" in r.to_frame()["hooks"].iloc[0]
         assert [h.attached for h in type(r).from_json(r.to_json()).hooks] == ["sae"]
     assert "SAE standard" in repr(prof) and "SAE standard" in prof.meta["hooks"]

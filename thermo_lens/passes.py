@@ -551,7 +551,8 @@ def _cache_key(view: ModelView, acts: Mapping[str, Tensor], name: str) -> str | 
 
 def _names_filter_hint(names: Sequence[str]) -> str:
     """A ``names_filter`` for ``run_with_cache`` covering ``names``, by suffix (short) and exactly."""
-    suffixes = sorted({n.split(".", 2)[-1] if n.startswith("blocks.") else n for n in names})
+    suffixes = sorted({n.rsplit(".", 1)[-1] if ".hook_sae_" in n else n.split(".", 2)[-1] if n.startswith("blocks.")
+                       else n for n in names})
     return (f"_, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith({tuple(suffixes)!r})) "
             f"(exactly: names_filter={sorted(names)!r})")
 
@@ -674,12 +675,15 @@ def collect_cached(
         r(view, rec)
     hooks = rec.fwd_hooks()
     keys = {name: _cache_key(view, acts, name) for name, _ in hooks}
-    missing = sorted({n for n, k in keys.items() if k is None}, key=attached.forward_order)
+    # where a host re-points a name (an SAE's output), the cache must hold the point it reads
+    wanted = {name: (attached.resolve_hook(view.model, name, view.name) if attached.needs_resolving(view.model)
+                     else name) for name in keys}
+    missing = sorted({wanted[n] for n, k in keys.items() if k is None}, key=attached.forward_order)
     if missing:
         raise ThermoLensInputError(
             f"the cache lacks {len(missing)} hook(s) these measurements read: {', '.join(missing[:6])}"
             f"{' ...' if len(missing) > 6 else ''} (it holds {len(acts)}). Cache them: "
-            f"{_names_filter_hint(list(keys))}")
+            f"{_names_filter_hint(list(dict.fromkeys(wanted.values())))}")
     B, width = len(ps), int(batch.tokens.shape[1])
     for name, key in keys.items():
         act = acts[key]  # type: ignore[index]
