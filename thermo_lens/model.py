@@ -27,6 +27,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from thermo_lens import attached
 from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.layout import BlockLayout, detect_layout
 
 __all__ = ["ModelView", "as_view", "kv_head_map"]
 
@@ -62,7 +63,7 @@ def _bridge_class_hint() -> str:
 def _check_model(model: Any) -> None:
     if isinstance(model, ModelView):
         return
-    if type(model).__name__ in ("HookedEncoder", "HookedEncoderDecoder", "HookedAudioEncoder"):
+    if type(model).__name__ in ("HookedEncoderDecoder", "HookedAudioEncoder"):
         from thermo_lens.host import detect_host
 
         detect_host(model)  # raises UnsupportedHostError with what to load instead
@@ -111,11 +112,14 @@ class ModelView:
             (post-LN: the block output is a LayerNorm output, BERT / OPT-350m), or ``"none"``.
         post_ln: ``norm_placement == "post"``.
         parallel_attn: attention and MLP read the same block input (GPT-J, GPT-NeoX/Pythia).
+        layout: the :class:`~thermo_lens.layout.BlockLayout` of every block: pre-LN, parallel,
+            sandwich (norms after the sublayers), post-LN, with its residual multiplier and
+            mixture of experts (``thermo_lens.definitions`` §7).
         weights_processed: True when TransformerLens processed the weights (LayerNorm folded,
             writing weights centered: compatibility mode or legacy ``from_pretrained``); False
             for raw weights (the bridge default, and what the paper used).
-        backend: ``"bridge"`` or ``"hooked_transformer"`` (HookedTransformer and SAELens'
-            HookedSAETransformer).
+        backend: ``"bridge"``, ``"hooked_transformer"`` (HookedTransformer and SAELens'
+            HookedSAETransformer) or ``"hooked_encoder"`` (BERT's ``HookedEncoder``).
         host: the :class:`~thermo_lens.host.Host` (class, TransformerLens version); a model from an
             unsupported TransformerLens release raises
             :class:`~thermo_lens.host.UnsupportedHostError`.
@@ -131,7 +135,7 @@ class ModelView:
         from thermo_lens.host import detect_host
 
         self.host = detect_host(model)
-        self.backend = "bridge" if self.host.kind == "bridge" else "hooked_transformer"
+        self.backend = {"bridge": "bridge", "hooked_encoder": "hooked_encoder"}.get(self.host.kind, "hooked_transformer")
         self.n_layers: int = int(cfg.n_layers)
         self.n_heads: int = int(cfg.n_heads)
         n_kv = getattr(cfg, "n_key_value_heads", None)
@@ -154,6 +158,8 @@ class ModelView:
         name = str(getattr(cfg, "model_name", None) or type(model).__name__)
         # A local checkpoint's cfg.model_name is its path; its directory name reads better.
         self.name: str = Path(name).name if name.startswith(("/", ".", "~")) else name
+        self.layout: BlockLayout = detect_layout(model, self.host.kind, self.hf_config, self.norm_placement,
+                                                 self.parallel_attn, self.name)
 
     # ------------------------------------------------------------------ metadata
     def _hf_config(self) -> Any:
@@ -195,6 +201,8 @@ class ModelView:
         model, cfg = self.model, self.model.cfg
         if self.backend == "bridge":
             return bool(getattr(model, "_weights_processed", False))
+        if self.backend == "hooked_encoder":
+            return False  # HookedEncoder never folds or centres (its post-LN norms cannot be folded)
         # Legacy HookedTransformer: folded LayerNorm shows as LNPre / RMSPre.
         return str(getattr(cfg, "normalization_type", "")).endswith("Pre")
 
@@ -253,6 +261,7 @@ class ModelView:
             "norm_placement": self.norm_placement,
             "post_ln": self.post_ln,
             "parallel_attn": self.parallel_attn,
+            "block_layout": self.layout.metadata(),
             "weights": self.weight_state,
             "dtype": str(self.dtype).replace("torch.", ""),
             "device": str(self.device),
@@ -263,8 +272,7 @@ class ModelView:
     def __repr__(self) -> str:
         return (
             f"ModelView({self.name!r}: L={self.n_layers}, H={self.n_heads}, H_kv={self.n_kv_heads}, "
-            f"d_model={self.d_model}, d_head={self.d_head}, {self.norm_placement}-LN"
-            f"{', parallel attn' if self.parallel_attn else ''}, weights {self.weight_state}, "
+            f"d_model={self.d_model}, d_head={self.d_head}, {self.layout.describe()}, weights {self.weight_state}, "
             f"{str(self.dtype).replace('torch.', '')}, {self.device})"
         )
 
@@ -277,12 +285,16 @@ class ModelView:
         ``blocks.{l}.hook_resid_pre`` when an SAE is spliced in there (that SAE's output is what block
         ``l`` reads). :meth:`run` reads a hook point that carries an SAE at the SAE's output
         (``<hook>.hook_sae_output``): the residual stream the model carries downstream.
+        On ``HookedEncoder`` (BERT), whose ``hook_resid_post`` is taken before the block's last
+        LayerNorm, ``x_l`` is that norm's output ``blocks.{l-1}.hook_normalized_resid_post``: the
+        stream the next block receives, as on every other host.
         """
         spliced = set(attached.sae_wrappers(self.model))
+        post = "hook_normalized_resid_post" if self.backend == "hooked_encoder" else "hook_resid_post"
         names = ["blocks.0.hook_resid_pre"]
         for l in range(1, self.n_layers + 1):
             pre = f"blocks.{l}.hook_resid_pre"
-            names.append(pre if l < self.n_layers and pre in spliced else f"blocks.{l - 1}.hook_resid_post")
+            names.append(pre if l < self.n_layers and pre in spliced else f"blocks.{l - 1}.{post}")
         return tuple(names)
 
     def pattern_hook_name(self, layer: int) -> str:
@@ -408,10 +420,10 @@ class ModelView:
         if attached.needs_resolving(self.model):
             hooks = [(attached.resolve_hook(self.model, name, self.name), fn) for name, fn in hooks]
         with torch.inference_mode():
+            # HookedEncoder names its mask one_zero_attention_mask.
+            mask_kw = "one_zero_attention_mask" if self.backend == "hooked_encoder" else "attention_mask"
             try:
-                self.model.run_with_hooks(
-                    tokens, fwd_hooks=hooks, attention_mask=mask, return_type=None
-                )
+                self.model.run_with_hooks(tokens, fwd_hooks=hooks, return_type=None, **{mask_kw: mask})
             except _StopForward:
                 pass
 
@@ -429,7 +441,8 @@ class ModelView:
             if len(parts) < 3 or parts[0] != "blocks" or not parts[1].isdigit():
                 return None
             deepest = max(deepest, int(parts[1]))
-        return f"blocks.{min(deepest, self.n_layers - 1)}.hook_resid_post"
+        last = "hook_normalized_resid_post" if self.backend == "hooked_encoder" else "hook_resid_post"
+        return f"blocks.{min(deepest, self.n_layers - 1)}.{last}"
 
 def kv_head_map(n_heads: int, n_kv_heads: int | None) -> Int[Tensor, " head"]:
     """KV head of each query head under grouped-query attention: ``h // (n_heads // n_kv_heads)``."""

@@ -22,7 +22,7 @@ __all__ = ["metric_plot"]
 def metric_plot(result: Any, name: str, *, title: str | None = None) -> go.Figure:
     """The registered metric ``name`` of ``result`` (its result object, or a ThermoProfile).
 
-    Shapes: ``[layer, head]`` / ``[layer, kv_head]`` heatmap; ``[prompt, layer, head]`` heatmap of
+    Shapes: ``[layer, head]`` / ``[layer, kv_head]`` heatmap; ``[prompt, layer, head]`` (and ``[prompt, layer, expert]``) heatmap of
     the mean over prompts; ``[prompt, layer]`` / ``[prompt, state]`` per-prompt lines and their
     mean; ``[layer]`` line; ``[prompt]`` and ``[head]`` points; a scalar as one bar.
     """
@@ -40,7 +40,7 @@ def metric_plot(result: Any, name: str, *, title: str | None = None) -> go.Figur
     label = title or f"{name} ({m.symbol})"
     dims = m.dims
     z = to_numpy(values) if dims else np.asarray([float(values)])
-    if dims in (("layer", "head"), ("layer", "kv_head"), ("prompt", "layer", "head")):
+    if dims in (("layer", "head"), ("layer", "kv_head"), ("prompt", "layer", "head"), ("prompt", "layer", "expert")):
         if len(dims) == 3:
             z, definition = np.nanmean(z, axis=0), "mean over prompts of " + definition
         fig = head_heatmap(z, title=label, definition=definition, colorbar_title=m.symbol)
