@@ -1,12 +1,18 @@
 """Per-head gain attribution: the exact identity, a dense check from run_with_cache, ablation.
 
-``head.sum(-1) + mlp + bias == total`` must hold to float32 precision on every pre-LN
-architecture; each term is checked against a dense computation from the model's own cached
+``head.sum(-1) + mlp + bias + norm + sae == total`` must hold to float32 precision on every
+layout; each term is checked against a dense computation from the model's own cached
 activations (``run_with_cache`` on the same padded tokens: per-head outputs ``z_h W_O^h``
 formed explicitly, which the in-hook reduction never does), with and without a head ablation.
+Post-LN blocks are checked against the LayerNorms' frozen maps applied forward; SAEs spliced in
+with SAELens (``hosts`` marker: TransformerLens 2.16 / 3.x legs) against ``run_with_cache`` at the
+SAE's input and output. The other families (sandwich, multiplier, MoE) are the slow tier's
+architecture matrix (``tests/test_architectures.py``), against the HF model's own tensors.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -112,9 +118,38 @@ def test_head_ablation(bridge, arch):
 
 
 @pytest.mark.parametrize("arch", ["opt_postln", "bert"])
-def test_post_ln_is_refused_clearly(bridge, arch):
-    with pytest.raises(tl.ThermoLensInputError, match="post-LN"):
-        tl.gain_attribution(bridge(arch), PROMPTS[:2])
+def test_post_ln_blocks_split_exactly_with_a_normalisation_term(bridge, arch):
+    """x_out = L_2(L_1(x_in + A) + M): with each LayerNorm's per-token scale frozen, the heads'
+    terms are <A_2 A_1 z_h W_O^h, s>, formed here forward from run_with_cache (each norm's scale
+    recomputed from its own input and eps), and the incoming stream's rescaling is the norm term."""
+    model = bridge(arch)
+    view = ModelView(model)
+    assert view.layout.kind == "post" and [n.module for n in view.layout.stream_norms] == ["ln1", "ln2"]
+    a = tl.gain_attribution(model, PROMPTS, token_scope="all", batch_size=2)
+    assert float((a.closure / a.scale).max()) < 1e-5 and float(a.norm.abs().min()) > 0
+    assert "post-LN" in repr(a) and "norm" in repr(a) and set(a.layer_frame().columns) >= {"norm", "sae"}
+    tb = tokenize(view, PROMPTS, prepend_bos="host")
+    # TransformerLens 4.3 cannot cache OPT's blocks.{l}.ln2.hook_in (its HF layer flattens the batch
+    # there); ln2's input is ln1's output plus the MLP's, read instead.
+    wanted = ("hook_resid_pre", "hook_resid_post", "attn.hook_z", "ln1.hook_in", "ln1.hook_out", "hook_mlp_out")
+    _, cache = model.run_with_cache(tb.tokens, attention_mask=tb.mask.long(), names_filter=lambda n: n.endswith(wanted))
+    W_O = view.W_O(torch.float64)
+    for p in range(len(PROMPTS)):
+        n = int(tb.lengths[p])
+        for l in range(view.n_layers):
+            x_in = cache[f"blocks.{l}.hook_resid_pre"][p, :n].double()
+            x_out = cache[f"blocks.{l}.hook_resid_post"][p, :n].double()
+            c = torch.einsum("the,hed->htd", cache[f"blocks.{l}.attn.hook_z"][p, :n].double(), W_O[l])
+            ln_in = {"ln1": cache[f"blocks.{l}.ln1.hook_in"][p, :n],
+                     "ln2": cache[f"blocks.{l}.ln1.hook_out"][p, :n] + cache[f"blocks.{l}.hook_mlp_out"][p, :n]}
+            for k in ("ln1", "ln2"):
+                ln = model.blocks[l].submodules[k].original_component
+                y = ln_in[k].double()
+                yc = y - y.mean(-1, keepdim=True)
+                r = 1 / torch.sqrt(yc.pow(2).mean(-1, keepdim=True) + ln.eps)
+                c = r * ln.weight.double() * (c - c.mean(-1, keepdim=True))
+            head = (c * (x_out + x_in)).sum(-1).mean(-1)
+            torch.testing.assert_close(a.head[p, l], head, rtol=0, atol=float(a.scale[p, l]) * 1e-5)
 
 
 def test_scope_and_frames(bridge):
@@ -180,4 +215,27 @@ def test_profile_keeps_going_without_the_attribution(bridge):
         prof = tl.profile(bridge("gpt2"), PROMPTS, fwd_hooks=[("blocks.1.hook_attn_out", bump)])
     assert prof.attribution is None and "user hook" in prof.meta["attribution_skipped"]
     post = tl.profile(bridge("opt_postln"), PROMPTS)
-    assert post.attribution is None and "post-LN" in post.meta["attribution_skipped"]
+    assert post.attribution is not None and not post.meta["skipped"]
+    # A block with no exact split: the reason (architecture and component) is recorded, not dropped.
+    view = ModelView(bridge("gpt2"))
+    view.layout = dataclasses.replace(view.layout, unsupported="gpt2 (gpt2): test block component X")
+    with pytest.raises(tl.ThermoLensInputError, match="component X"):
+        tl.gain_attribution(view, PROMPTS)
+    prof = tl.profile(view, PROMPTS)
+    assert prof.attribution is None and prof.meta["skipped"]["attribution"] == "gpt2 (gpt2): test block component X"
+
+
+def test_results_stored_before_the_new_terms_still_load(bridge):
+    """A GainAttribution stored under schema 1 (no norm, sae, sae_error, expert fields) reads back
+    with those terms 0 and the MLP as one expert, and the identity still holds."""
+    import json
+
+    a = tl.gain_attribution(bridge("gpt2"), PROMPTS[:2])
+    data = json.loads(a.to_json())
+    for k in ("norm", "sae", "sae_error", "expert"):
+        del data["fields"][k]
+    data["version"] = data["thermo_lens_schema"] = 1
+    old = tl.attribution.GainAttribution.from_json(json.dumps(data))
+    assert torch.equal(old.norm, torch.zeros_like(old.total)) and torch.equal(old.expert[..., 0], old.mlp)
+    torch.testing.assert_close(old.head.sum(-1) + old.mlp + old.bias + old.norm + old.sae, old.total,
+                               rtol=0, atol=float(old.scale.max()) * 1e-6)

@@ -91,7 +91,8 @@ ATTRIBUTION_DEFINITIONS: dict[str, str] = {
     "sae": "<sae(x) - x, u_sae>: the change of the SAEs spliced into the block's stream; 0 without SAEs",
     "sae_error": "<error term, u_sae>: the part of sae from SAEs with use_error_term (their reconstruction's "
                  "part is sae - sae_error)",
-    "expert": "<w_e(t) E_e(x_t), u_mlp>: mixture of experts, expert e's share (sums to mlp)",
+    "expert": "<w_e(t) E_e(x_t), u_mlp>: mixture of experts, expert e's share (sums to mlp; a dense MLP is one "
+              "expert with weight 1)",
     "total": "||x_out||^2 - ||x_in||^2, x_in = x_layer, x_out = x_{layer+1} (the gain's residual states)",
     "closure": "total - (sum_h head + mlp + bias + norm + sae): float32 rounding (checked)",
 }
@@ -390,7 +391,8 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
         sae_error: ``Float[Tensor, "prompt layer"]`` the part of ``sae`` from the error terms of
             SAEs with ``use_error_term`` (``sae - sae_error`` is their reconstructions' part).
         expert: ``Float[Tensor, "prompt layer expert"]`` mixture of experts: expert ``e``'s share
-            ``<w_e E_e(x), u_mlp>`` (``expert.sum(-1) == mlp``); None for a dense MLP.
+            ``<w_e E_e(x), u_mlp>`` (router weight times expert output; ``expert.sum(-1) == mlp``);
+            a dense MLP is one expert chosen with weight 1 (``[prompt, layer, 1]``, equal to ``mlp``).
     """
 
     head: Tensor
@@ -413,6 +415,14 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
         for name in ("norm", "sae", "sae_error"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, torch.zeros_like(self.total))
+        if self.expert is None:  # schema 1, or a dense MLP: one expert, router weight 1
+            object.__setattr__(self, "expert", self.mlp[..., None].clone())
+
+    @property
+    def n_experts(self) -> int:
+        """Experts per MLP (1 for a dense MLP)."""
+        assert self.expert is not None
+        return int(self.expert.shape[-1])
 
     @property
     def n_prompts(self) -> int:
@@ -487,11 +497,9 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
         return self._definition_columns(df)
 
     def expert_frame(self) -> pd.DataFrame:
-        """One row per (prompt, layer, expert): ``expert_term`` and the definition columns (a
-        mixture-of-experts model; an error for a dense one)."""
-        if self.expert is None:
-            raise ThermoLensInputError(f"{self.model.get('name')} has no mixture-of-experts MLP split per expert "
-                                       f"({self.model.get('block_layout', {}).get('moe_note') or 'a dense MLP'})")
+        """One row per (prompt, layer, expert): ``expert_term`` and the definition columns (a dense
+        MLP is expert 0, router weight 1)."""
+        assert self.expert is not None
         P, L, E = self.expert.shape
         p, l, e = np.meshgrid(np.arange(P), np.arange(L), np.arange(E), indexing="ij")
         df = pd.DataFrame({"prompt": p.ravel(), "layer": l.ravel(), "expert": e.ravel(),
@@ -516,8 +524,8 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
                  f"BOS={self.prepend_bos!r}, weights {self.weights}, {self.dtype})",
                  f"  per block: ||x_out||^2 - ||x_in||^2 = {' + '.join(parts)} (exact; max closure "
                  f"{float((self.closure / self.scale).max()):.1e} of the scale)"]
-        if self.expert is not None:
-            lines.append(f"  mlp = sum over {self.expert.shape[-1]} experts of expert (router weight x expert output)")
+        if self.n_experts > 1:
+            lines.append(f"  mlp = sum over {self.n_experts} experts of expert (router weight x expert output)")
         lines += [f"  mean total by layer 0..{self.n_layers - 1}: [{shown}]",
                   f"  most expanding heads: {tops}"]
         if saes:
@@ -558,7 +566,8 @@ for _name, _symbol, _formula, _shape, _attr, _frame in (
                            column=None if _name == "head_term" else _attr,
                            panel=_name == "head_term"))
 register_metric(Metric("expert_term", symbol="<w_e E_e(x), u_mlp>", formula="mixture-of-experts MLP: expert e's "
-                       "share of the MLP term (router weight times expert output; sums to mlp_term over experts)",
+                       "share of the MLP term (router weight times expert output; sums to mlp_term over experts; a "
+                       "dense MLP is one expert with weight 1)",
                        shape="prompt layer expert", result="GainAttribution", section="gain",
                        unit="squared residual norm", attr="expert", frame="expert_frame"))
 

@@ -45,6 +45,7 @@ SECTIONS: dict[str, str] = {
     "l_star": "4. L*, the depth of maximal trace change",
     "laws": "5. Cross-model laws",
     "numerics": "6. Numerics and provenance",
+    "layouts": "7. Block layouts",
 }
 
 # Modules that register metrics and measurements (the measures layer); imported on first full

@@ -94,11 +94,13 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
                 dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                      intermediate_size=48, max_position_embeddings=64, num_local_experts=4,
                      num_experts_per_tok=2)),
-    # Soft-capping at 1.0 and a window of 4 tokens: both change the pattern on these prompts.
+    # Soft-capping at 1.0 on weights large enough for scores of order 1, and a window of 4 tokens:
+    # both change the pattern on these prompts (tests/test_architectures.py).
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
                dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                     head_dim=16, intermediate_size=64, max_position_embeddings=64, sliding_window=4,
-                    attn_logit_softcapping=1.0, final_logit_softcapping=30.0, query_pre_attn_scalar=16)),
+                    attn_logit_softcapping=1.0, final_logit_softcapping=30.0, query_pre_attn_scalar=16,
+                    initializer_range=0.3)),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
                dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                     head_dim=16, intermediate_size=64, max_position_embeddings=64, sliding_window=4,
