@@ -239,3 +239,135 @@ def test_results_stored_before_the_new_terms_still_load(bridge):
     assert torch.equal(old.norm, torch.zeros_like(old.total)) and torch.equal(old.expert[..., 0], old.mlp)
     torch.testing.assert_close(old.head.sum(-1) + old.mlp + old.bias + old.norm + old.sae, old.total,
                                rtol=0, atol=float(old.scale.max()) * 1e-6)
+
+
+# ---------------------------------------------------------------------------- legacy hosts
+def _legacy():
+    from thermo_lens.host import _parse, transformer_lens_version
+
+    if _parse(transformer_lens_version())[0] not in (2, 3):
+        pytest.skip("HookedEncoder / HookedSAETransformer need TransformerLens 2.16.x / 3.x (the tl2 / tl3 legs)")
+
+
+def _encoders(checkpoint_dir):
+    """(name, checkpoint directory) of the BERT fixture and, when installed, the real MiniLM."""
+    from thermo_lens.testing import minilm_path
+
+    out = [("bert", checkpoint_dir("bert"))]
+    try:
+        out.append(("minilm", minilm_path()))
+    except ModuleNotFoundError:
+        pass
+    return out
+
+
+@pytest.mark.hosts
+def test_hooked_encoder_reads_the_stream_the_next_block_receives(checkpoint_dir):
+    """HookedEncoder's hook_resid_post is taken before the block's last LayerNorm: thermo-lens reads
+    x_{l+1} at hook_normalized_resid_post, so the gains are the HF layers' own (hidden_states, which
+    BERT never final-norms) and the attribution closes with its normalisation term."""
+    _legacy()
+    import transformers
+
+    from thermo_lens.testing import hooked_encoder
+
+    for name, path in _encoders(checkpoint_dir):
+        model = hooked_encoder(path)
+        view = ModelView(model)
+        assert view.backend == "hooked_encoder" and view.layout.kind == "post"
+        assert view.resid_hook_names[1:] == tuple(f"blocks.{l}.hook_normalized_resid_post" for l in range(view.n_layers))
+        g = tl.residual_gain(model, PROMPTS, token_scope="all", batch_size=2)
+        hf = transformers.BertModel.from_pretrained(str(path), attn_implementation="eager").eval()
+        tb = tokenize(view, PROMPTS, prepend_bos="host")
+        for p in range(len(PROMPTS)):
+            n = int(tb.lengths[p])
+            with torch.no_grad():
+                hs = hf(input_ids=tb.tokens[p:p + 1, :n], output_hidden_states=True).hidden_states
+            ref = torch.stack([(hs[l + 1][0].norm(dim=-1) / hs[l][0].norm(dim=-1)).mean() for l in range(view.n_layers)])
+            torch.testing.assert_close(g.block_gain[p].double(), ref.double(), rtol=1e-5, atol=0, msg=name)
+        a = tl.gain_attribution(model, PROMPTS, token_scope="all", batch_size=2)
+        assert float((a.closure / a.scale).max()) < 1e-5 and float(a.norm.abs().min()) > 0, name
+        tr = tl.sheaf_traces(model, PROMPTS)
+        assert torch.isfinite(tr.trace).all()
+        try:
+            from transformer_lens.model_bridge import TransformerBridge
+        except ImportError:  # TransformerLens 2.16: no bridge to compare with
+            continue
+        # The same tokens on both hosts (their "host" BOS modes differ: the bridge prepends BOS).
+        a = tl.gain_attribution(model, PROMPTS, token_scope="all", batch_size=2, prepend_bos=False)
+        b = tl.gain_attribution(TransformerBridge.boot_transformers(str(path)), PROMPTS, token_scope="all",
+                                batch_size=2, prepend_bos=False)
+        for k in ("head", "mlp", "bias", "norm", "total"):
+            torch.testing.assert_close(getattr(a, k), getattr(b, k), rtol=1e-4, atol=float(a.scale.max()) * 1e-5)
+
+
+def _sae(hook, cfg, error_term):
+    from thermo_lens.testing import random_sae
+
+    is_z = hook.endswith("hook_z")
+    d_in = cfg.n_heads * cfg.d_head if is_z else cfg.d_mlp if hook.endswith("mlp.hook_post") else cfg.d_model
+    sae = random_sae(hook, d_in, 64, use_error_term=error_term, seed=len(hook))
+    if is_z:
+        sae.cfg.reshape_activations = "hook_z"
+        sae.turn_on_forward_pass_hook_z_reshaping()
+    return sae
+
+
+SAE_HOOKS = ("blocks.1.hook_resid_pre", "blocks.1.hook_resid_mid", "blocks.1.hook_resid_post", "blocks.1.hook_attn_out",
+             "blocks.1.hook_mlp_out", "blocks.1.attn.hook_z", "blocks.1.mlp.hook_post")
+
+
+@pytest.mark.hosts
+@pytest.mark.parametrize("error_term", [False, True])
+def test_spliced_saes_are_components_and_the_attribution_closes(checkpoint_dir, error_term):
+    """An SAE in the stream is a component: sae = <sae(x) - x, u> (u = x_out + x_in of its block;
+    u W_O^T per head at hook_z), formed here from run_with_cache at the SAE's input and output; the
+    heads and MLP are read at the SAE's input; with use_error_term the error term's share is
+    sae_error; an SAE inside the MLP (mlp.hook_post) is part of the MLP term. The identity closes
+    in every block."""
+    _legacy()
+    sae_lens = pytest.importorskip("sae_lens")
+    from thermo_lens.attribution import sae_sites
+    from thermo_lens.testing import hooked_transformer
+
+    model = hooked_transformer(checkpoint_dir("gpt2"), cls=sae_lens.HookedSAETransformer)
+    view = ModelView(model)
+    for hook in SAE_HOOKS:
+        model.add_sae(_sae(hook, model.cfg, error_term), use_error_term=error_term)
+        try:
+            a = tl.gain_attribution(model, PROMPTS, token_scope="all", batch_size=2)
+            assert float((a.closure / a.scale).max()) < 1e-5, hook
+            sites, other = sae_sites(view)
+            tb = tokenize(view, PROMPTS, prepend_bos="host")
+            _, cache = model.run_with_cache(tb.tokens)
+            if hook.endswith("mlp.hook_post"):
+                assert not sites and "inside a component" in other[0]
+                assert torch.equal(a.sae, torch.zeros_like(a.sae))
+                continue
+            (site,) = sites
+            layer = site.layer
+            assert layer == (0 if hook.endswith("hook_resid_pre") else 1), hook
+
+            def read(name):
+                return cache[name + ".hook_sae_output" if name == hook else name]
+
+            sae = torch.zeros(len(PROMPTS), dtype=torch.float64)
+            W_O = view.W_O(torch.float64)[1]
+            for p in range(len(PROMPTS)):
+                n = int(tb.lengths[p])
+                x_in = read(view.resid_hook_names[layer])[p, :n].double()
+                x_out = read(view.resid_hook_names[layer + 1])[p, :n].double()
+                delta = (cache[hook + ".hook_sae_output"][p, :n].reshape(n, -1)
+                         - cache[hook + ".hook_sae_input"][p, :n].reshape(n, -1)).double()
+                if hook.endswith("hook_z"):
+                    delta = delta @ W_O.reshape(-1, view.d_model)
+                sae[p] = (delta * (x_out + x_in)).sum(-1).mean()
+            tol = float(a.scale.max()) * 1e-5
+            torch.testing.assert_close(a.sae[:, layer], sae, rtol=0, atol=tol)
+            if error_term:
+                assert float(a.sae.abs().max()) < tol and float(a.sae_error.abs().max()) > 10 * tol, hook
+            else:
+                assert float(a.sae[:, layer].abs().min()) > 10 * tol and torch.equal(a.sae_error, torch.zeros_like(a.sae))
+            assert hook in repr(a) and "sae" in repr(a)
+        finally:
+            model.reset_saes()

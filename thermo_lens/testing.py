@@ -323,8 +323,10 @@ def hooked_encoder(directory: str | os.PathLike, **kwargs: Any) -> Any:
         if tok_cfg.exists():  # transformers 5's class name, unknown to transformers 4
             tc = json.loads(tok_cfg.read_text())
             if tc.get("tokenizer_class") == "TokenizersBackend":
-                tc["tokenizer_class"] = "BertTokenizerFast"
-                tok_cfg.write_text(json.dumps(tc))
+                tc["tokenizer_class"] = "PreTrainedTokenizerFast"
+            # HookedEncoder.to_tokens reads the tokenizer's token_type_ids.
+            tc["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
+            tok_cfg.write_text(json.dumps(tc))
         import logging
 
         level = logging.getLogger("transformers").level
