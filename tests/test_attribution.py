@@ -371,3 +371,23 @@ def test_spliced_saes_are_components_and_the_attribution_closes(checkpoint_dir, 
             assert hook in repr(a) and "sae" in repr(a)
         finally:
             model.reset_saes()
+
+
+@pytest.mark.hosts
+def test_saes_on_the_sae_transformer_bridge_are_components(checkpoint_dir):
+    """SAETransformerBridge keys its SAEs by alias (blocks.1.hook_mlp_out) and hooks them at the
+    aliased point (blocks.1.mlp.hook_out): the SAE terms are read there, and the identity closes."""
+    _legacy()
+    pytest.importorskip("sae_lens")
+    try:
+        from sae_lens.analysis.sae_transformer_bridge import SAETransformerBridge
+    except ImportError:
+        pytest.skip("this sae-lens / TransformerLens has no SAETransformerBridge")
+    from thermo_lens.testing import random_sae
+
+    model = SAETransformerBridge.boot_transformers(str(checkpoint_dir("gpt2")))
+    for hook in ("blocks.1.hook_mlp_out", "blocks.0.hook_resid_post"):
+        model.add_sae(random_sae(hook, model.cfg.d_model, 64, seed=len(hook)))
+    a = tl.gain_attribution(model, PROMPTS, batch_size=2)
+    assert float((a.closure / a.scale).max()) < 1e-5
+    assert float(a.sae[:, :2].abs().min()) > 1e-3 and torch.equal(a.sae[:, 2], torch.zeros_like(a.sae[:, 2]))

@@ -188,6 +188,15 @@ def _plan(view: ModelView) -> list[_BlockPlan]:
     sites, _ = sae_sites(view)
     wrappers = set(attached.sae_wrappers(view.model))
     names = view.resid_hook_names
+
+    def sae_hook(hook: str, which: str) -> str:
+        """``<hook>.hook_sae_<which>`` at the SAE wrapper's real hook point (SAETransformerBridge
+        keys its SAEs by TransformerLens' alias, ``blocks.1.hook_mlp_out``, and hooks them at the
+        aliased point, ``blocks.1.mlp.hook_out``)."""
+        out = attached.resolve_hook(view.model, hook, view.name)
+        base = out[: -len(".hook_sae_output")] if isinstance(out, str) and out.endswith(".hook_sae_output") else hook
+        return f"{base}.hook_sae_{which}"
+
     plans = []
     for l in range(L):
         block = view.model.blocks[l]
@@ -196,8 +205,8 @@ def _plan(view: ModelView) -> list[_BlockPlan]:
         mine = [s for s in sites if s.layer == l]
         z_hook, mlp_hook = f"blocks.{l}.attn.hook_z", f"blocks.{l}.{layout.mlp_hook}"
         # A component read where an SAE sits is read at the SAE's input (the SAE is its own term).
-        z_hook += ".hook_sae_input" if z_hook in wrappers else ""
-        mlp_hook += ".hook_sae_input" if mlp_hook in wrappers else ""
+        z_hook = sae_hook(z_hook, "input") if z_hook in wrappers else z_hook
+        mlp_hook = sae_hook(mlp_hook, "input") if mlp_hook in wrappers else mlp_hook
         reads = [(names[l], "x_in"), (z_hook, "z"), (mlp_hook, "mlp_out")]
         reads += [(f"blocks.{l}.{n.scale_hook}", "scale:" + n.module) for n in layout.norm_sites]
         experts = None
@@ -207,9 +216,9 @@ def _plan(view: ModelView) -> list[_BlockPlan]:
                       (f"blocks.{l}.{moe.weights_hook}", "moe_w")]
             experts = getattr(getattr(block.mlp, "original_component", None), "experts", None)
         for i, site in enumerate(mine):
-            reads += [(f"{site.hook}.hook_sae_input", f"sae_in:{i}"), (f"{site.hook}.hook_sae_output", f"sae_out:{i}")]
+            reads += [(sae_hook(site.hook, "input"), f"sae_in:{i}"), (sae_hook(site.hook, "output"), f"sae_out:{i}")]
             if site.error_term:
-                reads.append((f"{site.hook}.hook_sae_error", f"sae_err:{i}"))
+                reads.append((sae_hook(site.hook, "error"), f"sae_err:{i}"))
         plans.append(_BlockPlan(
             layer=l, reads=reads, W_O=W_flat[l], b_O=zero if b_O is None else b_O,
             b_out=zero if b_out is None else b_out, norms={n.module: n.params(block) for n in layout.norm_sites},
@@ -306,10 +315,14 @@ def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
             def finish(x_out: Tensor, batch: TokenBatch, _plan: _BlockPlan = plan, _state: dict = state) -> Tensor:
                 missing = {k for _, k in _plan.reads} - set(_state)
                 if missing:
+                    silent = sorted({h for h, k in _plan.reads if k in missing})
+                    hint = ("; SAELens' SAETransformerBridge stops running a hook point after an SAE there is "
+                            "removed (reset_saes): boot the model again" if view.host.kind == "bridge"
+                            and attached.needs_resolving(view.model) else
+                            f"; this block ({view.layout.describe()}) is not laid out as TransformerLens hooks it")
                     raise ThermoLensInputError(
-                        f"{view.name} block {_plan.layer}: hook(s) {sorted(missing)} did not fire before "
-                        f"{names[_plan.layer + 1]}; this block ({view.layout.describe()}) is not laid out as "
-                        "TransformerLens hooks it")
+                        f"{view.name} block {_plan.layer}: the host never ran the hook point(s) {', '.join(silent)} "
+                        f"before {names[_plan.layer + 1]}, so the block cannot be attributed{hint}")
                 dev = x_out.device
                 B, T, _ = x_out.shape
                 # Only the scoped real tokens enter the means, so only they are reduced: padding,
