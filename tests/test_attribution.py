@@ -391,3 +391,38 @@ def test_saes_on_the_sae_transformer_bridge_are_components(checkpoint_dir):
     a = tl.gain_attribution(model, PROMPTS, batch_size=2)
     assert float((a.closure / a.scale).max()) < 1e-5
     assert float(a.sae[:, :2].abs().min()) > 1e-3 and torch.equal(a.sae[:, 2], torch.zeros_like(a.sae[:, 2]))
+
+
+@pytest.mark.hosts
+def test_hooked_transformer_sandwich_blocks_split_exactly(checkpoint_dir):
+    """A HookedTransformer with norms before and after each sublayer (Gemma-2's layout,
+    use_normalization_before_and_after, soft-capped GQA), built from its config: the heads add
+    r_a g_a z_h W_O^h, so their terms sum to <hook_attn_out, s> (the post-norm attention output the
+    block adds, from run_with_cache), and the block closes."""
+    _legacy()
+    from transformers import AutoTokenizer
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(
+        n_layers=2, d_model=32, n_ctx=64, d_head=8, n_heads=4, n_key_value_heads=2, d_mlp=64, d_vocab=300,
+        act_fn="gelu_pytorch_tanh", normalization_type="RMS", use_normalization_before_and_after=True,
+        positional_embedding_type="rotary", gated_mlp=True, attn_scores_soft_cap=1.0, seed=0)
+    model = HookedTransformer(cfg, tokenizer=AutoTokenizer.from_pretrained(str(checkpoint_dir("gpt2"))))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".w"):
+                p.add_(0.3 * torch.randn_like(p))  # non-trivial norm gains
+    view = ModelView(model)
+    assert view.layout.kind == "sandwich" and view.layout.mlp_hook == "ln2_post.hook_normalized"
+    a = tl.gain_attribution(model, PROMPTS, token_scope="all", batch_size=2)
+    assert float((a.closure / a.scale).max()) < 1e-5
+    tb = tokenize(view, PROMPTS, prepend_bos="host")
+    _, cache = model.run_with_cache(tb.tokens)
+    for p in range(len(PROMPTS)):
+        n = int(tb.lengths[p])
+        for l in range(view.n_layers):
+            s = (cache[f"blocks.{l}.hook_resid_post"][p, :n] + cache[f"blocks.{l}.hook_resid_pre"][p, :n]).double()
+            attn = (cache[f"blocks.{l}.hook_attn_out"][p, :n].double() * s).sum(-1).mean()
+            mlp = (cache[f"blocks.{l}.hook_mlp_out"][p, :n].double() * s).sum(-1).mean()
+            tol = float(a.scale[p, l]) * 1e-5
+            assert abs(float(a.head[p, l].sum()) - float(attn)) < tol and abs(float(a.mlp[p, l]) - float(mlp)) < tol

@@ -264,12 +264,12 @@ def _hooked_layout(model: Any, block: Any, norm_placement: str, parallel: bool, 
     cfg = model.cfg
     if norm_placement == "post":
         return BlockLayout("post", unsupported=f"{arch}: a post-LN HookedTransformer is not a layout TransformerLens builds")
-    if getattr(cfg, "num_experts", None):
-        return BlockLayout("pre", unsupported=(
-            f"{arch}: HookedTransformer's mixture-of-experts MLP; boot the model as a TransformerBridge "
-            "for its exact (per-expert) attribution"))
+    moe_note = (f"{arch}: HookedTransformer's mixture of experts; the MLP term is exact, its per-expert split "
+                "needs the model booted as a TransformerBridge") if getattr(cfg, "num_experts", None) else None
     if getattr(cfg, "use_normalization_before_and_after", False):
+        # HookedTransformer's RMSNorm hooks x / scale (before the weight) at hook_normalized.
         return BlockLayout("sandwich", attn_norm=_site(block, "ln1_post"), mlp_norm=_site(block, "ln2_post"),
-                           mlp_hook="ln2_post.hook_in", families="Gemma-2, Gemma-3 (HookedTransformer)")
+                           mlp_hook="ln2_post.hook_normalized", moe_note=moe_note,
+                           families="Gemma-2, Gemma-3 (HookedTransformer)")
     kind = "parallel" if parallel or getattr(cfg, "parallel_attn_mlp", False) else "pre"
-    return BlockLayout(kind)
+    return BlockLayout(kind, moe_note=moe_note)
