@@ -348,8 +348,8 @@ def test_spliced_saes_are_components_and_the_attribution_closes(checkpoint_dir, 
             layer = site.layer
             assert layer == (0 if hook.endswith("hook_resid_pre") else 1), hook
 
-            def read(name):
-                return cache[name + ".hook_sae_output" if name == hook else name]
+            def read(name, _cache=cache, _hook=hook):
+                return _cache[name + ".hook_sae_output" if name == _hook else name]
 
             sae = torch.zeros(len(PROMPTS), dtype=torch.float64)
             W_O = view.W_O(torch.float64)[1]
