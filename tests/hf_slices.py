@@ -22,7 +22,7 @@ def _linear_o(w, n, dh):  # nn.Linear weight [d_model, n*dh] -> [n, dh, d_model]
 
 #: Families laid out like LLaMA: model.layers.{l}.self_attn.{q,k,v,o}_proj.
 LLAMA_LIKE = ("llama_gqa", "gemma", "mistral", "qwen2", "qwen3", "mixtral", "stablelm", "gemma2", "gemma3",
-              "olmo2", "granite")
+              "olmo2", "granite", "gpt_oss")
 
 
 def _geometry(c):

@@ -14,9 +14,9 @@ TransformerLens:
   layer output through the family's multiplier, post-sublayer norms or LayerNorms with the
   per-token scales recomputed from each norm's own input and ``eps`` (thermo-lens pulls the
   stream back through the transposed maps instead); per-expert terms from the HF router and
-  expert weights (Mixtral);
+  expert weights (Mixtral, GPT-OSS);
 * sheaf traces: the HF attention weights (``output_attentions=True``: soft-capping, sliding
-  windows, ALiBi as HF applies them) and the HF value weights.
+  windows, ALiBi, GPT-OSS's attention sinks as HF applies them) and the HF value weights.
 
 Tolerances (float32 models): ``|thermo-lens - reference| <= 1e-5 * scale`` with ``scale`` the
 block's mean ``||x_out||^2 + ||x_in||^2`` (attribution) or relative ``1e-5`` (gain, traces,
@@ -89,7 +89,7 @@ def _hf_pass(arch, hf, ids):
         for role, norm in hf_norms(arch, layer).items():
             handles.append(norm.register_forward_pre_hook(
                 lambda m, a, _l=l, _r=role: rec.update({(_r, _l): a[0].detach()[0].double()})))
-        if arch == "mixtral":
+        if arch in ("mixtral", "gpt_oss"):
             handles.append(layer.mlp.register_forward_pre_hook(
                 lambda m, a, _l=l: rec.update({("moe_in", _l): a[0].detach()[0].double()})))
     try:
@@ -137,7 +137,8 @@ def test_layout_gain_and_anisotropy_match_the_hf_layers(arch, checkpoint_dir):
     view = ModelView(model)
     assert view.layout.kind == KIND.get(arch, "pre") and view.layout.unsupported is None
     assert (view.layout.multiplier != 1.0) == (arch == "granite")
-    assert (view.layout.moe is not None) == (arch == "mixtral")
+    assert (view.layout.moe is not None) == (arch in ("mixtral", "gpt_oss"))
+    assert view.layout.attention_sinks == (arch == "gpt_oss")
     g = tl.residual_gain(model, PROMPTS, token_scope="all_but_first", batch_size=2)
     an = tl.anisotropy_profile(model, PROMPTS, batch_size=2)
     ref = torch.zeros(len(PROMPTS), view.n_layers, dtype=torch.float64)
@@ -208,18 +209,33 @@ def _dense_attribution(arch, model, hf):
                 c = f2(f1(c.transpose(0, 1))).transpose(0, 1)
             head[p, l] = (alpha * c * s[:, None]).sum(-1).mean(0)
             total[p, l] = (x_out.pow(2).sum(-1) - x_in.pow(2).sum(-1)).mean()
-            if arch == "mixtral":
-                moe = layers[l].mlp
-                x = rec[("moe_in", l)]
-                probs = torch.softmax(x @ moe.gate.weight.double().T, dim=-1)
-                w, idx = torch.topk(probs, hf.config.num_experts_per_tok, dim=-1)
-                w = w / w.sum(-1, keepdim=True)
-                for e in range(hf.config.num_local_experts):
-                    gate, up = (x @ moe.experts.gate_up_proj[e].double().T).chunk(2, dim=-1)
-                    y = (torch.nn.functional.silu(gate) * up) @ moe.experts.down_proj[e].double().T
-                    weight = (w * (idx == e)).sum(-1, keepdim=True)
+            if arch in ("mixtral", "gpt_oss"):
+                for e, weight, y in _experts(arch, layers[l].mlp, rec[("moe_in", l)], hf.config):
                     expert[p, l, e] = ((weight * y) * s).sum(-1).mean()
     return head, total, expert
+
+
+def _experts(arch, moe, x, config):
+    """``(e, w_e(t) [T, 1], E_e(x) [T, d])`` per expert, from the HF router's and experts' weights
+    (float64): Mixtral's softmax-then-top-k router and SwiGLU experts, GPT-OSS's top-k-then-softmax
+    biased router and clamped, biased experts."""
+    k = config.num_experts_per_tok
+    ex = moe.experts
+    if arch == "mixtral":
+        w, idx = torch.topk(torch.softmax(x @ moe.gate.weight.double().T, dim=-1), k, dim=-1)
+        w = w / w.sum(-1, keepdim=True)
+    else:
+        top, idx = torch.topk(x @ moe.router.weight.double().T + moe.router.bias.double(), k, dim=-1)
+        w = torch.softmax(top, dim=-1)
+    for e in range(config.num_local_experts):
+        if arch == "mixtral":
+            gate, up = (x @ ex.gate_up_proj[e].double().T).chunk(2, dim=-1)
+            y = (torch.nn.functional.silu(gate) * up) @ ex.down_proj[e].double().T
+        else:
+            gu = x @ ex.gate_up_proj[e].double() + ex.gate_up_proj_bias[e].double()
+            gate, up = gu[..., ::2].clamp(max=ex.limit), gu[..., 1::2].clamp(-ex.limit, ex.limit)
+            y = ((up + 1) * gate * torch.sigmoid(gate * ex.alpha)) @ ex.down_proj[e].double() + ex.down_proj_bias[e].double()
+        yield e, (w * (idx == e)).sum(-1, keepdim=True), y
 
 
 @pytest.mark.parametrize("arch", MATRIX)
@@ -237,7 +253,7 @@ def test_attribution_matches_a_dense_hf_computation(arch, checkpoint_dir):
         assert float(a.norm.abs().max()) > 1e-3  # the incoming stream's rescaling is a real term
     else:
         assert torch.equal(a.norm, torch.zeros_like(a.norm))
-    if arch == "mixtral":
+    if arch in ("mixtral", "gpt_oss"):
         assert a.expert is not None
         torch.testing.assert_close(a.expert, expert, rtol=0, atol=atol)
         torch.testing.assert_close(a.expert.sum(-1), a.mlp, rtol=0, atol=atol)
@@ -255,7 +271,9 @@ def test_sheaf_traces_match_the_hf_attention_weights(arch, checkpoint_dir):
                         for l in range(view.n_layers)])  # [layer, head]
     for p, ids in enumerate(_tokens(model)):
         _, attn = _hf_pass(arch, hf, ids)
-        off = torch.stack([(1 - torch.diagonal(A, dim1=-2, dim2=-1)).sum(-1) for A in attn])  # [layer, head]
+        # sum_{i != j} A_ij over the tokens (= sum_i (1 - A_ii) for softmax rows; GPT-OSS's sinks
+        # take part of each row's mass to a key that is no token).
+        off = torch.stack([(A.sum(-1) - torch.diagonal(A, dim1=-2, dim2=-1)).sum(-1) for A in attn])  # [layer, head]
         torch.testing.assert_close(tr.off_diagonal_mass[p].double(), off, rtol=RTOL, atol=RTOL)
         torch.testing.assert_close(tr.trace[p].double(), off * frob, rtol=RTOL, atol=RTOL)
 

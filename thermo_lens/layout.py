@@ -27,7 +27,7 @@ exact split. The view (:class:`thermo_lens.model.ModelView`) exposes it as ``vie
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -98,6 +98,8 @@ class BlockLayout:
             when the MLP is dense).
         unsupported: why this block has no exact split (the architecture and the component that
             prevents it), or None.
+        attention_sinks: the attention has learned sink logits (GPT-OSS): each query's pattern over
+            the tokens sums to less than 1 (the sheaf traces use ``sum_{i != j} A_ij``).
         families: the model families with this layout (for messages and the docs).
     """
 
@@ -110,6 +112,7 @@ class BlockLayout:
     moe: MoESite | None = None
     moe_note: str | None = None
     unsupported: str | None = None
+    attention_sinks: bool = False
     families: str = field(default="", compare=False)
 
     @property
@@ -122,6 +125,8 @@ class BlockLayout:
                 "sandwich": "sandwich (norms after the sublayers)", "post": "post-LN"}[self.kind]
         if self.multiplier != 1.0:
             text += f", residual multiplier {self.multiplier:g}"
+        if self.attention_sinks:
+            text += ", attention sinks"
         if self.moe is not None:
             text += f", mixture of {self.moe.n_experts} experts (top {self.moe.top_k})"
         elif self.moe_note:
@@ -133,7 +138,8 @@ class BlockLayout:
                 "attn_norm": self.attn_norm.module if self.attn_norm else None,
                 "mlp_norm": self.mlp_norm.module if self.mlp_norm else None,
                 "stream_norms": [n.module for n in self.stream_norms],
-                "n_experts": self.moe.n_experts if self.moe else None, "unsupported": self.unsupported}
+                "n_experts": self.moe.n_experts if self.moe else None, "attention_sinks": self.attention_sinks,
+                "unsupported": self.unsupported}
 
 
 # ---------------------------------------------------------------------------- norms
@@ -191,7 +197,11 @@ def detect_layout(model: Any, host_kind: str, hf_config: Any, norm_placement: st
         return BlockLayout("pre", unsupported=f"{arch} has no blocks")
     block = blocks[0]
     if host_kind == "bridge":
-        return _bridge_layout(block, hf_config, norm_placement, parallel, arch)
+        layout = _bridge_layout(block, hf_config, norm_placement, parallel, arch)
+        attn = getattr(getattr(block, "attn", None), "original_component", None)
+        if isinstance(getattr(attn, "sinks", None), torch.Tensor):
+            layout = replace(layout, attention_sinks=True)
+        return layout
     if host_kind == "hooked_encoder":
         return BlockLayout("post", stream_norms=(_site(block, "ln1"), _site(block, "ln2")),
                            families="BERT (HookedEncoder)")

@@ -17,7 +17,7 @@ Architectures (``ARCHITECTURES``), one per block layout and attention layout res
 * sandwich (norms after the sublayers): Gemma-2 (attention logit soft-capping, sliding windows),
   Gemma-3 (QK norm, sliding windows), OLMo-2 (post-sublayer norms only);
 * multiplier: Granite (``residual_multiplier``, embedding / attention / logit multipliers);
-* mixture of experts: Mixtral (8 -> 4 experts, top-2);
+* mixture of experts: Mixtral (4 experts, top-2), GPT-OSS (attention sinks, biased experts);
 * post-LN: OPT-350m-style with project_in/out, BERT (bidirectional).
 
 :data:`FAST_ARCHITECTURES` are the ones the fast test tier boots; the rest are the slow tier's
@@ -113,6 +113,13 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
                 dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                      intermediate_size=64, max_position_embeddings=64, residual_multiplier=0.22,
                      embedding_multiplier=12.0, attention_multiplier=0.3, logits_scaling=4.0)),
+    # Attention sinks (a learned per-head logit, raised at build so the sinks take visible mass),
+    # a mixture of 4 experts with biased experts and router, alternating sliding windows.
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=8, intermediate_size=32, max_position_embeddings=64, num_local_experts=4,
+                     num_experts_per_tok=2, sliding_window=4,
+                     layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
 }
 
 #: The architectures the fast test tier boots (one per attention layout of the original suite).
@@ -190,6 +197,8 @@ def make_checkpoint(arch: str, directory: str | os.PathLike, *, seed: int = 0,
         for name, p in model.named_parameters():
             if p.ndim == 1 and ("norm" in name or "ln" in name or "LayerNorm" in name):
                 p.add_(0.1 * torch.randn_like(p))  # non-trivial norm weights and biases
+            if name.endswith(".sinks"):
+                p.add_(2.0)  # attention sinks that take a visible share of each row's mass
     if dtype is not None:
         model = model.to(dtype)
     directory = Path(directory)
