@@ -26,13 +26,26 @@ from typing import Any, ClassVar
 import numpy as np
 from thermo_lens._lazy import pandas as pd
 import torch
-from thermo_lens.errors import ThermoLensSchemaError
+from thermo_lens.errors import ThermoLensInputError, ThermoLensSchemaError
 
-__all__ = ["Result", "encode", "decode"]
+__all__ = ["Result", "encode", "decode", "register_plot"]
 
 
 
 _REGISTRY: dict[str, type] = {}
+# Result class name -> its figure, registered by thermo_lens.views (results never import views: the
+# figures sit in a layer above; `Result.plot` loads them on first use).
+_PLOTS: dict[str, Any] = {}
+_FIGURES_MODULE = "thermo_lens.views"
+
+
+def register_plot(result: str) -> Any:
+    """Decorator (for :mod:`thermo_lens.views`): ``fn(result, **kwargs) -> Figure`` is what
+    ``result.plot(**kwargs)`` draws for instances of the result class named ``result``."""
+    def wrap(fn: Any) -> Any:
+        _PLOTS[result] = fn
+        return fn
+    return wrap
 
 
 def encode(obj: Any) -> Any:
@@ -188,6 +201,24 @@ class Result:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         _REGISTRY[cls.__name__] = cls
+
+    def plot(self, **kwargs: Any) -> Any:
+        """This result's figure (a plotly ``Figure``): the view registered for its class
+        (:func:`register_plot`), else its first registered metric drawn from its shape
+        (:func:`thermo_lens.views.metric_plot`). ``kwargs`` go to the view."""
+        import importlib
+
+        name = type(self).__name__
+        if name not in _PLOTS:
+            importlib.import_module(_FIGURES_MODULE)  # views register their figures on import
+        if name in _PLOTS:
+            return _PLOTS[name](self, **kwargs)
+        from thermo_lens import registry
+
+        drawn = registry.metrics(result=name)
+        if not drawn:
+            raise ThermoLensInputError(f"{name} has no figure and no registered metric to draw")
+        return _PLOTS["__metric__"](self, drawn[0].name, **kwargs)
 
     @classmethod
     def migrate(cls, fields: dict[str, Any], version: int) -> dict[str, Any]:

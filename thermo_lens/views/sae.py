@@ -23,12 +23,14 @@ from thermo_lens.views._common import (
     wrap,
 )
 from thermo_lens.views.dynamics import _rgba
+from thermo_lens.result import register_plot
 
 __all__ = ["sae_gain_change_plot"]
 
 _WITH, _WITHOUT, _DELTA = "#d62728", "#1f77b4", "#2ca02c"
 
 
+@register_plot("SAEGainChange")
 def sae_gain_change_plot(result: Any) -> go.Figure:
     """Gain per block with and without the SAEs (top) and the paired change with CIs (bottom).
 
