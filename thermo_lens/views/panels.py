@@ -48,7 +48,8 @@ for _name, _symbol, _formula, _unit in (
     ("delta_block_gain", "Delta G", "change in this block's gain ||resid_post_layer|| / ||resid_pre_layer|| when "
      "the head's output z is zero-ablated (blocks.{layer}.attn.hook_z[:, :, h] = 0), mean over prompts", "ratio"),
     ("head_term", "<z_h W_O^h, x_out + x_in>", "the head's exact share <z_h W_O^h, x_out + x_in> of this block's "
-     "squared-norm change ||x_out||^2 - ||x_in||^2 (thermo_lens.gain_attribution), mean over prompts; > 0 expands",
+     "squared-norm change ||x_out||^2 - ||x_in||^2 (thermo_lens.gain_attribution), mean over prompts; a Shapley "
+     "share (cross terms split half and half), not an ablation effect",
      "squared residual norm"),
     ("sheaf_trace", "Tr L", "Tr L = (n - sum_i A_ii) * ||W_V||_F^2, the head's sheaf Laplacian trace on the "
      "shown prompt", "squared weight norm x tokens"),
