@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from thermo_lens import prompts as prompt_sets
     from thermo_lens.gain import residual_gain
-    from thermo_lens.hooks import batches
     from thermo_lens.model import ModelView
+    from thermo_lens.tokens import encode, plan_batches, tokenize
 
     prompts = list(prompt_sets.get("paper25").prompts)
     if args.quick:
@@ -75,14 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     L = view.n_layers
     names = set(view.resid_hook_names)
     # The same padded batches residual_gain makes: prompts in order of token length ...
-    order = sorted(range(len(prompts)), key=lambda i: len(view.encode(prompts[i], True)))
-    tokenized = [view.tokenize([prompts[order[k]] for k in ks], prepend_bos=True,
-                               prompt_index=[order[k] for k in ks])
-                 for ks in batches(len(prompts), args.batch_size)]
+    order = sorted(range(len(prompts)), key=lambda i: len(encode(view, prompts[i], True)))
+    tokenized = [tokenize(view, [prompts[order[k]] for k in ks], prepend_bos=True,
+                          prompt_index=[order[k] for k in ks])
+                 for ks in plan_batches(range(len(prompts)), args.batch_size, sort_by_length=False)]
     # ... and, for reference, batches in the caller's order (residual_gain(sort_by_length=False)).
-    unsorted = [view.tokenize([prompts[i] for i in idx], prepend_bos=True, prompt_index=list(idx))
-                for idx in batches(len(prompts), args.batch_size)]
-    single = [view.tokenize([p], prepend_bos=True).tokens for p in prompts]
+    unsorted = [tokenize(view, [prompts[i] for i in idx], prepend_bos=True, prompt_index=list(idx))
+                for idx in plan_batches(range(len(prompts)), args.batch_size, sort_by_length=False)]
+    single = [tokenize(view, [p], prepend_bos=True).tokens for p in prompts]
 
     def bare() -> None:
         with torch.inference_mode():

@@ -26,7 +26,7 @@ and the wall-clock ratio are printed alongside. Per model, rows (and ratios to
 ``bare, same batches``):
 
 * ``bare, same batches``: ``run_with_hooks(return_type=None)`` of exactly the padded batches
-  ``profile()`` runs (:func:`thermo_lens.hooks.plan_batches`), tokenization excluded.
+  ``profile()`` runs (:func:`thermo_lens.tokens.plan_batches`), tokenization excluded.
 * ``bare, to the last block``: the same batches, the pass ended after the last block's
   ``hook_resid_post`` (no final norm, no unembedding), as ``profile()`` ends its own pass: no
   metric reads the logits. Against it, the last summary line gives the measurements' own cost.
@@ -100,17 +100,14 @@ from _common import PeakRSS, build_checkpoint  # noqa: E402
 
 def _plan(view, prompts, batch_size):
     """The padded batches profile() runs, and the plain length-sorted ones (old behaviour)."""
-    from thermo_lens import hooks
+    from thermo_lens import tokens
 
-    everything = view.tokenize(prompts, prepend_bos=True)
+    everything = tokens.tokenize(view, prompts, prepend_bos=True)
     lengths = everything.lengths
     order = sorted(range(len(prompts)), key=lambda i: int(lengths[i]))
     sorted_batches = [everything.select([order[k] for k in ks])
-                      for ks in hooks.batches(len(prompts), batch_size)]
-    if hasattr(hooks, "plan_batches"):
-        same = [everything.select(rows) for rows in hooks.plan_batches(lengths, batch_size)]
-    else:  # the code before bucketing: length-sorted fixed-size batches
-        same = sorted_batches
+                      for ks in tokens.plan_batches(range(len(prompts)), batch_size, sort_by_length=False)]
+    same = [everything.select(rows) for rows in tokens.plan_batches(lengths, batch_size)]
     single = [everything.select([i]) for i in range(len(prompts))]
     return same, sorted_batches, single, lengths
 
@@ -149,11 +146,11 @@ def _in_pass_shares(bridge, prompts, args, bare_cpu: float) -> None:
     package is timed)."""
     from collections import defaultdict
 
-    from thermo_lens import hooks
+    from thermo_lens import passes
     from thermo_lens.profile import profile
 
     spent: dict[str, float] = defaultdict(float)
-    orig = hooks.Recorder.add
+    orig = passes.Recorder.add
 
     def add(self, hook_name, key, fn):
         def timed(x, batch, _fn=fn, _k=key[0]):
@@ -163,7 +160,7 @@ def _in_pass_shares(bridge, prompts, args, bare_cpu: float) -> None:
             return out
         orig(self, hook_name, key, timed)
 
-    hooks.Recorder.add = add
+    passes.Recorder.add = add
     try:
         runs = 2
         total = 0.0
@@ -172,7 +169,7 @@ def _in_pass_shares(bridge, prompts, args, bare_cpu: float) -> None:
             profile(bridge, prompts, batch_size=args.batch_size, progress=False)
             total += time.process_time() - c0
     finally:
-        hooks.Recorder.add = orig
+        passes.Recorder.add = orig
     family = {"attr": "gain attribution (attr_*)", "resid_norm": "residual norms (gain)",
               "block_in_norm": "block input norms (gain)", "anisotropy": "anisotropy",
               "attn_diag": "attention diagonal (sheaf)", "attn_mass": "attention mass (sheaf)"}

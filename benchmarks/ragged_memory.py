@@ -34,7 +34,10 @@ def main() -> None:
 
     torch.set_num_threads(1)
     from thermo_lens import zoo
-    from thermo_lens.hooks import anisotropy, attention_diagonal, collect, residual_norms
+    from thermo_lens.passes import collect
+    from thermo_lens.anisotropy import anisotropy
+    from thermo_lens.sheaf.traces import attention_diagonal
+    from thermo_lens.gain import residual_norms
     from thermo_lens.prompts import get
 
     n_short = 100 if args.quick else args.prompts

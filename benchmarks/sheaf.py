@@ -24,6 +24,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import torch  # noqa: E402
 
 from thermo_lens.sheaf import SheafLaplacian, sheaf_traces  # noqa: E402
+from thermo_lens.tokens import tokenize  # noqa: E402
 
 BUDGET_S = 10.0
 
@@ -135,7 +136,7 @@ def traces_ratio(quick: bool, reps: int):
     with tempfile.TemporaryDirectory() as tmp:
         view = ModelView(make_model(quick, tmp))
         bs = 8
-        batches = [view.tokenize(prompts[i:i + bs], prepend_bos=True) for i in range(0, len(prompts), bs)]
+        batches = [tokenize(view, prompts[i:i + bs], prepend_bos=True) for i in range(0, len(prompts), bs)]
         names = set(view.pattern_hook_names)
 
         def bare():

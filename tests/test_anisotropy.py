@@ -10,9 +10,12 @@ from conftest import ARCHS
 from test_gain import PROMPTS, hf_ids, hf_states
 from thermo_lens.anisotropy import AnisotropyResult, anisotropy_from_collected, anisotropy_profile
 from thermo_lens.gain import gain_from_collected, residual_gain
-from thermo_lens.hooks import anisotropy, collect, residual_norms
+from thermo_lens.passes import collect
+from thermo_lens.anisotropy import anisotropy
+from thermo_lens.gain import residual_norms
 from thermo_lens.model import ModelView
 from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.tokens import encode
 
 torch.set_num_threads(1)  # tiny models on a shared machine: threads only contend
 
@@ -63,7 +66,7 @@ def test_same_pass_as_the_gain(bridge):
 def test_short_prompts_are_nan_and_left_out(bridge):
     view = ModelView(bridge("gpt2"))
     short = "The"  # BOS + 1 token: no pair of tokens after position 0
-    assert len(view.encode(short, True)) == 2
+    assert len(encode(view, short, True)) == 2
     res = anisotropy_profile(view, [PROMPTS[0], short, PROMPTS[2]])
     assert torch.isnan(res.values[1]).all() and not torch.isnan(res.values[[0, 2]]).any()
     assert list(res.stats.n) == [2] * (view.n_layers + 1)

@@ -13,6 +13,7 @@ import torch
 
 import thermo_lens as tl
 from thermo_lens import ModelView
+from thermo_lens.tokens import tokenize
 
 PROMPTS = ["The capital of France is Paris", "Water", "the early bird catches the worm, and the cat sat",
            "Colorless green ideas sleep"]
@@ -23,7 +24,7 @@ DENSE = ("gpt2", "neox", "llama_gqa", "gptj")
 def _dense(model, prompts, token_scope, fwd_hooks=()):
     """Reference terms from run_with_cache: [prompt, layer, head] and [prompt, layer]."""
     view = ModelView(model)
-    tb = view.tokenize(prompts, prepend_bos="host")  # the entry points' default
+    tb = tokenize(view, prompts, prepend_bos="host")  # the entry points' default
     with model.hooks(fwd_hooks=list(fwd_hooks)):
         _, cache = model.run_with_cache(tb.tokens, attention_mask=tb.mask.long())
     P, L, H = len(prompts), view.n_layers, view.n_heads
@@ -127,7 +128,7 @@ def test_scope_and_frames(bridge):
     torch.testing.assert_close(torch.tensor(lf["total"].to_numpy()).view_as(a.total), a.total)
     top = a.top_heads(3)
     assert len(top) == 3 and top["head_term"].is_monotonic_decreasing
-    back = tl.GainAttribution.from_json(a.to_json())
+    back = tl.attribution.GainAttribution.from_json(a.to_json())
     assert torch.equal(back.head, a.head) and back.provenance.prompts == a.prompts
     assert "GainAttribution" in repr(a) and "exact" in repr(a)
     prof = tl.profile(model, PROMPTS)

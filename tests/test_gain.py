@@ -20,21 +20,22 @@ from hypothesis import strategies as st
 
 from conftest import ARCHS
 from thermo_lens.gain import (
-    PAPER_METRICS,
     SUMMARIES,
-    TOKEN_SCOPES,
     GainResult,
     gain_from_collected,
-    paper_metric,
     regime_from_summary,
     residual_gain,
     scope_ratio,
 )
-from thermo_lens.hooks import collect, residual_norms
+from thermo_lens.paper.metrics import PAPER_METRICS, paper_metric
+from thermo_lens.tokens import TOKEN_SCOPES
+from thermo_lens.passes import collect
+from thermo_lens.gain import residual_norms
 from thermo_lens.errors import ThermoLensNumericsError
 from thermo_lens.model import ModelView
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.stats import summarize
+from thermo_lens.tokens import encode
 
 # Tiny models on a shared 2-core machine: extra intra-op threads only contend (5x slower).
 torch.set_num_threads(1)
@@ -219,7 +220,7 @@ def test_bos_on_off_is_recorded_and_changes_results(bridge, checkpoint_dir):
     # tiny byte-level tokenizer adds no special tokens, like GPT-2's, so this is "no BOS" -- even
     # though the bridge's own tokenizer was reloaded with add_bos_token=True.
     hf_tok = hf_tokenizer(str(checkpoint_dir("gpt2")))
-    assert hf_tok("The cat", add_special_tokens=True)["input_ids"] == view.encode("The cat", False)
+    assert hf_tok("The cat", add_special_tokens=True)["input_ids"] == encode(view, "The cat", False)
     tok = residual_gain(view, PROMPTS, token_scope="all", prepend_bos="tokenizer")
     assert tok.prepend_bos == "tokenizer"
     torch.testing.assert_close(tok.block_gain, off.block_gain)
@@ -450,7 +451,7 @@ def test_unknown_scope_and_regime_by(bridge):
 def test_all_but_first_needs_two_tokens(bridge):
     view = ModelView(bridge("gpt2"))
     one_token = "The"
-    assert len(view.encode(one_token, False)) == 1
+    assert len(encode(view, one_token, False)) == 1
     with pytest.raises(ThermoLensInputError, match=r"prompt 1 .*1 token.*all_but_first.*prepend_bos=True"):
         residual_gain(view, ["The cat", one_token], prepend_bos=False)
     # Other scopes accept it; and the pure function checks a Collected made without the guard.
@@ -480,7 +481,7 @@ def test_nan_from_user_hook_names_the_layer(bridge):
 
 
 def test_gain_from_collected_needs_norms(bridge):
-    from thermo_lens.hooks import anisotropy
+    from thermo_lens.anisotropy import anisotropy
 
     c = collect(bridge("gpt2"), PROMPTS, [anisotropy], prepend_bos=True)
     with pytest.raises(ThermoLensInputError, match="residual_norms"):

@@ -3,20 +3,19 @@
 import pytest
 import torch
 
-from thermo_lens.hooks import (
-    ThermoLensNumericsError,
-    anisotropy,
-    attention_diagonal,
-    collect,
-    residual_norms,
-)
+from thermo_lens.passes import collect
+from thermo_lens.errors import ThermoLensNumericsError
+from thermo_lens.anisotropy import anisotropy
+from thermo_lens.sheaf.traces import attention_diagonal
+from thermo_lens.gain import residual_norms
 from thermo_lens.model import ModelView
+from thermo_lens.tokens import tokenize
 
 PROMPTS = ["The capital of France is Paris", "Water", "the early bird catches the worm, and the cat"]
 
 
 def _cache_one(view, prompt, prepend_bos=True):
-    batch = view.tokenize([prompt], prepend_bos=prepend_bos)
+    batch = tokenize(view, [prompt], prepend_bos=prepend_bos)
     names = set(view.resid_hook_names) | set(view.pattern_hook_names)
     _, cache = view.model.run_with_cache(batch.tokens, names_filter=lambda n: n in names)
     return cache

@@ -29,8 +29,10 @@ from test_gain import PROMPTS, hf_ids, hf_states, ref_gains
 from thermo_lens import ModelView, ThermoLensInputError, residual_gain, sheaf_traces, spectral_signature
 from thermo_lens.host import _parse, detect_host, transformer_lens_version
 from thermo_lens.errors import UnsupportedHostError
-from thermo_lens.hooks import collect, residual_norms
+from thermo_lens.passes import collect
+from thermo_lens.gain import residual_norms
 from thermo_lens.testing import LEGACY_ARCHITECTURES, hooked_transformer, make_checkpoint
+from thermo_lens.tokens import tokenize
 
 pytestmark = pytest.mark.hosts
 
@@ -239,11 +241,11 @@ def test_bert_host_mode_is_cls_sep_and_true_is_cls_not_unk(tmp_path):
     view = ModelView(model)
     prompt = PROMPTS[0]
     plain = tok(prompt, add_special_tokens=False)["input_ids"]
-    batch = view.tokenize([prompt], prepend_bos="host")
+    batch = tokenize(view, [prompt], prepend_bos="host")
     assert batch.tokens[0].tolist() == [tok.cls_token_id] + plain + [tok.sep_token_id]
     assert batch.tokens[0].tolist() == model.to_tokens(prompt)[0].tolist()
     assert batch.prepend_bos == "host:[CLS]+text+[SEP]"
-    assert view.tokenize([prompt], prepend_bos=True).tokens[0].tolist() == [tok.cls_token_id] + plain
+    assert tokenize(view, [prompt], prepend_bos=True).tokens[0].tolist() == [tok.cls_token_id] + plain
     assert tok.cls_token_id != tok.unk_token_id
     g = residual_gain(model, PROMPTS)
     assert g.prepend_bos == "host:[CLS]+text+[SEP]"

@@ -16,8 +16,10 @@ import torch
 
 from test_gain import PROMPTS
 from test_hosts import LEGACY, TOL
+from thermo_lens import attached
 from thermo_lens import ModelView, ThermoLensInputError, residual_gain, sae_gain_change, sheaf_traces
-from thermo_lens.hooks import collect, residual_norms
+from thermo_lens.passes import collect
+from thermo_lens.gain import residual_norms
 from thermo_lens.sae import SAEGainChange
 from thermo_lens.testing import hooked_transformer, random_sae
 
@@ -97,7 +99,7 @@ def test_every_metric_reads_the_stream_downstream_of_the_sae(use_error_term, mod
     view = ModelView(model)
     c = collect(model, [PROMPTS[0]], [residual_norms], prepend_bos="host")
     _, cache = model.run_with_cache(PROMPTS[0])
-    out = view.resolve_hook(HOOK)  # blocks.1.hook_resid_post.hook_sae_output (bridge: hook_out...)
+    out = attached.resolve_hook(model, HOOK)  # blocks.1.hook_resid_post.hook_sae_output (bridge: hook_out...)
     assert out.endswith(".hook_sae_output")
     torch.testing.assert_close(c.stack("resid_norm")[2, 0], cache[out][0].norm(dim=-1), atol=TOL, rtol=TOL)
     rec = g.model["saes"]
@@ -147,7 +149,7 @@ def test_sae_gain_change_is_the_paired_difference_with_ci(model, plain):
                                    [ci.low, ci.high], rtol=1e-4)
         np.testing.assert_allclose(res.delta_summary.mean[l], d.mean(), rtol=1e-5)
     # The SAE is attached again afterwards, with its settings.
-    assert ModelView(model).sae_records() == list(res.saes)
+    assert attached.sae_records(model) == list(res.saes)
     assert res.saes[0]["hook"] == HOOK and res.saes[0]["d_sae"] == D_SAE
     df = res.to_frame()
     assert list(df["layer"]) == [0, 1, 2] and df.loc[1, "saes_at_layer"] == HOOK
@@ -169,12 +171,12 @@ def test_sae_gain_change_with_error_term_is_zero_and_leaves_the_model_clean(mode
             sae_gain_change(model, PROMPTS, saes=[sae])
         model.add_sae(sae, use_error_term=True)
         res = sae_gain_change(model, PROMPTS, prepend_bos=True)
-        assert res.delta.abs().max() < TOL and ModelView(model).sae_records()[0]["use_error_term"] is True
+        assert res.delta.abs().max() < TOL and attached.sae_records(model)[0]["use_error_term"] is True
         return
     res = sae_gain_change(model, PROMPTS, saes=[sae], use_error_term=True, prepend_bos=True)
     assert res.delta.abs().max() < TOL
     assert res.saes[0]["use_error_term"] is True
-    assert ModelView(model).sae_records() == []  # attached for the comparison only
+    assert attached.sae_records(model) == []  # attached for the comparison only
     off = sae_gain_change(model, PROMPTS, saes=sae, use_error_term=False, prepend_bos=True)
     assert off.delta[:, 1].abs().min() > 1e-3
 
@@ -213,7 +215,7 @@ def test_user_hook_on_an_sae_hook_point_sees_the_sae_output(model):
     def spy(x, hook):
         seen["name"] = hook.name
     residual_gain(model, PROMPTS[:1], fwd_hooks=[(HOOK, spy)])
-    assert seen["name"] == ModelView(model).resolve_hook(HOOK) and seen["name"].endswith(".hook_sae_output")
+    assert seen["name"] == attached.resolve_hook(model, HOOK) and seen["name"].endswith(".hook_sae_output")
 
 
 def test_sae_bridge_without_saes_equals_the_plain_host(models, checkpoint_dir):

@@ -7,6 +7,7 @@ import torch
 
 import thermo_lens as tl
 from thermo_lens import ModelView
+from thermo_lens.tokens import tokenize
 
 ENTRY = {
     "residual_gain": lambda m, p, **k: tl.residual_gain(m, p, **k).block_gain,
@@ -28,7 +29,7 @@ def test_every_entry_point_accepts_the_same_inputs(bridge, name):
     # a single string is one prompt
     torch.testing.assert_close(f(model, PROMPTS[0]), ref[:1], equal_nan=True)
     # token ids, right padded with lengths, and an HF BatchEncoding, left padded with a mask
-    tb = ModelView(model).tokenize(PROMPTS, prepend_bos=True)
+    tb = tokenize(ModelView(model), PROMPTS, prepend_bos=True)
     torch.testing.assert_close(f(model, {"input_ids": tb.tokens, "lengths": tb.lengths}), ref, equal_nan=True)
     left = torch.zeros_like(tb.tokens)
     mask = torch.zeros_like(tb.tokens)
@@ -43,7 +44,7 @@ def test_set_names_and_token_provenance(bridge):
     g = tl.residual_gain(model, "paper25", truncate=True)
     assert g.n_prompts == 25 and g.provenance.prompt_set == tl.prompts.get("paper25").name
     assert g.provenance.categories[0] == "Factual"
-    tb = ModelView(model).tokenize(PROMPTS[:1], prepend_bos=True)
+    tb = tokenize(ModelView(model), PROMPTS[:1], prepend_bos=True)
     gt = tl.residual_gain(model, tb.tokens)
     assert gt.prepend_bos == "tokens_as_given" and gt.provenance.prompt_set == "tokens"
     assert gt.prompts[0].endswith("The capital of France is Paris")

@@ -20,9 +20,10 @@ import torch
 
 import thermo_lens as tl
 from thermo_lens import ModelView
-from thermo_lens.interventions import BatchInfo
+from thermo_lens.tokens import BatchInfo
 from thermo_lens.errors import ThermoLensHookError
-from thermo_lens.views import head_ablation_gain
+from thermo_lens.ablation import head_ablation
+from thermo_lens.tokens import tokenize, encode
 
 WORDS = ("the cat sat on a mat while water froze and early birds caught worms near the capital of "
          "France where green ideas sleep furiously").split()
@@ -34,10 +35,10 @@ def _random_prompts(rng: random.Random, n: int) -> list[str]:
 
 def _same_length(view, prompt: str, rng: random.Random) -> str:
     """Another prompt with the same token count (pairs whose activations line up position by position)."""
-    n = len(view.encode(prompt, True))
+    n = len(encode(view, prompt, True))
     for _ in range(5000):
         cand = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 14)))
-        if cand != prompt and len(view.encode(cand, True)) == n:
+        if cand != prompt and len(encode(view, cand, True)) == n:
             return cand
     raise AssertionError("no prompt of the same length found")
 
@@ -77,8 +78,8 @@ def _entry_points(model, prompts, hooks, batch_size):
     out["profile.sheaf"] = prof.sheaf.trace
     out["profile.attribution"] = prof.attribution.head
     out["profile.anisotropy"] = prof.anisotropy.values
-    abl = head_ablation_gain(model, prompts, 1, heads=[0, 2], fwd_hooks=hooks)
-    out["head_ablation_gain"] = torch.tensor(abl["block_gain"].to_numpy())[None]
+    abl = head_ablation(model, prompts, 1, heads=[0, 2], fwd_hooks=hooks)
+    out["head_ablation"] = abl.block_gain  # [prompt, head], per prompt
     return out
 
 
@@ -101,10 +102,7 @@ def test_every_entry_point_batched_equals_one_prompt_at_a_time(bridge, arch, see
     batched = _entry_points(model, corrupted, hooks_for(range(P)), batch_size)
     single = [_entry_points(model, [corrupted[i]], hooks_for([i]), 1) for i in range(P)]
     for name, got in batched.items():
-        if name == "head_ablation_gain":  # a mean over prompts: compare with the mean of singles
-            want = torch.stack([s[name] for s in single]).mean(0)
-        else:
-            want = torch.cat([s[name] for s in single])
+        want = torch.cat([s[name] for s in single])
         w = min(got.shape[-1], want.shape[-1]) if got.ndim == 3 and name == "anisotropy_profile" else None
         torch.testing.assert_close(got.double(), want.double(), rtol=2e-4, atol=1e-6, equal_nan=True,
                                    msg=lambda m, name=name, w=w: f"{name}: {m}")
@@ -119,7 +117,7 @@ def test_run_with_hooks_style_patch_works_unchanged_in_one_batch(bridge):
     view = ModelView(model)
     clean = ["The capital of France is Paris and", "Water freezes at zero", "the early bird catches the worm"]
     corrupted = [_same_length(view, c, random.Random(k)) for k, c in enumerate(clean)]
-    tc, tx = (view.tokenize(p, prepend_bos=True) for p in (clean, corrupted))
+    tc, tx = (tokenize(view, p, prepend_bos=True) for p in (clean, corrupted))
     assert torch.equal(tc.lengths, tx.lengths)  # pairwise equal lengths, so the caches line up
     point = "blocks.1.hook_resid_pre"
     _, cache = model.run_with_cache(tc.tokens, attention_mask=tc.mask.long())
@@ -235,7 +233,7 @@ def test_patch_by_head_changes_only_that_head(bridge):
 
     tl.residual_gain(model, corr, fwd_hooks=list(patch) + [(point, spy)])
     view = ModelView(model)
-    tc, tx = view.tokenize(clean, prepend_bos=True), view.tokenize(corr, prepend_bos=True)
+    tc, tx = tokenize(view, clean, prepend_bos=True), tokenize(view, corr, prepend_bos=True)
     _, cc = model.run_with_cache(tc.tokens)
     _, cx = model.run_with_cache(tx.tokens)
     z, zc, zx = got["z"][0], cc[point][0], cx[point][0]
@@ -285,7 +283,7 @@ def test_results_stored_before_provenance_still_load(bridge):
     fields.update(prompts=prov["prompts"], lengths=prov["lengths"], truncated=prov["truncated"],
                   prepend_bos=prov["prepend_bos"], model=model, dtype="float32", weights="raw", post_ln=False)
     fields.pop("norms_in")
-    old = tl.GainResult.from_json(__import__("json").dumps(data))
+    old = tl.gain.GainResult.from_json(__import__("json").dumps(data))
     assert old.prompts == g.prompts and torch.equal(old.lengths, g.lengths) and old.hooks == ()
     torch.testing.assert_close(old.block_gain, g.block_gain)
 

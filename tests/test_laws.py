@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from thermo_lens import laws, reference
+from thermo_lens import laws
+from thermo_lens.paper import reference
 
 
 # ---------------------------------------------------------------- the paper's own data

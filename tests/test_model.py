@@ -7,6 +7,7 @@ from conftest import ARCHS
 from hf_slices import hf_all_head_weights, hf_head_weights
 from thermo_lens.model import ModelView
 from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.tokens import tokenize
 
 # (n_layers, n_heads, n_kv_heads, d_model, d_head, norm placement, parallel attention)
 EXPECTED = {
@@ -86,8 +87,8 @@ class TestTokenize:
     def test_padding_lengths_and_bos(self, bridge):
         v = ModelView(bridge("gpt2"))
         prompts = ["The capital of France is", "Water"]
-        with_bos = v.tokenize(prompts, prepend_bos=True)
-        without = v.tokenize(prompts, prepend_bos=False)
+        with_bos = tokenize(v, prompts, prepend_bos=True)
+        without = tokenize(v, prompts, prepend_bos=False)
         assert (with_bos.lengths == without.lengths + 1).all()
         assert (with_bos.tokens[:, 0] == v.tokenizer.bos_token_id).all()
         for b, p in enumerate(prompts):
@@ -102,21 +103,21 @@ class TestTokenize:
         from transformers import AutoTokenizer
 
         v = ModelView(bridge(arch))
-        batch = v.tokenize(["hello world"], prepend_bos="tokenizer")
+        batch = tokenize(v, ["hello world"], prepend_bos="tokenizer")
         ids = AutoTokenizer.from_pretrained(str(checkpoint_dir(arch)))("hello world")["input_ids"]
         assert batch.tokens[0].tolist() == ids
         if arch == "gpt2":
             # The bridge reloads its tokenizer with add_bos_token=True; the paper's protocol
             # (plain AutoTokenizer) adds no BOS for GPT-2-style tokenizers.
-            assert ids == v.tokenize(["hello world"], prepend_bos=False).tokens[0].tolist()
+            assert ids == tokenize(v, ["hello world"], prepend_bos=False).tokens[0].tolist()
             assert v.tokenizer("hello world")["input_ids"][0] == v.tokenizer.bos_token_id
 
     def test_too_long_prompt_names_index_and_lengths(self, bridge):
         v = ModelView(bridge("gpt2"))
         long = "the cat sat on the mat " * 40
         with pytest.raises(ThermoLensInputError, match=r"prompt 1 is \d+ tokens long .* context of 64"):
-            v.tokenize(["ok", long], prepend_bos=False)
-        batch = v.tokenize(["ok", long], prepend_bos=False, truncate=True)
+            tokenize(v, ["ok", long], prepend_bos=False)
+        batch = tokenize(v, ["ok", long], prepend_bos=False, truncate=True)
         assert int(batch.lengths[1]) == 64 and batch.truncated == (False, True)
 
     @pytest.mark.parametrize(
@@ -126,11 +127,11 @@ class TestTokenize:
     )
     def test_bad_prompt_lists(self, bridge, bad, match):
         with pytest.raises(ThermoLensInputError, match=match):
-            ModelView(bridge("gpt2")).tokenize(bad, prepend_bos=True)
+            tokenize(ModelView(bridge("gpt2")), bad, prepend_bos=True)
 
     def test_bad_bos_mode(self, bridge):
         with pytest.raises(ThermoLensInputError, match="prepend_bos must be"):
-            ModelView(bridge("gpt2")).tokenize(["a"], prepend_bos="yes")
+            tokenize(ModelView(bridge("gpt2")), ["a"], prepend_bos="yes")
 
 
 class TestWrongModels:
@@ -153,7 +154,7 @@ class TestWrongModels:
 
 def test_run_fires_user_hooks(bridge):
     v = ModelView(bridge("gpt2"))
-    batch = v.tokenize(["hello world", "the cat"], prepend_bos=True)
+    batch = tokenize(v, ["hello world", "the cat"], prepend_bos=True)
     seen = []
-    v.run(batch, [(v.resid_hook_names[-1], lambda x, hook: seen.append(tuple(x.shape)))])
+    v.run(batch.tokens, batch.mask, [(v.resid_hook_names[-1], lambda x, hook: seen.append(tuple(x.shape)))])
     assert seen == [(2, int(batch.lengths.max()), v.d_model)]

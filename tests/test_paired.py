@@ -25,7 +25,7 @@ def test_ablated_minus_clean_gain_with_paired_t(bridge):
     clean = tl.residual_gain(model, PROMPTS)
     abl = tl.residual_gain(model, PROMPTS, fwd_hooks=[("blocks.1.attn.hook_z", _zero_head(0))])
     d = abl - clean
-    assert isinstance(d, tl.PairedDifference) and d.dims == ("layer",)
+    assert isinstance(d, tl.paired.PairedDifference) and d.dims == ("layer",)
     diff = (abl.block_gain - clean.block_gain).double()
     torch.testing.assert_close(d.difference, diff)
     # scipy's paired t-test, layer by layer (block 0 is upstream of the ablation: difference 0)
@@ -44,7 +44,7 @@ def test_ablated_minus_clean_gain_with_paired_t(bridge):
     s = d.select(prompts=[0, 1, -1], layer=-1)
     assert s.dims == () and s.n_prompts == 3
     torch.testing.assert_close(s.difference, diff[[0, 1, 4], 2])
-    back = tl.PairedDifference.from_json(d.to_json())
+    back = tl.paired.PairedDifference.from_json(d.to_json())
     torch.testing.assert_close(back.difference, d.difference)
 
 

@@ -222,19 +222,11 @@ def test_law_results_take_the_papers_tables_plus_your_models():
     assert findings.law_results()["kleiber"].n == 8
 
 
-def test_old_import_paths_keep_working():
-    import thermo_lens.depth
-    import thermo_lens.gain
-    import thermo_lens.reference
-
-    assert thermo_lens.reference is paper.reference
-    assert thermo_lens.gain.paper_metric is paper.paper_metric is tl.paper_metric
-    assert thermo_lens.gain.PAPER_METRICS is paper.PAPER_METRICS
-    assert thermo_lens.depth.predicted_l_star is paper.predicted_l_star is tl.predicted_l_star
+def test_eq6_lives_with_the_measure():
     from thermo_lens.depth.predicted import predicted_l_star
 
-    assert paper.lstar.predicted_l_star is predicted_l_star  # the formula lives with the measure
-    assert paper.prompts.for_experiment("lab_survey").name == "high_rho_hunt_5"
+    assert paper.lstar.predicted_l_star is predicted_l_star is paper.predicted_l_star
+
 
 
 def test_paper_metric_defaults_to_the_papers_prompts(bridge):

@@ -11,7 +11,7 @@ import torch
 
 import thermo_lens as tl
 from thermo_lens import spectral
-from thermo_lens.hooks import MAX_PADDING, plan_batches
+from thermo_lens.tokens import MAX_PADDING, plan_batches
 from thermo_lens.model import ModelView
 from thermo_lens.profile import profile
 from thermo_lens.spectral import signature_from_weights, spectral_signature
@@ -201,7 +201,7 @@ def test_freed_activation_memory_is_handed_back_every_few_batches(bridge, monkey
     # glibc keeps freed activation blocks pinned behind the small per-batch results; collect
     # trims every _TRIM_EVERY batches on CPU (RSS was +0.6 MiB per prompt without it). The trim
     # changes no number.
-    from thermo_lens import hooks
+    from thermo_lens import passes as hooks
 
     m = bridge("gpt2")
     prompts = [f"prompt number {i} " + "x " * (i % 5) for i in range(17)]

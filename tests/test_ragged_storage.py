@@ -7,7 +7,9 @@ import torch
 
 import thermo_lens
 from thermo_lens import zoo
-from thermo_lens.hooks import Recorder, attention_diagonal, collect, residual_norms
+from thermo_lens.passes import Recorder, collect
+from thermo_lens.sheaf.traces import attention_diagonal
+from thermo_lens.gain import residual_norms
 
 SHORT = ["The capital of France is", "Water freezes at", "Birds of a feather", "Two plus two is"] * 10
 LONG = "word " * 55  # about 110 tokens; the context is 128

@@ -2,6 +2,7 @@
 
 import re
 from pathlib import Path
+from thermo_lens.profile import ThermoProfile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,5 +38,5 @@ def test_readme_notebook_snippet_runs(monkeypatch):
     monkeypatch.setattr(TransformerBridge, "boot_transformers", lambda *a, **k: model)
     scope: dict = {}
     exec(compile(block, "README.md", "exec"), scope)
-    assert isinstance(scope["prof"], tl.ThermoProfile)
+    assert isinstance(scope["prof"], ThermoProfile)
     assert scope["traces"].trace.shape == (25, 4, 4)

@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from thermo_lens import reference as R
+from thermo_lens.paper import reference as R
 
 GAIN_COLS = ["model", "hf_id", "lab", "n_layers", "n_heads", "d_model", "d_head", "rho", "gain",
              "std", "n_prompts", "definition", "label"]

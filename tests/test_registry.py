@@ -24,11 +24,15 @@ def measured():
     prompts = ["The capital of France is Paris", "Water boils at one hundred degrees", "Colorless green ideas"]
     prof = tl.profile(model, prompts, name="gpt2-tiny-wd")
     panel = attention_panel(model, prompts[0], 1, include_js=False)
-    return prof, panel
+    # Results outside the profile's battery, one of each.
+    extra = {"HeadAblation": tl.head_ablation(model, prompts, 1)}
+    return prof, panel, extra
 
 
-def _carrier_of(metric, prof, panel):
-    return panel if metric.result == "AttentionPanel" else registry.carrier(prof, metric.result)
+def _carrier_of(metric, prof, panel, extra):
+    if metric.result == "AttentionPanel":
+        return panel
+    return extra[metric.result] if metric.result in extra else registry.carrier(prof, metric.result)
 
 
 def test_every_metric_has_a_complete_definition():
@@ -40,10 +44,10 @@ def test_every_metric_has_a_complete_definition():
 
 
 def test_every_metric_is_in_its_frame_and_the_profile_row(measured):
-    prof, panel = measured
+    prof, panel, extra = measured
     row = prof.to_row()
     for m in registry.metrics():
-        obj = _carrier_of(m, prof, panel)
+        obj = _carrier_of(m, prof, panel, extra)
         frame = getattr(obj, m.frame)
         frame = frame(**m.frame_kwargs) if callable(frame) else frame
         assert m.frame_column in frame.columns, (m.name, m.frame, list(frame.columns))
@@ -56,7 +60,7 @@ def test_every_metric_is_in_its_frame_and_the_profile_row(measured):
 
 
 def test_the_panel_is_a_result_that_round_trips(measured):
-    _, panel = measured
+    _, panel, _ = measured
     from thermo_lens.views import AttentionPanel
 
     back = AttentionPanel.from_json(panel.to_json())
@@ -67,9 +71,9 @@ def test_the_panel_is_a_result_that_round_trips(measured):
 def test_every_metric_draws_with_its_definition(measured):
     from thermo_lens.views import metric_plot
 
-    prof, panel = measured
+    prof, panel, extra = measured
     for m in registry.metrics():
-        fig = metric_plot(_carrier_of(m, prof, panel), m.name)
+        fig = metric_plot(_carrier_of(m, prof, panel, extra), m.name)
         hovers = " ".join(str(t.hovertemplate) for t in fig.data)
         assert m.formula[:40] in hovers.replace("<br>", " ") or m.formula[:40] in str(fig.layout.title.text), m.name
         shown = np.concatenate([np.ravel(np.asarray(getattr(t, "z", None) if getattr(t, "z", None) is not None
@@ -80,7 +84,7 @@ def test_every_metric_draws_with_its_definition(measured):
 def test_every_metric_is_in_the_report_glossary_and_the_docs(measured):
     from thermo_lens.report import render_report
 
-    prof, _ = measured
+    prof, _, _ = measured
     page, _ = render_report(prof, panel=False)
     glossary = page[page.index('id="definitions"'):]
     for m in registry.metrics():

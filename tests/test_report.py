@@ -135,8 +135,8 @@ def test_study_directory_lists_failures_and_draws_the_panel(profiles, tmp_path):
 
 
 def _with_meta(p, **meta):
-    fields = {f: getattr(p, f) for f in ("gain", "anisotropy", "spectral", "sheaf", "l_star")}
-    return ThermoProfile(meta={**p.meta, **meta}, **fields)
+    results = {f: getattr(p, f) for f in ("gain", "anisotropy", "spectral", "sheaf", "l_star")}
+    return ThermoProfile(meta={**p.meta, **meta}, results=results)
 
 
 @pytest.mark.slow  # renders whole reports (seconds each); runs in the full suite

@@ -68,7 +68,7 @@ def test_a_profile_stored_by_thermo_lens_0_1_still_loads():
     assert row["ov_norm"] == pytest.approx(1.103, abs=1e-3) and row["qk_norm"] is None  # not stored in 0.1
     again = ThermoProfile.from_json(prof.to_json())  # re-saved in today's schema, read back exactly
     assert torch.equal(again.spectral.ov_norm, prof.spectral.ov_norm)
-    assert json.loads(prof.to_json())["fields"]["spectral"]["version"] == 2
+    assert json.loads(prof.to_json())["fields"]["results"]["__dict__"]["spectral"]["version"] == 2
 
 
 @dataclass(frozen=True)

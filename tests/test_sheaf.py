@@ -13,9 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hf_slices import hf_all_head_weights, hf_head_weights
-from thermo_lens.hooks import attention_diagonal, collect, residual_norms
+from thermo_lens.passes import collect
+from thermo_lens.sheaf.traces import attention_diagonal
+from thermo_lens.gain import residual_norms
 from thermo_lens.model import ModelView
 from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.tokens import tokenize
 from thermo_lens.sheaf import (
     DENSE_LIMIT,
     LayerSheafLaplacian,
@@ -302,7 +305,7 @@ def test_layer_block_diagonal_and_shared_stalks():
 
 # ---------------------------------------------------------------------------- from a model
 def _cached_patterns(view, prompt, prepend_bos=True):
-    batch = view.tokenize([prompt], prepend_bos=prepend_bos)
+    batch = tokenize(view, [prompt], prepend_bos=prepend_bos)
     names = set(view.pattern_hook_names)
     _, cache = view.model.run_with_cache(batch.tokens, names_filter=lambda n: n in names)
     return [cache[view.pattern_hook_name(l)][0].double() for l in range(view.n_layers)]

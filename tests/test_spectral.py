@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from conftest import ARCHS
 from hf_slices import hf_all_head_weights, hf_all_qk_weights
-from thermo_lens.hooks import collect, residual_norms
+from thermo_lens.passes import collect
+from thermo_lens.gain import residual_norms
 from thermo_lens.errors import ThermoLensNumericsError
 from thermo_lens.model import ModelView
 from thermo_lens.errors import ThermoLensInputError

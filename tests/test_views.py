@@ -13,16 +13,21 @@ import pytest
 import torch
 from scipy import stats
 
-from thermo_lens import laws, reference, views
+from thermo_lens import laws, views
+from thermo_lens.paper import reference
 from thermo_lens.anisotropy import anisotropy_from_collected
 from thermo_lens.depth import l_star_from_traces
 from thermo_lens.gain import gain_from_collected
-from thermo_lens.hooks import anisotropy, attention_diagonal, collect, residual_norms
+from thermo_lens.passes import collect
+from thermo_lens.anisotropy import anisotropy
+from thermo_lens.sheaf.traces import attention_diagonal
+from thermo_lens.gain import residual_norms
 from thermo_lens.model import ModelView
 from thermo_lens.robustness import robustness_from_gain
 from thermo_lens.sheaf import sheaf_laplacian, traces_from_collected
 from thermo_lens.spectral import spectral_signature
 from thermo_lens.views import ThermoLensViewError
+from thermo_lens.tokens import tokenize
 
 PROMPTS = ["The capital of France is Paris", "Water boils at one hundred degrees",
            "the early bird catches the worm", "Colorless green ideas sleep furiously"]
@@ -162,7 +167,7 @@ def test_spectral_heatmaps_and_sheaf_trace_heatmap(bridge, measured):
     model, view = bridge("gpt2"), ModelView(bridge("gpt2"))
     c = collect(model, PROMPTS[:1], [attention_diagonal], prepend_bos=True)
     fig = views.sheaf_trace_heatmap(traces_from_collected(c))
-    tokens = view.tokenize(PROMPTS[:1], prepend_bos=True).tokens
+    tokens = tokenize(view, PROMPTS[:1], prepend_bos=True).tokens
     _, cache = model.run_with_cache(tokens)
     W_V = view.W_V().double()
     expected = np.zeros((view.n_layers, view.n_heads))
@@ -326,7 +331,7 @@ def test_attention_panel_offline_and_equal_to_model_activations(bridge):
     ref = circuitsvis.attention.attention_patterns(tokens=list(panel.tokens), attention=panel.pattern)
     assert _props(panel.html, "AttentionPatterns") == _props(ref.local_src, "AttentionPatterns")
     # pattern and metrics against the model's own cached activations
-    tokens = view.tokenize([prompt], prepend_bos=True).tokens
+    tokens = tokenize(view, [prompt], prepend_bos=True).tokens
     _, cache = model.run_with_cache(tokens)
     A = cache[f"blocks.{layer}.attn.hook_pattern"][0].double()
     torch.testing.assert_close(panel.pattern.double(), A, rtol=1e-5, atol=1e-6)
@@ -356,7 +361,7 @@ def test_attention_panel_offline_and_equal_to_model_activations(bridge):
     for h in range(view.n_heads):
         assert mt.loc[h, "delta_block_gain"] == pytest.approx(block_gain(h) - base, abs=1e-5)
     for name in ("delta_block_gain", "sheaf_trace", "W_V_norm"):
-        assert views.PANEL_DEFINITIONS[name] in panel.html.replace("&#x27;", "'")
+        assert views.panels.panel_definitions()[name] in panel.html.replace("&#x27;", "'")
     assert "BOS prepended" in panel.html
 
 

@@ -9,7 +9,7 @@ the BOS/first token, excluded; padding excluded), the **mean pairwise cosine sim
 
 over the ``m = n - 1`` remaining tokens. It is computed inside the forward hook from unit vectors
 ``u_t`` as ``(||sum_t u_t||^2 - m) / (m (m - 1))``, in float32, without a ``pos x pos`` matrix
-(:func:`thermo_lens.hooks.anisotropy`). 1 means all tokens point the same way; about 0 means
+(:func:`thermo_lens.anisotropy.anisotropy`). 1 means all tokens point the same way; about 0 means
 isotropic.
 
 A prompt needs at least 3 real tokens (2 after position 0) for a pair; shorter prompts give NaN for
@@ -17,7 +17,7 @@ that prompt (documented, not an error) and are left out of the across-prompt mea
 then says how many prompts it holds.
 
 Use :func:`anisotropy_profile` in a notebook, or :func:`anisotropy_from_collected` to derive it from
-the same :func:`thermo_lens.hooks.collect` pass as the gain (``collect(..., [residual_norms,
+the same :func:`thermo_lens.passes.collect` pass as the gain (``collect(..., [residual_norms,
 anisotropy])``).
 """
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Unpack
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
@@ -33,14 +33,19 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from thermo_lens.hooks import Collected, anisotropy, collect
-from thermo_lens.model import as_view
+from thermo_lens import measure
 from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.inputs import Prompts
+from thermo_lens.model import ModelView, as_view
 from thermo_lens.paired import PairedMixin
+from thermo_lens.passes import Collected, Recorder
 from thermo_lens.provenance import Provenance, ProvenanceFields
-from thermo_lens.registry import Metric, register_metric
-from thermo_lens.result import Result, deprecated_alias
+from thermo_lens.registry import BuildContext, Measurement, Metric, Option, register_measurement, register_metric
+from thermo_lens.settings import RunOptions, RunSettings
+from thermo_lens.tokens import TokenBatch
+from thermo_lens.result import Result
 from thermo_lens.stats import SummaryStats, summarize
+from thermo_lens.validate import validates_own_inputs
 
 __all__ = ["AnisotropyResult", "anisotropy_profile", "anisotropy_from_collected", "DEFINITION"]
 
@@ -52,7 +57,32 @@ DEFINITION = (
 register_metric(Metric(
     "anisotropy", symbol="a_l", formula=DEFINITION, shape="prompt state", result="AnisotropyResult",
     section="gain", paper="D'Elia (2026), appendix C", unit="cosine similarity", attr="values",
-    row="anisotropy_last"))
+    row="anisotropy_last", row_reduce=lambda v: float(np.nanmean(v[:, -1].double().numpy()))))
+
+
+def anisotropy(view: ModelView, rec: Recorder) -> None:
+    """Per prompt and residual state, the mean pairwise cosine similarity of token states.
+
+    Position 0 (the BOS / first token, whose norm and direction dominate) and padding are
+    excluded. With unit vectors ``u_t`` over the ``m`` remaining tokens,
+    ``mean_{i != j} u_i . u_j = (||sum_t u_t||^2 - m) / (m (m - 1))``: O(pos * d_model) per
+    prompt, no ``pos x pos`` matrix. Records ``("anisotropy", l)``: ``[batch]`` float32, NaN when
+    fewer than two tokens remain.
+    """
+    for l, name in enumerate(view.resid_hook_names):
+        def fn(x: Tensor, batch: TokenBatch) -> Tensor:
+            xf = x if x.dtype == torch.float32 else x.float()
+            mask = rec.mask(x.device).clone()
+            mask[:, 0] = False
+            m = mask.sum(dim=1).float()
+            u = xf / torch.linalg.vector_norm(xf, dim=-1, keepdim=True).clamp_min(1e-30)
+            # Zero the excluded rows in place (one temporary, not two); the sum over positions
+            # runs in position order, so a prompt's value does not depend on its batch's padding.
+            s = u.masked_fill_(~mask[..., None], 0.0).sum(dim=1)
+            val = (s.pow(2).sum(-1) - m) / (m * (m - 1))
+            return val.masked_fill(m < 2, float("nan"))
+        rec.add(name, ("anisotropy", l), fn)
+
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -78,8 +108,6 @@ class AnisotropyResult(PairedMixin, ProvenanceFields, Result):
 
     schema_version: ClassVar[int] = 2
     renamed_fields: ClassVar[dict[int, dict[str, str]]] = {2: {"lengths": "n_tokens", "summary": "stats"}}
-    lengths = deprecated_alias("n_tokens")
-    summary = deprecated_alias("stats")  # `summary` means text on the other results
 
     @property
     def mean(self) -> Float[Tensor, " state"]:
@@ -134,11 +162,11 @@ class AnisotropyResult(PairedMixin, ProvenanceFields, Result):
 
 
 def anisotropy_from_collected(collected: Any, *, level: float | int = 0.95) -> AnisotropyResult:
-    """The :class:`AnisotropyResult` of a :func:`~thermo_lens.hooks.collect` pass that included the
-    :func:`~thermo_lens.hooks.anisotropy` reduction. Pure: no forward pass."""
+    """The :class:`AnisotropyResult` of a :func:`~thermo_lens.passes.collect` pass that included the
+    :func:`~thermo_lens.anisotropy.anisotropy` reduction. Pure: no forward pass."""
     if not isinstance(collected, Collected):
         raise ThermoLensInputError(
-            f"anisotropy_from_collected expects a thermo_lens.hooks.Collected, got "
+            f"anisotropy_from_collected expects a thermo_lens.passes.Collected, got "
             f"{type(collected).__name__}; use anisotropy_profile(model, prompts) to run the model"
         )
     try:
@@ -158,24 +186,42 @@ def anisotropy_from_collected(collected: Any, *, level: float | int = 0.95) -> A
     )
 
 
+def _check_level(level: Any) -> float:
+    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+        raise ThermoLensInputError(f"level must be a confidence level in (0, 1), got {level!r}")
+    return float(level)
+
+
+def _build(ctx: BuildContext, *, level: float) -> AnisotropyResult:
+    return anisotropy_from_collected(ctx.collected, level=level)
+
+
+register_measurement(Measurement(
+    "anisotropy", title="Anisotropy profile", result="AnisotropyResult", section="gain",
+    summary="how aligned the token states of each residual state are (mean pairwise cosine, position 0 excluded)",
+    options={"level": Option(0.95, _check_level, "confidence level of the CIs")},
+    reductions=lambda **options: [anisotropy], build=_build,
+))
+
+
+@validates_own_inputs
 def anisotropy_profile(
     model: Any,
-    prompts: Any,
+    prompts: Prompts,
     *,
-    level: float | int = 0.95,
-    settings: Any = None,
-    **run: Any,
+    level: float = 0.95,
+    settings: RunSettings | None = None,
+    **run: Unpack[RunOptions],
 ) -> AnisotropyResult:
     """Anisotropy of every residual state ``x_0..x_L`` of ``model`` on ``prompts`` (one pass).
 
     ``prompts`` and the run options (``settings`` / ``**run``: ``prepend_bos``, ``batch_size``,
     ``truncate``, ``fwd_hooks``, ``progress``, ``sort_by_length``) are as for
-    :func:`thermo_lens.gain.residual_gain`. Prompts shorter than 3 tokens give NaN (see the
-    module docstring); if every prompt is that short the result is all NaN and a warning says so.
+    :func:`thermo_lens.gain.residual_gain`; ``level`` is the CIs' confidence level (default
+    ``0.95``). Prompts shorter than 3 tokens give NaN (see the module docstring); if every prompt
+    is that short the result is all NaN and a warning says so.
     """
-    view = as_view(model)
-    collected = collect(view, prompts, [anisotropy], settings, **run)
-    res = anisotropy_from_collected(collected, level=level)
+    res = measure.run(as_view(model), prompts, {"anisotropy": {"level": level}}, settings=settings, **run).anisotropy
     if torch.isnan(res.values).all():
         warnings.warn("every prompt has fewer than 3 tokens: anisotropy (which excludes position 0 "
                       "and needs a pair of tokens) is NaN throughout", stacklevel=2)

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
@@ -58,22 +58,24 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from thermo_lens.hooks import Collected, Recorder, collect
-from thermo_lens.model import ModelView, TokenBatch, as_view
+from thermo_lens import measure
+from thermo_lens.inputs import Prompts
+from thermo_lens.model import ModelView, as_view
+from thermo_lens.passes import Collected, Recorder, Reduction
+from thermo_lens.registry import BuildContext, Measurement, Metric, Option, register_measurement, register_metric
+from thermo_lens.settings import RunOptions, RunSettings
+from thermo_lens.tokens import TERM_SCOPES, TokenBatch, TokenScope, scope_mask
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.paired import PairedMixin
 from thermo_lens.provenance import Provenance, ProvenanceFields
 from thermo_lens.result import Result
+from thermo_lens.validate import validates_own_inputs
 
 __all__ = ["GainAttribution", "gain_attribution", "attribution_terms", "attribution_from_collected",
            "ATTRIBUTION_SCOPES", "ATTRIBUTION_DEFINITIONS"]
 
 #: Token scopes of the attribution (means over the scope's real tokens of per-token terms).
-ATTRIBUTION_SCOPES: dict[str, str] = {
-    "all_but_first": "mean over real tokens t = 1..n-1 (position 0, the BOS/first token, excluded)",
-    "all": "mean over all real tokens t = 0..n-1",
-    "last": "the last real token of each prompt",
-}
+ATTRIBUTION_SCOPES = TERM_SCOPES
 
 #: Definition of every attribution term (``s = x_out + x_in`` of block ``layer``).
 ATTRIBUTION_DEFINITIONS: dict[str, str] = {
@@ -100,30 +102,18 @@ def _check_scope(token_scope: Any) -> str:
     return token_scope
 
 
-def _scope_mask(batch: TokenBatch, token_scope: str, device: torch.device) -> Tensor:
-    mask = batch.mask.to(device)
-    if token_scope == "last":
-        last = (batch.lengths.to(device) - 1)[:, None]
-        return torch.arange(mask.shape[1], device=device)[None, :] == last
-    if token_scope == "all_but_first":
-        mask = mask.clone()
-        mask[:, 0] = False
-    return mask
-
-
-def attribution_terms(token_scope: str = "all_but_first"):
-    """Reduction (for :func:`thermo_lens.hooks.collect`) recording the scoped means, per block
+@functools.lru_cache(maxsize=None)
+def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
+    """Reduction (for :func:`thermo_lens.passes.collect`) recording the scoped means, per block
     ``l``: ``("attr_head", l)`` ``[batch, head]``, ``("attr_mlp", l)``, ``("attr_bias", l)``,
     ``("attr_total", l)``, ``("attr_closure", l)`` and ``("attr_scale", l)`` (the scoped mean of
     ``||x_out||^2 + ||x_in||^2``, the size the closure is compared with), each ``[batch]`` float64."""
     _check_scope(token_scope)
 
     def reduction(view: ModelView, rec: Recorder) -> None:
-        if view.post_ln:
-            raise ThermoLensInputError(
-                f"{view.name} is post-LN ({view.model_type}): each block ends in a LayerNorm, so its output "
-                "is not its input plus its heads and MLP and the squared-norm change has no exact per-head "
-                "split; gain_attribution needs a pre-LN (or norm-free) model")
+        why = _not_splittable(view)
+        if why:
+            raise ThermoLensInputError(why)
         W_O = view.W_O()  # [layer, head, d_head, d_model] float32 (CPU)
         W_flat = W_O.reshape(view.n_layers, view.n_heads * view.d_head, view.d_model)
         H = view.n_heads
@@ -140,7 +130,7 @@ def attribution_terms(token_scope: str = "all_but_first"):
             """The batch's scoped rows ``[n]`` (flat ``(prompt, position)`` indices), the prompt of
             each, and the per-prompt counts ``[batch, 1]`` (at least 1)."""
             B, T = batch.tokens.shape
-            rows = _scope_mask(batch, token_scope, dev).reshape(B * T).nonzero().squeeze(1)
+            rows = scope_mask(batch.lengths, T, token_scope, dev).reshape(B * T).nonzero().squeeze(1)
             prompt_of = rows // T
             n = torch.bincount(prompt_of, minlength=B).to(torch.float64).clamp_min(1.0)[:, None]
             return rows, prompt_of, n
@@ -309,8 +299,35 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
                 f"  hooks: {self.provenance.hooks_text}")
 
 
+def _not_splittable(view: ModelView) -> str | None:
+    """Why a block of this model has no exact per-head split, or None."""
+    if view.post_ln:
+        return (f"{view.name} is post-LN ({view.model_type}): each block ends in a LayerNorm, so its output "
+                "is not its input plus its heads and MLP and the squared-norm change has no exact per-head "
+                "split; gain_attribution needs a pre-LN (or norm-free) model")
+    return None
+
+
+for _name, _symbol, _formula, _shape, _attr in (
+    ("head_term", "<z_h W_O^h, x_out + x_in>", "head h's share of block layer's squared-norm change "
+     "||x_out||^2 - ||x_in||^2 (a Shapley-style share of the change: cross terms split half and half; not an "
+     "ablation effect), mean over the scope's tokens", "prompt layer head", "head"),
+    ("mlp_term", "<mlp_out - b_out, x_out + x_in>", "the MLP's share (its output bias is in bias_term)",
+     "prompt layer", "mlp"),
+    ("bias_term", "<b_O + b_out, x_out + x_in>", "the attention and MLP output biases' share", "prompt layer", "bias"),
+    ("norm_sq_change", "||x_out||^2 - ||x_in||^2", "the block's squared-norm change, x_in = blocks.{layer}."
+     "hook_resid_pre, x_out = blocks.{layer}.hook_resid_post; = sum_h head_term + mlp_term + bias_term",
+     "prompt layer", "total"),
+):
+    register_metric(Metric(_name, symbol=_symbol, formula=_formula, shape=_shape, result="GainAttribution",
+                           section="gain", unit="squared residual norm", attr=_attr,
+                           frame="to_frame" if _name == "head_term" else "layer_frame",
+                           column=None if _name == "head_term" else _attr,
+                           panel=_name == "head_term"))
+
+
 def attribution_from_collected(collected: Collected, token_scope: str = "all_but_first") -> GainAttribution:
-    """The :class:`GainAttribution` of a :func:`~thermo_lens.hooks.collect` pass that ran
+    """The :class:`GainAttribution` of a :func:`~thermo_lens.passes.collect` pass that ran
     :func:`attribution_terms` (pure; checks that every block closes)."""
     _check_scope(token_scope)
     if "attr_head" not in collected.recorder.names:
@@ -337,13 +354,29 @@ def attribution_from_collected(collected: Collected, token_scope: str = "all_but
                            scale=get["scale"], token_scope=token_scope, provenance=collected.provenance())
 
 
+def _build(ctx: BuildContext, *, token_scope: str) -> GainAttribution:
+    return attribution_from_collected(ctx.collected, token_scope)
+
+
+register_measurement(Measurement(
+    "attribution", title="Gain attribution", result="GainAttribution", section="gain",
+    summary="each head's (and the MLP's and biases') exact share of each block's squared-norm change "
+            "||x_out||^2 - ||x_in||^2",
+    options={"token_scope": Option("all_but_first", _check_scope, "the tokens the per-token terms are averaged over")},
+    reductions=lambda *, token_scope: [attribution_terms(token_scope)], build=_build,
+    min_tokens=lambda *, token_scope: 2 if token_scope == "all_but_first" else 1,
+    applies=_not_splittable, optional=True,
+))
+
+
+@validates_own_inputs
 def gain_attribution(
     model: Any,
-    prompts: Any,
+    prompts: Prompts,
     *,
-    token_scope: str = "all_but_first",
-    settings: Any = None,
-    **run: Any,
+    token_scope: TokenScope = "all_but_first",
+    settings: RunSettings | None = None,
+    **run: Unpack[RunOptions],
 ) -> GainAttribution:
     """Exact per-head attribution of each block's squared-norm change, in one forward pass.
 
@@ -365,7 +398,8 @@ def gain_attribution(
     """
     _check_scope(token_scope)
     view = as_view(model)
+    why = _not_splittable(view)
+    if why:
+        raise ThermoLensInputError(why)
     view.warn_if_processed("the residual norms differ from the raw model's", stacklevel=2)
-    need = 2 if token_scope == "all_but_first" else 1
-    collected = collect(view, prompts, [attribution_terms(token_scope)], settings, min_tokens=need, **run)
-    return attribution_from_collected(collected, token_scope)
+    return measure.run(view, prompts, {"attribution": {"token_scope": token_scope}}, settings=settings, **run).attribution

@@ -36,6 +36,7 @@ def _cell(s: str) -> str:
 def metric_table() -> str:
     """The Markdown table of every registered metric."""
     from thermo_lens import registry
+    from thermo_lens.views import panels  # noqa: F401 - the attention panel registers its own columns
 
     lines = ["| name | symbol | shape | unit | definition | reference |", "| --- | --- | --- | --- | --- | --- |"]
     for m in registry.metrics():

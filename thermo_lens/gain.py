@@ -63,13 +63,13 @@ Definitions (D'Elia 2026, "Thermodynamic Constraints in Transformer Architecture
 The paper's own definitions are reachable by name: :data:`PAPER_METRICS` and :func:`paper_metric`.
 
 Use :func:`residual_gain` in a notebook; :func:`gain_from_collected` derives the same result from
-an existing one-pass :func:`thermo_lens.hooks.collect` (what ``profile()`` does).
+an existing one-pass :func:`thermo_lens.passes.collect` (what ``profile()`` does).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar, Unpack
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
@@ -77,39 +77,30 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from thermo_lens.hooks import Collected, collect, residual_norms
-from thermo_lens.errors import ThermoLensNumericsError
+from thermo_lens import measure, registry, validate
+from thermo_lens.errors import ThermoLensInputError, ThermoLensNumericsError
+from thermo_lens.inputs import Prompts
 from thermo_lens.model import ModelView, as_view
-from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.paired import PairedMixin
+from thermo_lens.passes import Collected, Recorder
 from thermo_lens.provenance import Provenance, ProvenanceFields
-from thermo_lens.registry import Metric, metrics, register_metric
-from thermo_lens.result import Result, deprecated_alias
+from thermo_lens.registry import BuildContext, Measurement, Metric, Option, metrics, register_measurement, register_metric
+from thermo_lens.settings import RunOptions, RunSettings
+from thermo_lens.tokens import TOKEN_SCOPES, TokenBatch, TokenScope
+from thermo_lens.result import Result
 from thermo_lens.stats import SummaryStats, regime_from_ci, summarize
+from thermo_lens.validate import validates_own_inputs
 
 __all__ = [
-    "TOKEN_SCOPES",
     "SUMMARIES",
     "GainResult",
     "residual_gain",
     "gain_from_collected",
     "scope_ratio",
     "regime_from_summary",
-    "collect_for_scope",
+    "residual_norms",
 ]
 
-#: Token scope name -> its definition (recorded in every result).
-TOKEN_SCOPES: dict[str, str] = {
-    "last": "last real token of each prompt (padding-aware): ||x_b[t_last]|| / ||x_a[t_last]||",
-    "all_but_first": (
-        "mean over real tokens t = 1..n-1 (position 0 excluded) of the per-token ratios "
-        "||x_b[t]|| / ||x_a[t]|| (mean of ratios, not ratio of mean norms)"
-    ),
-    "all": "mean over all real tokens t = 0..n-1 of the per-token ratios ||x_b[t]|| / ||x_a[t]||",
-    "frobenius": (
-        "ratio of Frobenius norms over all real tokens: ||X_b||_F / ||X_a||_F, X = x[0..n-1] [n, d_model]"
-    ),
-}
 
 register_metric(Metric(
     "block_gain", symbol="G_l", formula="G_l = ||x_l|| / ||x_{l-1}||, l = 1..L, per prompt, reduced over tokens by "
@@ -134,7 +125,7 @@ for _name, _symbol, _formula, _paper in (
 #: from the metric registry.
 SUMMARIES: dict[str, str] = {m.name: m.formula for m in metrics(result="GainResult", shape="prompt", load=False)}
 
-DEFAULT_SCOPE = "all_but_first"
+DEFAULT_SCOPE: TokenScope = "all_but_first"
 DEFAULT_REGIME_BY = "last_block_gain"
 
 _POST_LN_NOTE = (
@@ -144,12 +135,48 @@ _POST_LN_NOTE = (
 )
 
 
+# ---------------------------------------------------------------------------- in-pass reduction
+def _norms32(x: Tensor) -> Tensor:
+    """Per-token L2 norms over d_model as float32. ``vector_norm(dtype=float32)`` reduces in float32
+    without a full float32 copy; a float64 model reduces in float64 (vector_norm refuses to
+    narrow) and is stored as float32."""
+    if x.dtype == torch.float64:
+        return torch.linalg.vector_norm(x, dim=-1).float()
+    return torch.linalg.vector_norm(x, dim=-1, dtype=torch.float32)
+
+
+def residual_norms(view: ModelView, rec: Recorder) -> None:
+    """Per-token L2 norms of every residual state ``x_0 .. x_L``, in float32.
+
+    Records ``("resid_norm", l)`` for ``l = 0..L``: ``[batch, pos]`` with NaN on padding, and
+    marks a hook in ``rec.nonfinite`` when a real token's norm is NaN/inf; and
+    ``("block_in_norm", l)`` for ``l = 0..L-1``, the norms of block ``l``'s input
+    ``blocks.{l}.hook_resid_pre`` (equal to ``x_l`` unless a user hook changes it there).
+    """
+    for l, name in enumerate(view.resid_hook_names):
+        def fn(x: Tensor, batch: TokenBatch, _name: str = name) -> Tensor:
+            norms = _norms32(x)
+            mask = rec.mask(norms.device)
+            if not (torch.isfinite(norms) | ~mask).all():  # a real token's norm is NaN/inf
+                rec.nonfinite.append(_name)
+            return norms.masked_fill(~mask, float("nan"))
+        rec.add(name, ("resid_norm", l), fn)
+    # The input of block l as the block reads it (after any user hook at blocks.{l}.hook_resid_pre,
+    # e.g. a patch): block l's gain is ||resid_post_l|| / ||resid_pre_l||. Records
+    # ("block_in_norm", l) for l = 0..L-1, [batch, pos] float32 with NaN on padding.
+    for l in range(view.n_layers):
+        def fn_in(x: Tensor, batch: TokenBatch) -> Tensor:
+            norms = _norms32(x)
+            return norms.masked_fill(~rec.mask(norms.device), float("nan"))
+        rec.add(f"blocks.{l}.hook_resid_pre", ("block_in_norm", l), fn_in)
+
+
 # ---------------------------------------------------------------------------- checks
 def _check_scope(token_scope: Any) -> str:
     if token_scope not in TOKEN_SCOPES:
         raise ThermoLensInputError(
             f"unknown token_scope {token_scope!r}; choose one of {', '.join(map(repr, TOKEN_SCOPES))} "
-            f"(see thermo_lens.gain.TOKEN_SCOPES for their definitions)"
+            f"(see thermo_lens.tokens.TOKEN_SCOPES for their definitions)"
         )
     return token_scope
 
@@ -281,7 +308,6 @@ class GainResult(PairedMixin, ProvenanceFields, Result):
 
     schema_version: ClassVar[int] = 2
     renamed_fields: ClassVar[dict[int, dict[str, str]]] = {2: {"lengths": "n_tokens"}}
-    lengths = deprecated_alias("n_tokens")
 
     # ------------------------------------------------------------ named summaries
     @property
@@ -474,9 +500,9 @@ def gain_from_collected(
     regime_by: str = DEFAULT_REGIME_BY,
     level: float | int = 0.95,
 ) -> GainResult:
-    """The :class:`GainResult` of a pass already made by :func:`thermo_lens.hooks.collect`.
+    """The :class:`GainResult` of a pass already made by :func:`thermo_lens.passes.collect`.
 
-    Pure: no forward pass. ``collected`` must include the :func:`~thermo_lens.hooks.residual_norms`
+    Pure: no forward pass. ``collected`` must include the :func:`~thermo_lens.gain.residual_norms`
     reduction. Use it to derive every token scope, and the other metrics, from one pass.
 
     Raises:
@@ -491,7 +517,7 @@ def gain_from_collected(
     level = _check_level(level)
     if not isinstance(collected, Collected):
         raise ThermoLensInputError(
-            f"gain_from_collected expects a thermo_lens.hooks.Collected, got {type(collected).__name__}; "
+            f"gain_from_collected expects a thermo_lens.passes.Collected, got {type(collected).__name__}; "
             "use residual_gain(model, prompts) to run the model"
         )
     try:
@@ -576,51 +602,56 @@ def _check_finite(block: Tensor, total: Tensor, norms: Tensor, lengths: Tensor, 
     )
 
 
-def collect_for_scope(view: ModelView, prompts: Any, reductions: Sequence[Callable],
-                       token_scope: str, settings: Any = None, **kw: Any) -> Collected:
-    """``collect`` with ``min_tokens`` set by the token scope (``all_but_first`` needs 2 tokens)
-    and a scope-specific error message. :func:`thermo_lens.profile` uses it for its one pass."""
-    need = 2 if token_scope == "all_but_first" else 1
-    try:
-        return collect(view, prompts, reductions, settings, min_tokens=need, **kw)
-    except ThermoLensInputError as e:
-        if need == 2 and "needs at least 2" in str(e):
-            raise ThermoLensInputError(
-                f"{e} token_scope='all_but_first' excludes position 0, so every prompt needs 2 tokens: "
-                "pass prepend_bos=True (adds a BOS token) or use token_scope='last', 'all' or 'frobenius'."
-            ) from None
-        raise
+def _build(ctx: BuildContext, *, token_scope: str, per_token: bool, regime_by: str, level: float) -> GainResult:
+    return gain_from_collected(ctx.collected, token_scope, per_token=per_token, regime_by=regime_by, level=level)
 
 
+register_measurement(Measurement(
+    "gain", title="Residual gain per block", result="GainResult", section="gain",
+    summary="how much each block amplifies (> 1) or dampens (< 1) the residual stream, per prompt, with the "
+            "named model summaries (G_L, G_{L-1}, total amplification ...) and the regime",
+    options={
+        "token_scope": Option(DEFAULT_SCOPE, _check_scope, "the tokens the per-token ratios are reduced over"),
+        "per_token": Option(False, lambda v: validate.boolean("per_token", v), "also keep [prompt, layer, pos] gains"),
+        "regime_by": Option(DEFAULT_REGIME_BY, _check_regime_by, "the summary whose CI decides the regime"),
+        "level": Option(0.95, _check_level, "confidence level of the CIs"),
+    },
+    reductions=lambda **options: [residual_norms],
+    build=_build,
+    min_tokens=lambda *, token_scope, **options: 2 if token_scope == "all_but_first" else 1,
+))
+
+
+@validates_own_inputs
 def residual_gain(
     model: Any,
-    prompts: Any,
+    prompts: Prompts,
     *,
-    token_scope: str = DEFAULT_SCOPE,
-    per_token: Any = False,
+    token_scope: TokenScope = DEFAULT_SCOPE,
+    per_token: bool = False,
     regime_by: str = DEFAULT_REGIME_BY,
-    level: float | int = 0.95,
-    settings: Any = None,
-    **run: Any,
+    level: float = 0.95,
+    settings: RunSettings | None = None,
+    **run: Unpack[RunOptions],
 ) -> GainResult:
     """Residual gain of ``model`` on ``prompts``: one forward pass per batch, norms reduced in-hook.
 
     Args:
-        model: a TransformerLens ``TransformerBridge`` (or legacy ``HookedTransformer``, or a
-            :class:`~thermo_lens.model.ModelView`).
+        model: a TransformerLens ``TransformerBridge``, ``HookedTransformer`` or
+            ``HookedSAETransformer`` (or a :class:`~thermo_lens.model.ModelView`).
         prompts: a string, a list of strings, a built-in prompt set name (``"paper25"``),
-            ``{category: [...]}``, a PromptSet, or token ids (see :func:`thermo_lens.inputs.as_prompts`).
-        token_scope: ``"all_but_first"`` (default), ``"last"``, ``"all"`` or ``"frobenius"``
-            (:data:`TOKEN_SCOPES`).
-        per_token: also keep ``per_token_gain`` ``[prompt, layer, pos]``.
-        regime_by: the summary whose 95% CI decides the regime (:data:`SUMMARIES`).
-        level: confidence level of the CIs.
-        settings, **run: run options (:class:`thermo_lens.RunSettings`): ``prepend_bos``
-            (``True`` default, ``False`` or ``"tokenizer"``; recorded), ``batch_size``,
-            ``truncate``, ``fwd_hooks`` (your own ``(hook_name, fn)`` hooks: ablation,
-            patching; batches then keep your prompt order, each hook can read
-            ``hook.ctx["batch"]``, and the hooks are recorded in the result), ``progress``,
-            ``sort_by_length``.
+            ``{category: [...]}``, a PromptSet, or token ids (:data:`thermo_lens.inputs.Prompts`).
+        token_scope: ``"all_but_first"`` (the default), ``"last"``, ``"all"`` or ``"frobenius"``
+            (:data:`thermo_lens.tokens.TOKEN_SCOPES`).
+        per_token: also keep ``per_token_gain`` ``[prompt, layer, pos]`` (default ``False``).
+        regime_by: the summary whose CI decides the regime (default ``"last_block_gain"``;
+            :data:`SUMMARIES`).
+        level: confidence level of the CIs (default ``0.95``).
+        settings, **run: run options (:class:`thermo_lens.settings.RunOptions`): ``prepend_bos``
+            (default ``"host"``: as ``model.to_tokens``; recorded), ``batch_size``, ``truncate``,
+            ``fwd_hooks`` (your own ``(hook_name, fn)`` hooks: ablation, patching; batches then
+            keep your prompt order, each hook can read ``hook.ctx["batch"]``, and the hooks are
+            recorded in the result), ``progress``, ``sort_by_length``.
 
     Returns:
         :class:`GainResult`.
@@ -629,38 +660,16 @@ def residual_gain(
         ThermoLensInputError: empty prompt list, empty or non-string prompt, a prompt longer than
             the context (with ``truncate=False``), unknown ``token_scope``/``regime_by``/option,
             or a 1-token prompt with ``token_scope="all_but_first"``.
-        thermo_lens.hooks.ThermoLensNumericsError: NaN/inf in a residual state (names the layer).
-        thermo_lens.interventions.ThermoLensHookError: one of your hooks failed (names it).
+        thermo_lens.errors.ThermoLensNumericsError: NaN/inf in a residual state (names the layer).
+        thermo_lens.errors.ThermoLensHookError: one of your hooks failed (names it).
 
     Example::
 
         g = residual_gain(model, ["The capital of France is", "Water boils at"])
         g.last_block_gain.mean, g.regime, g.to_frame()
     """
-    from thermo_lens import validate
-    from thermo_lens.settings import RunSettings
-
-    _check_scope(token_scope)
-    _check_regime_by(regime_by)
-    level = _check_level(level)
-    per_token = validate.boolean("per_token", per_token)
-    settings = RunSettings.resolve(settings, **run)
     view = as_view(model)
+    options = dict(token_scope=token_scope, per_token=per_token, regime_by=regime_by, level=level)
+    registry.measurement("gain").resolve(options)  # bad options fail before the warning and the pass
     view.warn_if_processed("residual norms, hence gains, differ from the raw model's", stacklevel=2)
-    collected = collect_for_scope(view, prompts, [residual_norms], token_scope, settings)
-    return gain_from_collected(collected, token_scope, per_token=per_token, regime_by=regime_by,
-                               level=level)
-
-
-# ---------------------------------------------------------------------------- the paper's metrics
-# The paper's own gain definitions live in thermo_lens.paper.metrics; these names stay importable
-# from here (old import path) without importing the paper namespace at module load.
-_PAPER_NAMES = ("PAPER_METRICS", "PaperMetric", "PaperMetricResult", "paper_metric")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _PAPER_NAMES:
-        from thermo_lens.paper import metrics
-
-        return getattr(metrics, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return measure.run(view, prompts, {"gain": options}, settings=settings, **run).gain

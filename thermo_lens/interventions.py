@@ -25,95 +25,13 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from thermo_lens.model import TokenBatch, as_view
+from thermo_lens.model import as_view
+from thermo_lens.tokens import token_batch
 from thermo_lens.errors import ThermoLensHookError, ThermoLensInputError
+from thermo_lens.validate import validates_own_inputs
 
-__all__ = ["BatchInfo", "ThermoLensHookError", "wrap_user_hooks", "Patch", "patch_from"]
+__all__ = ["Patch", "patch_from"]
 
-
-
-@dataclass(frozen=True)
-class BatchInfo:
-    """The batch a hook is running on (``hook.ctx["batch"]`` inside a thermo-lens run).
-
-    Attributes:
-        prompt_index: ``[batch]`` index of each row in the caller's prompt list.
-        lengths: ``[batch]`` real tokens of each row (BOS included when prepended); positions
-            ``>= lengths[b]`` are padding (right padding: real tokens keep their positions).
-        batch: number of this batch (0-based) and ``n_batches`` the number of batches.
-        width: the padded length of this batch.
-    """
-
-    prompt_index: Tensor
-    lengths: Tensor
-    batch: int
-    n_batches: int
-    width: int
-
-    @property
-    def mask(self) -> Tensor:
-        """``[batch, pos]`` True on real tokens."""
-        return torch.arange(self.width)[None, :] < self.lengths[:, None]
-
-    @classmethod
-    def of(cls, tb: TokenBatch, batch: int, n_batches: int, prompt_index: Tensor | None = None) -> "BatchInfo":
-        return cls(prompt_index=(tb.prompt_index if prompt_index is None else prompt_index).clone(),
-                   lengths=tb.lengths.clone(), batch=batch, n_batches=n_batches, width=int(tb.tokens.shape[1]))
-
-
-class _Current:
-    """The batch being run (set by :func:`thermo_lens.hooks.collect` around each pass)."""
-
-    info: BatchInfo | None = None
-
-
-_FIX = ("Fixes: index your source by the batch's prompts (rows = hook.ctx['batch'].prompt_index; "
-        "real lengths hook.ctx['batch'].lengths), use thermo_lens.patch_from(model, clean_prompts, "
-        "hook_names, positions=...), or run all prompts in one batch (batch_size=len(prompts)).")
-
-
-def _where(name: Any, fn: Callable, info: BatchInfo | None) -> str:
-    from thermo_lens.provenance import describe_hook
-
-    rec = describe_hook(name, fn)
-    at = rec.hook_point if isinstance(name, str) else f"{rec.hook_point} (matched {name!r})"
-    if info is None:
-        return f"user hook {rec.function} at {at}"
-    return (f"user hook {rec.function} at {at} on batch {info.batch + 1}/{info.n_batches} "
-            f"(prompts {info.prompt_index.tolist()}, lengths {info.lengths.tolist()}, padded width {info.width})")
-
-
-def wrap_user_hooks(hooks: Sequence[tuple[Any, Callable]], current: _Current) -> list[tuple[Any, Callable]]:
-    """Wrap ``(name, fn)`` hooks so they see ``hook.ctx["batch"]`` and fail with a clear error."""
-    out = []
-    for name, fn in hooks:
-        def hook(act: Any, hook: Any = None, *, _fn: Callable = fn, _name: Any = name) -> Any:
-            info = current.info
-            ctx = getattr(hook, "ctx", None) if hook is not None else None
-            if isinstance(ctx, dict) and info is not None:
-                ctx["batch"] = info
-            try:
-                res = _fn(act, hook=hook)
-            except ThermoLensHookError:
-                raise
-            except Exception as e:  # noqa: BLE001 - re-raised with the hook and batch named
-                raise ThermoLensHookError(
-                    f"{_where(_name if isinstance(_name, str) else getattr(hook, 'name', _name), _fn, info)} raised {type(e).__name__}: {e}. {_FIX}"
-                ) from e
-            finally:
-                # TransformerLens keeps hook.ctx between runs: never leave a stale batch behind for
-                # a later model.run_with_hooks call to read.
-                if isinstance(ctx, dict):
-                    ctx.pop("batch", None)
-            if isinstance(res, Tensor) and isinstance(act, Tensor) and res.shape != act.shape:
-                raise ThermoLensHookError(
-                    f"{_where(_name if isinstance(_name, str) else getattr(hook, 'name', _name), _fn, info)} returned shape {tuple(res.shape)} "
-                    f"for an activation of shape {tuple(act.shape)}; a hook must return a tensor of the "
-                    f"activation's shape (or None after editing it in place). {_FIX}")
-            return res
-        hook.__qualname__ = getattr(fn, "__qualname__", "hook")
-        out.append((name, hook))
-    return out
 
 
 # ---------------------------------------------------------------------------- patching
@@ -209,6 +127,7 @@ class Patch:
         return patch
 
 
+@validates_own_inputs
 def patch_from(
     model: Any,
     clean_prompts: Any,
@@ -249,7 +168,7 @@ def patch_from(
     from thermo_lens.inputs import as_prompts
 
     view = as_view(model)
-    ps = as_prompts(clean_prompts, tokenizer=view.tokenizer)
+    ps = as_prompts(clean_prompts, tokenizer=view.tokenizer, vocab_size=view.d_vocab)
     names = (hook_names,) if isinstance(hook_names, str) else tuple(hook_names)
     if not names or not all(isinstance(n, str) for n in names):
         raise ThermoLensInputError(f"hook_names must be a hook name or a list of names, got {hook_names!r}")
@@ -275,8 +194,6 @@ def patch_from(
         _ = [positions] if isinstance(positions, int) else list(positions)
     clean: dict[str, list[Tensor]] = {n: [] for n in names}
     lengths = []
-    from thermo_lens.hooks import token_batch
-
     for i in range(len(ps)):
         tb = token_batch(view, ps, [i], prepend_bos=prepend_bos, truncate=truncate)
         n = int(tb.lengths[0])
@@ -286,7 +203,7 @@ def patch_from(
             clean[_name].append(x[0, :_n].detach().to("cpu").clone())
 
         # The clean run stops after the deepest block it reads (nothing past it is needed).
-        view.run(tb, [(name, functools.partial(grab, _name=name)) for name in names],
+        view.run(tb.tokens, tb.mask, [(name, functools.partial(grab, _name=name)) for name in names],
                  stop_after=view.last_hook_needed(names))
     desc = (f"patch_from {len(ps)} clean prompt(s) ({ps.name}; first {ps.texts[0][:40]!r}) at "
             f"positions {'all' if positions is None else positions}"

@@ -1,10 +1,11 @@
 """ModelView: the one place that knows how a TransformerLens model is laid out.
 
-Everything downstream (hooks, metrics, results) reads geometry, hook names, weights and
-tokenization from a :class:`ModelView`, never from the model directly. It wraps every supported
-host (:mod:`thermo_lens.host`): a ``TransformerBridge`` (TransformerLens 3.x / 4.x), a legacy
-``HookedTransformer`` or SAELens ``HookedSAETransformer`` (TransformerLens 2.16.x / 3.x), with SAEs
-spliced in read at their output (:meth:`ModelView.resolve_hook`).
+Everything downstream (tokens, the pass, measures, results) reads geometry, block layout, hook
+names, weights and the tokenizer from a :class:`ModelView`, never from the model directly; the view
+never computes a measure. It wraps every supported host (:mod:`thermo_lens.host`): a
+``TransformerBridge`` (TransformerLens 3.x / 4.x), a legacy ``HookedTransformer`` or SAELens
+``HookedSAETransformer`` (TransformerLens 2.16.x / 3.x), with SAEs spliced in read at their output
+(:mod:`thermo_lens.attached`). Tokenization lives in :mod:`thermo_lens.tokens`.
 
 Conventions (TransformerLens):
 
@@ -17,27 +18,17 @@ Conventions (TransformerLens):
 
 from __future__ import annotations
 
-import functools
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
-from thermo_lens.errors import ThermoLensInputError, ThermoLensInputTypeError
+from thermo_lens import attached
+from thermo_lens.errors import ThermoLensInputError
 
-__all__ = ["ModelView", "TokenBatch", "ThermoLensInputError", "as_view", "kv_head_map"]
-
-# Prepend-BOS modes: "host" (the default) tokenizes exactly as the host's `model.to_tokens(prompt)`
-# does (its cfg.default_prepend_bos; BERT's [CLS] ... [SEP]), so `run_with_cache(prompt)` and
-# thermo-lens see the same tokens; True / False force a BOS (BERT-style tokenizers: [CLS]) or none;
-# "tokenizer" reproduces the paper's protocol (HF tokenizer with add_special_tokens=True: BOS for
-# LLaMA/Gemma-style tokenizers, `</s>` for OPT, nothing for GPT-2/NeoX). "host" is recorded as what
-# it resolved to: True, False, or "host:<special tokens>" (e.g. "host:[CLS]+text+[SEP]").
-BosMode = bool | Literal["host", "tokenizer"] | str
-HOST_BOS = "host"
+__all__ = ["ModelView", "as_view", "kv_head_map"]
 
 # HF model types whose blocks end in a LayerNorm on the residual stream (post-LN).
 _POST_LN_MODEL_TYPES = frozenset(
@@ -56,44 +47,6 @@ class _StopForward(Exception):
 
 def _stop_forward(act: Tensor, hook: Any = None) -> None:
     raise _StopForward
-
-
-@dataclass(frozen=True)
-class TokenBatch:
-    """A right-padded batch of prompts.
-
-    Right padding keeps every real token at its true position (absolute and rotary position
-    encodings see the same positions as an unpadded run) and, in causal models, real tokens
-    never attend to padding. ``attention_mask`` is also passed to the model for bidirectional
-    (BERT-style) models. Padded positions must never enter a norm: use ``mask``.
-    """
-
-    tokens: Int[Tensor, "batch pos"]
-    lengths: Int[Tensor, " batch"]  # real tokens per prompt (BOS included when prepended)
-    prompt_index: Int[Tensor, " batch"]  # index of each row in the caller's prompt list
-    prepend_bos: Any  # a BosMode, its resolved host form, or "tokens_as_given" (token ids passed by the caller)
-    truncated: tuple[bool, ...] = field(default=())
-
-    @property
-    def mask(self) -> Bool[Tensor, "batch pos"]:
-        """True on real tokens, False on padding."""
-        pos = torch.arange(self.tokens.shape[1], device=self.lengths.device)
-        return pos[None, :] < self.lengths[:, None]
-
-    def __len__(self) -> int:
-        return int(self.tokens.shape[0])
-
-    def select(self, rows: Sequence[int]) -> "TokenBatch":
-        """The sub-batch of ``rows`` (in that order), re-padded to its own longest prompt."""
-        idx = torch.as_tensor(list(rows), dtype=torch.long)
-        lengths = self.lengths[idx]
-        return TokenBatch(
-            tokens=self.tokens[idx, : int(lengths.max())],
-            lengths=lengths,
-            prompt_index=self.prompt_index[idx],
-            prepend_bos=self.prepend_bos,
-            truncated=tuple(self.truncated[i] for i in idx.tolist()),
-        )
 
 
 def _bridge_class_hint() -> str:
@@ -142,7 +95,7 @@ def as_view(model: Any) -> "ModelView":
 
 
 class ModelView:
-    """Read-only view of a TransformerLens model's geometry, weights, hooks and tokenization.
+    """Read-only view of a TransformerLens model's geometry, block layout, weights and hook names.
 
     Args:
         model: a ``transformer_lens.model_bridge.TransformerBridge`` (TransformerLens 3.x / 4.x),
@@ -153,6 +106,7 @@ class ModelView:
         n_layers, n_heads, n_kv_heads, d_model, d_head: geometry from the config (``d_head`` is
             the configured head size, never ``d_model // n_heads``: Gemma-7B has 256, not 192).
         n_ctx: context length.
+        d_vocab: vocabulary size (token ids are checked against it), None when the config has none.
         norm_placement: ``"pre"`` (pre-LN: block output = residual + sublayers), ``"post"``
             (post-LN: the block output is a LayerNorm output, BERT / OPT-350m), or ``"none"``.
         post_ln: ``norm_placement == "post"``.
@@ -185,6 +139,8 @@ class ModelView:
         self.d_model: int = int(cfg.d_model)
         self.d_head: int = int(cfg.d_head)
         self.n_ctx: int = int(cfg.n_ctx)
+        vocab = getattr(cfg, "d_vocab", None)
+        self.d_vocab: int | None = int(vocab) if isinstance(vocab, int) and vocab > 0 else None
         if self.n_heads % self.n_kv_heads:
             raise ThermoLensInputError(
                 f"n_heads={self.n_heads} is not a multiple of n_key_value_heads={self.n_kv_heads}"
@@ -301,7 +257,7 @@ class ModelView:
             "dtype": str(self.dtype).replace("torch.", ""),
             "device": str(self.device),
             "host": self.host.describe(),
-            "saes": self.sae_records(),
+            "saes": attached.sae_records(self.model),
         }
 
     def __repr__(self) -> str:
@@ -322,7 +278,7 @@ class ModelView:
         ``l`` reads). :meth:`run` reads a hook point that carries an SAE at the SAE's output
         (``<hook>.hook_sae_output``): the residual stream the model carries downstream.
         """
-        spliced = set(self._sae_wrappers())
+        spliced = set(attached.sae_wrappers(self.model))
         names = ["blocks.0.hook_resid_pre"]
         for l in range(1, self.n_layers + 1):
             pre = f"blocks.{l}.hook_resid_pre"
@@ -427,157 +383,10 @@ class ModelView:
             f"d_head={self.d_head}). This architecture's attention layout is not supported yet."
         )
 
-    # ------------------------------------------------------------------ tokenization
-    def _bos_id(self) -> int:
-        tok = self.tokenizer
-        bos = getattr(tok, "bos_token_id", None)
-        cls = getattr(tok, "cls_token_id", None)
-        # BERT-style tokenizers have no BOS; [CLS] plays its role. The bridge installs a fallback
-        # bos_token ('<|endoftext|>') that a WordPiece vocabulary maps to [UNK]: never use that.
-        if cls is not None and (bos is None or bos == getattr(tok, "unk_token_id", None)):
-            bos = cls
-        if bos is None:
-            raise ThermoLensInputError(
-                f"{self.name}: the tokenizer has no BOS (or CLS) token, so prepend_bos=True is "
-                "impossible; pass prepend_bos=False or prepend_bos='tokenizer'."
-            )
-        return int(bos)
-
-    @property
-    def hf_tokenizer(self) -> Any:
-        """The tokenizer exactly as ``AutoTokenizer.from_pretrained`` loads it (the paper's).
-
-        ``TransformerBridge.boot_transformers`` reloads the tokenizer with ``add_bos_token=True``,
-        so ``model.tokenizer(..., add_special_tokens=True)`` prepends BOS even for GPT-2/NeoX
-        tokenizers that add none; ``prepend_bos="tokenizer"`` must use this one instead. Falls back
-        to the model's tokenizer (with a warning) when it cannot be reloaded.
-        """
-        name = getattr(self.tokenizer, "name_or_path", None)
-        try:
-            return _auto_tokenizer(str(name)) if name else self.tokenizer
-        except Exception as e:  # noqa: BLE001 - depends on the user's files / network
-            warnings.warn(
-                f"could not reload the HF tokenizer {name!r} ({e}); prepend_bos='tokenizer' uses "
-                "the model's tokenizer as TransformerLens configured it", stacklevel=3)
-            return self.tokenizer
-
-    def host_tokens(self, prompt: str) -> list[int]:
-        """Token ids of ``prompt`` exactly as the host tokenizes it: ``model.to_tokens(prompt)``
-        (what ``model.run_with_cache(prompt)`` runs), untruncated."""
-        to_tokens = getattr(self.model, "to_tokens", None)
-        if to_tokens is None:  # a duck-typed host without to_tokens: TransformerLens' default
-            return [self._bos_id()] + list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-        ids = to_tokens(prompt, move_to_device=False, truncate=False)
-        return [int(i) for i in ids[0].tolist()]
-
-    def resolve_host_bos(self, prompt: str, ids: list[int] | None = None) -> BosMode:
-        """What ``prepend_bos="host"`` does to ``prompt``: ``True`` (the host prepends the BOS that
-        ``prepend_bos=True`` prepends), ``False`` (no special token), or
-        ``"host:<prefix>+text+<suffix>"`` naming the special tokens it adds (BERT:
-        ``"host:[CLS]+text+[SEP]"``)."""
-        ids = self.host_tokens(prompt) if ids is None else ids
-        plain = list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-        if ids == plain:
-            return False
-        try:
-            if ids == [self._bos_id()] + plain:
-                return True
-        except ThermoLensInputError:
-            pass
-        n = len(plain)
-        for start in range(len(ids) - n + 1):
-            if ids[start:start + n] == plain:
-                conv = lambda t: "".join(self.tokenizer.convert_ids_to_tokens(t))  # noqa: E731
-                pre, post = conv(ids[:start]), conv(ids[start + n:])
-                return "host:" + "+".join([*([pre] if pre else []), "text", *([post] if post else [])])
-        return "host:own"  # the host's tokens are not the plain tokens plus specials
-
-    def encode(self, prompt: str, prepend_bos: Any) -> list[int]:
-        """Token ids of one prompt under a BOS mode (see :class:`BosMode`)."""
-        tok = self.tokenizer
-        if isinstance(prepend_bos, str) and (prepend_bos == HOST_BOS or prepend_bos.startswith("host:")):
-            return self.host_tokens(prompt)
-        if prepend_bos == "tokenizer":
-            return list(self.hf_tokenizer(prompt, add_special_tokens=True)["input_ids"])
-        ids = list(tok(prompt, add_special_tokens=False)["input_ids"])
-        if prepend_bos is True:
-            ids = [self._bos_id()] + ids
-        elif prepend_bos is not False:
-            raise ThermoLensInputError(
-                f"prepend_bos must be 'host' (what model.to_tokens does), True, False or "
-                f"'tokenizer', got {prepend_bos!r}"
-            )
-        return ids
-
-    def tokenize(
-        self,
-        prompts: Any,
-        *,
-        prepend_bos: Any,
-        truncate: bool = False,
-        min_tokens: int = 1,
-        prompt_index: Sequence[int] | None = None,
-    ) -> TokenBatch:
-        """Tokenize ``prompts`` into one right-padded :class:`TokenBatch`.
-
-        Args:
-            prompts: non-empty strings.
-            prepend_bos: ``"host"`` (exactly ``model.to_tokens(prompt)``: the host's
-                ``cfg.default_prepend_bos``, BERT's ``[CLS] ... [SEP]``), ``True`` (prepend the
-                tokenizer's BOS id, ``[CLS]`` for BERT-style tokenizers), ``False`` (no BOS) or
-                ``"tokenizer"`` (the HF tokenizer's own special tokens, the paper's protocol). No
-                default: it changes every number. The batch records what ``"host"`` resolved to
-                (:meth:`resolve_host_bos`).
-            truncate: cut prompts longer than ``n_ctx`` to their first ``n_ctx`` tokens instead of
-                raising.
-            min_tokens: prompts with fewer tokens raise (e.g. 2 for metrics needing a token
-                beyond position 0).
-            prompt_index: indices of these prompts in the caller's list (for error messages).
-        """
-        prompts = validate_prompts(prompts)
-        index = list(prompt_index) if prompt_index is not None else list(range(len(prompts)))
-        rows, truncated, resolved = [], [], []
-        for i, p in zip(index, prompts):
-            ids = self.encode(p, prepend_bos)
-            if prepend_bos == HOST_BOS:
-                resolved.append(self.resolve_host_bos(p, ids))
-            truncated.append(len(ids) > self.n_ctx)
-            if len(ids) > self.n_ctx:
-                if not truncate:
-                    raise ThermoLensInputError(
-                        f"prompt {i} is {len(ids)} tokens long but {self.name} has a context of "
-                        f"{self.n_ctx} tokens; shorten it, or pass truncate=True to keep its first "
-                        f"{self.n_ctx} tokens."
-                    )
-                ids = ids[: self.n_ctx]
-            if len(ids) < min_tokens:
-                raise ThermoLensInputError(
-                    f"prompt {i} ({p!r}) has {len(ids)} token(s) with prepend_bos={prepend_bos!r}; "
-                    f"this measurement needs at least {min_tokens}."
-                )
-            rows.append(ids)
-        pad = getattr(self.tokenizer, "pad_token_id", None)
-        if pad is None:
-            pad = getattr(self.tokenizer, "eos_token_id", None) or 0
-        if resolved:
-            kinds = list(dict.fromkeys(resolved))
-            prepend_bos = kinds[0] if len(kinds) == 1 else "host:" + "|".join(str(k) for k in kinds)
-        width = max(len(r) for r in rows)
-        tokens = torch.full((len(rows), width), int(pad), dtype=torch.long)
-        for b, r in enumerate(rows):
-            tokens[b, : len(r)] = torch.tensor(r, dtype=torch.long)
-        return TokenBatch(
-            tokens=tokens,
-            lengths=torch.tensor([len(r) for r in rows], dtype=torch.long),
-            prompt_index=torch.tensor(index, dtype=torch.long),
-            prepend_bos=prepend_bos,
-            truncated=tuple(truncated),
-        )
-
     # ------------------------------------------------------------------ running
-    def run(self, batch: TokenBatch, fwd_hooks: Sequence[tuple[str | Callable, Callable]] = (), *,
-            stop_after: str | None = None) -> None:
-        """One forward pass of ``batch`` with ``fwd_hooks``; logits are discarded.
+    def run(self, tokens: Int[Tensor, "batch pos"], attention_mask: Bool[Tensor, "batch pos"],
+            fwd_hooks: Sequence[tuple[str | Callable, Callable]] = (), *, stop_after: str | None = None) -> None:
+        """One forward pass of ``tokens`` with ``fwd_hooks``; logits are discarded.
 
         The attention mask is passed so padded positions are masked for bidirectional models;
         right padding makes it a no-op on real tokens of causal models.
@@ -590,15 +399,14 @@ class ModelView:
         GPT-2-small's forward; ``HookedTransformer`` already skips its unembedding for
         ``return_type=None``. Only for passes whose hooks all fire before that point.
         """
-        self.check_saes()
-        tokens = batch.tokens.to(self.device)
-        mask = batch.mask.to(device=self.device, dtype=torch.long)
+        attached.check_saes(self.model, self.name, self.d_model)
+        tokens = tokens.to(self.device)
+        mask = attention_mask.to(device=self.device, dtype=torch.long)
         hooks = list(fwd_hooks)
         if stop_after is not None:
             hooks.append((stop_after, _stop_forward))
-        # Only hosts carrying SAEs (or SAETransformerBridge's aliases) need names re-pointed.
-        if self._sae_wrappers() or hasattr(self.model, "_resolve_hook_name"):
-            hooks = [(self.resolve_hook(name), fn) for name, fn in hooks]
+        if attached.needs_resolving(self.model):
+            hooks = [(attached.resolve_hook(self.model, name, self.name), fn) for name, fn in hooks]
         with torch.inference_mode():
             try:
                 self.model.run_with_hooks(
@@ -613,7 +421,7 @@ class ModelView:
         named, the last hook point of that block, when every name is a block hook
         (``blocks.{l}.*``; a name filter or e.g. ``ln_final.*`` could fire later) and no SAE is
         attached (its hooks re-point names); else ``None`` (run to the end)."""
-        if self._sae_wrappers() or not hook_names:
+        if attached.sae_wrappers(self.model) or not hook_names:
             return None
         deepest = -1
         for name in hook_names:
@@ -623,112 +431,6 @@ class ModelView:
             deepest = max(deepest, int(parts[1]))
         return f"blocks.{min(deepest, self.n_layers - 1)}.hook_resid_post"
 
-    # ------------------------------------------------------------------ SAEs (SAELens)
-    def _sae_wrappers(self) -> dict[str, Any]:
-        """``{input hook: wrapper}`` of the SAEs attached with SAELens' ``add_sae``."""
-        return dict(getattr(self.model, "_acts_to_saes", None) or {})
-
-    def sae_records(self) -> list[dict[str, Any]]:
-        """One record per attached SAE: ``hook`` (where it reads), ``hook_out`` (where its output
-        replaces the activation; differs for transcoders), ``d_in``, ``d_sae`` (its width),
-        ``use_error_term``, ``architecture``. Recorded in every result's model metadata."""
-        out = []
-        outputs = dict(getattr(self.model, "_transcoder_output_hooks", None) or {})
-        for hook, wrapper in self._sae_wrappers().items():
-            sae = getattr(wrapper, "sae", wrapper)
-            cfg = getattr(sae, "cfg", None)
-            arch = getattr(cfg, "architecture", None)
-            out.append({
-                "hook": hook,
-                "hook_out": outputs.get(hook, hook),
-                "d_in": int(getattr(cfg, "d_in", -1)),
-                "d_sae": int(getattr(cfg, "d_sae", -1)),
-                "use_error_term": bool(getattr(wrapper, "use_error_term", getattr(sae, "use_error_term", False))),
-                "architecture": str(arch() if callable(arch) else arch),
-            })
-        return out
-
-    def _hook_width(self, hook: str) -> int | None:
-        """Width of the activation at a standard hook point (None when not known)."""
-        last = hook.rsplit(".", 1)[-1]
-        if last.startswith("hook_resid") or last in ("hook_attn_out", "hook_mlp_out", "hook_embed", "hook_pos_embed"):
-            return self.d_model
-        if last in ("hook_z", "hook_v", "hook_q", "hook_k") and ".attn." in hook:
-            return None  # per-head layouts; SAELens reshapes these itself
-        return None
-
-    def check_saes(self) -> None:
-        """Raise :class:`ThermoLensInputError` for an attached SAE whose input width does not match
-        its hook point (an SAE trained for another model: the forward pass would fail deep in torch)."""
-        for rec in self.sae_records():
-            width = self._hook_width(rec["hook"])
-            if width is not None and rec["d_in"] not in (-1, width):
-                raise ThermoLensInputError(
-                    f"the SAE attached at {rec['hook']} reads d_in={rec['d_in']} features, but "
-                    f"{self.name}'s activation there has d_model={width}: it was trained for another "
-                    f"model. Detach it (model.reset_saes('{rec['hook']}')) and attach an SAE whose "
-                    f"cfg.d_in == {width}."
-                )
-
-    def resolve_hook(self, name: Any) -> Any:
-        """The hook point that carries activation ``name`` downstream: ``name`` itself, or, where an
-        SAE is spliced in (SAELens replaces the hook point by its wrapper), the SAE's output hook
-        ``<name>.hook_sae_output``. Callables (hook-name filters) pass through."""
-        if not isinstance(name, str):
-            return name
-        hook_dict = getattr(self.model, "hook_dict", None)
-        resolve_alias = getattr(self.model, "_resolve_hook_name", None)  # SAELens' SAETransformerBridge
-        if isinstance(hook_dict, dict) and name not in hook_dict and callable(resolve_alias):
-            name = resolve_alias(name)
-        out = f"{name}.hook_sae_output"
-        if isinstance(hook_dict, dict) and out in hook_dict:
-            return out  # an SAE wrapper sits at `name`
-        mod_dict = getattr(self.model, "mod_dict", None)
-        mod = mod_dict.get(name) if isinstance(mod_dict, dict) else None
-        if mod is None or hasattr(mod, "add_hook"):
-            return name
-        if out in mod_dict and hasattr(mod_dict[out], "add_hook"):  # type: ignore[index,operator]
-            return out
-        raise ThermoLensInputError(
-            f"{self.name}: the module at {name} is a {type(mod).__name__}, not a hook point, and has "
-            "no hook_sae_output; thermo-lens reads SAEs attached with SAELens' add_sae. Remove the "
-            f"module (model.reset_saes('{name}')) or attach the SAE with model.add_sae(sae)."
-        )
-
-
 def kv_head_map(n_heads: int, n_kv_heads: int | None) -> Int[Tensor, " head"]:
     """KV head of each query head under grouped-query attention: ``h // (n_heads // n_kv_heads)``."""
     return torch.arange(n_heads) // max(n_heads // int(n_kv_heads or n_heads), 1)
-
-
-@functools.lru_cache(maxsize=16)
-def _auto_tokenizer(name_or_path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(name_or_path)
-
-
-def validate_prompts(prompts: Any) -> list[str]:
-    """Check a prompt list: a non-empty list of non-empty strings (clear errors otherwise)."""
-    if isinstance(prompts, str):
-        raise ThermoLensInputError(
-            "expected a list of prompts, got a single string; wrap it: [prompt]"
-        )
-    if prompts is None:
-        raise ThermoLensInputError("expected a list of prompts, got None")
-    try:
-        prompts = list(prompts)
-    except TypeError:
-        raise ThermoLensInputError(
-            f"expected a list of prompt strings, got {type(prompts).__name__}"
-        ) from None
-    if not prompts:
-        raise ThermoLensInputError("the prompt list is empty; pass at least one prompt")
-    for i, p in enumerate(prompts):
-        if not isinstance(p, str):
-            raise ThermoLensInputTypeError(
-                f"prompt {i} is a {type(p).__name__} ({p!r}), not a string"
-            )
-        if not p.strip():
-            raise ThermoLensInputError(f"prompt {i} is an empty string")
-    return prompts

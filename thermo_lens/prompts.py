@@ -149,7 +149,7 @@ def _check_prompts(prompts: tuple, what: str) -> None:
     """The one prompt-list rule (:func:`thermo_lens.model.validate_prompts`), messages prefixed
     with ``what``: ``ThermoLensInputError`` (a ``ValueError``; its type errors are also
     ``TypeError``)."""
-    from thermo_lens.model import validate_prompts
+    from thermo_lens.tokens import validate_prompts
 
     try:
         validate_prompts(prompts)

@@ -1,4 +1,13 @@
-"""The metric registry: one entry per metric, the single source of its name and definition.
+"""The registries: one entry per metric and one per measurement, the single source of each.
+
+**Metrics** (:class:`Metric`) are the numbers: name, symbol, formula, shape, unit, reference.
+**Measurements** (:class:`Measurement`) are what produces them: an activation measurement declares
+its in-pass reductions, the pure function that builds its result from a pass, its options and its
+result class; a weight measurement (the spectral signature) needs no pass. :func:`thermo_lens.run`
+runs any set of measurements in one forward pass; :func:`thermo_lens.profile` runs those marked
+``in_profile``; the report's sections, its glossary, the summary rows and the definitions page
+iterate over both registries. Adding a measurement is one module (its reductions, result class,
+builder and metrics, registered at import) plus one line in :data:`_PROVIDERS`.
 
 Every number thermo-lens reports is registered here once, by the module that computes it, with
 its name (the attribute / frame column), a short symbol, the formula in words, its shape, unit
@@ -24,7 +33,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-__all__ = ["Metric", "register_metric", "register_head_metric", "get", "metrics", "definitions", "SECTIONS"]
+__all__ = ["Metric", "register_metric", "register_head_metric", "get", "metrics", "definitions", "SECTIONS",
+           "Option", "Measurement", "BuildContext", "register_measurement", "measurement", "measurements"]
 
 #: Sections of the definitions page (``thermo_lens/definitions.md``, printed by
 #: ``python -m thermo_lens.definitions``): key -> numbered title.
@@ -37,22 +47,22 @@ SECTIONS: dict[str, str] = {
     "numerics": "6. Numerics and provenance",
 }
 
-# Modules that register metrics; imported on first full listing so the registry is complete.
+# Modules that register metrics and measurements (the measures layer); imported on first full
+# listing so the registries are complete. Views register their own figures' metrics when imported.
 _PROVIDERS = (
     "thermo_lens.gain",
     "thermo_lens.anisotropy",
     "thermo_lens.spectral",
     "thermo_lens.sheaf.traces",
     "thermo_lens.depth",
-    "thermo_lens.views.panels",
+    "thermo_lens.attribution",
+    "thermo_lens.ablation",
 )
 
-#: Results in data-flow order: the registry lists their metrics in this order.
-RESULT_ORDER = ("GainResult", "AnisotropyResult", "SpectralSignature", "SheafTraces", "LStarResult", "AttentionPanel")
 
 #: Shapes a metric can have (dimension names as in the jaxtyping annotations).
 SHAPES = ("layer head", "layer kv_head", "layer", "prompt layer", "prompt state", "prompt",
-          "prompt layer head", "head", "")
+          "prompt layer head", "prompt head", "head", "")
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,7 @@ class Metric:
         attr: dotted path of the values on the result (default ``name``; dict keys and frame
             columns allowed: ``"summaries.last_block_gain.values"``).
         row: the column in :meth:`ThermoProfile.to_row` (one number per model), or None.
+        row_reduce: how the values become that one number (default: the mean of every finite value).
         summary_table: shown in the report's per-model summary table.
         panel: shown in the per-head table of :func:`thermo_lens.views.attention_panel`.
         weights: the weights a weight-based metric reads (``("W_V", "W_O")``).
@@ -94,6 +105,7 @@ class Metric:
     column: str | None = None
     attr: str | None = None
     row: str | None = None
+    row_reduce: Callable[[Any], float] | None = field(default=None, compare=False, repr=False)
     summary_table: bool = False
     panel: bool = False
     weights: tuple[str, ...] = ()
@@ -125,13 +137,26 @@ class Metric:
                 obj = getattr(obj, part)
         return obj
 
+    def row_value(self, result: Any) -> float:
+        """The one number per model of :attr:`row` (:attr:`row_reduce` of the values)."""
+        values = self.values(result)
+        if self.row_reduce is not None:
+            return float(self.row_reduce(values))
+        import numpy as np
+
+        arr = np.asarray(values.detach().double().cpu() if hasattr(values, "detach") else values, dtype=np.float64)
+        finite = arr[np.isfinite(arr)]
+        return float(finite.mean()) if finite.size else float("nan")
+
 
 def carrier(obj: Any, result: str) -> Any:
-    """``obj`` itself if it is a ``result`` instance, else the field of ``obj`` (a ThermoProfile)
-    that holds one."""
+    """``obj`` itself if it is a ``result`` instance, else the result of that class that ``obj``
+    (a ThermoProfile, :class:`thermo_lens.measure.Measurements`) holds."""
     if type(obj).__name__ == result:
         return obj
-    for value in getattr(obj, "__dict__", {}).values():
+    held = getattr(obj, "results", None)
+    values = list(held.values()) if isinstance(held, dict) else list(getattr(obj, "__dict__", {}).values())
+    for value in values:
         if type(value).__name__ == result:
             return value
     raise TypeError(f"{type(obj).__name__} holds no {result}")
@@ -204,11 +229,133 @@ def metrics(*, result: str | None = None, shape: str | None = None, computed: bo
         if (result is None or m.result == result) and (shape is None or m.shape == shape)
         and (computed is None or (m.compute is not None) == computed)
     ]
-    # A fixed order whatever the import order: by result (the data flow), then as registered.
-    order = {name: i for i, name in enumerate(RESULT_ORDER)}
+    # A fixed order whatever the import order: by the measurement that produces the result (the
+    # providers' order, i.e. the data flow), results of no measurement last; then as registered.
+    order = {m.result: i for i, m in enumerate(measurements(load=False))}
     return tuple(sorted(chosen, key=lambda m: order.get(m.result, len(order))))
 
 
 def definitions(**filters: Any) -> dict[str, str]:
     """``{name: formula}`` of the registered metrics (filters as in :func:`metrics`)."""
     return {m.name: m.formula for m in metrics(**filters)}
+
+
+# ---------------------------------------------------------------------------- measurements
+@dataclass(frozen=True)
+class Option:
+    """One option of a measurement (e.g. ``token_scope``).
+
+    Attributes:
+        default: its value when not given.
+        check: validates a given value and returns it normalised (raises
+            :class:`~thermo_lens.errors.ThermoLensInputError` naming the option).
+        doc: what it means (listed in errors and the docs).
+    """
+
+    default: Any
+    check: Callable[[Any], Any]
+    doc: str
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What a measurement's ``build`` gets: the pass (``collected``, None for weight
+    measurements), the model view, and the results already built in the same run (for
+    measurements derived from others, e.g. L* from the sheaf traces)."""
+
+    collected: Any
+    view: Any
+    results: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measurement: how it is computed in a pass and what it returns.
+
+    Attributes:
+        name: its name in :func:`thermo_lens.run`, profiles (``profile.gain``) and reports.
+        title: a human heading (report section, glossary).
+        summary: one sentence: what it measures.
+        result: the name of its result class (``"GainResult"``); the metrics registered for that
+            result are this measurement's metrics.
+        section: its section of the definitions page (a key of :data:`SECTIONS`).
+        options: option name -> :class:`Option` (``token_scope`` is shared by every measurement
+            that declares it).
+        reductions: ``reductions(**options)`` -> the in-pass reductions to register (functions
+            ``(view, recorder) -> None``); None for a measurement that needs no forward pass.
+        build: ``build(ctx: BuildContext, **options)`` -> the result (pure: no forward pass).
+        min_tokens: ``min_tokens(**options)`` -> the fewest real tokens a prompt needs.
+        applies: ``applies(view)`` -> None, or why this measurement has no exact definition on
+            this model (a profile records the reason instead of the result; :func:`thermo_lens.run`
+            raises it).
+        needs: measurements whose results ``build`` reads (built first, in the same pass).
+        in_profile: part of :func:`thermo_lens.profile`'s battery.
+        optional: in a profile, a failure of this measurement is recorded (with a warning) and the
+            other results kept.
+    """
+
+    name: str
+    title: str
+    summary: str
+    result: str
+    section: str
+    build: Callable[..., Any]
+    options: dict[str, Option] = field(default_factory=dict)
+    reductions: Callable[..., Any] | None = None
+    min_tokens: Callable[..., int] = field(default=lambda **options: 1)
+    applies: Callable[[Any], str | None] = field(default=lambda view: None)
+    needs: tuple[str, ...] = ()
+    in_profile: bool = True
+    optional: bool = False
+
+    def resolve(self, given: dict[str, Any]) -> dict[str, Any]:
+        """Every option's value: ``given`` (checked) over the defaults; an unknown option raises."""
+        from thermo_lens.errors import ThermoLensInputError
+
+        unknown = sorted(set(given) - set(self.options))
+        if unknown:
+            known = ", ".join(self.options) or "none"
+            raise ThermoLensInputError(
+                f"measurement {self.name!r} has no option(s) {', '.join(map(repr, unknown))}; its options: {known}")
+        return {k: (o.check(given[k]) if k in given else o.default) for k, o in self.options.items()}
+
+    @property
+    def metrics(self) -> tuple[Metric, ...]:
+        """The registered metrics of this measurement's result."""
+        return metrics(result=self.result)
+
+
+_MEASUREMENTS: dict[str, Measurement] = {}
+
+
+def register_measurement(m: Measurement) -> Measurement:
+    """Add ``m`` to the registry (its name must be new); returns it."""
+    if m.name in _MEASUREMENTS:
+        raise ValueError(f"measurement {m.name!r} is already registered")
+    if m.section not in SECTIONS:
+        raise ValueError(f"measurement {m.name!r}: unknown section {m.section!r}; one of {list(SECTIONS)}")
+    _MEASUREMENTS[m.name] = m
+    return m
+
+
+def measurement(name: str) -> Measurement:
+    """The registered measurement called ``name`` (the error lists them)."""
+    from thermo_lens.errors import ThermoLensInputError
+
+    _load()
+    try:
+        return _MEASUREMENTS[name]
+    except (KeyError, TypeError):
+        raise ThermoLensInputError(
+            f"no measurement {name!r}; registered: {', '.join(_MEASUREMENTS)}") from None
+
+
+def measurements(*, in_profile: bool | None = None, load: bool = True) -> tuple[Measurement, ...]:
+    """Registered measurements in registration order (dependencies first)."""
+    if load:
+        _load()
+    chosen = [m for m in _MEASUREMENTS.values() if in_profile is None or m.in_profile == in_profile]
+    # A fixed order whatever the import order: the providers' order (dependencies first), then as
+    # registered.
+    rank = {mod: i for i, mod in enumerate(_PROVIDERS)}
+    return tuple(sorted(chosen, key=lambda m: rank.get(getattr(m.build, "__module__", ""), len(rank))))

@@ -144,6 +144,9 @@ class _Doc:
     def p(self, text: str, cls: str = "") -> None:
         self.parts.append(f'<p class="{cls}">{esc(text)}</p>' if cls else f"<p>{esc(text)}</p>")
 
+    def table(self, df: pd.DataFrame, *, left: Sequence[str] = ()) -> None:
+        self.parts.append(_table(df, left=left))
+
     def figure(self, fid: str, build: Callable[[], go.Figure], caption: str = "") -> None:
         """Add a figure; a failure becomes a visible error box (the report is still written)."""
         try:
@@ -249,33 +252,6 @@ def _failed(manifest: dict[str, Any]) -> pd.DataFrame:
             rows.append({"model": mid, "status": e.get("status"), "source": e.get("source"),
                          "error": err.splitlines()[0][:300] if err else ""})
     return pd.DataFrame(rows, columns=["model", "status", "source", "error"])
-
-
-def _attr(profiles: dict[str, Any], attr: str) -> dict[str, Any]:
-    return {k: getattr(p, attr) for k, p in profiles.items() if getattr(p, attr, None) is not None}
-
-
-def _robustness(profiles: dict[str, Any]) -> dict[str, Any]:
-    """Per-category gain for profiles whose prompts carry >= 2 categories (pure, no model run)."""
-    from thermo_lens import prompts as prompt_sets
-    from thermo_lens.robustness import robustness_from_gain
-
-    out = {}
-    for k, p in profiles.items():
-        meta, g = _meta(p), getattr(p, "gain", None)
-        if g is None:
-            continue
-        cats = meta.get("categories")
-        if not cats:  # older profiles: recover the categories from a built-in prompt set
-            try:
-                ps = prompt_sets.get(str(meta.get("prompt_set")))
-                cats = ps.categories if tuple(ps.prompts) == tuple(g.prompts) else None
-            except (KeyError, TypeError):
-                cats = None
-        if not cats or len(cats) != g.n_prompts or len(set(cats)) < 2:
-            continue
-        out[k] = robustness_from_gain(g, list(cats), prompt_set=str(meta.get("prompt_set") or "custom"))
-    return out
 
 
 def _laws_section(doc: _Doc, rows: pd.DataFrame) -> None:
@@ -390,23 +366,10 @@ def _tests_table(result: Any) -> str:
     return _table(df[cols], left=("name", "role", "effect", "pvalue_method", "loo_model", "loo_worst_model", "note"))
 
 
-def _l_star_table(lstars: dict[str, Any]) -> str:
-    """Empirical L* (mean trace and per-prompt mean) beside eq. 6 and the fit-free L/2 baseline."""
-    rows = []
-    for k, r in lstars.items():
-        ape, pap = r.baseline_errors("ape"), r.baseline_errors("paper")
-        rows.append({"model": k, "variant": r.variant, "L": r.n_layers, "H": r.n_heads,
-                     "empirical (mean trace)": r.empirical, "per-prompt mean": r.per_prompt_mean,
-                     "eq. 6": r.predicted, "L/2": r.baselines.get("half_depth", float("nan")),
-                     "APE eq. 6": ape["eq6"], "APE L/2": ape.get("half_depth", float("nan")),
-                     "|err|/L eq. 6": pap["eq6"], "|err|/L L/2": pap.get("half_depth", float("nan")),
-                     "warning": "; ".join(r.warnings)})
-    return ('<p class="note">Eq. 6 beside the fit-free baseline L/2 (on the paper\'s own validation models '
-            "L/2 does as well); errors as fractions.</p>" + _table(pd.DataFrame(rows), left=("model", "variant", "warning")))
-
-
 def _definitions_html() -> str:
-    from thermo_lens import definitions, depth, gain, sheaf
+    from thermo_lens import definitions, depth, sheaf
+    from thermo_lens.paper.metrics import PAPER_METRICS
+    from thermo_lens.tokens import TOKEN_SCOPES
     from thermo_lens.views._common import POST_LN_NOTE
     from thermo_lens.views.laws import PAPER_DEFINITION_NOTE
 
@@ -423,7 +386,7 @@ def _definitions_html() -> str:
         ("Hooks", "user hooks of a run (ablation, patching, SAE) are recorded with each result: hook point, "
                   "function, and the source of inserted activations."),
     ]
-    items += [(f"token scope '{k}'", v) for k, v in gain.TOKEN_SCOPES.items()]
+    items += [(f"token scope '{k}'", v) for k, v in TOKEN_SCOPES.items()]
     items += [
         ("Across prompts", "mean; SD with ddof=1 (the paper's files store ddof=0); SE = SD / sqrt(n); 95% "
                            "Student-t CI. Regime: expander if the CI of the deciding summary lies above 1, "
@@ -446,7 +409,7 @@ def _definitions_html() -> str:
                                 "and vs rho with Pearson and Spearman p-values.")]
     items += [(f"paper metric {k}", f"{m.reference_measurement} = thermo-lens {m.summary} with token_scope="
                                     f"{m.token_scope!r}, prepend_bos={m.prepend_bos!r}. Paper: {m.paper_definition}. "
-                                    f"{m.note}") for k, m in gain.PAPER_METRICS.items()]
+                                    f"{m.note}") for k, m in PAPER_METRICS.items()]
     items += [("Reference overlay", PAPER_DEFINITION_NOTE.format(
         measurement="(per metric)", definition="see the paper metrics above", scope="last token",
         dtypes="fp16 (some files bf16/fp32)"))]
@@ -547,71 +510,24 @@ def _summary_section(doc: _Doc, profiles: dict[str, Any], rows: pd.DataFrame) ->
         doc.html(f'<p class="warn">⚠ post-LN model(s): {esc(", ".join(post))}. {esc(views.POST_LN_NOTE)}</p>')
 
 
-def _dynamics_section(doc: _Doc, profiles: dict[str, Any]) -> None:
-    from thermo_lens import views
+def _measurement_sections(doc: _Doc, profiles: dict[str, Any]) -> None:
+    """One section per registered measurement the profiles hold (or skipped, with the reason), in
+    the registry's order; the figures come from the section registered in
+    :mod:`thermo_lens.views.sections` for it, or its metrics drawn from their shapes."""
+    from thermo_lens.views import sections
 
-    gains = _attr(profiles, "gain")
-    doc.section("dynamics", "Layer dynamics: residual gain per block")
-    if not gains:
-        doc.p("No gain measurements in these profiles.", "warn")
-        return
-    doc.figure("fig-dynamics", lambda: views.layer_dynamics(gains))
-    if len({g.n_layers for g in gains.values()}) > 1:
-        doc.figure("fig-dynamics-relative", lambda: views.layer_dynamics(gains, x="relative_depth"),
-                   "the same against relative depth l / L (models differ in depth)")
-    rob = _robustness(profiles)
-    if rob:
-        doc.html("<h3>Input robustness by prompt category</h3>")
-        doc.figure("fig-robustness", lambda: views.robustness_plot(rob))
-
-
-def _anisotropy_section(doc: _Doc, profiles: dict[str, Any]) -> None:
-    from thermo_lens import views
-
-    aniso = _attr(profiles, "anisotropy")
-    doc.section("anisotropy", "Anisotropy profile")
-    if aniso:
-        doc.figure("fig-anisotropy", lambda: views.anisotropy_plot(aniso))
-    else:
-        doc.p("No anisotropy measurements in these profiles.", "warn")
-
-
-def _spectral_section(doc: _Doc, profiles: dict[str, Any]) -> None:
-    from thermo_lens import views
-
-    spec = _attr(profiles, "spectral")
-    doc.section("spectral", "Spectral signature of the attention heads")
-    if not spec:
-        doc.p("No spectral signatures in these profiles.", "warn")
-        return
-    labs = [str(_meta(profiles[k]).get("lab") or k) for k in spec]
-    doc.figure("fig-spectral-scatter", lambda: views.spectral_scatter(spec, labs=labs))
-    if len(spec) > 1:
-        doc.figure("fig-spectral-models", lambda: views.spectral_scatter(spec, labs=labs, per="model"),
-                   "one point per model: the mean over its heads and layers")
-    for i, (k, s) in enumerate(list(spec.items())[:MAX_PER_MODEL_FIGURES]):
-        # beside the spectral norms, each head's exact share of its block's squared-norm change
-        attr = getattr(profiles[k], "attribution", None)
-        doc.figure(f"fig-heads-{i}", lambda s=s, k=k, a=attr: views.spectral_heatmaps(s, name=k, attribution=a))  # type: ignore[misc]
-    if len(spec) > MAX_PER_MODEL_FIGURES:
-        doc.p(f"Per-head heatmaps shown for the first {MAX_PER_MODEL_FIGURES} of {len(spec)} models.", "note")
-
-
-def _sheaf_section(doc: _Doc, profiles: dict[str, Any]) -> None:
-    from thermo_lens import views
-
-    sheaves = _attr(profiles, "sheaf")
-    lstars = _attr(profiles, "l_star")
-    doc.section("sheaf", "Sheaf Laplacian traces and L*")
-    for i, (k, t) in enumerate(list(sheaves.items())[:MAX_PER_MODEL_FIGURES]):
-        doc.figure(f"fig-sheaf-{i}", functools.partial(views.sheaf_trace_heatmap, t, name=k))
-    if lstars:
-        doc.figure("fig-lstar", lambda: views.l_star_plot(lstars))
-        if len({r.n_layers for r in lstars.values()}) > 1:
-            doc.figure("fig-lstar-relative", lambda: views.l_star_plot(lstars, x="relative_depth"))
-        doc.html(_l_star_table(lstars))
-    if not sheaves and not lstars:
-        doc.p("No sheaf traces in these profiles.", "warn")
+    for m in registry.measurements():
+        results = {k: r for k, p in profiles.items() if (r := getattr(p, m.name, None)) is not None}
+        skipped = {k: why for k, p in profiles.items() if (why := (_meta(p).get("skipped") or {}).get(m.name))}
+        if not results and not skipped:
+            continue
+        doc.section(m.name, m.title)
+        doc.p(f"{m.summary[:1].upper()}{m.summary[1:]}. Metrics: "
+              + ", ".join(x.name for x in m.metrics) + " (defined under Definitions).", "note")
+        for k, why in skipped.items():
+            doc.p(f"{k}: not measured: {why}", "warn")
+        if results:
+            sections.section_for(m.name)(doc, results, profiles)
 
 
 def _reference_section(doc: _Doc, rows: pd.DataFrame) -> None:
@@ -696,10 +612,7 @@ def render_report(dir_or_profiles: Any, *, title: str | None = None, panel: Any 
     _settings_section(doc, study_info, profiles, failed)
     if profiles:
         _summary_section(doc, profiles, rows)
-        _dynamics_section(doc, profiles)
-        _anisotropy_section(doc, profiles)
-        _spectral_section(doc, profiles)
-        _sheaf_section(doc, profiles)
+        _measurement_sections(doc, profiles)
         _laws_section(doc, rows)
         _lab_section(doc, directory)
         _reference_section(doc, rows)

@@ -28,7 +28,7 @@ from thermo_lens._lazy import pandas as pd
 import torch
 from thermo_lens.errors import ThermoLensSchemaError
 
-__all__ = ["Result", "ThermoLensSchemaError", "deprecated_alias", "encode", "decode"]
+__all__ = ["Result", "encode", "decode"]
 
 
 
@@ -139,27 +139,6 @@ def _build(cls: Any, fields: dict[str, Any], version: int) -> Any:
             "damaged or was not written by thermo-lens"
         )
     return cls(**{k: v for k, v in fields.items() if k in known})
-
-
-class deprecated_alias:
-    """A deprecated attribute name that reads the attribute ``new`` (with a DeprecationWarning).
-
-    On a dataclass, assign it without an annotation (``lengths = deprecated_alias("n_tokens")``) so
-    it is not a field."""
-
-    def __init__(self, new: str):
-        self.new = new
-        self.old = new
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.old = name
-
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        if obj is None:
-            return self
-        warnings.warn(f"{type(obj).__name__}.{self.old} is deprecated: use .{self.new}", DeprecationWarning,
-                      stacklevel=2)
-        return getattr(obj, self.new)
 
 
 def _encode_column(values: Any, dtype: Any) -> Any:

@@ -210,7 +210,7 @@ def input_robustness(
     if metric is not None and metric not in SUMMARIES:
         raise ThermoLensInputError(f"unknown metric {metric!r}; choose one of {', '.join(map(repr, SUMMARIES))}")
     view = as_view(model)
-    ps = as_prompts(prompt_set, tokenizer=view.tokenizer)
+    ps = as_prompts(prompt_set, tokenizer=view.tokenizer, vocab_size=view.d_vocab)
     source = prompt_set.source if isinstance(prompt_set, PromptSet) else (
         "thermo_lens.prompts" if isinstance(prompt_set, str) and ps.name != "custom" else "user")
     gain = residual_gain(view, ps, **gain_kwargs)

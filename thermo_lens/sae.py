@@ -28,6 +28,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from thermo_lens.gain import DEFAULT_SCOPE, GainResult, residual_gain
+from thermo_lens import attached
 from thermo_lens.model import ModelView, as_view
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.result import Result
@@ -206,11 +207,11 @@ def sae_gain_change(
             _check_sae(view, str(sae.cfg.metadata.hook_name), int(sae.cfg.d_in), f"SAE {i}")
         without = residual_gain(view, prompts, **kwargs)  # type: ignore[arg-type]
         with model.saes(saes=sae_list, use_error_term=use_error_term):
-            compared = [r for r in view.sae_records()
+            compared = [r for r in attached.sae_records(view.model)
                         if r["hook"] in {str(s.cfg.metadata.hook_name) for s in sae_list}]
             with_ = residual_gain(view, prompts, **kwargs)  # type: ignore[arg-type]
     else:
-        records = view.sae_records()
+        records = attached.sae_records(view.model)
         if not records:
             raise ThermoLensInputError(
                 f"no SAE is attached to {view.name}: attach one (model.add_sae(sae)) or pass saes=[...]")

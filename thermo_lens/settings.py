@@ -11,40 +11,52 @@ Batching order (why ``sort_by_length`` defaults to ``None``): without user hooks
 batched by token length (less padding; results come back in the caller's order). With user hooks
 (``fwd_hooks``), batches keep the caller's prompt order, so a hook written for
 ``model.run_with_hooks`` on the same prompt list sees the same rows whenever the prompts fit one
-batch; across batches a hook reads ``hook.ctx["batch"]`` (:class:`thermo_lens.interventions.BatchInfo`).
+batch; across batches a hook reads ``hook.ctx["batch"]`` (:class:`thermo_lens.tokens.BatchInfo`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence, TypedDict
 
+from thermo_lens import validate
 from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.tokens import BosMode
 
-__all__ = ["RunSettings", "BOS_MODES", "TOKENS_GIVEN"]
+__all__ = ["RunSettings", "RunOptions", "HookFn", "NamesFilter", "FwdHooks"]
 
-#: Accepted ``prepend_bos`` values (the meaning is in :meth:`thermo_lens.ModelView.encode`).
-BOS_MODES = ("host", True, False, "tokenizer")
+#: A forward hook, as TransformerLens calls it: ``fn(activation, hook)`` returning None (edited
+#: in place) or a tensor of the activation's shape.
+HookFn = Callable[..., Any]
+#: A hook point given by name (``"blocks.0.attn.hook_z"``) or by a filter ``name -> bool``.
+NamesFilter = str | Callable[[str], bool]
+#: What ``fwd_hooks`` takes: ``(hook point, fn)`` pairs, as ``model.run_with_hooks`` does.
+FwdHooks = Sequence[tuple[NamesFilter, HookFn]]
+Hook = tuple[NamesFilter, HookFn]
 
-#: The ``prepend_bos`` recorded when the caller passed token ids: they are used exactly as given.
-TOKENS_GIVEN = "tokens_as_given"
 
-Hook = tuple[Any, Callable]
+class RunOptions(TypedDict, total=False):
+    """The run options every entry point takes as keywords (``**run``), for editors and type
+    checkers; the meaning and defaults are :class:`RunSettings`'s."""
+
+    prepend_bos: BosMode
+    batch_size: int
+    truncate: bool
+    fwd_hooks: FwdHooks
+    progress: bool | None
+    sort_by_length: bool | None
 
 
 def _check_bos(v: Any) -> Any:
-    from thermo_lens import validate
-
     return validate.prepend_bos(v)
 
 
 def _check_hooks(hooks: Any) -> tuple[Hook, ...]:
-    from thermo_lens import validate
-
     return tuple(validate.fwd_hooks(hooks))
 
 
+@validate.validates_own_inputs
 @dataclass(frozen=True)
 class RunSettings:
     """How prompts are tokenized, batched and run (not what is measured).
@@ -65,16 +77,14 @@ class RunSettings:
             with user hooks is refused (the hooks would see reordered rows).
     """
 
-    prepend_bos: Any = "host"
-    batch_size: Any = 8  # validated in __post_init__ (clear message)
-    truncate: Any = False
-    fwd_hooks: Any = ()  # any iterable of (name, fn) pairs; stored as a tuple of pairs
-    progress: Any = None
-    sort_by_length: Any = None
+    prepend_bos: BosMode = "host"
+    batch_size: int = 8  # every field is validated in __post_init__ (clear message)
+    truncate: bool = False
+    fwd_hooks: FwdHooks = ()  # any iterable of (name, fn) pairs; stored as a tuple of pairs
+    progress: bool | None = None
+    sort_by_length: bool | None = None
 
     def __post_init__(self) -> None:
-        from thermo_lens import validate
-
         _check_bos(self.prepend_bos)
         validate.positive_int("batch_size", self.batch_size)
         validate.boolean("truncate", self.truncate)

@@ -67,7 +67,7 @@ from torch import Tensor
 from thermo_lens.errors import ThermoLensNumericsError
 from thermo_lens.model import ModelView, as_view
 from thermo_lens.errors import ThermoLensInputError
-from thermo_lens.registry import Metric, metrics, register_head_metric, register_metric
+from thermo_lens.registry import Measurement, Metric, metrics, register_head_metric, register_measurement, register_metric
 from thermo_lens.result import Result
 
 __all__ = [
@@ -1057,3 +1057,16 @@ def signature_from_collected(collected: Any, **kwargs: Any) -> SpectralSignature
             f"expected a thermo_lens.hooks.Collected (with a .view), got {type(collected).__name__}"
         )
     return spectral_signature(view, **kwargs)
+
+
+# ---------------------------------------------------------------------------- the measurement
+def _build(ctx: Any) -> SpectralSignature:
+    return spectral_signature(ctx.view)
+
+
+register_measurement(Measurement(
+    "spectral", title="Spectral signature of the attention heads", result="SpectralSignature", section="spectral",
+    summary="per head: sigma_max and Frobenius norms of W_V and W_O, their ratio, stable ranks, the OV and QK "
+            "circuits' spectral norms; per layer the whole layer's value/output norms (from the weights, no pass)",
+    build=_build,
+))

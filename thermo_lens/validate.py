@@ -19,11 +19,13 @@ import math
 import numbers
 import os
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.tokens import TOKEN_SCOPES
 
 __all__ = [
+    "validates_own_inputs",
     "EXCERPT",
     "excerpt",
     "boolean",
@@ -43,12 +45,26 @@ __all__ = [
     "slug",
     "file_id",
     "RESERVED_IDS",
-    "TOKEN_SCOPES",
     "DTYPES",
 ]
 
+_F = TypeVar("_F")
+
+
+def validates_own_inputs(obj: _F) -> _F:
+    """Mark a public entry point (function or class) that checks its own inputs with the
+    validators here, so that a bad value gets thermo-lens' specific message.
+
+    Its annotations (``Literal`` token scopes and BOS modes, :data:`thermo_lens.inputs.Prompts`,
+    :class:`thermo_lens.settings.RunOptions`) are for editors and type checkers; a runtime type
+    checker (jaxtyping's import hook with beartype, as the test suite installs) leaves the entry
+    point alone (``__no_type_check__``), so the tests exercise the messages users see.
+    """
+    obj.__no_type_check__ = True  # type: ignore[attr-defined]  # read by jaxtyping and typing tools
+    return obj
+
+
 EXCERPT = 80
-TOKEN_SCOPES = ("last", "all_but_first", "all", "frobenius")
 # float64 works end to end: reductions run in float64 and are stored as float32 like the others.
 DTYPES = ("float32", "float16", "bfloat16", "float64", "auto")
 # Names a model id may not take: they are files of the output folder (case-insensitively, with

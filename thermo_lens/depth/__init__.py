@@ -375,3 +375,22 @@ def l_star_from_traces(
         baselines=l_star_baselines(n_layers),
         warnings=tuple(warns),
     )
+
+
+# ---------------------------------------------------------------------------- the measurement
+def _build(ctx: Any, *, variant: str) -> LStarResult:
+    return l_star_from_traces(ctx.results["sheaf"], variant=variant)
+
+
+def _register() -> None:
+    from thermo_lens.registry import Measurement, Option, register_measurement
+
+    register_measurement(Measurement(
+        "l_star", title="L*, the depth of maximal trace change", result="LStarResult", section="l_star",
+        summary="the block where the layer sheaf trace T_l changes most (empirical) against the paper's eq. 6",
+        options={"variant": Option("argmax_abs_gradient", _check_variant, "the empirical L* rule")},
+        build=_build, needs=("sheaf",),
+    ))
+
+
+_register()

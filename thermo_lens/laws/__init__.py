@@ -3,7 +3,7 @@
 D'Elia (2026), "Thermodynamic Constraints in Transformer Architectures: A Sheaf-Theoretic
 Perspective", states five cross-model regularities. Each is a test on a plain table with **one row
 per model** (a ``pandas.DataFrame``; a list of dicts, or of objects with ``.to_row()`` /
-``.to_dict()``, is accepted too), so the paper's own numbers (:mod:`thermo_lens.reference`) and new
+``.to_dict()``, is accepted too), so the paper's own numbers (:mod:`thermo_lens.paper.reference`) and new
 measurements go through the same code. One file per law:
 
 - :func:`kleiber`   (``laws/kleiber.py``) bound ``G_max = 10**(1/L)`` per model and per gain column

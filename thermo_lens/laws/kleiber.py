@@ -53,7 +53,7 @@ class KleiberResult(LawResult):
         :class:`CorrelationResult` of the gain against ``n_layers``, head density
         ``rho = n_heads / d_head`` (``None`` when rho was not given) and the bound itself.
     gain_column:
-        Which column was used as the gain (its definition matters: see ``thermo_lens.reference``).
+        Which column was used as the gain (its definition matters: see ``thermo_lens.paper.reference``).
     stat_tests:
         Primary: gain vs rho, Pearson, permutation p (gain vs L when rho is not given);
         secondary: gain vs L; sensitivity: Spearman of each, Pearson of gain vs the bound

@@ -5,16 +5,12 @@ of thermo-lens measures under its own named definitions; this package holds the 
 
 - :mod:`~thermo_lens.paper.metrics`   the paper's gain metrics (``paper_metric``, ``PAPER_METRICS``),
   measured by default on the prompt set the paper used for that metric and experiment.
-- :mod:`~thermo_lens.paper.reference` the per-model numbers in the paper's result files
-  (also importable as ``thermo_lens.reference``).
+- :mod:`~thermo_lens.paper.reference` the per-model numbers in the paper's result files.
 - :mod:`~thermo_lens.paper.prompts`   which prompt set went with which experiment.
 - :mod:`~thermo_lens.paper.lstar`     eq. 6 against the trivial baselines (``l_star_predictor_test``: a paired
   exact test); the formula itself is :mod:`thermo_lens.depth.predicted`.
 - :mod:`~thermo_lens.paper.findings`  what the paper's own numbers say when recomputed with
   :mod:`thermo_lens.laws` (the README's numbers are generated from it).
-
-Old import paths keep working: ``thermo_lens.paper_metric``, ``thermo_lens.gain.paper_metric``,
-``thermo_lens.reference``, ``thermo_lens.predicted_l_star``, ``thermo_lens.depth.predicted_l_star``.
 """
 
 from __future__ import annotations

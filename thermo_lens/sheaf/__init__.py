@@ -61,7 +61,7 @@ union): ``LayerSheafLaplacian.dense(structure="shared_stalks")``.
 
 Cost: the trace needs only ``diag(A)`` and ``||W_V^h||_F^2`` (O(n) per head), so
 :func:`sheaf_traces` reduces each pattern to its diagonal inside the forward hook
-(:func:`thermo_lens.hooks.attention_diagonal`); the ``n x n`` pattern is kept only for the one
+(:func:`thermo_lens.sheaf.traces.attention_diagonal`); the ``n x n`` pattern is kept only for the one
 layer of :func:`sheaf_laplacian`.
 """
 

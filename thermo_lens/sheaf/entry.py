@@ -8,8 +8,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from thermo_lens.hooks import Collected, Recorder, collect
-from thermo_lens.model import ModelView, TokenBatch, as_view
+from thermo_lens.passes import Collected, Recorder, collect
+from thermo_lens.model import ModelView, as_view
+from thermo_lens.tokens import TokenBatch, encode
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.sheaf.operator import LayerSheafLaplacian, SheafLaplacian
 from thermo_lens.sheaf.validation import (
@@ -24,7 +25,7 @@ def _pattern_key(layer: int, head: int | None) -> str:
 
 
 def attention_pattern(layer: int, head: int | None = None) -> Callable[[ModelView, Recorder], None]:
-    """Reduction (for :func:`thermo_lens.hooks.collect`) that keeps one layer's full pattern.
+    """Reduction (for :func:`thermo_lens.passes.collect`) that keeps one layer's full pattern.
 
     Records ``(f"attn_pattern.{layer}[.{head}]", 0)``: ``[batch, head, q, k]`` float32 (one head
     when ``head`` is given), NaN on padded rows and columns. The ``n x n`` pattern is what the
@@ -60,7 +61,7 @@ def laplacian_from_collected(
     """Pure part of :func:`sheaf_laplacian`: the Laplacian from a pass that recorded the pattern.
 
     Args:
-        collected: from :func:`thermo_lens.hooks.collect` with :func:`attention_pattern`
+        collected: from :func:`thermo_lens.passes.collect` with :func:`attention_pattern`
             ``(layer, head)`` (or ``(layer)``, all heads) among its reductions.
         layer, head: the head (``None``: all heads, a :class:`LayerSheafLaplacian`).
         prompt_index: which prompt of ``collected``.
@@ -107,7 +108,7 @@ def laplacian_from_collected(
 
 def _token_strings(view: ModelView, prompt: str, prepend_bos: Any, n: int) -> tuple[str, ...] | None:
     try:
-        ids = view.encode(prompt, prepend_bos)[:n]
+        ids = encode(view, prompt, prepend_bos)[:n]
         return tuple(str(t) for t in view.tokenizer.convert_ids_to_tokens(ids))
     except Exception:  # noqa: BLE001 - token strings are a display nicety
         return None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
@@ -11,14 +11,19 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from thermo_lens.hooks import Collected, attention_diagonal, collect
+from thermo_lens import measure
+from thermo_lens.inputs import Prompts
+from thermo_lens.settings import RunOptions, RunSettings
+from thermo_lens.passes import Collected, Recorder
+from thermo_lens.tokens import TokenBatch
 from thermo_lens.model import ModelView, as_view, kv_head_map
 from thermo_lens.errors import ThermoLensInputError
-from thermo_lens.registry import Metric, register_metric
+from thermo_lens.registry import BuildContext, Measurement, Metric, Option, register_measurement, register_metric
 from thermo_lens.paired import PairedMixin
 from thermo_lens.provenance import Provenance, ProvenanceFields, fold_legacy_fields
 from thermo_lens.result import Result
 from thermo_lens.sheaf.validation import _check_formula, _check_W_V
+from thermo_lens.validate import validates_own_inputs
 
 TRACE_DEFINITIONS = {
     "off_diagonal_mass": "Tr L = (n - sum_i A_ii) * ||W_V^h||_F^2  (sum over real tokens; "
@@ -40,9 +45,44 @@ for _name, _symbol, _formula, _shape, _unit in (
     register_metric(Metric(_name, symbol=_symbol, formula=_formula, shape=_shape, result="SheafTraces",
                            section="sheaf", paper="D'Elia (2026), sec. 5" if _name == "trace" else "",
                            unit=_unit, row="mean_trace" if _name == "trace" else None,
+                           # the mean over layers of the layer trace (sum over heads, mean over prompts)
+                           row_reduce=(lambda t: float(t.double().sum(-1).mean())) if _name == "trace" else None,
                            summary_table=_name == "trace"))
 
 _TOKEN_SCOPE = "all real tokens (every query position 0..n-1 of each prompt; padding excluded)"
+
+
+def attention_diagonal(view: ModelView, rec: Recorder) -> None:
+    """Per layer, the attention pattern's diagonal ``A_ii`` and each head's total mass.
+
+    The sheaf Laplacian trace needs only ``sum_i (1 - A_ii)`` per head (``thermo_lens.definitions`` §3),
+    so the ``pos x pos`` pattern is reduced to its diagonal inside the hook. Records
+    ``("attn_diag", l)``: ``[batch, head, pos]`` float32 (NaN on padded query positions) and
+    ``("attn_mass", l)``: ``[batch, head]``, ``sum_{i,j real} A_ij`` (equals the number of real
+    tokens for softmax attention: the reason the paper's printed trace formula is zero).
+    """
+    for l in range(view.n_layers):
+        name = view.pattern_hook_name(l)
+
+        def diag(a: Tensor, batch: TokenBatch, _name: str = name) -> Tensor:
+            d = torch.diagonal(a, dim1=-2, dim2=-1).float()  # [batch, head, pos]
+            mask = rec.mask(a.device)
+            if not (torch.isfinite(d) | ~mask[:, None, :]).all():  # a real query's A_ii is NaN/inf
+                rec.nonfinite.append(_name)
+            return d.masked_fill(~mask[:, None, :], float("nan"))
+
+        def mass(a: Tensor, batch: TokenBatch) -> Tensor:
+            mask = rec.mask(a.device).to(a.dtype)
+            if a.dtype in (torch.float32, torch.float64):
+                # sum_i m_i sum_j A_ij m_j: a matrix-vector product per head, no [pos, pos] mask.
+                rows = torch.matmul(a, mask[:, None, :, None]).squeeze(-1)  # [batch, head, pos]
+                return (rows * mask[:, None, :]).sum(dim=-1, dtype=torch.float32)
+            # half precision: mask and reduce in float32 (a product would round each row sum)
+            pair = mask[:, None, :, None] * mask[:, None, None, :]
+            return (a * pair).sum(dim=(-1, -2), dtype=torch.float32)
+
+        rec.add(name, ("attn_diag", l), diag)
+        rec.add(name, ("attn_mass", l), mass)
 
 
 @dataclass(frozen=True, eq=False)
@@ -177,8 +217,8 @@ def traces_from_collected(
     """Pure part of :func:`sheaf_traces`: the traces from a pass that ran ``attention_diagonal``.
 
     Args:
-        collected: from :func:`thermo_lens.hooks.collect` with
-            :func:`thermo_lens.hooks.attention_diagonal` among its reductions (a profile runs one
+        collected: from :func:`thermo_lens.passes.collect` with
+            :func:`thermo_lens.sheaf.traces.attention_diagonal` among its reductions (a profile runs one
             pass with every reduction and derives every metric from it).
         formula: ``"off_diagonal_mass"`` (default) or ``"paper_printed"`` (warns; see
             :func:`sheaf_traces`).
@@ -193,7 +233,7 @@ def _traces(collected: Collected, formula: str, W_V: Tensor | None) -> SheafTrac
     if not {"attn_diag", "attn_mass"} <= collected.recorder.names:
         raise ThermoLensInputError(
             "this collection has no attention diagonal; run collect(...) with "
-            "thermo_lens.hooks.attention_diagonal among the reductions"
+            "thermo_lens.sheaf.traces.attention_diagonal among the reductions"
         )
     mass = collected.stack("attn_mass").double()  # [L, P, H]
     n = collected.lengths.to(torch.float64)
@@ -217,13 +257,28 @@ def _traces(collected: Collected, formula: str, W_V: Tensor | None) -> SheafTrac
     )
 
 
+def _build(ctx: BuildContext, *, formula: str) -> SheafTraces:
+    return _traces(ctx.collected, formula, W_V=None)
+
+
+register_measurement(Measurement(
+    "sheaf", title="Sheaf Laplacian traces", result="SheafTraces", section="sheaf",
+    summary="the trace of each head's sheaf Laplacian (restriction maps sqrt(A_ij) W_V) on each prompt: the "
+            "off-diagonal attention mass times ||W_V||_F^2",
+    options={"formula": Option("off_diagonal_mass", lambda v: _check_formula(v, stacklevel=4),
+                               "'off_diagonal_mass' (the trace) or 'paper_printed' (the paper's eq. 4, identically 0)")},
+    reductions=lambda **options: [attention_diagonal], build=_build,
+))
+
+
+@validates_own_inputs
 def sheaf_traces(
     model: Any,
-    prompts: Any,
+    prompts: Prompts,
     *,
     formula: str = "off_diagonal_mass",
-    settings: Any = None,
-    **run: Any,
+    settings: RunSettings | None = None,
+    **run: Unpack[RunOptions],
 ) -> SheafTraces:
     """Sheaf Laplacian trace of every head, layer and prompt in one forward pass.
 
@@ -246,7 +301,5 @@ def sheaf_traces(
             ``batch_size``, ``truncate``, ``fwd_hooks`` (ablations, patching; run in the same
             pass first, in your prompt order, recorded in the result), ``progress``.
     """
-    formula = _check_formula(formula, stacklevel=3)  # fail (or warn) before any compute
-    view = as_view(model)
-    got = collect(view, prompts, [attention_diagonal], settings, **run)
-    return _traces(got, formula, W_V=None)
+    # The option's check fails (or warns, for "paper_printed") before any compute.
+    return measure.run(as_view(model), prompts, {"sheaf": {"formula": formula}}, settings=settings, **run).sheaf

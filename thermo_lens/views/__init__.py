@@ -38,7 +38,6 @@ D'Elia (2026), "Thermodynamic Constraints in Transformer Architectures"; :mod:`t
 from thermo_lens.views._common import POST_LN_NOTE, ThermoLensViewError
 from thermo_lens.views.dynamics import anisotropy_plot, layer_dynamics, robustness_plot
 from thermo_lens.views.heads import (
-    SPECTRAL_DEFINITIONS,
     attribution_heatmap,
     head_heatmap,
     sheaf_trace_heatmap,
@@ -55,11 +54,9 @@ from thermo_lens.views.laws import (
 )
 from thermo_lens.views.metrics import metric_plot
 from thermo_lens.views.panels import (
-    PANEL_DEFINITIONS,
     AttentionPanel,
     attention_panel,
     circuitsvis_html,
-    head_ablation_gain,
     panel_from_results,
 )
 from thermo_lens.views.sheaf import l_star_plot, restriction_norms, sheaf_plot
@@ -76,7 +73,6 @@ __all__ = [
     "spectral_scatter",
     "spectral_heatmaps",
     "sheaf_trace_heatmap",
-    "SPECTRAL_DEFINITIONS",
     "sheaf_plot",
     "restriction_norms",
     "l_star_plot",
@@ -89,9 +85,7 @@ __all__ = [
     "attention_panel",
     "AttentionPanel",
     "panel_from_results",
-    "head_ablation_gain",
     "attribution_heatmap",
     "circuitsvis_html",
-    "PANEL_DEFINITIONS",
     "metric_plot",
 ]

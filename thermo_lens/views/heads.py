@@ -28,14 +28,7 @@ from thermo_lens.views._common import (
     wrap,
 )
 
-# SPECTRAL_DEFINITIONS (compatibility) is served by the module __getattr__ below.
 __all__ = ["head_heatmap", "spectral_scatter", "spectral_heatmaps", "sheaf_trace_heatmap", "attribution_heatmap"]
-
-def __getattr__(name: str) -> Any:
-    if name == "SPECTRAL_DEFINITIONS":  # kept for compatibility: now derived from the registry
-        return registry.definitions(result="SpectralSignature", shape="layer head")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 def select_layers_heads(z: np.ndarray, layers: Any = None, heads: Any = None, *, func: str = "figure"
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -2,7 +2,7 @@
 
 D'Elia (2026), "Thermodynamic Constraints in Transformer Architectures", sections 4.1-4.2, 5.1 and
 Fig. 1-2; ``thermo_lens.definitions`` §5. The statistics come from :mod:`thermo_lens.laws` (computed, with
-p-values, never asserted); the paper's published numbers from :mod:`thermo_lens.reference`.
+p-values, never asserted); the paper's published numbers from :mod:`thermo_lens.paper.reference`.
 
 Inputs are per-model tables: a DataFrame with one row per model, or a list of ThermoProfiles
 (``.to_row()``), or of :class:`~thermo_lens.gain.GainResult` (turned into rows by
@@ -37,7 +37,7 @@ __all__ = ["gain_row", "rows_frame", "kleiber_plot", "heritage_plot", "hierarchy
 
 #: What the paper's reference numbers are (stated on every overlay; filled per metric).
 PAPER_DEFINITION_NOTE = (
-    "Paper numbers (thermo_lens.reference) use the paper's own definition, not thermo-lens': "
+    "Paper numbers (thermo_lens.paper.reference) use the paper's own definition, not thermo-lens': "
     "{measurement} = {definition}; token scope {scope}; model and norms in {dtypes}; BOS as the HF "
     "tokenizer adds it; mean over prompts"
 )
@@ -328,13 +328,13 @@ def hierarchy_plot(table: Any, gain: str = "gain", *, by: str = "lab") -> go.Fig
 
 # ---------------------------------------------------------------------------- reference overlay
 def reference_overlay(table: Any, metric: str = "A", *, x: str = "n_layers") -> go.Figure:
-    """Your models on top of the paper's published models (``thermo_lens.reference``).
+    """Your models on top of the paper's published models (``thermo_lens.paper.reference``).
 
     Args:
         table: your models (DataFrame / ThermoProfiles / GainResults, one row per model) with the
             thermo-lens summary matching ``metric`` (``penultimate_gain`` for A, ``last_block_gain``
             for B) and the definition columns ``token_scope``, ``prepend_bos``, ``dtype``.
-        metric: the paper's gain definition (``thermo_lens.gain.PAPER_METRICS``): ``"A"`` (its
+        metric: the paper's gain definition (``thermo_lens.paper.PAPER_METRICS``): ``"A"`` (its
             NO_FINAL_LN penultimate-block gain, 23 models incl. the Pythia sweep and lab survey),
             ``"B"`` (true last block, hook-based, the abstract's values), ``"alltokens"``,
             ``"emb_to_block0"``.
@@ -347,7 +347,7 @@ def reference_overlay(table: Any, metric: str = "A", *, x: str = "n_layers") -> 
     "NOT like for like".
     """
     from thermo_lens.paper import reference
-    from thermo_lens.gain import PAPER_METRICS
+    from thermo_lens.paper.metrics import PAPER_METRICS
 
     if metric not in PAPER_METRICS:
         raise ThermoLensViewError(f"reference_overlay: unknown paper metric {metric!r}; choose one of "

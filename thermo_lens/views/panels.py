@@ -32,39 +32,27 @@ import torch
 
 from thermo_lens.registry import Metric, metrics, register_metric
 from thermo_lens.result import Result
+from thermo_lens.tokens import TokenScope
 from thermo_lens.views._common import ThermoLensViewError, bos_text, settings_text, to_numpy
 
 __all__ = [
     "AttentionPanel",
     "attention_panel",
-    "head_ablation_gain",
     "panel_from_results",
     "circuitsvis_html",
     "circuitsvis_js",
     "panel_definitions",
-]  # PANEL_DEFINITIONS (compatibility) is served by the module __getattr__ below.
+]
 
 for _name, _symbol, _formula, _unit in (
-    ("delta_block_gain", "Delta G", "change in this block's gain ||resid_post_layer|| / ||resid_pre_layer|| when "
-     "the head's output z is zero-ablated (blocks.{layer}.attn.hook_z[:, :, h] = 0), mean over prompts", "ratio"),
-    ("head_term", "<z_h W_O^h, x_out + x_in>", "the head's exact share <z_h W_O^h, x_out + x_in> of this block's "
-     "squared-norm change ||x_out||^2 - ||x_in||^2 (thermo_lens.gain_attribution), mean over prompts; a Shapley "
-     "share (cross terms split half and half), not an ablation effect",
-     "squared residual norm"),
     ("sheaf_trace", "Tr L", "Tr L = (n - sum_i A_ii) * ||W_V||_F^2, the head's sheaf Laplacian trace on the "
      "shown prompt", "squared weight norm x tokens"),
     ("attn_to_self", "mean A_ii", "mean over query tokens of A_ii (diagonal attention mass) on the shown prompt",
      "attention probability"),
 ):
     register_metric(Metric(_name, symbol=_symbol, formula=_formula, shape="head", result="AttentionPanel",
-                           section="gain" if _name in ("delta_block_gain", "head_term") else "sheaf", unit=_unit,
+                           section="sheaf", unit=_unit,
                            frame="metrics", attr=f"metrics.{_name}", panel=True))
-
-
-def __getattr__(name: str) -> Any:
-    if name == "PANEL_DEFINITIONS":  # kept for compatibility: now derived from the registry
-        return panel_definitions()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def panel_definitions() -> dict[str, str]:
@@ -126,97 +114,10 @@ def circuitsvis_html(element: str = "AttentionPatterns", *, include_js: bool = T
 
 
 # ---------------------------------------------------------------------------- metrics
-def _zero_heads(row_heads: Sequence[int | None], n_prompts: int, n_heads: int):
-    """Hook zeroing head ``row_heads[j]`` in rows ``j * n_prompts .. (j + 1) * n_prompts - 1``."""
-    def hook(z: torch.Tensor, hook: Any = None) -> torch.Tensor:
-        if z.ndim == 3:  # [batch, pos, head * d_head]
-            z4 = z.view(z.shape[0], z.shape[1], n_heads, -1)
-        elif z.ndim == 4:  # [batch, pos, head, d_head]
-            z4 = z
-        else:
-            raise RuntimeError(f"unexpected hook_z shape {tuple(z.shape)}")
-        for j, h in enumerate(row_heads):
-            if h is not None:
-                z4[j * n_prompts:(j + 1) * n_prompts, :, h] = 0.0
-        return z
-    return hook
-
-
-def head_ablation_gain(model: Any, prompts: Any, layer: int, *, token_scope: str = "all_but_first",
-                       heads: Sequence[int] | None = None, max_batch: int = 64, settings: Any = None,
-                       **run: Any) -> pd.DataFrame:
-    """Change in block ``layer``'s gain when each head is zero-ablated.
-
-    A hook on ``blocks.{layer}.attn.hook_z`` zeroes one head's output ``z``. The baseline and the
-    ablated copies run as rows of the same batch (the prompts repeated once per head, each copy
-    ablating its own head), so all heads cost ``ceil(P (H + 1) / max_batch)`` forward passes
-    instead of ``H + 1``; right padding keeps every row equal to its own unbatched run. Your own
-    ``fwd_hooks`` (e.g. a :func:`thermo_lens.patch_from` patch) run first in every copy and see
-    ``hook.ctx["batch"].prompt_index`` as indices into *your* prompt list. Block ``layer``
-    (0-based, negative from the end) has gain ``||resid_post_layer|| / ||resid_pre_layer||``.
-
-    Args:
-        model, prompts: as for :func:`thermo_lens.residual_gain`.
-        layer: the block whose heads are ablated.
-        token_scope: the gain's token scope.
-        heads: heads to ablate (default all; negative from the end).
-        max_batch: rows per forward pass.
-        settings, **run: run options (:class:`thermo_lens.RunSettings`: ``prepend_bos``,
-            ``truncate``, ``fwd_hooks``).
-
-    Returns:
-        One row per head: ``head, block_gain`` (ablated, mean over prompts), ``baseline``,
-        ``delta_block_gain`` (ablated - baseline), ``delta_last_block_gain`` (effect on the last
-        block's gain), with the definition columns ``layer, token_scope, prepend_bos, hooks``.
-    """
-    from thermo_lens.gain import collect_for_scope, gain_from_collected
-    from thermo_lens.hooks import residual_norms
-    from thermo_lens.inputs import Prompts, as_prompts
-    from thermo_lens.model import as_view
-    from thermo_lens.settings import RunSettings
-
-    view = as_view(model)
-    settings = RunSettings.resolve(settings, **run)
-    ps = as_prompts(prompts, tokenizer=view.tokenizer)
-    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not -view.n_layers <= layer < view.n_layers:
-        raise ThermoLensViewError(f"layer must be an int in 0..{view.n_layers - 1} (negative from the end), got {layer!r}")
-    layer = int(layer) % view.n_layers
-    heads = list(range(view.n_heads)) if heads is None else [int(h) for h in heads]
-    bad = [h for h in heads if not -view.n_heads <= h < view.n_heads]
-    if bad:
-        raise ThermoLensViewError(f"heads {bad} out of range 0..{view.n_heads - 1}")
-    heads = [h % view.n_heads for h in heads]
-    P = len(ps)
-    copies: list[int | None] = [None] + heads  # None = the unablated baseline
-    per_pass = max(1, max_batch // P)
-    hook_name = f"blocks.{layer}.attn.hook_z"
-    block, last = {}, {}
-    hooks_text = "none (clean run)"
-    for start in range(0, len(copies), per_pass):
-        chunk = copies[start:start + per_pass]
-        rep = Prompts(texts=ps.texts * len(chunk), categories=ps.categories * len(chunk), name=ps.name,
-                      token_ids=None if ps.token_ids is None else ps.token_ids * len(chunk))
-        run_settings = RunSettings.resolve(settings, batch_size=P * len(chunk), progress=False, sort_by_length=False)
-        got = collect_for_scope(view, rep, [residual_norms], token_scope, run_settings,
-                                internal_hooks=[(hook_name, _zero_heads(chunk, P, view.n_heads))],
-                                row_prompt=list(range(P)) * len(chunk))
-        g = gain_from_collected(got, token_scope)
-        hooks_text = g.provenance.hooks_text
-        bg = g.block_gain[:, layer].double()
-        lg = torch.as_tensor(np.asarray(g.last_block_gain.values, dtype=np.float64))
-        for j, h in enumerate(chunk):
-            block[h] = float(bg[j * P:(j + 1) * P].mean())
-            last[h] = float(lg[j * P:(j + 1) * P].mean())
-    df = pd.DataFrame([{"head": h, "block_gain": block[h], "baseline": block[None],
-                        "delta_block_gain": block[h] - block[None],
-                        "delta_last_block_gain": last[h] - last[None]} for h in heads])
-    df["layer"], df["token_scope"], df["prepend_bos"] = int(layer), token_scope, str(got.prepend_bos)
-    df["hooks"] = hooks_text
-    return df
-
-
 def _display_tokens(view: Any, prompt: str, prepend_bos: Any, n: int) -> list[str]:
-    ids = view.encode(prompt, prepend_bos)[:n]
+    from thermo_lens.tokens import encode
+
+    ids = encode(view, prompt, prepend_bos)[:n]
     tok = view.tokenizer
     return [tok.decode([i]) for i in ids]
 
@@ -353,8 +254,24 @@ def panel_from_results(tokens: Sequence[str], pattern: Any, metrics: pd.DataFram
                           pattern=pat, layer=layer, prompt=prompt, model=model, settings=settings)
 
 
+def _per_head_activation_metrics(view: Any, prompts: Any, layer: int, token_scope: str,
+                                  prepend_bos: Any) -> dict[str, np.ndarray]:
+    """``{column: [head] values}``: every registered ``[prompt, layer, head]`` metric marked ``panel``,
+    block ``layer``, mean over ``prompts``, from one pass over every measurement that produces one."""
+    from thermo_lens import measure, registry
+
+    wanted = [m for m in metrics() if m.panel and m.dims == ("prompt", "layer", "head")]
+    runs = [meas.name for meas in registry.measurements()
+            if meas.reductions is not None and meas.applies(view) is None and any(m.result == meas.result for m in wanted)]
+    if not runs:
+        return {}
+    res = measure.run(view, prompts, runs, token_scope=token_scope, prepend_bos=prepend_bos, progress=False)
+    return {m.frame_column: to_numpy(m.values(res)[:, layer].double().mean(0)) for m in wanted
+            if any(type(r).__name__ == m.result for r in res.results.values())}
+
+
 def attention_panel(model: Any, prompt: str, layer: int, *, head: int | Sequence[int] | None = None,
-                    prepend_bos: Any = "host", gain_prompts: Any = None, token_scope: str = "all_but_first",
+                    prepend_bos: Any = "host", gain_prompts: Any = None, token_scope: TokenScope = "all_but_first",
                     ablation: bool = True, attribution: bool = True, include_js: bool = True) -> AttentionPanel:
     """Attention patterns of ``layer`` on ``prompt`` (circuitsvis) next to that layer's per-head metrics.
 
@@ -365,10 +282,12 @@ def attention_panel(model: Any, prompt: str, layer: int, *, head: int | Sequence
         head: show only this head (or these heads; negative from the end); default all.
         prepend_bos: BOS mode (``True``, ``False``, ``"tokenizer"``), as in ``residual_gain``.
         gain_prompts: prompts for the ablation gain change (default ``[prompt]``).
-        token_scope: token scope of the gain (``thermo_lens.gain.TOKEN_SCOPES``).
+        token_scope: token scope of the gain (``thermo_lens.tokens.TOKEN_SCOPES``).
         ablation: compute ``delta_block_gain`` (``n_heads + 1`` forward passes over ``gain_prompts``).
-        attribution: compute ``head_term`` (:func:`thermo_lens.gain_attribution` on ``gain_prompts``;
-            skipped for post-LN models).
+        attribution: compute the per-head activation metrics registered for panels
+            (``Metric.panel``, shape ``[prompt, layer, head]``: the attribution's ``head_term``, ...),
+            mean over ``gain_prompts``, from one pass (:func:`thermo_lens.run`); a measurement with no
+            exact definition on the model (the attribution of a post-LN model) is left out.
         include_js: embed the circuitsvis bundle (once per page is enough).
 
     Returns:
@@ -408,13 +327,13 @@ def attention_panel(model: Any, prompt: str, layer: int, *, head: int | Sequence
     })
     gp = gain_prompts if gain_prompts is not None else [prompt]
     if ablation:
-        abl = head_ablation_gain(view, gp, layer, token_scope=token_scope, prepend_bos=prepend_bos)
-        table.insert(1, "delta_block_gain", abl["delta_block_gain"].to_numpy())
-    if attribution and not view.post_ln:
-        from thermo_lens.attribution import gain_attribution
+        from thermo_lens.ablation import head_ablation
 
-        attr = gain_attribution(view, gp, token_scope=token_scope, prepend_bos=prepend_bos, progress=False)
-        table.insert(1, "head_term", to_numpy(attr.mean_head[layer]))
+        abl = head_ablation(view, gp, layer, token_scope=token_scope, prepend_bos=prepend_bos)
+        table.insert(1, "delta_block_gain", abl.to_frame()["delta_block_gain"].to_numpy())
+    if attribution:
+        for name, values in _per_head_activation_metrics(view, gp, layer, token_scope, prepend_bos).items():
+            table.insert(1, name, values)
     table = table.iloc[shown].reset_index(drop=True)
     pattern = pattern[shown]
     meta = view.metadata()

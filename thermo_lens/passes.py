@@ -1,20 +1,19 @@
-"""Hook factories that reduce activations *inside* the forward pass, and the Recorder.
+"""The forward pass: one pass per batch, feeding the in-pass reductions of every measurement.
 
-Nothing here stores a full activation: every hook turns its tensor into the few numbers a metric
-needs (per-token float32 residual norms, per-prompt anisotropy sums, the attention pattern's
-diagonal) and drops the rest, so the whole battery costs one forward pass per prompt batch and
-memory linear in the number of tokens.
+Nothing here stores a full activation: every reduction (registered by a measurement, e.g.
+:func:`thermo_lens.gain.residual_norms`) turns its tensor into the few numbers a metric needs
+inside the hook and drops the rest, so a whole battery costs one forward pass per prompt batch
+and memory linear in the number of tokens. :func:`collect` runs the pass and returns a
+:class:`Collected`; measurements derive their results from it without running the model again
+(``*_from_collected``). :func:`thermo_lens.run` (:mod:`thermo_lens.measure`) is the public front:
+it picks the reductions of the measurements you name and builds their results from one pass.
 
-Typical use (what :func:`thermo_lens.residual_gain` does)::
-
-    rec = collect(view, prompts, [residual_norms, anisotropy], prepend_bos=True,
-                  fwd_hooks=[("blocks.0.attn.hook_z", ablate_head_3)])  # user hooks compose
-    norms = rec.stack("resid_norm")        # [L+1, prompt, pos] float32, NaN on padding
-
-User hooks passed as ``fwd_hooks`` are registered *before* the reductions, so a reduction at
-the same hook point sees the activation as the user's hook left it (e.g. after an ablation).
-With user hooks, batches keep the caller's prompt order and each hook can read the current batch
-from ``hook.ctx["batch"]`` (:class:`thermo_lens.interventions.BatchInfo`).
+User hooks passed as ``fwd_hooks`` run in the same pass *before* the reductions, so a reduction at
+the same hook point sees the activation as the user's hook left it (e.g. after an ablation). With
+user hooks, batches keep the caller's prompt order and each hook can read the current batch from
+``hook.ctx["batch"]`` (:class:`thermo_lens.tokens.BatchInfo`); a hook that raises, or returns a
+tensor of another shape, gets a :class:`~thermo_lens.errors.ThermoLensHookError` naming the hook,
+the batch and the fix.
 """
 
 from __future__ import annotations
@@ -26,23 +25,18 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from torch import Tensor
 
-from thermo_lens.model import ModelView, TokenBatch, as_view
-from thermo_lens.errors import ThermoLensInputError, ThermoLensNumericsError
+from thermo_lens.errors import ThermoLensHookError, ThermoLensInputError, ThermoLensNumericsError
+from thermo_lens.inputs import as_prompts
+from thermo_lens.model import ModelView, as_view
+from thermo_lens.provenance import Provenance, describe_hook
+from thermo_lens.settings import RunSettings
+from thermo_lens.tokens import MAX_PADDING, BatchInfo, TokenBatch, plan_batches, token_batch
 
-__all__ = [
-    "Recorder",
-    "Collected",
-    "ThermoLensNumericsError",
-    "collect",
-    "plan_batches",
-    "residual_norms",
-    "anisotropy",
-    "attention_diagonal",
-]
+__all__ = ["Recorder", "Collected", "Reduction", "collect", "wrap_user_hooks"]
 
 Reduce = Callable[[Tensor, TokenBatch], Tensor]
+#: A reduction registers its hooks on a Recorder: ``reduction(view, recorder)``.
 Reduction = Callable[[ModelView, "Recorder"], None]
-
 
 
 class Recorder:
@@ -187,97 +181,58 @@ def _release_freed_memory() -> None:
         _MALLOC_TRIM(0)
 
 
-# ---------------------------------------------------------------------------- reductions
-def _norms32(x: Tensor) -> Tensor:
-    """Per-token L2 norms over d_model as float32. ``vector_norm(dtype=float32)`` reduces in float32
-    without a full float32 copy; a float64 model reduces in float64 (vector_norm refuses to
-    narrow) and is stored as float32."""
-    if x.dtype == torch.float64:
-        return torch.linalg.vector_norm(x, dim=-1).float()
-    return torch.linalg.vector_norm(x, dim=-1, dtype=torch.float32)
+# ---------------------------------------------------------------------------- user hooks
+class _Current:
+    """The batch being run (set by :func:`collect` around each pass)."""
+
+    info: BatchInfo | None = None
 
 
-def residual_norms(view: ModelView, rec: Recorder) -> None:
-    """Per-token L2 norms of every residual state ``x_0 .. x_L``, in float32.
-
-    Records ``("resid_norm", l)`` for ``l = 0..L``: ``[batch, pos]`` with NaN on padding, and
-    marks a hook in ``rec.nonfinite`` when a real token's norm is NaN/inf; and
-    ``("block_in_norm", l)`` for ``l = 0..L-1``, the norms of block ``l``'s input
-    ``blocks.{l}.hook_resid_pre`` (equal to ``x_l`` unless a user hook changes it there).
-    """
-    for l, name in enumerate(view.resid_hook_names):
-        def fn(x: Tensor, batch: TokenBatch, _name: str = name) -> Tensor:
-            norms = _norms32(x)
-            mask = rec.mask(norms.device)
-            if not (torch.isfinite(norms) | ~mask).all():  # a real token's norm is NaN/inf
-                rec.nonfinite.append(_name)
-            return norms.masked_fill(~mask, float("nan"))
-        rec.add(name, ("resid_norm", l), fn)
-    # The input of block l as the block reads it (after any user hook at blocks.{l}.hook_resid_pre,
-    # e.g. a patch): block l's gain is ||resid_post_l|| / ||resid_pre_l||. Records
-    # ("block_in_norm", l) for l = 0..L-1, [batch, pos] float32 with NaN on padding.
-    for l in range(view.n_layers):
-        def fn_in(x: Tensor, batch: TokenBatch) -> Tensor:
-            norms = _norms32(x)
-            return norms.masked_fill(~rec.mask(norms.device), float("nan"))
-        rec.add(f"blocks.{l}.hook_resid_pre", ("block_in_norm", l), fn_in)
+_FIX = ("Fixes: index your source by the batch's prompts (rows = hook.ctx['batch'].prompt_index; "
+        "real lengths hook.ctx['batch'].lengths), use thermo_lens.patch_from(model, clean_prompts, "
+        "hook_names, positions=...), or run all prompts in one batch (batch_size=len(prompts)).")
 
 
-def anisotropy(view: ModelView, rec: Recorder) -> None:
-    """Per prompt and residual state, the mean pairwise cosine similarity of token states.
-
-    Position 0 (the BOS / first token, whose norm and direction dominate) and padding are
-    excluded. With unit vectors ``u_t`` over the ``m`` remaining tokens,
-    ``mean_{i != j} u_i . u_j = (||sum_t u_t||^2 - m) / (m (m - 1))``: O(pos * d_model) per
-    prompt, no ``pos x pos`` matrix. Records ``("anisotropy", l)``: ``[batch]`` float32, NaN when
-    fewer than two tokens remain.
-    """
-    for l, name in enumerate(view.resid_hook_names):
-        def fn(x: Tensor, batch: TokenBatch) -> Tensor:
-            xf = x if x.dtype == torch.float32 else x.float()
-            mask = rec.mask(x.device).clone()
-            mask[:, 0] = False
-            m = mask.sum(dim=1).float()
-            u = xf / torch.linalg.vector_norm(xf, dim=-1, keepdim=True).clamp_min(1e-30)
-            # Zero the excluded rows in place (one temporary, not two); the sum over positions
-            # runs in position order, so a prompt's value does not depend on its batch's padding.
-            s = u.masked_fill_(~mask[..., None], 0.0).sum(dim=1)
-            val = (s.pow(2).sum(-1) - m) / (m * (m - 1))
-            return val.masked_fill(m < 2, float("nan"))
-        rec.add(name, ("anisotropy", l), fn)
+def _where(name: Any, fn: Callable, info: BatchInfo | None) -> str:
+    rec = describe_hook(name, fn)
+    at = rec.hook_point if isinstance(name, str) else f"{rec.hook_point} (matched {name!r})"
+    if info is None:
+        return f"user hook {rec.function} at {at}"
+    return (f"user hook {rec.function} at {at} on batch {info.batch + 1}/{info.n_batches} "
+            f"(prompts {info.prompt_index.tolist()}, lengths {info.lengths.tolist()}, padded width {info.width})")
 
 
-def attention_diagonal(view: ModelView, rec: Recorder) -> None:
-    """Per layer, the attention pattern's diagonal ``A_ii`` and each head's total mass.
-
-    The sheaf Laplacian trace needs only ``sum_i (1 - A_ii)`` per head (``thermo_lens.definitions`` §3),
-    so the ``pos x pos`` pattern is reduced to its diagonal inside the hook. Records
-    ``("attn_diag", l)``: ``[batch, head, pos]`` float32 (NaN on padded query positions) and
-    ``("attn_mass", l)``: ``[batch, head]``, ``sum_{i,j real} A_ij`` (equals the number of real
-    tokens for softmax attention: the reason the paper's printed trace formula is zero).
-    """
-    for l in range(view.n_layers):
-        name = view.pattern_hook_name(l)
-
-        def diag(a: Tensor, batch: TokenBatch, _name: str = name) -> Tensor:
-            d = torch.diagonal(a, dim1=-2, dim2=-1).float()  # [batch, head, pos]
-            mask = rec.mask(a.device)
-            if not (torch.isfinite(d) | ~mask[:, None, :]).all():  # a real query's A_ii is NaN/inf
-                rec.nonfinite.append(_name)
-            return d.masked_fill(~mask[:, None, :], float("nan"))
-
-        def mass(a: Tensor, batch: TokenBatch) -> Tensor:
-            mask = rec.mask(a.device).to(a.dtype)
-            if a.dtype in (torch.float32, torch.float64):
-                # sum_i m_i sum_j A_ij m_j: a matrix-vector product per head, no [pos, pos] mask.
-                rows = torch.matmul(a, mask[:, None, :, None]).squeeze(-1)  # [batch, head, pos]
-                return (rows * mask[:, None, :]).sum(dim=-1, dtype=torch.float32)
-            # half precision: mask and reduce in float32 (a product would round each row sum)
-            pair = mask[:, None, :, None] * mask[:, None, None, :]
-            return (a * pair).sum(dim=(-1, -2), dtype=torch.float32)
-
-        rec.add(name, ("attn_diag", l), diag)
-        rec.add(name, ("attn_mass", l), mass)
+def wrap_user_hooks(hooks: Sequence[tuple[Any, Callable]], current: _Current) -> list[tuple[Any, Callable]]:
+    """Wrap ``(name, fn)`` hooks so they see ``hook.ctx["batch"]`` and fail with a clear error."""
+    out = []
+    for name, fn in hooks:
+        def hook(act: Any, hook: Any = None, *, _fn: Callable = fn, _name: Any = name) -> Any:
+            info = current.info
+            ctx = getattr(hook, "ctx", None) if hook is not None else None
+            if isinstance(ctx, dict) and info is not None:
+                ctx["batch"] = info
+            try:
+                res = _fn(act, hook=hook)
+            except ThermoLensHookError:
+                raise
+            except Exception as e:  # noqa: BLE001 - re-raised with the hook and batch named
+                raise ThermoLensHookError(
+                    f"{_where(_name if isinstance(_name, str) else getattr(hook, 'name', _name), _fn, info)} raised {type(e).__name__}: {e}. {_FIX}"
+                ) from e
+            finally:
+                # TransformerLens keeps hook.ctx between runs: never leave a stale batch behind for
+                # a later model.run_with_hooks call to read.
+                if isinstance(ctx, dict):
+                    ctx.pop("batch", None)
+            if isinstance(res, Tensor) and isinstance(act, Tensor) and res.shape != act.shape:
+                raise ThermoLensHookError(
+                    f"{_where(_name if isinstance(_name, str) else getattr(hook, 'name', _name), _fn, info)} returned shape {tuple(res.shape)} "
+                    f"for an activation of shape {tuple(act.shape)}; a hook must return a tensor of the "
+                    f"activation's shape (or None after editing it in place). {_FIX}")
+            return res
+        hook.__qualname__ = getattr(fn, "__qualname__", "hook")
+        out.append((name, hook))
+    return out
 
 
 # ---------------------------------------------------------------------------- the pass
@@ -354,96 +309,12 @@ class Collected:
         width = int(self.lengths.max())
         return torch.arange(width)[None, :] < self.lengths[:, None]
 
-    def provenance(self) -> Any:
+    def provenance(self) -> Provenance:
         """The :class:`thermo_lens.provenance.Provenance` every result of this pass records."""
-        from thermo_lens.provenance import Provenance
-
         return Provenance(prompts=tuple(self.prompts), lengths=self.lengths.to(torch.long).clone(),
                           truncated=tuple(bool(t) for t in self.truncated), prepend_bos=self.prepend_bos,
                           model=self.view.metadata(), hooks=tuple(self.hooks), prompt_set=self.prompt_set,
                           categories=tuple(self.categories))
-
-
-def batches(n: int, batch_size: int) -> Iterable[range]:
-    for start in range(0, n, batch_size):
-        yield range(start, min(n, start + batch_size))
-
-
-#: Bucketing bound: a length bucket pads at most this fraction of its token positions.
-MAX_PADDING = 0.10
-
-
-def plan_batches(
-    lengths: Sequence[int] | Tensor,
-    batch_size: int,
-    *,
-    sort_by_length: bool = True,
-    max_padding: float | None = MAX_PADDING,
-) -> list[list[int]]:
-    """The prompt indices of each padded forward batch :func:`collect` runs.
-
-    ``sort_by_length=False``: the caller's order, ``batch_size`` prompts per batch.
-    ``sort_by_length=True, max_padding=None``: prompts in order of token length (stable), then
-    ``batch_size`` per batch. ``sort_by_length=True`` with ``max_padding``: length buckets; in
-    length order, a batch is closed when it holds ``batch_size`` prompts or when adding the next
-    (longest so far) prompt would make more than ``max_padding`` of the batch's positions padding.
-    Every batch then pads at most ``max_padding`` of its positions (so does the whole run); the
-    price is more, smaller batches when lengths are spread out.
-    """
-    n = [int(x) for x in lengths]
-    if not sort_by_length:
-        return [list(r) for r in batches(len(n), batch_size)]
-    order = sorted(range(len(n)), key=lambda i: n[i])
-    if max_padding is None:
-        return [[order[k] for k in ks] for ks in batches(len(n), batch_size)]
-    out: list[list[int]] = []
-    cur: list[int] = []
-    real = 0
-    for i in order:
-        if cur:
-            width = n[i]  # sorted: the newcomer is the longest
-            padded = (len(cur) + 1) * width
-            if len(cur) >= batch_size or 1 - (real + n[i]) / padded > max_padding:
-                out.append(cur)
-                cur, real = [], 0
-        cur.append(i)
-        real += n[i]
-    if cur:
-        out.append(cur)
-    return out
-
-
-def token_batch(view: ModelView, prompts: Any, rows: Sequence[int], *, prepend_bos: Any, truncate: bool = False,
-                min_tokens: int = 1) -> TokenBatch:
-    """Tokenize ``prompts`` rows ``rows`` (a :class:`thermo_lens.inputs.Prompts`): texts with
-    ``prepend_bos``, token ids exactly as given (BOS recorded as ``"tokens_as_given"``)."""
-    from thermo_lens.settings import TOKENS_GIVEN
-
-    if prompts.token_ids is None:
-        return view.tokenize([prompts.texts[i] for i in rows], prepend_bos=prepend_bos, truncate=truncate,
-                             min_tokens=min_tokens, prompt_index=list(rows))
-    ids, truncated = [], []
-    for i in rows:
-        r = list(prompts.token_ids[i])
-        truncated.append(len(r) > view.n_ctx)
-        if len(r) > view.n_ctx:
-            if not truncate:
-                raise ThermoLensInputError(
-                    f"prompt {i} is {len(r)} tokens long but {view.name} has a context of {view.n_ctx} "
-                    f"tokens; shorten it, or pass truncate=True to keep its first {view.n_ctx} tokens.")
-            r = r[: view.n_ctx]
-        if len(r) < min_tokens:
-            raise ThermoLensInputError(
-                f"prompt {i} has {len(r)} token(s) as given; this measurement needs at least {min_tokens}.")
-        ids.append(r)
-    pad = getattr(view.tokenizer, "pad_token_id", None)
-    pad = int(pad) if pad is not None else 0
-    tokens = torch.full((len(ids), max(len(r) for r in ids)), pad, dtype=torch.long)
-    for b, r in enumerate(ids):
-        tokens[b, : len(r)] = torch.tensor(r, dtype=torch.long)
-    return TokenBatch(tokens=tokens, lengths=torch.tensor([len(r) for r in ids], dtype=torch.long),
-                      prompt_index=torch.tensor(list(rows), dtype=torch.long), prepend_bos=TOKENS_GIVEN,
-                      truncated=tuple(truncated))
 
 
 def collect(
@@ -473,7 +344,7 @@ def collect(
             index of each prompt, shown to user hooks as ``hook.ctx["batch"].prompt_index``.
 
     User hooks run in the same pass *before* the reductions, wrapped so that they can read
-    ``hook.ctx["batch"]`` (:class:`thermo_lens.interventions.BatchInfo`) and fail with an error
+    ``hook.ctx["batch"]`` (:class:`thermo_lens.tokens.BatchInfo`) and fail with an error
     naming the hook and batch. With user hooks, batches keep the caller's order. Without them
     (and with ``sort_by_length`` left unset or True) the batches are length buckets of up to
     ``batch_size`` prompts that pad at most 10% of their positions (:func:`plan_batches`);
@@ -489,16 +360,11 @@ def collect(
             message names the first hook point (layer) where it happened.
         thermo_lens.interventions.ThermoLensHookError: a user hook failed.
     """
-    from tqdm.auto import tqdm
-
-    from thermo_lens.inputs import as_prompts
-    from thermo_lens.interventions import BatchInfo, _Current, wrap_user_hooks
-    from thermo_lens.provenance import describe_hook
-    from thermo_lens.settings import RunSettings
+    from tqdm.auto import tqdm  # imported on first use: a notebook's progress bar
 
     view = as_view(model)
     settings = RunSettings.resolve(settings, **options)
-    ps = as_prompts(prompts, tokenizer=view.tokenizer)
+    ps = as_prompts(prompts, tokenizer=view.tokenizer, vocab_size=view.d_vocab)
     if row_prompt is not None and len(row_prompt) != len(ps):
         raise ValueError("row_prompt needs one entry per prompt")
     # Tokenize everything once, first, so a bad prompt fails before any compute.
@@ -525,7 +391,7 @@ def collect(
                                     None if user_index is None else user_index[batch.prompt_index])
         try:
             with rec.batch(batch):
-                view.run(batch, hooks, stop_after=stop_after)
+                view.run(batch.tokens, batch.mask, hooks, stop_after=stop_after)
         finally:
             current.info = None
         if k % _TRIM_EVERY == _TRIM_EVERY - 1 and view.device.type == "cpu":

@@ -1,0 +1,169 @@
+"""Report sections, one per registered measurement.
+
+:func:`thermo_lens.report.render_report` walks the measurement registry
+(:func:`thermo_lens.registry.measurements`) and, for each measurement its profiles hold, writes a
+section with the measurement's title and summary, then calls the renderer registered here for it
+(:func:`register_section`), or :func:`generic_section`, which draws every registered metric of the
+measurement's result with :func:`thermo_lens.views.metric_plot`. So a new measurement appears in
+the report with no code here; a renderer is only for a better figure.
+
+A renderer is ``fn(doc, results, profiles)``: ``results`` maps a model id to that measurement's
+result, ``profiles`` the model id to its whole profile, and ``doc`` receives the output through
+``doc.figure(anchor, make_figure, caption=None)``, ``doc.p(text, css_class)`` and ``doc.html(raw)``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from thermo_lens._lazy import pandas as pd
+from thermo_lens import registry
+
+__all__ = ["register_section", "section_for", "generic_section", "MAX_PER_MODEL_FIGURES"]
+
+#: At most this many per-model figures per section (a study may hold dozens of models).
+MAX_PER_MODEL_FIGURES = 6
+
+Renderer = Callable[[Any, dict[str, Any], dict[str, Any]], None]
+_SECTIONS: dict[str, Renderer] = {}
+
+
+def register_section(measurement: str) -> Callable[[Renderer], Renderer]:
+    """Decorator: the report section renderer of ``measurement``."""
+    def wrap(fn: Renderer) -> Renderer:
+        _SECTIONS[measurement] = fn
+        return fn
+    return wrap
+
+
+def section_for(measurement: str) -> Renderer:
+    """The renderer registered for ``measurement``, or :func:`generic_section`."""
+    return _SECTIONS.get(measurement, functools.partial(generic_section, measurement=measurement))
+
+
+def _meta(p: Any) -> dict[str, Any]:
+    m = getattr(p, "meta", None)
+    return dict(m) if isinstance(m, dict) else {}
+
+
+def _per_model_note(doc: Any, n: int) -> None:
+    if n > MAX_PER_MODEL_FIGURES:
+        doc.p(f"Per-model figures shown for the first {MAX_PER_MODEL_FIGURES} of {n} models.", "note")
+
+
+def generic_section(doc: Any, results: dict[str, Any], profiles: dict[str, Any], *, measurement: str) -> None:
+    """Every registered metric of the measurement's result, drawn from its shape, per model."""
+    from thermo_lens.views.metrics import metric_plot
+
+    m = registry.measurement(measurement)
+    for i, (k, res) in enumerate(list(results.items())[:MAX_PER_MODEL_FIGURES]):
+        for metric in m.metrics:
+            doc.figure(f"fig-{measurement}-{metric.name}-{i}",
+                       functools.partial(metric_plot, res, metric.name, title=f"{k}: {metric.name} ({metric.symbol})"))
+    _per_model_note(doc, len(results))
+
+
+# ---------------------------------------------------------------------------- the battery's sections
+def _robustness(profiles: dict[str, Any]) -> dict[str, Any]:
+    """Per-category gain for profiles whose prompts carry >= 2 categories (pure, no model run)."""
+    from thermo_lens import prompts as prompt_sets
+    from thermo_lens.robustness import robustness_from_gain
+
+    out = {}
+    for k, p in profiles.items():
+        meta, g = _meta(p), getattr(p, "gain", None)
+        if g is None:
+            continue
+        cats = meta.get("categories")
+        if not cats:  # older profiles: recover the categories from a built-in prompt set
+            try:
+                ps = prompt_sets.get(str(meta.get("prompt_set")))
+                cats = ps.categories if tuple(ps.prompts) == tuple(g.prompts) else None
+            except (KeyError, TypeError):
+                cats = None
+        if not cats or len(cats) != g.n_prompts or len(set(cats)) < 2:
+            continue
+        out[k] = robustness_from_gain(g, list(cats), prompt_set=str(meta.get("prompt_set") or "custom"))
+    return out
+
+
+@register_section("gain")
+def _gain(doc: Any, gains: dict[str, Any], profiles: dict[str, Any]) -> None:
+    from thermo_lens import views
+
+    doc.figure("fig-dynamics", lambda: views.layer_dynamics(gains))
+    if len({g.n_layers for g in gains.values()}) > 1:
+        doc.figure("fig-dynamics-relative", lambda: views.layer_dynamics(gains, x="relative_depth"),
+                   "the same against relative depth l / L (models differ in depth)")
+    rob = _robustness(profiles)
+    if rob:
+        doc.html("<h3>Input robustness by prompt category</h3>")
+        doc.figure("fig-robustness", lambda: views.robustness_plot(rob))
+
+
+@register_section("anisotropy")
+def _anisotropy(doc: Any, aniso: dict[str, Any], profiles: dict[str, Any]) -> None:
+    from thermo_lens import views
+
+    doc.figure("fig-anisotropy", lambda: views.anisotropy_plot(aniso))
+
+
+@register_section("spectral")
+def _spectral(doc: Any, spec: dict[str, Any], profiles: dict[str, Any]) -> None:
+    from thermo_lens import views
+
+    labs = [str(_meta(profiles[k]).get("lab") or k) for k in spec]
+    doc.figure("fig-spectral-scatter", lambda: views.spectral_scatter(spec, labs=labs))
+    if len(spec) > 1:
+        doc.figure("fig-spectral-models", lambda: views.spectral_scatter(spec, labs=labs, per="model"),
+                   "one point per model: the mean over its heads and layers")
+    for i, (k, s) in enumerate(list(spec.items())[:MAX_PER_MODEL_FIGURES]):
+        # beside the spectral norms, each head's exact share of its block's squared-norm change
+        attr = getattr(profiles[k], "attribution", None)
+        doc.figure(f"fig-heads-{i}", functools.partial(views.spectral_heatmaps, s, name=k, attribution=attr))
+    _per_model_note(doc, len(spec))
+
+
+@register_section("sheaf")
+def _sheaf(doc: Any, sheaves: dict[str, Any], profiles: dict[str, Any]) -> None:
+    from thermo_lens import views
+
+    for i, (k, t) in enumerate(list(sheaves.items())[:MAX_PER_MODEL_FIGURES]):
+        doc.figure(f"fig-sheaf-{i}", functools.partial(views.sheaf_trace_heatmap, t, name=k))
+    _per_model_note(doc, len(sheaves))
+
+
+def l_star_table(lstars: dict[str, Any]) -> pd.DataFrame:
+    """Empirical L* (mean trace and per-prompt mean) beside eq. 6 and the fit-free L/2 baseline."""
+    rows = []
+    for k, r in lstars.items():
+        ape, pap = r.baseline_errors("ape"), r.baseline_errors("paper")
+        rows.append({"model": k, "variant": r.variant, "L": r.n_layers, "H": r.n_heads,
+                     "empirical (mean trace)": r.empirical, "per-prompt mean": r.per_prompt_mean,
+                     "eq. 6": r.predicted, "L/2": r.baselines.get("half_depth", float("nan")),
+                     "APE eq. 6": ape["eq6"], "APE L/2": ape.get("half_depth", float("nan")),
+                     "|err|/L eq. 6": pap["eq6"], "|err|/L L/2": pap.get("half_depth", float("nan")),
+                     "warning": "; ".join(r.warnings)})
+    return pd.DataFrame(rows)
+
+
+@register_section("l_star")
+def _l_star(doc: Any, lstars: dict[str, Any], profiles: dict[str, Any]) -> None:
+    from thermo_lens import views
+
+    doc.figure("fig-lstar", lambda: views.l_star_plot(lstars))
+    if len({r.n_layers for r in lstars.values()}) > 1:
+        doc.figure("fig-lstar-relative", lambda: views.l_star_plot(lstars, x="relative_depth"))
+    doc.p("Eq. 6 beside the fit-free baseline L/2 (on the paper's own validation models L/2 does as well); "
+          "errors as fractions.", "note")
+    doc.table(l_star_table(lstars), left=("model", "variant", "warning"))
+
+
+@register_section("attribution")
+def _attribution(doc: Any, attrs: dict[str, Any], profiles: dict[str, Any]) -> None:
+    from thermo_lens import views
+
+    for i, (k, a) in enumerate(list(attrs.items())[:MAX_PER_MODEL_FIGURES]):
+        doc.figure(f"fig-attribution-{i}", functools.partial(views.attribution_heatmap, a, name=k))
+    _per_model_note(doc, len(attrs))
