@@ -361,9 +361,9 @@ def _tests_table(result: Any) -> str:
     df = result.tests_frame()
     if df.empty:
         return ""
-    cols = ["name", "n", "effect", "effect_value", "ci_low", "ci_high", "pvalue", "pvalue_method",
+    cols = ["name", "role", "n", "effect", "effect_value", "ci_low", "ci_high", "pvalue", "pvalue_method",
             "pvalue_holm", "loo_model", "loo_statistic", "loo_worst_model", "loo_worst_pvalue", "note"]
-    return _table(df[cols], left=("name", "effect", "pvalue_method", "loo_model", "loo_worst_model", "note"))
+    return _table(df[cols], left=("name", "role", "effect", "pvalue_method", "loo_model", "loo_worst_model", "note"))
 
 
 def _definitions_html() -> str:

@@ -250,7 +250,7 @@ def spectral_heatmaps(signature: Any, metrics: Sequence[str] = ("W_V_norm", "W_O
         zs.append(to_numpy(attribution.mean_head))
         defs_of["head_term"] = (f"<z_h W_O^h, x_out + x_in>: the head's share of its block's ||x_out||^2 - "
                                 f"||x_in||^2, mean over {attribution.n_prompts} prompts (token scope "
-                                f"{attribution.token_scope}); > 0 expands the residual stream")
+                                f"{attribution.token_scope}); a share of the growth, not an ablation effect")
     picked = [select_layers_heads(z, layers, heads, func="spectral_heatmaps") for z in zs]
     zs = [p[0] for p in picked]
     ls, hs = picked[0][1], picked[0][2]
