@@ -203,9 +203,12 @@ def _write_outputs_locked(out_dir: str, contents, no_report: bool, output: str |
             from thermo_lens.report import write_report
         except ImportError:
             return
+        from thermo_lens.lab.report_section import lab_dir_of, lab_section
+
+        lab_dir = lab_dir_of(out_dir)  # a lab's train/ folder: its report has the lab's section too
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # left-out results were listed above
-            path = write_report(out_dir, output=output)
+            path = write_report(out_dir, output=output, sections=[lab_section(lab_dir)] if lab_dir else ())
         print(f"wrote {path}")
 
 
