@@ -609,12 +609,12 @@ def write_report(dir_or_profiles: Any, output: str | os.PathLike | None = None, 
         output: the HTML file to write. Default ``DIR/report.html`` for a directory, else
             ``./thermo-lens-report.html``.
         title: report title (default from the study name or the models).
-        panel: the circuitsvis attention panel: ``"auto"`` (boot an embedded zoo model or a small local
+        panel: the circuitsvis attention panel: ``"auto"`` (the default: boot an embedded zoo model or a small local
             checkpoint named by a profile's ``meta["source"]``; skip with the reason otherwise),
             ``True`` (must draw it: error if no model can be booted), ``False`` (skip) or a loaded
             TransformerLens model.
         panel_layer: layer shown in the panel (default ``n_layers // 2``).
-        sections: extra sections, written after the cross-model laws: functions ``fn(doc)`` that
+        sections: extra sections (default ``()``), written after the cross-model laws: functions ``fn(doc)`` that
             call ``doc.section(anchor, title)``, ``doc.p``, ``doc.html``, ``doc.table`` and
             ``doc.figure`` (the heritage lab adds its own this way).
 
