@@ -29,6 +29,7 @@ from thermo_lens.views._common import (
     wrap,
 )
 from thermo_lens.result import register_plot
+from thermo_lens.gain import SUMMARIES
 
 __all__ = ["layer_dynamics", "anisotropy_plot", "robustness_plot"]
 
@@ -216,8 +217,6 @@ def anisotropy_plot(results: Any, names: Sequence[str] | None = None, *, show_ci
 
 # ---------------------------------------------------------------------------- robustness
 def robustness_definition(r: Any, *, with_norm_placement: bool = True) -> str:
-    from thermo_lens.gain import SUMMARIES
-
     g = r.gain
     settings = settings_text(token_scope=g.token_scope, prepend_bos=g.prepend_bos, dtype=g.dtype,
                              weights=g.weights, post_ln=g.post_ln if with_norm_placement else None)

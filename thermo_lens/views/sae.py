@@ -24,6 +24,7 @@ from thermo_lens.views._common import (
 )
 from thermo_lens.views.dynamics import _rgba
 from thermo_lens.result import register_plot
+from thermo_lens.sae import sae_position
 
 __all__ = ["sae_gain_change_plot"]
 
@@ -45,8 +46,6 @@ def sae_gain_change_plot(result: Any) -> go.Figure:
         raise ThermoLensViewError(
             f"sae_gain_change_plot needs a SAEGainChange (thermo_lens.sae_gain_change(model, prompts)), "
             f"got {type(result).__name__}")
-    from thermo_lens.sae import sae_position
-
     g = result.with_saes
     defn = settings_text(token_scope=g.token_scope, prepend_bos=g.prepend_bos, dtype=g.dtype,
                          weights=g.weights, post_ln=g.post_ln)
