@@ -190,3 +190,35 @@ def test_every_stored_dtype_still_round_trips():
               np.arange(3, dtype=">f8"), np.array([True, False])]
     for a in arrays:
         assert np.array_equal(_Evolving.from_json(_with_x(encode(a))).x, a)
+
+
+def test_an_unregistered_result_name_loads_the_measurement_modules_once(monkeypatch):
+    """Result classes register when their module is imported, and measurement modules load lazily:
+    reading a profile in a fresh process met ``LStarResult`` before anything imported it."""
+    from thermo_lens import registry, result
+
+    loads = []
+
+    def load(**kwargs):
+        loads.append(kwargs)
+        result._REGISTRY["_Evolving"] = _Evolving  # what importing the providing module does
+        return ()
+
+    monkeypatch.delitem(result._REGISTRY, "_Evolving")
+    monkeypatch.setattr(registry, "measurements", load)
+    assert _Evolving.from_json(_with_x(3)) == _Evolving(3, "default") and len(loads) == 1
+    with pytest.raises(ThermoLensSchemaError, match="unknown result type 'Nope'"):
+        _Evolving.from_json(_with_x({"__result__": "Nope", "fields": {}}))
+
+
+@pytest.mark.slow
+def test_a_stored_profile_reads_back_in_a_fresh_process():
+    import subprocess
+    import sys
+
+    code = ("from thermo_lens.profile import ThermoProfile; "
+            f"p = ThermoProfile.from_json({str(DATA / 'profile_schema1.json')!r}); "
+            "print(sorted(type(r).__name__ for r in p.results.values()))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=Path(__file__).parent.parent)
+    assert r.returncode == 0 and "'LStarResult'" in r.stdout, r.stderr[-2000:]

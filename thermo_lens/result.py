@@ -125,7 +125,7 @@ def _decode(data: Any, depth: int) -> Any:
 
 def _decode_result(data: dict, depth: int) -> Any:
     name, fields, version = data["__result__"], data.get("fields"), data.get("version", 1)
-    cls = _REGISTRY.get(name) if isinstance(name, str) else None
+    cls = _result_class(name)
     if cls is None:
         raise ThermoLensSchemaError(f"unknown result type {_excerpt(name)} in JSON (written by another package or a "
                                     "newer thermo-lens?)")
@@ -138,6 +138,20 @@ def _decode_result(data: dict, depth: int) -> Any:
     if upgrade is not None:
         decoded = upgrade(decoded)
     return _build(cls, decoded, version)
+
+
+def _result_class(name: Any) -> type | None:
+    """The result class stored under ``name``. Classes register themselves when their module is
+    imported, and the measurement modules are imported lazily: a profile read in a fresh process
+    names results (``LStarResult``...) whose module nothing imported yet, so on a miss the
+    measurement registry loads its providers once and the name is looked up again."""
+    if not isinstance(name, str):
+        return None
+    if name not in _REGISTRY:
+        from thermo_lens import registry
+
+        registry.measurements()  # imports every module that provides a measurement (and its result)
+    return _REGISTRY.get(name)
 
 
 def _decode_tensor(data: dict, depth: int) -> torch.Tensor:
