@@ -66,6 +66,7 @@ def register_plot(result: str) -> Any:
 def encode(obj: Any) -> Any:
     """Turn ``obj`` into JSON-ready data (see module docstring)."""
     if isinstance(obj, Result):
+        # ignore: mypy cannot see that a Result subclass is a dataclass (the mixin itself is not one)
         data = {f.name: encode(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}  # type: ignore[arg-type]
         return {"__result__": type(obj).__name__, "version": type(obj).schema_version, "fields": data}
     if isinstance(obj, torch.Tensor):
