@@ -203,7 +203,7 @@ def bench_model(label: str, kind: str, prompts, args) -> dict[str, float]:
     def run(batches, stop_after=None):
         def go() -> None:
             for b in batches:
-                view.run(b, stop_after=stop_after)
+                view.run(b.tokens, b.mask, stop_after=stop_after)
         return go
 
     def prof_cold() -> None:
