@@ -34,11 +34,14 @@ matrix ``[d_model, n_kv_heads * d_head]`` (all heads side by side, as in a fused
 ``layer_W_O_norm`` of the output matrix ``[n_heads * d_head, d_model]``, and the paper's "trace
 proxy" ``layer_W_V_norm ** 2`` (it is not a trace; ``thermo_lens.definitions`` §3).
 
-Everything is batched over layers and heads (Gram matrices, ``eigh`` / ``eigvalsh`` of
-``d_head x d_head`` matrices and ``matrix_norm`` on stacked tensors; the whole-layer norms by
-Lanczos on CPU, one matrix at a time, and by batched ``svdvals`` on GPU),
-in float32 or float64, whatever the model's dtype: a bf16 model's weights are converted once, a
-chunk of layers at a time. :func:`spectral_signature` caches its result per weights fingerprint
+Everything is batched over the heads of a chunk of layers (the per-head Gram matrices, then
+``eigh`` / ``eigvalsh`` of ``d_head x d_head`` matrices; the Gram products are the arithmetic floor
+of any exact method) and the whole-layer norms are computed by Lanczos on CPU, one matrix at a
+time and one pass over it per step, and by batched ``svdvals`` on GPU, in float32 or float64,
+whatever the model's dtype. Weights are read as stored, a chunk of layers at a time (a layer of a
+large model is a view of its parameters), and a bf16 model's weights are converted in cache, a
+block of heads or a row panel at a time: no converted copy of the weights exists.
+:func:`spectral_signature` caches its result per weights fingerprint
 (:func:`clear_cache` says exactly when an entry is reused), so re-profiling a model costs nothing
 here. No function changes torch's process-wide thread count.
 Weight processing (TransformerLens compatibility mode) changes these numbers; the paper used raw

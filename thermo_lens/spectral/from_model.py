@@ -12,7 +12,7 @@ from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.model import ModelView, as_view
 from thermo_lens.registry import metrics
 from thermo_lens.spectral.cache import _CACHE, _CACHE_LOCK, _CACHE_SIZE, _weights_fingerprint
-from thermo_lens.spectral.from_weights import _check_dtype, signature_from_weights
+from thermo_lens.spectral.from_weights import _check_dtype, compute_signature
 from thermo_lens.spectral.kernels import _check_method
 from thermo_lens.spectral.signature import SpectralSignature
 
@@ -88,16 +88,24 @@ def spectral_signature(
             if hit is not None:
                 _CACHE.move_to_end(key)
                 return hit
-    # Weights are stacked in the model's own dtype (a bf16 model stays bf16 here) and converted
-    # to ``dtype`` once, a chunk of layers at a time, inside signature_from_weights.
+    # Weights are read a chunk of layers at a time as the model stores them (a layer of a large
+    # model is a view of its parameters: no copy, no transposition; a bf16 model stays bf16) and
+    # converted to ``dtype`` in cache inside compute_signature: no copy of the model's attention
+    # weights exists, in any dtype.
     native = view.dtype if view.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64) else dtype
-    W_V = view.W_V(native, layers=sel_layers).to(device)
-    W_O = view.W_O(native, layers=sel_layers).to(device)
-    W_Q = view.W_Q(native, layers=sel_layers).to(device)
-    W_K = view.W_K(native, layers=sel_layers).to(device)
-    sig = signature_from_weights(
-        W_V, W_O, view.kv_head_of, W_Q=W_Q, W_K=W_K, dtype=dtype, layer_norms=layer_norms,
-        layer_norm_method=layer_norm_method, weights=view.weight_state, model=view.metadata(),
+    dev = torch.device(device)
+
+    def read(start: int, stop: int) -> dict[str, Tensor]:
+        def stacked(name: str) -> Tensor:
+            ws = [view.stored_weights(name, l) for l in sel_layers[start:stop]]
+            return (ws[0][None] if len(ws) == 1 else torch.stack(ws)).to(dev, native)
+        return {name: stacked(name) for name in ("W_V", "W_O", "W_Q", "W_K")}
+
+    geometry = (len(sel_layers), view.n_heads, view.n_kv_heads, view.d_model, view.d_head)
+    sig = compute_signature(
+        read, ("W_V", "W_O", "W_Q", "W_K"), geometry, view.kv_head_of, dtype=dtype, device=dev,
+        layer_norms=layer_norms, layer_norm_method=layer_norm_method, weights=view.weight_state,
+        model=view.metadata(),
     )
     if layers is not None or heads is not None:
         sig = _scatter(sig, sel_layers, sel_heads, view)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -11,13 +11,13 @@ from thermo_lens.errors import ThermoLensInputError, ThermoLensNumericsError
 from thermo_lens.registry import metrics
 from thermo_lens.spectral.heads import HeadWeights
 from thermo_lens.spectral.kernels import _check_method
-from thermo_lens.spectral.layer_norms import _layer_norms
+from thermo_lens.spectral.layer_norms import layer_norms as _layer_norms
 from thermo_lens.spectral.signature import KV_HEAD_METRICS, SpectralSignature
 
 __all__ = ["signature_from_weights"]
 
-# Elements of W_V + W_O converted and factorised per chunk of layers (256 MiB in float32; with the
-# Gram and eigen workspaces a chunk stays well under 1 GiB).  A 7B model: 2 layers per chunk.
+# Elements of the attention weights read per chunk of layers (128 MiB in bf16, 256 MiB in float32;
+# the Gram and eigen workspaces are small beside them). A 7B model: 1 layer per chunk.
 _CHUNK_ELEMENTS = 1 << 26
 # No function here changes torch's global thread count (``torch.set_num_threads`` is process
 # wide: setting and restoring it races with other Python threads running torch); callers who want
@@ -118,9 +118,10 @@ def signature_from_weights(
         model: metadata to record (:meth:`ModelView.metadata`); geometry is filled in from shapes.
 
     Every weight-based metric registered in :mod:`thermo_lens.registry` whose weights are given is
-    computed. Computed on the device of ``W_V``; results on CPU. Layers are processed in chunks so
-    the Gram and eigen workspaces stay under ~1 GiB (a loop over layer chunks, never over heads); each chunk is
-    converted to ``dtype`` once, and that copy feeds every metric and the whole-layer norms.
+    computed. Computed on the device of ``W_V``; results on CPU. Layers are processed in chunks (a
+    loop over layer chunks, never over heads) and weights stored in another dtype (bf16) are
+    converted in cache, a block of heads or a row panel at a time: no converted copy of the
+    weights exists (:func:`compute_signature`).
     """
     dtype = _check_dtype(dtype)
     _check_method(layer_norm_method)
@@ -129,32 +130,68 @@ def signature_from_weights(
     H = W_O.shape[1]
     _check_qk(W_Q, W_K, (L, H, d_model, d_head), (L, K, d_model, d_head))
     dev = W_V.device
-    kv_dev = kv.to(dev)
-    given = {"W_V": W_V, "W_O": W_O.to(dev), "W_Q": W_Q, "W_K": W_K}
-    given = {k: v.to(dev) for k, v in given.items() if v is not None}
-    todo = [m for m in metrics(result="SpectralSignature", computed=True, load=False) if set(m.weights) <= set(given)]
+    given = {k: v for k, v in (("W_V", W_V), ("W_O", W_O), ("W_Q", W_Q), ("W_K", W_K)) if v is not None}
 
-    per_layer = sum(w[0].numel() for w in given.values())
+    def read(start: int, stop: int) -> dict[str, Tensor]:
+        return {k: v[start:stop].to(dev) for k, v in given.items()}
+
+    return compute_signature(read, tuple(given), (L, H, K, d_model, d_head), kv, dtype=dtype, device=dev,
+                             layer_norms=layer_norms, layer_norm_method=layer_norm_method, weights=weights,
+                             model=model)
+
+
+#: ``read(start, stop)`` -> the weights of layers ``start .. stop - 1`` (positions in the list of
+#: layers computed): ``{"W_V": [layer, kv_head, d_model, d_head], "W_O": [layer, head, d_head,
+#: d_model], "W_Q": ..., "W_K": ...}`` in their stored dtype (bf16 stays bf16), on the compute device.
+LayerReader = Callable[[int, int], dict[str, Tensor]]
+
+
+def compute_signature(
+    read: LayerReader,
+    names: tuple[str, ...],
+    geometry: tuple[int, int, int, int, int],
+    kv: Tensor,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    layer_norms: bool,
+    layer_norm_method: str,
+    weights: str,
+    model: dict | None,
+) -> SpectralSignature:
+    """The signature of ``L`` layers read a chunk at a time from ``read`` (checked weights of the
+    given ``names``; ``geometry = (L, H, K, d_model, d_head)``): the one loop behind
+    :func:`signature_from_weights` (slices of tensors) and
+    :func:`~thermo_lens.spectral.spectral_signature` (a model's layers, read as needed).
+
+    Per chunk of layers: the per-head Gram matrices (the arithmetic floor of every exact method:
+    weights converted to ``dtype`` a block in cache at a time), their ``eigh`` / ``eigvalsh``, the
+    registered metrics from them, and the whole-layer norms. Nothing holds more than one chunk of
+    weights: reading layer by layer (an offloaded model) needs only another ``read``.
+    """
+    L, H, K, d_model, d_head = geometry
+    kv_dev = kv.to(device)
+    todo = [m for m in metrics(result="SpectralSignature", computed=True, load=False) if set(m.weights) <= set(names)]
+    per_layer = sum((H if n in ("W_O", "W_Q") else K) * d_model * d_head for n in names)
     step = max(1, _CHUNK_ELEMENTS // per_layer)
     parts: dict[str, list[Tensor]] = {m.name: [] for m in todo}
     layer_parts: list[tuple[Tensor, Tensor]] = []
     methods: set[str] = set()
     for s in range(0, L, step):
-        # The only conversion of these layers (e.g. bf16 -> float32): a chunk at a time, so a 7B
-        # model never holds a second full-precision copy of its attention weights.
-        chunk = {k: v[s:s + step].to(dtype) for k, v in given.items()}
-        w = HeadWeights(chunk["W_V"], chunk["W_O"], kv_dev, W_Q=chunk.get("W_Q"), W_K=chunk.get("W_K"))
+        chunk = read(s, min(L, s + step))
+        w = HeadWeights(chunk["W_V"], chunk["W_O"], kv_dev, W_Q=chunk.get("W_Q"), W_K=chunk.get("W_K"), dtype=dtype)
         # A NaN/inf weight makes its head's Frobenius norm NaN/inf: only then look element-wise
         # (for the message), instead of an isfinite pass over every weight.
         for k in chunk:
             if not torch.isfinite(w.frobenius(k)).all():
-                _check_finite(given[k][s:s + step], k, s)
+                _check_finite(chunk[k], k, s)
         for m in todo:
             parts[m.name].append(m.compute(w))  # type: ignore[misc]
         if layer_norms:
-            lv, lo, method = _layer_norms(w.W_V, w.W_O, layer_norm_method)  # type: ignore[arg-type]
+            lv, lo, method = _layer_norms(chunk["W_V"], chunk["W_O"], dtype, layer_norm_method)  # type: ignore[arg-type]
             layer_parts.append((lv, lo))
             methods.add(method)
+        del chunk, w
     values = {name: torch.cat(p).to("cpu") for name, p in parts.items()}
 
     if layer_norms:

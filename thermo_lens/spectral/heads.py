@@ -17,7 +17,7 @@ from torch import Tensor
 
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.registry import Metric, register_head_metric
-from thermo_lens.spectral.kernels import _gram_root, _sigma_max_of_product
+from thermo_lens.spectral.kernels import _gram_root, _sigma_max_of_product, gram_matrices
 
 __all__ = ["HeadWeights"]
 
@@ -28,7 +28,9 @@ __all__ = ["HeadWeights"]
 class HeadWeights:
     """The weights of a chunk of layers, with lazily cached factors, for head metric functions.
 
-    Every attribute is computed once, on first use, in the signature's compute dtype. The square
+    Every attribute is computed once, on first use, in the signature's compute dtype ``dtype``
+    (the weights themselves may be stored in another one, e.g. bf16: the Gram matrices are then
+    computed from blocks converted in cache, and :attr:`W_V` ... convert on first use). The square
     root factors ``R`` (``d_head x d_head``, ``R^T R = W^T W``; from the eigendecomposition of the
     small Gram matrix, see :func:`_gram_root`) have the singular values of their matrices, and
     ``W_a W_b^T = Q_a (R_a R_b^T) Q_b^T`` with orthonormal ``Q``, so products of two factors reduce
@@ -38,17 +40,45 @@ class HeadWeights:
         W_V: ``[layer, kv_head, d_model, d_head]``; W_O: ``[layer, head, d_head, d_model]``;
         W_Q: ``[layer, head, d_model, d_head]`` and W_K: ``[layer, kv_head, d_model, d_head]``
             (None when not given: metrics that need them are skipped);
-        kv_head_of: ``[head]`` KV head of each query head (on the weights' device).
+        kv_head_of: ``[head]`` KV head of each query head (on the weights' device);
+        dtype: the compute dtype (default: the dtype of ``W_V``).
     """
 
+    #: Weights whose square-root factors the registered OV and QK norms read: their ``sigma_max``
+    #: comes from the same cached ``eigh``; the others' from ``eigvalsh`` (half the cost).
+    FACTORED: tuple[str, ...] = ("W_V", "W_Q")
+
     def __init__(self, W_V: Tensor, W_O: Tensor, kv_head_of: Tensor, W_Q: Tensor | None = None,
-                 W_K: Tensor | None = None):
-        self.W_V, self.W_O, self.W_Q, self.W_K = W_V, W_O, W_Q, W_K
+                 W_K: Tensor | None = None, *, dtype: torch.dtype | None = None):
+        self._stored = {"W_V": W_V, "W_O": W_O, "W_Q": W_Q, "W_K": W_K}
+        self.dtype = W_V.dtype if dtype is None else dtype
         self.kv_head_of = kv_head_of
         self._cache: dict[str, Any] = {}
 
+    def _weights(self, name: str) -> Tensor | None:
+        w = self._stored[name]
+        if w is None or w.dtype == self.dtype:
+            return w
+        return self._cached(f"weights_{name}", lambda: w.to(self.dtype))
+
+    @property
+    def W_V(self) -> Float[Tensor, "layer kv_head d_model d_head"]:
+        return self._weights("W_V")  # type: ignore[return-value]  # always given
+
+    @property
+    def W_O(self) -> Float[Tensor, "layer head d_head d_model"]:
+        return self._weights("W_O")  # type: ignore[return-value]  # always given
+
+    @property
+    def W_Q(self) -> Float[Tensor, "layer head d_model d_head"] | None:
+        return self._weights("W_Q")
+
+    @property
+    def W_K(self) -> Float[Tensor, "layer kv_head d_model d_head"] | None:
+        return self._weights("W_K")
+
     def has(self, names: tuple[str, ...]) -> bool:
-        return all(getattr(self, n) is not None for n in names)
+        return all(self._stored.get(n) is not None for n in names)
 
     def _cached(self, key: str, fn: Any) -> Any:
         if key not in self._cache:
@@ -56,24 +86,30 @@ class HeadWeights:
         return self._cache[key]
 
     def frobenius(self, name: str) -> Tensor:
-        """``||W||_F`` of each head's ``name`` (``"W_V"``, ``"W_O"``, ``"W_Q"``, ``"W_K"``)."""
-        return self._cached(f"fro_{name}", lambda: torch.linalg.matrix_norm(self._need(name), ord="fro"))
+        """``||W||_F`` of each head's ``name`` (``"W_V"``, ``"W_O"``, ``"W_Q"``, ``"W_K"``): the root
+        of the trace of its Gram matrix (the sum of squares, without another pass over ``W``)."""
+        return self._cached(f"fro_{name}", lambda: self.gram(name).diagonal(dim1=-2, dim2=-1).sum(-1).sqrt())
 
     def gram(self, name: str) -> Float[Tensor, "layer head d_head d_head"]:
-        """``W^T W`` of each head's ``name`` (``W_O W_O^T`` for ``W_O``): ``d_head x d_head``."""
-        def compute() -> Tensor:
-            W = self._need(name)
-            return W @ W.mT if name == "W_O" else W.mT @ W
-        return self._cached(f"gram_{name}", compute)
+        """``W^T W`` of each head's ``name`` (``W_O W_O^T`` for ``W_O``): ``d_head x d_head``, in
+        :attr:`dtype` (:func:`~thermo_lens.spectral.kernels.gram_matrices`)."""
+        return self._cached(f"gram_{name}", lambda: gram_matrices(self._need(name), self.dtype, rows=name == "W_O"))
 
     def _eigh(self, name: str) -> tuple[Tensor, Tensor]:
         return self._cached(f"eigh_{name}", lambda: torch.linalg.eigh(self.gram(name)))
 
     def sigma_max(self, name: str) -> Float[Tensor, "layer head"]:
         """``sigma_max`` of each head's ``name``: the root of its Gram matrix's largest eigenvalue
-        (relative error ~ machine epsilon, as from an SVD). From the same cached ``eigh`` as
-        :meth:`root` (an ``eigvalsh`` first would repeat the work for the factors the products need)."""
-        return self._cached(f"sigma_{name}", lambda: self._eigh(name)[0][..., -1].clamp_min(0).sqrt())
+        (relative error ~ machine epsilon, as from an SVD). For :attr:`FACTORED` weights from the
+        same cached ``eigh`` as :meth:`root` (an ``eigvalsh`` first would repeat the work for the
+        factors the products need), for the others from ``eigvalsh``."""
+        def compute() -> Tensor:
+            if name in self.FACTORED or f"eigh_{name}" in self._cache:
+                lam = self._eigh(name)[0]
+            else:
+                lam = torch.linalg.eigvalsh(self.gram(name))
+            return lam[..., -1].clamp_min(0).sqrt()
+        return self._cached(f"sigma_{name}", compute)
 
     def root(self, name: str) -> Float[Tensor, "layer head d_head d_head"]:
         """Square root factor ``R`` of each head's ``name``: ``R^T R`` = its Gram matrix."""
@@ -100,7 +136,7 @@ class HeadWeights:
         return self.root("W_K")
 
     def _need(self, name: str) -> Tensor:
-        w = getattr(self, name)
+        w = self._stored[name]
         if w is None:
             raise ThermoLensInputError(f"this metric needs {name}; pass it to signature_from_weights")
         return w
