@@ -4,8 +4,11 @@
   head from the eigendecomposition of its Gram matrix;
 - :func:`_sigma_max_of_product` / :func:`ov_norm_factored`: ``sigma_max`` of a product of two
   heads' matrices (the OV and QK circuits) from those factors, never forming ``d_model x d_model``;
-- :func:`matrix_spectral_norm` (and :func:`_lanczos_sigma_max`): ``sigma_max`` of large matrices
-  (the paper's whole-layer norms) by dense SVD, the Gram eigenvalue or Lanczos.
+- :func:`gram_matrices`: the per-head Gram matrices from weights as stored (bf16, views of fused
+  parameters), converted in cache a block at a time;
+- :func:`matrix_spectral_norm` (and :func:`_lanczos_sigma_max` on :class:`_GramOperator`, one
+  pass over the matrix per step): ``sigma_max`` of large matrices (the paper's whole-layer norms)
+  by dense SVD, the Gram eigenvalue or Lanczos.
 """
 
 from __future__ import annotations
@@ -76,17 +79,20 @@ def _empty_in_layout(src: Tensor, dtype: torch.dtype) -> Tensor:
     return buf.permute([order.index(d) for d in range(src.ndim)])
 
 
-def gram_matrices(W: Float[Tensor, "... m n"], dtype: torch.dtype, *, rows: bool = False
-                  ) -> Float[Tensor, "... k k"]:
+def gram_matrices(W: Float[Tensor, "... m n"], dtype: torch.dtype, *, rows: bool = False,
+                  blocked: bool | None = None) -> Float[Tensor, "... k k"]:
     """``W^T W`` (``k = n``), or ``W W^T`` with ``rows=True`` (``k = m``), of every matrix of a
     stack, computed in ``dtype``: the per-head Gram matrices, ``d_head x d_head``.
 
     Weights stored in another dtype (a bf16 model) are converted a block of ~2 MiB at a time into
     one reused buffer laid out as the weights are (a head of a fused, transposed ``v_proj`` stays
     column-major: no transposing copy), so the products read each converted block from cache and
-    no converted copy of the stack exists (on CPU; on a GPU the stack is converted at once).
+    no converted copy of the stack exists. ``blocked``: default on CPU; a GPU converts the stack at
+    once (its kernels want large batches).
     """
-    if W.dtype == dtype or W.device.type != "cpu":
+    if blocked is None:
+        blocked = W.device.type == "cpu"
+    if W.dtype == dtype or not blocked:
         W = W.to(dtype)
         return W @ W.mT if rows else W.mT @ W
     m, n = W.shape[-2:]
