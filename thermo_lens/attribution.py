@@ -11,8 +11,22 @@ GPT-NeoX/Pythia, LLaMA, GPT-J ...)::
 
 so ``head[..., h] = <z_h W_O^h, s>``, ``mlp = <mlp_out - b_out, s>``, ``bias = <b_O + b_out, s>``,
 ``total = ||x_out||^2 - ||x_in||^2`` and ``head.sum(-1) + mlp + bias == total`` up to float32
-rounding, token by token and therefore for every mean over tokens. A positive head term means
-the head expands the residual stream, a negative one that it dampens it.
+rounding, token by token and therefore for every mean over tokens. The block gain is
+``sqrt(||x_out||^2 / ||x_in||^2)``, so ``total > 0`` exactly when the block's gain exceeds 1 on
+that token.
+
+What a term is, and is not (``thermo_lens.definitions`` §1). Writing ``x_out = x_in + sum_c c``,
+``||x_out||^2 - ||x_in||^2 = sum_c (2 <c, x_in> + ||c||^2) + sum_{c != c'} <c, c'>``; the term
+``<c, x_out + x_in>`` gives component ``c`` its own part and *half* of each cross term ``<c, c'>``:
+it is the Shapley value of the squared-norm change when every component's output is held at its
+value in this run. It is **not an ablation effect**: removing ``c`` (the others held fixed)
+changes the squared norm by ``2 <c, x_in> + ||c||^2 + 2 sum_{c'} <c, c'>``, which differs from the
+share by the other half of the cross terms, and in a real ablation later sublayers also react.
+The two can have opposite signs: two heads that write opposite directions (``o_1 = -0.75 o_0``)
+give head 0 a positive share although ablating it *raises* the norm
+(``tests/test_attribution_share.py`` builds this on a model). Read a positive head term as "its
+share of the block's growth", not as "the head expands the stream"; ablate to learn what
+removing it does. With frozen norms (below) the same holds with each norm's scale held too.
 
 Other block layouts (:mod:`thermo_lens.layout`, ``thermo_lens.definitions`` §7) are exact the
 same way once every norm's per-token scale is frozen at its value in the pass (one scalar per

@@ -329,16 +329,26 @@ class ModelView:
                                        "(negative indices count from the end)")
         return [l % self.n_layers for l in out]
 
-    def _input_weights(self, name: str, n: int, dtype: torch.dtype, layers: Sequence[int] | None) -> Tensor:
-        out = []
-        for l in self._layers(layers):
-            attn = self._attn(l)
-            # Legacy GQA attention keeps the un-repeated KV weights in `_W_K` / `_W_V`.
-            w = getattr(attn, f"_{name}", None) if name in ("W_K", "W_V") else None
-            if w is None:
-                w = getattr(attn, name)
-            out.append(self._as_heads(w, n, (self.d_model, self.d_head), name, l))
-        return torch.stack(out).to(dtype)
+    def _input_weights(self, name: str, dtype: torch.dtype, layers: Sequence[int] | None) -> Tensor:
+        return torch.stack([self.stored_weights(name, l) for l in self._layers(layers)]).to(dtype)
+
+    def stored_weights(self, name: str, layer: int) -> Tensor:
+        """One layer's ``W_Q`` ``[head, d_model, d_head]``, ``W_K`` / ``W_V`` ``[kv_head, d_model,
+        d_head]`` or ``W_O`` ``[head, d_head, d_model]`` as the model stores it: detached, on CPU, in
+        the model's own dtype and, where TransformerLens exposes one, a view of the parameter (no
+        copy: read it, never write to it). For reading a large model a layer at a time; :meth:`W_V`
+        and the others return stacked copies."""
+        if name not in ("W_Q", "W_K", "W_V", "W_O"):
+            raise ThermoLensInputError(f"stored_weights reads 'W_Q', 'W_K', 'W_V' or 'W_O', got {name!r}")
+        l = self._layers([layer])[0]
+        attn = self._attn(l)
+        if name == "W_O":
+            return self._as_heads(attn.W_O, self.n_heads, (self.d_head, self.d_model), "W_O", l)
+        # Legacy GQA attention keeps the un-repeated KV weights in `_W_K` / `_W_V`.
+        w = getattr(attn, f"_{name}", None) if name in ("W_K", "W_V") else None
+        if w is None:
+            w = getattr(attn, name)
+        return self._as_heads(w, self.n_heads if name == "W_Q" else self.n_kv_heads, (self.d_model, self.d_head), name, l)
 
     def W_V(self, dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None
             ) -> Float[Tensor, "layer kv_head d_model d_head"]:
@@ -346,26 +356,22 @@ class ModelView:
 
         ``layers`` selects layers (default all); the first dimension then follows ``layers``.
         """
-        return self._input_weights("W_V", self.n_kv_heads, dtype, layers)
+        return self._input_weights("W_V", dtype, layers)
 
     def W_K(self, dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None
             ) -> Float[Tensor, "layer kv_head d_model d_head"]:
         """Key weights per layer and KV head (``k = x @ W_K``), detached, on CPU, in ``dtype``."""
-        return self._input_weights("W_K", self.n_kv_heads, dtype, layers)
+        return self._input_weights("W_K", dtype, layers)
 
     def W_Q(self, dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None
             ) -> Float[Tensor, "layer head d_model d_head"]:
         """Query weights per layer and query head (``q = x @ W_Q``), detached, on CPU, in ``dtype``."""
-        return self._input_weights("W_Q", self.n_heads, dtype, layers)
+        return self._input_weights("W_Q", dtype, layers)
 
     def W_O(self, dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None
             ) -> Float[Tensor, "layer head d_head d_model"]:
         """Output weights per layer and query head, detached, on CPU, in ``dtype``."""
-        out = [
-            self._as_heads(self._attn(l).W_O, self.n_heads, (self.d_head, self.d_model), "W_O", l)
-            for l in self._layers(layers)
-        ]
-        return torch.stack(out).to(dtype)
+        return self._input_weights("W_O", dtype, layers)
 
     def output_biases(self, layer: int, dtype: torch.dtype = torch.float32) -> tuple[Tensor | None, Tensor | None]:
         """``(b_O, b_out)`` of block ``layer``: the attention output bias and the MLP output bias

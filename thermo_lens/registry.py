@@ -33,6 +33,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from thermo_lens.errors import ThermoLensInputError
+
 __all__ = ["Metric", "register_metric", "register_head_metric", "get", "metrics", "definitions", "SECTIONS",
            "Option", "Measurement", "BuildContext", "register_measurement", "measurement", "measurements"]
 
@@ -312,8 +314,6 @@ class Measurement:
 
     def resolve(self, given: dict[str, Any]) -> dict[str, Any]:
         """Every option's value: ``given`` (checked) over the defaults; an unknown option raises."""
-        from thermo_lens.errors import ThermoLensInputError
-
         unknown = sorted(set(given) - set(self.options))
         if unknown:
             known = ", ".join(self.options) or "none"
@@ -342,8 +342,6 @@ def register_measurement(m: Measurement) -> Measurement:
 
 def measurement(name: str) -> Measurement:
     """The registered measurement called ``name`` (the error lists them)."""
-    from thermo_lens.errors import ThermoLensInputError
-
     _load()
     try:
         return _MEASUREMENTS[name]

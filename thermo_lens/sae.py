@@ -101,12 +101,6 @@ class SAEGainChange(Result):
             })
         return pd.DataFrame(rows)
 
-    def plot(self) -> Any:
-        """Plotly figure (:func:`thermo_lens.views.sae_gain_change_plot`)."""
-        from thermo_lens.views.sae import sae_gain_change_plot
-
-        return sae_gain_change_plot(self)
-
     def __repr__(self) -> str:
         s = self.delta_summary
         saes = "; ".join(f"{r['hook']} (d_sae={r['d_sae']}, error term {'on' if r['use_error_term'] else 'off'})"

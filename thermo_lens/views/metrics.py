@@ -15,10 +15,12 @@ import plotly.graph_objects as go
 from thermo_lens import registry
 from thermo_lens.views._common import ThermoLensViewError, base_layout, hover, to_numpy, wrap
 from thermo_lens.views.heads import head_heatmap
+from thermo_lens.result import register_plot
 
 __all__ = ["metric_plot"]
 
 
+@register_plot("__metric__")
 def metric_plot(result: Any, name: str, *, title: str | None = None) -> go.Figure:
     """The registered metric ``name`` of ``result`` (its result object, or a ThermoProfile).
 
