@@ -357,5 +357,9 @@ def measurements(*, in_profile: bool | None = None, load: bool = True) -> tuple[
     chosen = [m for m in _MEASUREMENTS.values() if in_profile is None or m.in_profile == in_profile]
     # A fixed order whatever the import order: the providers' order (dependencies first), then as
     # registered.
-    rank = {mod: i for i, mod in enumerate(_PROVIDERS)}
-    return tuple(sorted(chosen, key=lambda m: rank.get(getattr(m.build, "__module__", ""), len(rank))))
+    def rank(m: Measurement) -> int:  # a provider package's submodules rank as the package
+        module = str(getattr(m.build, "__module__", ""))
+        return next((i for i, p in enumerate(_PROVIDERS) if module == p or module.startswith(p + ".")),
+                    len(_PROVIDERS))
+
+    return tuple(sorted(chosen, key=rank))
