@@ -52,7 +52,7 @@ the overhead that does not suffer from run-to-run noise, since it is measured in
 
 Also: the spectral part alone at LLaMA-7B geometry (32 layers x 32 heads x 4096 x 128, random
 bfloat16 weights as a 7B checkpoint stores them, no forward; per-head norms + OV + whole-layer
-norms, computed in float32 chunks), and wall time / peak RSS growth of ``profile()`` on 250, 1,000 and
+norms, from the stored weights block by block), and wall time / peak RSS growth of ``profile()`` on 250, 1,000 and
 2,000 prompts, each in a fresh process (streaming: the growth should not scale with the prompts
 beyond the per-prompt results).
 
@@ -203,7 +203,7 @@ def bench_model(label: str, kind: str, prompts, args) -> dict[str, float]:
     def run(batches, stop_after=None):
         def go() -> None:
             for b in batches:
-                view.run(b, stop_after=stop_after)
+                view.run(b.tokens, b.mask, stop_after=stop_after)
         return go
 
     def prof_cold() -> None:
@@ -302,8 +302,8 @@ def bench_spectral_7b(args) -> None:
     print(f"\nspectral signature alone, LLaMA-7B geometry ({L} layers x {H} heads x {d_model} x {d_head}, "
           f"random bf16 weights, {2 * wv.numel() * 2 / 2**30:.2f} GiB; no forward):")
     print(f"  per-head norms + OV norms, all {L} layers: {c:.1f} s CPU ({t:.1f} s wall), "
-          f"peak RSS growth {mem.growth / 2**20:.0f} MiB (float32 chunks of "
-          f"{min(L, max(1, (1 << 26) // (2 * H * d_model * d_head)))} layers)")
+          f"peak RSS growth {mem.growth / 2**20:.0f} MiB (Gram products of the stored bf16 weights, converted "
+          "block by block in cache; benchmarks/spectral.py has the floor and the ratio)")
     print(f"  whole-layer norms ({lay.layer_norm_method}): {cl * scale:.1f} s CPU ({tl_ * scale:.1f} s wall)"
           + ("" if m == L else f", measured on {m} of {L} layers and scaled x{scale:.0f} (--full-7b: all)"))
     assert torch.isfinite(sig.ov_norm).all() and sig.W_V_norm.dtype == torch.float32

@@ -141,7 +141,7 @@ def traces_ratio(quick: bool, reps: int):
 
         def bare():
             for b in batches:
-                view.run(b)
+                view.run(b.tokens, b.mask)
 
         def traces():
             return sheaf_traces(view, prompts, batch_size=bs, progress=False)

@@ -1,32 +1,37 @@
-"""Benchmark: batched spectral signature vs the paper's per-head numpy loop; factored OV norms vs
-SVD of the dense d_model x d_model product. Ratios are measured in this process, on random weights.
+"""Benchmark: the spectral signature against its arithmetic floor, and against the paper's protocol.
 
-    python benchmarks/spectral.py            # GPT-2-small geometry + a 7B-class geometry
-    python benchmarks/spectral.py --quick    # smoke run (seconds)
+    python benchmarks/spectral.py             # GPT-2-small, GQA and LLaMA-7B-width geometries (~2 min)
+    python benchmarks/spectral.py --quick     # smoke run (seconds)
 
-Rows (median of --repeats runs, wall-clock seconds, CPU):
+Everything runs in this process, on random weights, with one torch thread (``--threads``), in
+CPU seconds (``time.process_time``); each row is the median of ``--repeats`` runs, the floor and
+ours alternating so that both see the same machine load.
 
-* ``per-head norms``: :func:`thermo_lens.spectral.signature_from_weights` (every head's
-  sigma_max / Frobenius / stable rank of W_V and W_O, **plus** the OV norms, batched) vs the paper's
-  protocol, a Python loop over heads calling ``np.linalg.norm(W, 2)`` and ``np.linalg.norm(W)``
-  (which computes no OV norm at all: the ratio is conservative).
-* ``OV norms``: :func:`ov_norm_factored` (d_head x d_head Gram square roots, one eigvalsh) vs
-  ``torch.linalg.svdvals(W_V @ W_O)`` on the dense d_model x d_model product (batched torch, the
-  strongest dense baseline). The maximum relative difference is printed (target <= 1e-4).
-* ``layer W_V norms``: the paper's whole-layer sigma_max of [d_model, H*d_head] (our
-  :func:`matrix_spectral_norm`, "auto": Lanczos on CPU, batched SVD on GPU) vs
-  ``np.linalg.norm(W_layer, 2)`` per layer.
+**Floor table.** The *floor* is the float32 per-head Gram products ``W^T W`` of ``W_Q``, ``W_K``,
+``W_V`` and ``W_O^T`` (batched matmuls of weights already in float32): every exact method computes
+them (each head's ``sigma_max`` and the factors of its OV and QK circuits come from them), so no
+exact signature costs less. *Ours* is :func:`thermo_lens.spectral.signature_from_weights` with
+``W_Q`` / ``W_K`` from the model's stored weights (bf16 at 7B width, float32 elsewhere): every
+per-head, KV-head, OV and QK norm plus the paper's whole-layer norms (``layer_norm_method="auto"``:
+Lanczos on CPU). The table splits ours into the per-head part (``layer_norms=False``) and the
+whole-layer part (the rest), gives the whole-layer part's Lanczos steps per matrix and the time of
+one step against one read of the stored layer matrix (the memory-traffic floor of a step), the
+peak RSS growth of ours (sampled by a thread), and the largest relative difference from dense
+float64 SVDs (every head and layer on the small geometries; at 7B width 8 heads per metric and
+the whole-layer matrices of one layer).
 
-Baselines run once and, where they are slow, on a subsample of heads / layers whose time is
-scaled to the whole model (every head / layer is an independent computation of the same size); the
-table says so in its ``baseline on`` column. On the large geometry (32 x 32 x 4096 x 128) a dense
-4096 x 4096 SVD takes ~1 min on 2 cores, so the dense OV and whole-layer baselines run on one head /
-one layer, the numpy loop on 8 heads, and ours on 2 of the 32 layers (scaled by 16).
+**Baseline table.** Ours against the paper's protocol (a Python loop over heads calling
+``np.linalg.norm(W, 2)``, which computes no OV norm: the ratio is conservative), factored OV norms
+against ``svdvals`` of the dense ``d_model x d_model`` product, and the whole-layer ``W_V`` norm
+against ``np.linalg.norm(W_layer, 2)``; slow baselines run on a subsample of heads / layers whose
+time is scaled to the whole model (each head / layer is an independent computation of the same
+size; the ``baseline on`` column says so).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -37,11 +42,237 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import PeakRSS  # noqa: E402
+
+import thermo_lens.spectral.kernels as kernels  # noqa: E402
 from thermo_lens.spectral import matrix_spectral_norm, ov_norm_factored, signature_from_weights  # noqa: E402
+
+#: name -> (layers, heads, KV heads, d_model, d_head, stored dtype, spike rank); ``--quick`` shrinks them.
+GEOMETRIES = {
+    "GPT-2-small": (12, 12, 12, 768, 64, torch.float32, 0),
+    "GQA (LLaMA-3-8B width, 8 layers)": (8, 32, 8, 4096, 128, torch.bfloat16, 0),
+    "LLaMA-7B width (8 layers)": (8, 32, 32, 4096, 128, torch.bfloat16, 0),
+    "LLaMA-7B width, spiked (8 layers)": (8, 32, 32, 4096, 128, torch.bfloat16, 8),
+}
+QUICK = {
+    "GPT-2-small": (2, 4, 4, 64, 16, torch.float32, 0),
+    "GQA (LLaMA-3-8B width, 8 layers)": (2, 4, 2, 96, 16, torch.bfloat16, 0),
+    "LLaMA-7B width (8 layers)": (2, 4, 4, 128, 32, torch.bfloat16, 0),
+    "LLaMA-7B width, spiked (8 layers)": (2, 4, 4, 128, 32, torch.bfloat16, 2),
+}
+
+
+def random_weights(L, H, K, d_model, d_head, dtype, spike=0, seed=0):
+    """``W_V, W_O, W_Q, W_K`` stored in ``dtype``, generated a layer at a time (no float32 copy of
+    the whole model), Gaussian with entries of variance ``1 / d_model`` (a square layer matrix has
+    its top singular values crowded at the Marchenko-Pastur edge ~2, the slowest case for Krylov
+    methods). ``spike``: plus a rank-``spike`` term on each whole-layer matrix with singular values
+    3 to 6 (top singular values that stand apart from the bulk)."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = {"W_V": (K, d_model, d_head), "W_O": (H, d_head, d_model), "W_Q": (H, d_model, d_head),
+              "W_K": (K, d_model, d_head)}
+    out = {}
+    for name, (n, a, b) in shapes.items():
+        w = torch.empty(L, n, a, b, dtype=dtype)
+        for l in range(L):
+            x = torch.randn(n, a, b, generator=gen) / d_model**0.5
+            if spike:
+                # the layer matrix: heads side by side ([a, n * b]) or stacked ([n * a, b], W_O)
+                M = x.reshape(n * a, b) if name == "W_O" else x.permute(1, 0, 2).reshape(a, n * b)
+                U = torch.linalg.qr(torch.randn(M.shape[0], spike, generator=gen))[0]
+                V = torch.linalg.qr(torch.randn(M.shape[1], spike, generator=gen))[0]
+                M += (U * torch.linspace(6, 3, spike)) @ V.T
+                x = M.reshape(n, a, b) if name == "W_O" else M.reshape(a, n, b).permute(1, 0, 2)
+            w[l] = x
+        out[name] = w
+    return out
+
+
+def release_freed_memory():
+    """Hand freed heap memory back to the OS (glibc), so that the next peak RSS counts every page
+    the measured call touches, not only those beyond what earlier calls left in the heap."""
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def cpu(fn):
+    """(CPU seconds, result) of one call."""
+    gc.collect()
+    c = time.process_time()
+    out = fn()
+    return time.process_time() - c, out
+
+
+def gram_floor(w):
+    """The floor: float32 per-head Gram products of every stored weight, a layer at a time (the
+    conversion to float32 is outside the timed region)."""
+    total = 0.0
+    for name, W in w.items():
+        buf = torch.empty(W.shape[1:], dtype=torch.float32)
+        for l in range(W.shape[0]):
+            buf.copy_(W[l])
+            c = time.process_time()
+            _ = buf @ buf.mT if name == "W_O" else buf.mT @ buf
+            total += time.process_time() - c
+    return total
+
+
+class StepCounter:
+    """Counts the Lanczos operator's products (one product = one step = one read of the matrix)."""
+
+    def __enter__(self):
+        self.n, self._orig = 0, kernels._GramOperator.__call__
+
+        def counted(op, x, out):
+            self.n += 1
+            return self._orig(op, x, out)
+
+        kernels._GramOperator.__call__ = counted
+        return self
+
+    def __exit__(self, *exc):
+        kernels._GramOperator.__call__ = self._orig
+
+
+def step_times(w, repeats=20):
+    """(CPU s of one Lanczos step on layer 0's value matrix, CPU s of one plain read of it)."""
+    W_V = w["W_V"][0]
+    K, d_model, d_head = W_V.shape
+    V = W_V.permute(1, 0, 2).reshape(d_model, K * d_head)  # row-major, as the whole-layer norms read it
+    op = kernels._GramOperator(V, torch.float32)
+    x, out = torch.randn(V.shape[1]), torch.empty(V.shape[1])
+    t_step, _ = cpu(lambda: [op(x, out) for _ in range(repeats)])
+    t_read, _ = cpu(lambda: [V.sum() for _ in range(repeats)])
+    return t_step / repeats, t_read / repeats
+
+
+def dense_errors(w, sig, full):
+    """Largest relative difference of ``sig`` from float64 dense SVDs: every head and layer when
+    ``full``, else 8 heads per metric and the whole-layer matrices of layer 0."""
+    W_V, W_O, W_Q, W_K = (w[n].double() for n in ("W_V", "W_O", "W_Q", "W_K"))
+    L, H = W_O.shape[:2]
+    kv = sig.kv_head_of
+    heads = [(l, h) for l in range(L) for h in range(H)]
+    if not full:
+        heads = heads[:: max(1, len(heads) // 8)][:8]
+    err = 0.0
+
+    def rel(got, want):
+        return abs(float(got) - float(want)) / abs(float(want))
+
+    for l, h in heads:
+        v, o, q, k = W_V[l, kv[h]], W_O[l, h], W_Q[l, h], W_K[l, kv[h]]
+        # The OV / QK circuits' sigma_max from float64 QR factors (v = Q_v R_v, o^T = Q_o R_o:
+        # sigma(v o) = sigma(R_v R_o^T)), not from the Gram eigendecompositions ours uses.
+        ov = torch.linalg.matrix_norm(torch.linalg.qr(v)[1] @ torch.linalg.qr(o.mT)[1].mT, ord=2)
+        qk = torch.linalg.matrix_norm(torch.linalg.qr(q)[1] @ torch.linalg.qr(k)[1].mT, ord=2)
+        for name, want in (("W_V_norm", torch.linalg.matrix_norm(v, ord=2)), ("W_O_norm", torch.linalg.matrix_norm(o, ord=2)),
+                           ("ov_norm", ov), ("qk_norm", qk), ("W_V_frobenius", v.norm())):
+            err = max(err, rel(sig.head_metrics[name][l, h], want))
+    for l in range(L if full else 1):
+        K, d_model, d_head = W_V.shape[1:]
+        V = W_V[l].permute(1, 0, 2).reshape(d_model, K * d_head)
+        O = W_O[l].reshape(H * d_head, d_model)
+        for got, M in ((sig.layer_W_V_norm[l], V), (sig.layer_W_O_norm[l], O)):
+            G = M.mT @ M if M.shape[1] <= M.shape[0] else M @ M.mT
+            err = max(err, rel(got, torch.linalg.eigvalsh(G)[-1].sqrt()))
+    return err
+
+
+def floor_table(names, geometries, repeats, check):
+    print(f"\nthe arithmetic floor: float32 per-head Gram products of W_Q, W_K, W_V, W_O (CPU s, median of {repeats}, "
+          f"{torch.get_num_threads()} torch thread(s))")
+    print(f"  {'geometry':<35}{'stored':>9}{'floor s':>9}{'ours s':>8}{'ratio':>7}{'per-head s':>12}{'ratio':>7}"
+          f"{'layer s':>9}{'ratio':>7}{'steps':>7}{'step/read':>15}{'peak RSS':>10}{'max rel err':>13}")
+    rows = {}
+    for name in names:
+        L, H, K, d_model, d_head, dtype, spike = geometries[name]
+        w = random_weights(L, H, K, d_model, d_head, dtype, spike)
+
+        def ours(layer_norms=True, w=w):
+            return signature_from_weights(w["W_V"], w["W_O"], W_Q=w["W_Q"], W_K=w["W_K"], layer_norms=layer_norms)
+
+        signature_from_weights(w["W_V"][:1], w["W_O"][:1], W_Q=w["W_Q"][:1], W_K=w["W_K"][:1])  # warm up
+        release_freed_memory()
+        with PeakRSS() as mem:  # the first run: nothing freed earlier in this process to reuse
+            sig = ours()
+        floors, alls, heads, steps = [], [], [], []
+        for _ in range(repeats):
+            floors.append(gram_floor(w))
+            with StepCounter() as count:
+                alls.append(cpu(ours)[0])
+            steps.append(count.n)
+            heads.append(cpu(lambda: ours(layer_norms=False))[0])
+        peak = mem.growth
+        f, a, h = (statistics.median(x) for x in (floors, alls, heads))
+        lay = a - h
+        t_step, t_read = step_times(w)
+        err = dense_errors(w, sig, full=check == "full" or d_model <= 1024) if check else float("nan")
+        mats = 2 * L
+        print(f"  {name:<35}{str(dtype).replace('torch.', ''):>9}{f:>9.3f}{a:>8.3f}{a / f:>6.2f}x{h:>12.3f}{h / f:>6.2f}x"
+              f"{lay:>9.3f}{lay / f:>6.2f}x{statistics.median(steps) / mats:>7.1f}"
+              f"{1e3 * t_step:>7.2f}/{1e3 * t_read:.2f} ms{peak / 2**20:>7.0f} MiB{err:>13.1e}")
+        rows[name] = dict(floor=f, ours=a, ratio=a / f, per_head=h / f, layer=lay / f)
+        del w, sig
+    print("  ratio = ours / floor; per-head: every per-head, KV-head, OV and QK norm (layer_norms=False); layer: the "
+          "whole-layer norms (ours - per-head); steps: Lanczos steps per whole-layer matrix; step/read: one step "
+          "against one plain read of the stored layer matrix (its memory-traffic floor)")
+    return rows
+
+
+def model_row(quick, repeats):
+    """``spectral_signature(model)`` on a random-weight bf16 LLaMA-7B-width model (8 layers; MLP
+    and vocabulary shrunk, which the signature never reads) booted as a ``TransformerBridge``:
+    the user's path, weights read from the model a layer at a time, against the same floor."""
+    import tempfile
+
+    import transformers
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from thermo_lens.model import ModelView
+    from thermo_lens.spectral import spectral_signature
+    from thermo_lens.testing import make_tokenizer
+
+    transformers.utils.logging.disable_progress_bar()
+    L, H, d_model = (2, 4, 128) if quick else (8, 32, 4096)
+    tok = make_tokenizer()
+    cfg = transformers.LlamaConfig(hidden_size=d_model, num_hidden_layers=L, num_attention_heads=H,
+                                   num_key_value_heads=H, intermediate_size=64, max_position_embeddings=256,
+                                   vocab_size=len(tok), bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        model = TransformerBridge.boot_transformers(tmp, dtype=torch.bfloat16)
+    view = ModelView(model)
+    w = {n: torch.stack([view.stored_weights(n, l) for l in range(L)]) for n in ("W_V", "W_O", "W_Q", "W_K")}
+    spectral_signature(model, cache=False, layers=[0])  # warm up
+    release_freed_memory()
+    with PeakRSS() as mem:
+        sig = spectral_signature(model, cache=False)
+    floors, alls, heads = [], [], []
+    for _ in range(repeats):
+        floors.append(gram_floor(w))
+        alls.append(cpu(lambda: spectral_signature(model, cache=False))[0])
+        heads.append(cpu(lambda: spectral_signature(model, cache=False, layer_norms=False))[0])
+    f, a, h = (statistics.median(x) for x in (floors, alls, heads))
+    err = dense_errors({n: t.float() for n, t in w.items()}, sig, full=quick)
+    name = "model path: bridge, 7B width"
+    print(f"  {name:<35}{'bfloat16':>9}{f:>9.3f}{a:>8.3f}{a / f:>6.2f}x{h:>12.3f}{h / f:>6.2f}x"
+          f"{a - h:>9.3f}{(a - h) / f:>6.2f}x{'':>7}{'':>15}{mem.growth / 2**20:>7.0f} MiB{err:>13.1e}")
+
+
+# ------------------------------------------------------------------------------ baselines
 
 
 def timed(fn, repeats):
-    """(median seconds, last result)."""
+    """(median wall seconds, last result)."""
     times, out = [], None
     for _ in range(repeats):
         t = time.perf_counter()
@@ -110,7 +341,7 @@ def bench(name, L, H, d_model, d_head, *, repeats, base_repeats, ours_layers, lo
                  "all" if m == L else f"{m}/{L} layers (both)"))
 
     print(f"\n{name}: {L} layers x {H} heads, d_model={d_model}, d_head={d_head} (float32, "
-          f"{torch.get_num_threads()} torch threads; ours: median of {repeats}, baselines: median of "
+          f"{torch.get_num_threads()} torch threads, wall s; ours: median of {repeats}, baselines: median of "
           f"{base_repeats}; subsampled times scaled to the whole model)")
     print(f"  {'what':<27}{'baseline s':>11}{'ours s':>9}{'speed-up':>10}{'max rel err':>13}  baseline on")
     for what, tb, to, e, note in rows:
@@ -120,18 +351,35 @@ def bench(name, L, H, d_model, d_head, *, repeats, base_repeats, ours_layers, lo
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="tiny geometry, one repeat (smoke test)")
+    p.add_argument("--quick", action="store_true", help="tiny geometries, one repeat (smoke test)")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--skip-large", action="store_true", help="only the GPT-2-small geometry")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1; 0: torch's default)")
+    p.add_argument("--only", action="append", choices=list(GEOMETRIES), help="floor table: only these geometries")
+    p.add_argument("--check", choices=["sample", "full", "none"], default="sample",
+                   help="dense float64 reference: every head and layer up to d_model 1024, a sample above (default)")
+    p.add_argument("--skip-baselines", action="store_true", help="only the floor table")
+    p.add_argument("--model", action="store_true",
+                   help="floor table: also spectral_signature(model) on a bf16 LLaMA-7B-width bridge (8 layers)")
+    p.add_argument("--skip-large", action="store_true", help="baseline table: only the GPT-2-small geometry")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    # On shared cores, MKL/OpenMP threads stall when another process holds a core (batched small
-    # LAPACK calls slow down 10-100x); the load average says how far to trust the seconds.
+    # On shared cores the load average says how far to trust the seconds (the ratios are measured
+    # side by side, so both sides see the same load).
     print("load average (1, 5, 15 min):", ", ".join(f"{x:.1f}" for x in os.getloadavg()),
-          f"on {os.cpu_count()} cores")
+          f"on {os.cpu_count()} cores; torch {torch.__version__}")
+    check = None if args.check == "none" else args.check
     if args.quick:
+        floor_table(list(QUICK), QUICK, 1, check)
+        model_row(True, 1)
         bench("quick", 2, 4, 64, 16, repeats=1, base_repeats=1, ours_layers=2, loop_heads=8,
               ov_heads=8, ov_fac_heads=8, dense_layers=2)
+        return
+    floor_table(args.only or list(GEOMETRIES), GEOMETRIES, args.repeats, check)
+    if args.model:
+        model_row(False, args.repeats)
+    if args.skip_baselines:
         return
     rows = bench("GPT-2-small geometry", 12, 12, 768, 64, repeats=args.repeats, base_repeats=args.repeats,
                  ours_layers=12, loop_heads=48, ov_heads=24, ov_fac_heads=144, dense_layers=4)
@@ -141,6 +389,7 @@ def main(argv=None):
         bench("7B-class geometry (random weights)", 32, 32, 4096, 128, repeats=args.repeats,
               base_repeats=1, ours_layers=2, loop_heads=8, ov_heads=1, ov_fac_heads=32,
               dense_layers=1)
+
 
 if __name__ == "__main__":
     main()

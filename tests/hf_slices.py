@@ -1,7 +1,9 @@
 """Independent per-head W_Q / W_K / W_V / W_O slices written from each HuggingFace layout.
 
 These read the HF state dict directly (not through TransformerLens) so tests can check that
-ModelView / the bridge slice fused and interleaved QKV projections correctly.
+ModelView / the bridge slice fused and interleaved QKV projections correctly. Also the HF
+modules the architecture matrix (``tests/test_architectures.py``) hooks: each family's decoder
+layers, the attention output projection (whose input is the per-head ``z``) and its norms.
 Returned shapes: W_V ``[n_kv_heads, d_model, d_head]``, W_O ``[n_heads, d_head, d_model]``,
 W_Q ``[n_heads, d_model, d_head]``, W_K ``[n_kv_heads, d_model, d_head]``
 (TransformerLens convention: ``v = x @ W_V``, ``out = z @ W_O``).
@@ -16,6 +18,23 @@ def _linear_v(w, n, dh):  # nn.Linear weight [n*dh, d_model] -> [n, d_model, dh]
 
 def _linear_o(w, n, dh):  # nn.Linear weight [d_model, n*dh] -> [n, dh, d_model]
     return w.T.reshape(n, dh, -1)
+
+
+#: Families laid out like LLaMA: model.layers.{l}.self_attn.{q,k,v,o}_proj.
+LLAMA_LIKE = ("llama_gqa", "gemma", "mistral", "qwen2", "qwen3", "mixtral", "stablelm", "gemma2", "gemma3",
+              "olmo2", "granite", "gpt_oss")
+
+
+def _geometry(c):
+    n = getattr(c, "num_attention_heads", None) or c.n_head
+    d = getattr(c, "hidden_size", None) or c.n_embd
+    nkv = getattr(c, "num_key_value_heads", None) or n
+    dh = getattr(c, "head_dim", None) or d // n
+    return n, nkv, d, dh
+
+
+def _bert_prefix(sd):
+    return "bert.encoder" if any(k.startswith("bert.") for k in sd) else "encoder"
 
 
 def hf_head_weights(arch, hf, layer):
@@ -56,11 +75,16 @@ def hf_head_weights(arch, hf, layer):
         p = f"model.decoder.layers.{layer}.self_attn"
         return (_linear_v(sd[f"{p}.v_proj.weight"], n, dh), _linear_o(sd[f"{p}.out_proj.weight"], n, dh),
                 dict(n=n, nkv=n, d=d, dh=dh))
-    if arch in ("llama_gqa", "gemma"):
-        n, nkv, d = c.num_attention_heads, c.num_key_value_heads, c.hidden_size
-        dh = getattr(c, "head_dim", None) or d // n
+    if arch in LLAMA_LIKE:
+        n, nkv, d, dh = _geometry(c)
         p = f"model.layers.{layer}.self_attn"
         return (_linear_v(sd[f"{p}.v_proj.weight"], nkv, dh), _linear_o(sd[f"{p}.o_proj.weight"], n, dh),
+                dict(n=n, nkv=nkv, d=d, dh=dh))
+    if arch == "phi3":  # fused qkv_proj rows: [q (n*dh) ; k (nkv*dh) ; v (nkv*dh)]
+        n, nkv, d, dh = _geometry(c)
+        p = f"model.layers.{layer}.self_attn"
+        w = sd[f"{p}.qkv_proj.weight"]
+        return (_linear_v(w[(n + nkv) * dh:], nkv, dh), _linear_o(sd[f"{p}.o_proj.weight"], n, dh),
                 dict(n=n, nkv=nkv, d=d, dh=dh))
     if arch == "gptj":
         n, d = c.n_head, c.n_embd
@@ -68,10 +92,10 @@ def hf_head_weights(arch, hf, layer):
         p = f"transformer.h.{layer}.attn"
         return (_linear_v(sd[f"{p}.v_proj.weight"], n, dh), _linear_o(sd[f"{p}.out_proj.weight"], n, dh),
                 dict(n=n, nkv=n, d=d, dh=dh))
-    if arch == "bert":
+    if arch in ("bert", "minilm"):
         n, d = c.num_attention_heads, c.hidden_size
         dh = d // n
-        p = f"bert.encoder.layer.{layer}.attention"
+        p = f"{_bert_prefix(sd)}.layer.{layer}.attention"
         return (_linear_v(sd[f"{p}.self.value.weight"], n, dh), _linear_o(sd[f"{p}.output.dense.weight"], n, dh),
                 dict(n=n, nkv=n, d=d, dh=dh))
     raise KeyError(arch)
@@ -115,15 +139,18 @@ def hf_qk_weights(arch, hf, layer):
         dh = d // n
         p = f"model.decoder.layers.{layer}.self_attn" if arch != "gptj" else f"transformer.h.{layer}.attn"
         return _linear_v(sd[f"{p}.q_proj.weight"], n, dh), _linear_v(sd[f"{p}.k_proj.weight"], n, dh)
-    if arch in ("llama_gqa", "gemma"):
-        n, nkv, d = c.num_attention_heads, c.num_key_value_heads, c.hidden_size
-        dh = getattr(c, "head_dim", None) or d // n
+    if arch in LLAMA_LIKE:
+        n, nkv, d, dh = _geometry(c)
         p = f"model.layers.{layer}.self_attn"
         return _linear_v(sd[f"{p}.q_proj.weight"], n, dh), _linear_v(sd[f"{p}.k_proj.weight"], nkv, dh)
-    if arch == "bert":
+    if arch == "phi3":
+        n, nkv, d, dh = _geometry(c)
+        w = sd[f"model.layers.{layer}.self_attn.qkv_proj.weight"]
+        return _linear_v(w[:n * dh], n, dh), _linear_v(w[n * dh:(n + nkv) * dh], nkv, dh)
+    if arch in ("bert", "minilm"):
         n, d = c.num_attention_heads, c.hidden_size
         dh = d // n
-        p = f"bert.encoder.layer.{layer}.attention.self"
+        p = f"{_bert_prefix(sd)}.layer.{layer}.attention.self"
         return _linear_v(sd[f"{p}.query.weight"], n, dh), _linear_v(sd[f"{p}.key.weight"], n, dh)
     raise KeyError(arch)
 
@@ -132,3 +159,41 @@ def hf_all_qk_weights(arch, hf):
     """Stacked over layers: W_Q [L, n, d_model, d_head], W_K [L, n_kv, d_model, d_head]."""
     wqs, wks = zip(*[hf_qk_weights(arch, hf, l) for l in range(hf_n_layers(hf))])
     return torch.stack(wqs), torch.stack(wks)
+
+
+# ---------------------------------------------------------------------------- modules to hook
+def hf_layers(hf):
+    """The HF model's decoder / encoder layers (the ``ModuleList`` TransformerLens' blocks wrap)."""
+    n = hf_n_layers(hf)
+    for name, mod in hf.named_modules():
+        if isinstance(mod, torch.nn.ModuleList) and len(mod) == n and name.endswith(("layers", "h", "layer")):
+            return list(mod)
+    raise KeyError(f"no layer list in {type(hf).__name__}")
+
+
+def hf_out_proj(arch, layer_module):
+    """The attention output projection of one HF layer (its input is the per-head ``z``,
+    ``[..., head * d_head]``): ``(module, W_O [n*d_head, d_model] as x @ W, bias or None)``."""
+    if arch == "gpt2":
+        m = layer_module.attn.c_proj  # Conv1D: x @ weight
+        return m, m.weight.detach().float(), m.bias.detach().float()
+    m = {"neox": lambda L: L.attention.dense, "bloom": lambda L: L.self_attention.dense,
+         "falcon": lambda L: L.self_attention.dense, "opt": lambda L: L.self_attn.out_proj,
+         "opt_postln": lambda L: L.self_attn.out_proj, "gptj": lambda L: L.attn.out_proj,
+         "bert": lambda L: L.attention.output.dense, "minilm": lambda L: L.attention.output.dense,
+         }.get(arch, lambda L: L.self_attn.o_proj)(layer_module)
+    b = None if m.bias is None else m.bias.detach().float()
+    return m, m.weight.detach().float().T, b
+
+
+def hf_norms(arch, layer_module):
+    """The norms between the attention / MLP output and the layer output, by role: sandwich
+    ``{"attn": post-attention norm, "mlp": post-MLP norm}``, post-LN ``{"L1": ..., "L2": ...}``,
+    else ``{}``."""
+    if arch in ("gemma2", "gemma3", "olmo2"):
+        return {"attn": layer_module.post_attention_layernorm, "mlp": layer_module.post_feedforward_layernorm}
+    if arch in ("bert", "minilm"):
+        return {"L1": layer_module.attention.output.LayerNorm, "L2": layer_module.output.LayerNorm}
+    if arch == "opt_postln":
+        return {"L1": layer_module.self_attn_layer_norm, "L2": layer_module.final_layer_norm}
+    return {}

@@ -84,3 +84,30 @@ def test_default_main_job_runs_with_no_arguments(tmp_path):
     assert {k for k, v in manifest["models"].items() if v["status"] == "done"} == set(zoo.DEFAULT)
     assert (out / "summary.csv").read_text().count("\n") == len(zoo.DEFAULT) + 1
     assert (out / "report.html").is_file()
+
+
+def test_output_never_echoes_control_characters(tmp_path, capsys, monkeypatch):
+    """Paths, spec keys and model names from the user are shown escaped (issue 27)."""
+    from study_helpers import fake_profile, write_spec
+
+    from thermo_lens import study
+
+    monkeypatch.setattr(study.run, "profile_one", fake_profile([]))
+    evil = "\x1b]0;pwned\x07\x1b[2J\u202e"
+    spec = write_spec(tmp_path / f"spec{evil}.toml", [{"zoo": "gpt2-tiny-wd", "id": "a", "lab": f"lab{evil}"}])
+    yaml_spec = tmp_path / "k.yaml"
+    yaml_spec.write_text('study: {name: x, "\\e[31mkey": 1}\nmodels: [{zoo: neox-tiny}]\n')
+    cases = [
+        (["study", str(tmp_path / f"missing{evil}.toml"), "--out", str(tmp_path / "o1")], 2),
+        (["study", str(spec), "--out", str(tmp_path / f"out{evil}"), "--no-report"], 0),
+        (["study", str(yaml_spec), "--out", str(tmp_path / "o2")], 2),
+        (["profile", f"org/{evil}", "--out", str(tmp_path / "o3")], 2),
+        (["profile", str(tmp_path / f"ckpt{evil}"), "--out", str(tmp_path / "o4")], 2),
+        (["study", str(spec), "--out", str(tmp_path / f"out{evil}" / "a.json" / "x")], 2),
+    ]
+    for args, code in cases:
+        rc = main(args)
+        out, err = capsys.readouterr()
+        assert rc == code, (args, err)
+        assert not any(c in out + err for c in "\x1b\x07\u202e"), (args, out + err)
+    assert "out\\x1b]0;pwned\\x07" in out + err  # shown, escaped

@@ -144,46 +144,97 @@ def test_bad_inputs():
         l_star_error(1.0, 2.0, "paper")
 
 
-# ---------------------------------------------------------------- the paper's v3 rule vs the turning point
+# ---------------------------------------------------------------- the notebook's v3 rule vs the turning point
 
-def _paper_v3_by_hand(T):
-    """The paper's rule written out as a loop: the first k with d_{k-1} > 0 >= d_k or d_{k-1} >= 0 > d_k
-    (a + -> - step of sign(diff T)); else argmax |np.gradient(T)|."""
-    d = np.sign(np.diff(T))
-    for k in range(1, len(d)):
-        if d[k] - d[k - 1] < 0:
-            return float(k)
-    return float(np.argmax(np.abs(np.gradient(np.asarray(T, dtype=float)))))
+def _notebook_v3_by_hand(T):
+    """The released notebook's rule as its strict loop: the first i with d_i > 0 and d_{i+1} < 0
+    (d = diff T), L* = i + 1; else the peak argmax T."""
+    d = np.diff(np.asarray(T, dtype=float))
+    for i in range(len(d) - 1):
+        if d[i] > 0 and d[i + 1] < 0:
+            return float(i + 1)
+    return float(np.argmax(T))
 
 
-def test_paper_v3_rule_takes_the_first_peak_not_a_valley():
+def test_notebook_v3_rule_is_a_strict_scan_a_plateau_does_not_trip_it():
+    T = [1.0, 2.0, 2.0, 3.0, 5.0, 4.0]  # d = [1, 0, 1, 2, -1]: the only strict + -> - turn is at layer 4
+    assert empirical_l_star(T, "notebook_v3_first_peak") == 4.0
+    vectorised = float(np.where(np.diff(np.sign(np.diff(T))) < 0)[0][0] + 1)
+    assert vectorised == 1.0  # what the old one-liner gave: it fired on the + -> 0 step of the plateau
+    r = l_star_from_traces(T, n_heads=4, variant="notebook_v3_first_peak")
+    assert r.empirical == 4.0 and r.note == "" and not r.paper_rule
+
+
+def test_notebook_v3_rule_takes_the_first_peak_not_a_valley():
     T = [5.0, 3.0, 2.0, 4.0, 6.0, 5.0]
-    assert empirical_l_star(T, "paper_v3_sign_change") == 4.0      # the peak at layer 4
-    assert empirical_l_star(T, "first_turning_point") == 2.0       # the valley at layer 2
-    # no + -> - turn: falls back to argmax |dT/dl| and says so
+    assert empirical_l_star(T, "notebook_v3_first_peak") == 4.0      # the peak at layer 4
+    assert empirical_l_star(T, "first_turning_point") == 2.0         # the valley at layer 2
+    # no + -> - turn: falls back to the peak argmax T and says so
     mono = [0.0, 1.0, 3.0, 8.0, 9.0, 9.5]
-    assert empirical_l_star(mono, "paper_v3_sign_change") == 2.0
-    r = l_star_from_traces(mono, n_heads=4, variant="paper_v3_sign_change")
-    assert "fell back" in r.note and r.empirical == 2.0
+    assert empirical_l_star(mono, "notebook_v3_first_peak") == 5.0
+    r = l_star_from_traces(mono, n_heads=4, variant="notebook_v3_first_peak")
+    assert "fell back to the peak" in r.note and r.empirical == 5.0
     rng = np.random.default_rng(0)
-    traces = rng.random((500, 12))
-    assert all(empirical_l_star(t, "paper_v3_sign_change") == _paper_v3_by_hand(t) for t in traces)
-    disagree = np.mean([empirical_l_star(t, "paper_v3_sign_change") != empirical_l_star(t, "first_turning_point")
-                        for t in traces])
+    traces = np.vstack([rng.random((300, 12)), rng.integers(0, 3, (300, 12)).astype(float)])  # ties: plateaus
+    assert all(empirical_l_star(t, "notebook_v3_first_peak") == _notebook_v3_by_hand(t) for t in traces)
+    disagree = np.mean([empirical_l_star(t, "notebook_v3_first_peak") != empirical_l_star(t, "first_turning_point")
+                        for t in traces[:300]])
     assert 0.3 < disagree < 0.7  # the two rules are different rules
 
 
-def test_first_sign_change_is_a_deprecated_alias():
+def test_old_names_are_deprecated_aliases():
     with pytest.warns(DeprecationWarning, match="first_turning_point"):
         assert empirical_l_star([5.0, 3.0, 2.0, 4.0, 6.0, 5.0], "first_sign_change") == 2.0
     with pytest.warns(DeprecationWarning):
         r = l_star_from_traces([[1.0, 2.0, 1.0, 0.0]], n_heads=2, variant="first_sign_change")
     assert r.variant == "first_turning_point"
+    with pytest.warns(DeprecationWarning, match="not the paper's"):
+        assert empirical_l_star([1.0, 2.0, 2.0, 3.0, 5.0, 4.0], "paper_v3_sign_change") == 4.0  # now strict
+    with pytest.warns(DeprecationWarning):
+        assert l_star_from_traces([1.0, 2.0, 1.0], n_heads=2, variant="paper_v3_sign_change").variant == \
+            "notebook_v3_first_peak"
+
+
+def test_only_the_appendix_e_rule_is_called_the_papers():
+    from thermo_lens.depth import L_STAR_RULES, PAPER_L_STAR_RULE
+
+    assert PAPER_L_STAR_RULE == "argmax_abs_gradient"
+    assert [n for n, r in L_STAR_RULES.items() if r.paper] == ["argmax_abs_gradient"]
+    assert "appendix E" in L_STAR_RULES["argmax_abs_gradient"].provenance
+    assert not any("paper" in n for n, r in L_STAR_RULES.items() if not r.paper)
+    assert "not the paper's text" in L_STAR_RULES["notebook_v3_first_peak"].provenance
+    r = l_star_from_traces([0.0, 1.0, 3.0, 8.0], n_heads=4)
+    assert r.variant == "argmax_abs_gradient" and r.paper_rule and "the paper's rule" in repr(r)
+    assert "appendix E" in r.provenance and LStarResult.from_json(r.to_json()).provenance == r.provenance
+    n = l_star_from_traces([0.0, 1.0, 3.0, 8.0], n_heads=4, variant="first_turning_point")
+    assert "not the paper's rule" in repr(n)
+
+
+def test_one_account_of_l_star_readme_definitions_and_docstring():
+    """README, definitions.md §4 and depth's docstring all carry the registry's text (regenerate the
+    first two with ``python -m thermo_lens.depth --write``)."""
+    import re
+
+    import thermo_lens.depth as depth
+    from thermo_lens.depth.__main__ import render
+    from thermo_lens.depth.rules import L_STAR_RULES, RULES_BEGIN
+
+    root = Path(__file__).resolve().parents[1]
+    flat = lambda s: re.sub(r"\s+", " ", s)  # noqa: E731
+    for path, indent in ((root / "thermo_lens" / "definitions.md", ""), (root / "README.md", "  ")):
+        text = path.read_text(encoding="utf-8")
+        assert RULES_BEGIN in text, f"{path.name} lost its L* markers"
+        assert render(text, indent) == text, f"{path.name}: run python -m thermo_lens.depth --write"
+    doc = flat(depth.__doc__)
+    for r in L_STAR_RULES.values():
+        assert flat(r.definition) in doc, r.name
+    section4 = (root / "thermo_lens" / "definitions.md").read_text(encoding="utf-8").split("## 4.")[1].split("## 5.")[0]
+    assert "which the paper also used" not in section4 and "appendix E" in section4
 
 
 def test_per_prompt_mean_beside_mean_trace_and_baselines():
     per = np.array([[5.0, 3.0, 2.0, 4.0, 6.0, 5.0], [1.0, 4.0, 2.0, 1.0, 0.0, 0.0]])
-    r = l_star_from_traces(per, n_heads=64, variant="paper_v3_sign_change")
+    r = l_star_from_traces(per, n_heads=64, variant="notebook_v3_first_peak")
     # per prompt: 4 and 1; their mean 2.5 (the paper's aggregation); mean trace [3,3.5,2,2.5,3,2.5] -> 1
     assert r.per_prompt.tolist() == [4.0, 1.0] and r.per_prompt_mean == 2.5
     assert r.aggregations == {"mean_trace": 1.0, "per_prompt_mean": 2.5}

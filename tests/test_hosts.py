@@ -274,12 +274,14 @@ def test_unsupported_transformer_lens_version_is_refused(any_host_gpt2, monkeypa
     assert detect_host(model, version="3.9.0").kind == kind
 
 
-def test_hooked_encoder_is_refused_with_what_to_load_instead():
-    HookedEncoder = type("HookedEncoder", (torch.nn.Module,), {"__module__": "transformer_lens.HookedEncoder"})
-    enc = HookedEncoder()
+def test_encoder_decoder_is_refused_with_what_to_load_instead():
+    """HookedEncoder is read (tests/test_attribution.py); an encoder-decoder is not one stream."""
+    HookedEncoderDecoder = type("HookedEncoderDecoder", (torch.nn.Module,),
+                                {"__module__": "transformer_lens.HookedEncoderDecoder"})
+    enc = HookedEncoderDecoder()
     enc.cfg, enc.blocks, enc.tokenizer = object(), [], object()
     enc.run_with_hooks = lambda *a, **k: None
-    with pytest.raises(UnsupportedHostError, match="HookedEncoder.*before the block's final LayerNorm.*boot_transformers"):
+    with pytest.raises(UnsupportedHostError, match="HookedEncoderDecoder.*not one residual stream.*boot_transformers"):
         residual_gain(enc, PROMPTS)
 
 

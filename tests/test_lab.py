@@ -412,10 +412,12 @@ def test_micro_lab_rerun_skips_everything(micro_lab):
 
 @pytest.mark.slow
 def test_micro_lab_report_has_the_lab_section(micro_lab):
+    from thermo_lens.lab.report_section import lab_dir_of, lab_section
     from thermo_lens.report import render_report
 
     out, _ = micro_lab
-    page, ids = render_report(out / "train", panel=False)
+    assert lab_dir_of(out / "train") == out  # what `thermo-lens report` uses to add the section
+    page, ids = render_report(out / "train", panel=False, sections=[lab_section(out)])
     assert {"fig-lab-effects", "fig-lab-last_block_gain", "fig-lab-penultimate_gain"} <= set(ids)
     assert 'id="heritage-lab"' in page and "Toy scale" in page
 

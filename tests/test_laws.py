@@ -124,7 +124,8 @@ def test_heritage_fisher_matches_scipy():
         ref = stats.fisher_exact(t)
         f = h.fisher[lab]
         assert f.table == tuple(map(tuple, t))
-        assert f.pvalue == pytest.approx(ref.pvalue)
+        assert f.pvalue_minlike == pytest.approx(ref.pvalue)  # scipy's p, beside
+        assert f.pvalue >= f.pvalue_minlike - 1e-12 and f.method == "blaker"  # Blaker's p is never smaller
         assert f.odds_ratio == pytest.approx(ref.statistic)
     holm = h.labs.set_index("lab")["pvalue_holm"]
     assert (holm >= h.labs.set_index("lab")["pvalue"]).all() and (holm <= 1).all()
@@ -353,6 +354,16 @@ def test_law_results_round_trip_through_json():
         pd.testing.assert_frame_equal(back.tests_frame(), res.tests_frame())
 
 
+def _holm_by_hand(p):
+    p = np.asarray(p, float)
+    m = len(p)
+    run, want = 0.0, np.empty(m)
+    for i, j in enumerate(np.argsort(p)):
+        run = max(run, min(1.0, (m - i) * p[j]))
+        want[j] = run
+    return want
+
+
 def test_every_law_carries_its_tests():
     res = _all_results()
     for name in ("kleiber", "heritage", "crowding", "twin", "hierarchy"):
@@ -360,35 +371,98 @@ def test_every_law_carries_its_tests():
         assert r.tests, name
         df = r.tests_frame()
         for col in ("test", "n", "effect", "effect_value", "ci_low", "ci_high", "pvalue", "pvalue_method",
-                    "pvalue_holm", "loo_model", "loo_statistic", "loo_pvalue", "loo_change"):
+                    "pvalue_holm", "loo_model", "loo_statistic", "loo_pvalue", "loo_change", "role", "hypothesis"):
             assert col in df.columns, (name, col)
-        # Holm over the family, by hand
-        p = df["pvalue"].to_numpy()
-        m = len(p)
-        order = np.argsort(p)
-        run, want = 0.0, np.empty(m)
-        for i, j in enumerate(order):
-            run = max(run, min(1.0, (m - i) * p[j]))
-            want[j] = run
-        np.testing.assert_allclose(df["pvalue_holm"], want)
-        assert "Holm p=" in repr(r) and "leave-one-out" in repr(r)
+        # exactly one declared primary per law, not adjusted
+        prim = df[df["role"] == "primary"]
+        assert len(prim) == 1 and r.primary is not None and r.primary.role == "primary", name
+        assert prim["pvalue_holm"].iloc[0] == prim["pvalue"].iloc[0]
+        # Holm over the secondary family only, by hand; its nulls are distinct
+        sec = df[df["role"] == "secondary"]
+        assert sec["hypothesis"].is_unique, name
+        np.testing.assert_allclose(sec["pvalue_holm"], _holm_by_hand(sec["pvalue"]))
+        # sensitivity tests restate a null of the others and are in no family
+        sens = df[df["role"] == "sensitivity"]
+        assert sens["pvalue_holm"].isna().all()
+        assert set(sens["hypothesis"]) <= set(prim["hypothesis"]) | set(sec["hypothesis"]), name
+        assert "primary test (declared; not adjusted)" in repr(r) and "leave-one-out" in repr(r)
+
+
+def test_holm_family_holds_distinct_nulls_only():
+    """Kleiber's family held six tests before, pairs of them of one null (Spearman with 10^(1/L) is
+    Spearman with L; Pearson and Spearman on one pair): now the primary is alone, the family is the
+    one other null, and the restatements are in no family."""
+    k = laws.kleiber(reference.pythia_family())
+    t = {x.name: x for x in k.tests}
+    assert k.primary.name == "gain vs rho: Pearson"
+    assert [x.name for x in k.tests_by_role("secondary")] == ["gain vs depth L: Pearson"]
+    assert {x.name for x in k.tests_by_role("sensitivity")} == {
+        "gain vs rho: Spearman", "gain vs depth L: Spearman", "gain vs bound 10^(1/L): Pearson"}
+    assert "gain vs bound 10^(1/L): Spearman" not in t  # identical to Spearman with L up to sign
+    bound = reference.pythia_family()["n_layers"].to_numpy(float)
+    g = reference.pythia_family()["gain"].to_numpy()
+    assert abs(stats.spearmanr(10 ** (1 / bound), g).statistic) == pytest.approx(abs(stats.spearmanr(bound, g).statistic))
+    # the primary is not adjusted; the secondary family of one is its own p
+    assert k.primary.pvalue_holm == k.primary.pvalue
+    assert t["gain vs depth L: Pearson"].pvalue_holm == t["gain vs depth L: Pearson"].pvalue
+    assert math.isnan(t["gain vs rho: Spearman"].pvalue_holm)
+    # declaring two secondary tests of one null is refused
+    from dataclasses import replace
+
+    from thermo_lens.laws.base import declare
+
+    two = [replace(t["gain vs depth L: Pearson"]), replace(t["gain vs bound 10^(1/L): Pearson"], role="secondary")]
+    with pytest.raises(ValueError, match="one null"):
+        declare(two)
 
 
 def test_kleiber_tests_small_n_and_leave_one_out():
     k = laws.kleiber(reference.pythia_family())
-    assert len(k.tests) == 6
+    assert len(k.tests) == 5
     t = {x.name: x for x in k.tests}
     sp = t["gain vs rho: Spearman"]
     assert "exact permutation" in sp.pvalue_method and round(sp.pvalue, 4) == 0.0036
     assert round(sp.pvalue_other, 4) == 0.0014  # scipy's t approximation, shown beside
     pr = t["gain vs rho: Pearson"]
-    assert pr.loo_worst_model == "pythia-1b" and round(pr.loo_worst_pvalue, 3) == 0.071
-    # the largest move of r itself is pythia-1.4b (r strengthens to -0.92 without it)
     g, rho = reference.pythia_family()["gain"].to_numpy(), reference.pythia_family()["rho"].to_numpy()
+    # the primary's p is the exact permutation p over all 8! pairings (brute force here), the t test's beside
+    import itertools
+
+    rc = rho - rho.mean()
+    perms = np.array(list(itertools.permutations(range(8))))
+    gp = g[perms] - g.mean()
+    r_all = (gp * rc).sum(1) / np.sqrt((gp ** 2).sum(1) * (rc ** 2).sum())
+    assert pr.pvalue == pytest.approx(np.mean(np.abs(r_all) >= abs(pr.statistic) - 1e-12))
+    assert pr.pvalue_other == pytest.approx(stats.pearsonr(rho, g).pvalue)
+    assert pr.loo_worst_model == "pythia-1b"
+    # the largest move of r itself is pythia-1.4b (r strengthens to -0.92 without it)
     loo = [stats.pearsonr(np.delete(rho, i), np.delete(g, i)).statistic for i in range(8)]
     i = int(np.argmax(np.abs(np.array(loo) - pr.statistic)))
     assert pr.loo_model == reference.pythia_family()["model"][i] and pr.loo_statistic == pytest.approx(loo[i])
     assert (pr.ci_low, pr.ci_high) == pytest.approx(tuple(stats.pearsonr(rho, g).confidence_interval(0.95)))
+    assert "not the permutation test" in pr.ci_method
+
+
+def test_bound_for_g1_and_every_gain_metric():
+    """The paper's own first-block gains G_1 = 12-76 violate 10^(1/L) for all 8 Pythia models."""
+    pyt = reference.pythia_family()
+    g1 = reference.gains("emb_to_block0_gain", source="pythia_family", unique=False)
+    table = pyt.assign(first_block_gain=g1["gain"].to_numpy())
+    k = laws.kleiber(table)
+    b = k.bounds
+    assert set(b["metric"]) == {"gain", "first_block_gain"}
+    first = b[b["metric"] == "first_block_gain"]
+    L = pyt["n_layers"].to_numpy(float)
+    np.testing.assert_allclose(first["bound"], 10 ** (1 / L))
+    assert first["violates"].all() and len(first) == 8
+    assert (round(first["gain"].min()), round(first["gain"].max())) == (12, 76)
+    assert b[b["metric"] == "gain"]["violates"].sum() == 1  # pythia-1b under metric A
+    assert "bound under first_block_gain: 8/8 above it" in repr(k)
+    # a named column without a CI, and a column that is not there
+    only = laws.bound_table(table, ["first_block_gain"])
+    assert only["ci_low"].isna().all() and len(only) == 8
+    with pytest.raises(ValueError, match="no column"):
+        laws.bound_table(table, ["last_block_gain"])
 
 
 def test_kleiber_violations_with_cis_over_several_tables():
@@ -407,15 +481,70 @@ def test_kleiber_violations_with_cis_over_several_tables():
         laws.kleiber_violations(reference.lab_survey(), names=["a", "b"])
 
 
-def test_heritage_odds_ratio_ci_and_holm():
+def test_heritage_p_and_interval_invert_the_same_test():
+    """scipy's two-sided Fisher p (minimum likelihood, 0.036) sat beside the conditional interval
+    [0.85, 981], which inverts the doubled test (p = 0.071) and includes 1. Now the primary is
+    Blaker's test with the interval inverting it, which excludes 1 exactly when p < 0.05."""
+    from scipy.stats import nchypergeom_fisher
+
     h = laws.heritage(reference.lab_survey())
     e = h.fisher["EleutherAI"]
-    orr = stats.contingency.odds_ratio([[4, 1], [2, 9]])
-    ci = orr.confidence_interval(0.95)
-    assert (e.odds_ratio_conditional, e.ci_low, e.ci_high) == pytest.approx((orr.statistic, ci.low, ci.high))
-    assert round(e.pvalue_holm, 2) == 0.18
-    t = {x.name.split(" ")[0]: x for x in h.tests}["EleutherAI"]
-    assert t.pvalue == e.pvalue and t.pvalue_holm == pytest.approx(e.pvalue_holm)
+    assert h.primary.name.startswith("EleutherAI") and h.primary_lab == "EleutherAI"
+    table = [[4, 1], [2, 9]]
+    assert e.table == ((4, 1), (2, 9))
+    orr = stats.contingency.odds_ratio(table)
+    assert e.odds_ratio_conditional == pytest.approx(orr.statistic)
+    assert e.pvalue_minlike == pytest.approx(stats.fisher_exact(table).pvalue)
+
+    def blaker(psi):  # Blaker's p by its definition, on scipy's noncentral hypergeometric
+        d = nchypergeom_fisher(16, 5, 6, psi)
+        xs = np.arange(0, 6)
+        pmf = d.pmf(xs)
+        gamma = np.minimum(d.cdf(xs), d.sf(xs - 1))
+        return pmf[gamma <= gamma[4] * (1 + 1e-7)].sum()
+
+    assert e.pvalue == pytest.approx(blaker(1.0))
+    assert e.ci_low > 1 and e.pvalue < 0.05  # matched: the interval excludes 1 as the test rejects
+    # the ends are where the same test starts to reject (Blaker's p jumps there)
+    assert blaker(e.ci_low * 0.999) < 0.05 < blaker(e.ci_low * 1.001)
+    assert blaker(e.ci_high * 1.001) < 0.05 < blaker(e.ci_high * 0.999)
+    # the doubled test and its central interval: the other matched pair (scipy's interval)
+    from thermo_lens.stats.exact import fisher_exact
+
+    c = fisher_exact(table, method="central")
+    ci = c.confidence_interval(0.95)
+    assert (ci.low, ci.high) == pytest.approx(tuple(orr.confidence_interval(0.95)), rel=1e-4)
+    assert round(c.pvalue, 3) == 0.071 and ci.low < 1
+    t = h.primary
+    assert t.pvalue == e.pvalue and t.ci_low == e.ci_low and "inverts Blaker" in t.ci_method
+    assert "not independent" in t.note
+
+
+def test_heritage_without_the_declared_lab_tests_the_association():
+    df = pd.DataFrame({"lab": ["A"] * 4 + ["B"] * 4, "gain": [0.9, 0.8, 0.95, 1.1, 1.2, 1.1, 1.3, 1.05]})
+    h = laws.heritage(df)
+    assert h.primary_lab == "" and h.primary.name.startswith("lab x dampener association")
+    # 3 of 4 dampeners in A, 0 of 4 in B: chi-square by hand, p over all C(8, 3) labelings
+    import itertools
+
+    def chi2(lab):
+        a = lab[:4].sum()
+        b = lab[4:].sum()
+        obs = np.array([[a, 4 - a], [b, 4 - b]], float)
+        exp = np.outer(obs.sum(1), obs.sum(0)) / 8
+        return ((obs - exp) ** 2 / exp).sum()
+
+    y = np.array([1, 1, 1, 0, 0, 0, 0, 0], bool)
+    allc = []
+    for idx in itertools.combinations(range(8), 3):
+        lab = np.zeros(8, bool)
+        lab[list(idx)] = True
+        allc.append(chi2(lab))
+    assert h.primary.statistic == pytest.approx(chi2(y))
+    assert h.primary.pvalue == pytest.approx(np.mean(np.array(allc) >= chi2(y) - 1e-9))
+    assert {t.role for t in h.tests if t.name.endswith("vs rest (dampener vs not)")} == {"secondary"}
+    named = laws.heritage(df, primary_lab="B")
+    assert named.primary.name.startswith("B vs rest")
 
 
 def test_threshold_rule_pvalue_by_enumeration():
@@ -462,15 +591,80 @@ def test_hierarchy_adjacent_groups_exact_permutation():
 
     t = pd.DataFrame({"lab": ["a"] * 3 + ["b"] * 4, "gain": [0.9, 0.95, 1.0, 1.1, 1.2, 1.15, 1.3]})
     h = laws.hierarchy(t)
-    (test,) = h.tests
+    (test,) = h.tests_by_role("secondary")
     xa, xb = np.array([0.9, 0.95, 1.0]), np.array([1.1, 1.2, 1.15, 1.3])
     allx = np.concatenate([xa, xb])
     obs = abs(xb.mean() - xa.mean())
-    diffs = []
-    for idx in itertools.combinations(range(7), 4):
-        m = np.zeros(7, dtype=bool)
-        m[list(idx)] = True
-        diffs.append(abs(allx[m].mean() - allx[~m].mean()))
-    assert test.pvalue == pytest.approx(np.mean(np.array(diffs) >= obs - 1e-12)) and "exact" in test.pvalue_method
+
+    def perm_p(u, v):
+        z = np.concatenate([u, v])
+        o = abs(v.mean() - u.mean())
+        diffs = []
+        for idx in itertools.combinations(range(7), 4):
+            m = np.zeros(7, dtype=bool)
+            m[list(idx)] = True
+            diffs.append(abs(z[m].mean() - z[~m].mean()))
+        return np.mean(np.array(diffs) >= o - 1e-9)
+
+    assert test.pvalue == pytest.approx(perm_p(xa, xb)) and "exact" in test.pvalue_method
     assert test.pvalue_other == pytest.approx(stats.ttest_ind(xb, xa, equal_var=False).pvalue)
     assert test.effect_value == pytest.approx(xb.mean() - xa.mean())
+    assert obs == pytest.approx(test.effect_value)
+    # the interval inverts the same test: at its ends the shifted samples are just rejected
+    for end, inside in ((test.ci_low, +1), (test.ci_high, -1)):
+        assert perm_p(xa, xb - end) <= 0.05 + 1e-9
+        assert perm_p(xa, xb - (end + inside * 1e-3)) > 0.05
+    # the primary: Kruskal-Wallis H, exact permutation p over all C(7, 3) labelings
+    hk = stats.kruskal(xa, xb).statistic
+    hs = []
+    for idx in itertools.combinations(range(7), 3):
+        m = np.zeros(7, dtype=bool)
+        m[list(idx)] = True
+        hs.append(stats.kruskal(allx[m], allx[~m]).statistic)
+    assert h.primary.statistic == pytest.approx(hk)
+    assert h.primary.pvalue == pytest.approx(np.mean(np.array(hs) >= hk - 1e-9))
+
+
+def test_twin_primary_and_matched_intervals():
+    tw = laws.twin(reference.twins())
+    p = tw.primary
+    assert p.pvalue == pytest.approx(0.125) and p.alternative == "greater"
+    # one-sided exact bound: the smallest fraction the one-sided test does not reject, 0.05 ** (1/3)
+    assert p.ci_low == pytest.approx(0.05 ** (1 / 3)) and p.ci_high == 1.0
+    (mag,) = tw.tests_by_role("secondary")
+    logr = np.log(tw.pairs["ratio"].to_numpy())
+    walsh = [(logr[i] + logr[j]) / 2 for i in range(3) for j in range(i, 3)]
+    assert mag.effect_value == pytest.approx(np.exp(np.median(walsh)))
+    assert mag.pvalue == pytest.approx(stats.wilcoxon(logr, method="exact").pvalue)
+    assert (mag.ci_low, mag.ci_high) == (0.0, math.inf)  # 3 pairs: no ratio is rejected at 5% (min p = 0.25)
+
+
+def test_crowding_separation_gets_an_exact_p_and_says_in_sample():
+    """Within Pythia rho separates the classes: no finite MLE, so the asymptotic LR p (8.7e-4) is
+    not valid; the exact conditional p is 1/70, and it is not counted beside the rule (same null)."""
+    import itertools
+
+    from thermo_lens.paper.findings import RHO_CRIT_FITTED_ON
+
+    pyt = reference.pythia_family()
+    c = laws.crowding(pyt, fitted_on=RHO_CRIT_FITTED_ON)
+    assert c.logistic.separated and math.isnan(c.logistic.lr_pvalue)
+    assert round(stats.chi2.sf(c.logistic.lr_statistic, 1), 5) == 0.00087  # what the asymptotic test would say
+    t = {x.name: x for x in c.tests}
+    logi = t["logistic P(dampener) on rho"]
+    rho, y = pyt["rho"].to_numpy(), (pyt["gain"] < 1).to_numpy()
+    obs = rho[y].sum()
+    ts = [rho[list(i)].sum() for i in itertools.combinations(range(8), int(y.sum()))]
+    assert logi.pvalue == pytest.approx(np.mean(np.array(ts) >= obs - 1e-12)) == pytest.approx(1 / 70)
+    assert logi.role == "sensitivity" and math.isnan(logi.pvalue_holm) and math.isnan(logi.pvalue_other)
+    assert all(x.pvalue > 1e-3 for x in c.tests)  # no asymptotic 8.7e-4 anywhere
+    assert c.primary.name.startswith("rule") and c.primary.pvalue == pytest.approx(1 / 70)
+    assert c.sample == "in-sample" and "in-sample" in c.primary.note and "in-sample" in repr(c)
+    # the slope's interval inverts the exact one-sided test: [low, inf), P_low(T >= t_obs) = 0.05
+    lo = logi.ci_low
+    w = np.exp(lo * (np.array(ts) - max(ts)))
+    assert w[np.array(ts) >= obs - 1e-12].sum() / w.sum() == pytest.approx(0.05, abs=1e-6) and logi.ci_high == math.inf
+    # out of sample: the survey (15 of 16 not used to fit rho_crit)
+    s = laws.crowding(reference.lab_survey(), fitted_on=RHO_CRIT_FITTED_ON)
+    assert s.sample.startswith("partly in-sample (1 of 16") and round(s.rule_pvalue, 2) == 0.89
+    assert laws.crowding(reference.lab_survey().iloc[:8]).sample == "unknown"

@@ -95,3 +95,130 @@ def test_a_newer_schema_is_refused_with_a_clear_message():
     text["version"] = 99
     with pytest.raises(ThermoLensSchemaError, match="schema version 99.*newer thermo-lens.*Upgrade"):
         _Evolving.from_json(json.dumps(text))
+
+
+# ------------------------------------------------------------------------------ hostile input (issue 27)
+from thermo_lens.errors import ThermoLensInputError, ThermoLensInputTypeError  # noqa: E402
+
+
+def _with_x(value):
+    """A stored _Evolving whose field x holds ``value`` (raw JSON data)."""
+    return json.dumps({"thermo_lens_schema": 1, "__result__": "_Evolving", "version": 1, "fields": {"x": value}})
+
+
+@pytest.mark.parametrize("name", ["load", "save", "nn", "Tensor", "__builtins__", "float8_e4m3fn", "object", 5])
+def test_a_stored_dtype_is_never_looked_up_on_torch(name):
+    with pytest.raises(ThermoLensSchemaError, match="dtype .* is not"):
+        _Evolving.from_json(_with_x({"__dtype__": name}))
+
+
+@pytest.mark.parametrize("stored, match", [
+    ({"__tensor__": "AAAA", "dtype": "object", "shape": [1]}, "tensor dtype 'object'"),
+    ({"__tensor__": "AAAAAA==", "dtype": "load", "shape": [1]}, "tensor dtype 'load'"),
+    ({"__ndarray__": "AAAAAAAAAAA=", "dtype": "object", "shape": [1]}, "array dtype 'object'"),
+    ({"__ndarray__": "AAAAAAAAAAA=", "dtype": "V8", "shape": [1]}, "array dtype 'V8'"),
+    ({"__ndarray__": "AAAAAAAAAAA=", "dtype": "(2,)f4", "shape": [1]}, "array dtype"),
+    ({"__tensor__": "not base64!", "dtype": "float32", "shape": [1]}, "not valid base64"),
+    ({"__tensor__": 12, "dtype": "float32", "shape": [1]}, "not base64 text"),
+    ({"__tensor__": "AAAAAA==", "dtype": "float32", "shape": [3]}, "does not fit shape"),
+    ({"__tensor__": "AAAAAA==", "dtype": "float32", "shape": "1"}, "is not a list of sizes"),
+    ({"__tensor__": "AAAAAA==", "dtype": "float32", "shape": [-1]}, "is not a list of sizes"),
+    ({"__objarray__": [1, 2], "shape": [3]}, "does not hold 3 values"),
+    ({"__float__": "1e999"}, "is not nan, inf or -inf"),
+    ({"__tuple__": {"a": 1}}, "holds dict data"),
+    ({"__items__": [[1]]}, "holds list data"),
+    ({"__frame__": {"columns": 1}}, "lacks its columns"),
+    ({"__result__": "NoSuchResult", "fields": {}}, "unknown result type 'NoSuchResult'"),
+    ({"__result__": "_Inner", "fields": [1]}, "has no 'fields' object"),
+    ({"__result__": "_Evolving", "fields": {"x": 1}, "version": "2"}, "not a whole number"),
+    ({"what": 1}, "unrecognised JSON object"),
+])
+def test_damaged_stored_values_are_schema_errors(stored, match):
+    with pytest.raises(ThermoLensSchemaError, match=match):
+        _Evolving.from_json(_with_x(stored))
+
+
+@pytest.mark.parametrize("text, error, match", [
+    ("", ThermoLensInputError, "empty string"),
+    ("   ", ThermoLensInputError, "empty string"),
+    ("[1]", ThermoLensSchemaError, "holds a JSON list, not a stored thermo-lens result"),
+    ('{"a": 1}', ThermoLensSchemaError, "holds an object without '__result__'"),
+    ("{not json", ThermoLensSchemaError, "is not JSON .*line 1"),
+    ("[" * 100_000 + "]" * 100_000, ThermoLensSchemaError, "nested too deeply"),
+    (_with_x("[" * 100_000 + "]" * 100_000).replace('"[', "[").replace(']"', "]"), ThermoLensSchemaError,
+     "nested too deeply"),
+    (_with_x("[" * 500 + "]" * 500).replace('"[', "[").replace(']"', "]"), ThermoLensSchemaError,
+     "nested more than 100 levels"),
+])
+def test_from_json_bad_text(text, error, match):
+    with pytest.raises(error, match=match):
+        _Evolving.from_json(text)
+
+
+def test_from_json_bad_arguments_and_files(tmp_path, monkeypatch):
+    from thermo_lens import result
+    from thermo_lens.errors import SafeIOError
+
+    for bad in (5, None, b"{}", ["{}"]):
+        with pytest.raises(TypeError):  # under the test suite's type-check hook, its own TypeError first
+            _Evolving.from_json(bad)
+        with pytest.raises(ThermoLensInputTypeError, match="JSON text or a file path"):
+            result._json_text(bad)  # what a user without the hook sees
+    with pytest.raises(SafeIOError, match="no such file"):
+        _Evolving.from_json(tmp_path / "missing.json")
+    with pytest.raises(SafeIOError, match="is a directory"):
+        _Evolving.from_json(tmp_path)
+    monkeypatch.setattr(result, "MAX_JSON_BYTES", 100)
+    big = _with_x("y" * 200)
+    (tmp_path / "big.json").write_text(big)
+    with pytest.raises(ThermoLensInputError, match="longer than 100 characters"):
+        _Evolving.from_json(big)
+    with pytest.raises(SafeIOError, match="larger than 100 bytes"):
+        _Evolving.from_json(tmp_path / "big.json")
+    monkeypatch.undo()
+    with pytest.raises(ThermoLensInputTypeError, match="holds a _Inner, not a _Evolving"):
+        _Evolving.from_json(_Inner(x=torch.zeros(1), label="a").to_json())
+
+
+def test_every_stored_dtype_still_round_trips():
+    for dtype in (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+                  torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128):
+        t = (torch.arange(6) % 3).to(dtype).reshape(2, 3)
+        back = _Evolving.from_json(_with_x(encode({"t": t, "d": dtype})))
+        assert back.x["d"] is dtype and back.x["t"].dtype == dtype and torch.equal(back.x["t"], t)
+    arrays = [np.array(["ab", "c"]), np.array([b"x"]), np.array(["2024-01-01"], dtype="datetime64[D]"),
+              np.arange(3, dtype=">f8"), np.array([True, False])]
+    for a in arrays:
+        assert np.array_equal(_Evolving.from_json(_with_x(encode(a))).x, a)
+
+
+def test_an_unregistered_result_name_loads_the_measurement_modules_once(monkeypatch):
+    """Result classes register when their module is imported, and measurement modules load lazily:
+    reading a profile in a fresh process met ``LStarResult`` before anything imported it."""
+    from thermo_lens import registry, result
+
+    loads = []
+
+    def load(**kwargs):
+        loads.append(kwargs)
+        result._REGISTRY["_Evolving"] = _Evolving  # what importing the providing module does
+        return ()
+
+    monkeypatch.delitem(result._REGISTRY, "_Evolving")
+    monkeypatch.setattr(registry, "measurements", load)
+    assert _Evolving.from_json(_with_x(3)) == _Evolving(3, "default") and len(loads) == 1
+    with pytest.raises(ThermoLensSchemaError, match="unknown result type 'Nope'"):
+        _Evolving.from_json(_with_x({"__result__": "Nope", "fields": {}}))
+
+
+@pytest.mark.slow
+def test_a_stored_profile_reads_back_in_a_fresh_process():
+    import subprocess
+    import sys
+
+    code = ("from thermo_lens.profile import ThermoProfile; "
+            f"p = ThermoProfile.from_json({str(DATA / 'profile_schema1.json')!r}); "
+            "print(sorted(type(r).__name__ for r in p.results.values()))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=Path(__file__).parent.parent)
+    assert r.returncode == 0 and "'LStarResult'" in r.stdout, r.stderr[-2000:]

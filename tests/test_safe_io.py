@@ -196,3 +196,32 @@ def test_result_to_json_path_is_atomic_and_does_not_follow_symlinks(tmp_path):
     s.to_json(link)
     assert victim.read_text() == "precious" and not link.is_symlink()
     assert type(s).from_json(link.read_text()).mean == s.mean
+
+
+def test_a_line_break_followed_by_a_formula_is_neutralised_too():
+    df = pd.DataFrame({"lab": ["x\r=HYPERLINK(\"http://evil\")", "a\n+1", "\r\n@SUM(1)", "ok\nfine", "-2"],
+                       "gain": [1.0, 2.0, 3.0, 4.0, 5.0]})
+    out = neutralise_formulas(df)
+    assert out["lab"].tolist() == ["x\r'=HYPERLINK(\"http://evil\")", "a\n'+1", "'\r\n'@SUM(1)", "ok\nfine", "-2"]
+    for line in out.to_csv(index=False).replace('"', "").splitlines():
+        assert not line.startswith(("=", "+", "@")), line
+
+
+def test_control_characters_in_cells_are_escaped():
+    out = neutralise_formulas(pd.DataFrame({"lab": ["a\x1b]0;pwned\x07b", "\x1b[2J"], "g": [1.0, 2.0]}))
+    assert out["lab"].tolist() == ["a\\x1b]0;pwned\\x07b", "\\x1b[2J"]
+    assert "\x1b" not in out.to_csv(index=False)
+
+
+def test_printable_escapes_what_could_drive_a_terminal():
+    from thermo_lens.safe_io import printable
+
+    assert printable("plain /path/ü ok") == "plain /path/ü ok"
+    assert printable("a\x1b[2Jb\u202ec\rd") == "a\\x1b[2Jb\\u202ec\\rd"
+    assert printable("one\ntwo\tx\x07", keep_newlines=True) == "one\ntwo\tx\\x07"
+    assert printable("one\ntwo") == "one\\ntwo"
+
+
+def test_a_path_with_a_nul_character_is_a_clear_error(tmp_path):
+    with pytest.raises(SafeIOError, match="NUL character"):
+        safe_read_text(str(tmp_path / "a\x00b"), 100, what="study spec")

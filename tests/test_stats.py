@@ -187,3 +187,78 @@ def test_kruskal_effect_sizes():
     lam = (3 / np.pi) * 25 * d / (1 - d)
     assert stats.ncx2.sf(stats.chi2.ppf(0.95, 4), 4, lam) == pytest.approx(0.8)
     assert kruskal_detectable_effect(250, 5) < d  # more prompts, smaller detectable effects
+
+
+# ---------------------------------------------------------------- exact tests whose interval inverts them
+
+def test_signed_rank_equals_scipy_without_ties_and_brute_force_with_them():
+    import itertools
+
+    from thermo_lens.stats.exact import signed_rank_test
+
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        d = rng.normal(size=int(rng.integers(3, 12)))
+        assert signed_rank_test(d).pvalue == pytest.approx(stats.wilcoxon(d, method="exact").pvalue, abs=1e-12)
+    # ties (the L* paired errors have a value three times): every sign flip by hand, midranks
+    d = np.array([0.16, 0.04, -0.16, -0.1, 0.2, -0.16])
+    r = stats.rankdata(np.abs(d))
+    w = r[d > 0].sum()
+    flips = np.array(list(itertools.product([0, 1], repeat=6)), bool)
+    ws = (flips * r).sum(1)
+    e = ws.mean()
+    want = np.mean(np.abs(ws - e) >= abs(w - e) - 1e-12)
+    res = signed_rank_test(d)
+    assert res.statistic == w and res.pvalue == pytest.approx(want)
+    walsh = [(d[i] + d[j]) / 2 for i in range(6) for j in range(i, 6)]
+    assert res.estimate == pytest.approx(np.median(walsh))
+    lo, hi = res.confidence_interval(0.95)
+    assert signed_rank_test(d - lo).pvalue > 0.05 and signed_rank_test(d - (lo - 1e-6)).pvalue <= 0.05
+    assert signed_rank_test(d - hi).pvalue > 0.05 and signed_rank_test(d - (hi + 1e-6)).pvalue <= 0.05
+    # without ties the ends are Walsh averages (the textbook Hodges-Lehmann interval)
+    x = rng.normal(size=9)
+    lo, hi = signed_rank_test(x).confidence_interval(0.9)
+    wa = np.sort([(x[i] + x[j]) / 2 for i in range(9) for j in range(i, 9)])
+    assert min(abs(wa - lo)) < 1e-9 and min(abs(wa - hi)) < 1e-9
+
+
+def test_fisher_central_is_scipys_interval_and_blaker_lies_inside():
+    from scipy.stats.contingency import odds_ratio
+
+    from thermo_lens.stats.exact import fisher_exact
+
+    for t in ([[4, 1], [2, 9]], [[3, 1], [1, 7]], [[7, 2], [3, 9]], [[10, 5], [4, 12]]):
+        c = fisher_exact(t, method="central")
+        ref = odds_ratio(np.array(t)).confidence_interval(0.95)
+        assert tuple(c.confidence_interval(0.95)) == pytest.approx((ref.low, ref.high), rel=1e-4)
+        b = fisher_exact(t)
+        blo, bhi = b.confidence_interval(0.95)
+        assert ref.low - 1e-9 <= blo and bhi <= ref.high + 1e-6
+        assert b.pvalue <= c.pvalue + 1e-12
+        assert (blo > 1) == (b.pvalue < 0.05) and (c.confidence_interval().low > 1) == (c.pvalue < 0.05)
+        assert b.pvalue_minlike == pytest.approx(stats.fisher_exact(t).pvalue)
+    with pytest.raises(ValueError, match="2x2"):
+        fisher_exact([[1, 2, 3]])
+
+
+def test_logistic_exact_and_mean_difference_by_enumeration():
+    import itertools
+
+    from thermo_lens.stats.exact import logistic_exact_test, permutation_mean_difference
+
+    x = np.array([0.1, 0.3, 0.2, 0.5, 0.4, 0.6, 0.35])
+    y = np.array([0, 0, 1, 0, 1, 1, 1])
+    ts = np.array([x[list(i)].sum() for i in itertools.combinations(range(7), 4)])
+    t = x[y == 1].sum()
+    for alt, want in (("greater", np.mean(ts >= t - 1e-12)), ("less", np.mean(ts <= t + 1e-12))):
+        assert logistic_exact_test(x, y, alt).pvalue == pytest.approx(want)
+    two = logistic_exact_test(x, y)
+    assert two.pvalue == pytest.approx(min(1, 2 * min(np.mean(ts >= t - 1e-12), np.mean(ts <= t + 1e-12))))
+    assert not two.separated and logistic_exact_test(x, (x > 0.32).astype(int)).separated
+    u, v = np.array([1.0, 2.5, 3.0]), np.array([4.0, 5.0, 4.5, 7.0])
+    md = permutation_mean_difference(u, v)
+    z = np.r_[u, v]
+    ds = [abs(z[list(i)].mean() - np.delete(z, list(i)).mean()) for i in itertools.combinations(range(7), 3)]
+    assert md.pvalue == pytest.approx(np.mean(np.array(ds) >= abs(u.mean() - v.mean()) - 1e-12))
+    lo, hi = md.confidence_interval(0.9)
+    assert lo < md.statistic < hi and md.pvalue_at(lo - 1e-3) <= 0.1 < md.pvalue_at(lo + 1e-3)

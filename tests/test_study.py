@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from thermo_lens import study
+from thermo_lens.safe_io import FolderLock
 from thermo_lens.profile import ThermoProfile
 from thermo_lens.study import ModelSpec, StudyLockedError, StudySpec, run_study
 
@@ -83,7 +84,7 @@ def test_concurrent_run_is_refused(tmp_path, capsys):
 
     out = tmp_path / "s"
     out.mkdir()
-    with study._Lock(out):
+    with FolderLock(out, what="thermo-lens study run", error=StudyLockedError):
         with pytest.raises(StudyLockedError, match="another thermo-lens study run"):
             run_study(_spec(ZOO_A), out)
         # The CLI in-process (the lock is a file lock: a second open of it conflicts as another

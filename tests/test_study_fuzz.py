@@ -13,6 +13,8 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+import study_helpers  # noqa: E402
+
 from thermo_lens import cli, study, zoo  # noqa: E402
 
 PROMPTS = ["The capital of France is", "Water freezes at"]
@@ -59,9 +61,7 @@ documents = st.one_of(
 
 @pytest.fixture(scope="module")
 def fake_profile():
-    import thermo_lens
-
-    template = thermo_lens.profile(zoo.load("gpt2-tiny-wd"), PROMPTS, progress=False)
+    template = study_helpers.template()  # one real profile per session, shared by the study tests
 
     def fake(model, settings):
         meta = {**template.meta, "name": model.id, "token_scope": settings["token_scope"],
@@ -109,7 +109,7 @@ def _snapshot(root: Path, skip: Path) -> dict:
 def test_fuzz_spec_files(doc, as_yaml, fake_profile, monkeypatch, capsys):
     import yaml
 
-    monkeypatch.setattr(study, "profile_one", fake_profile)
+    monkeypatch.setattr(study.run, "profile_one", fake_profile)
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
         (root / "victim.json").write_text("precious")
@@ -196,7 +196,7 @@ cli_options = st.lists(st.tuples(st.sampled_from(["--batch-size", "--prepend-bos
                                                                      HealthCheck.too_slow])
 @given(models=st.lists(cli_values, max_size=3), options=cli_options, truncate=st.booleans())
 def test_fuzz_profile_command_line(models, options, truncate, fake_profile, monkeypatch, capsys):
-    monkeypatch.setattr(study, "profile_one", fake_profile)
+    monkeypatch.setattr(study.run, "profile_one", fake_profile)
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
         args = ["profile", *[m for m in models if not m.startswith("-")]]

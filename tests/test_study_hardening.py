@@ -10,6 +10,7 @@ import time
 import tracemalloc
 
 import pytest
+import study_helpers
 
 from thermo_lens import cli, safe_io, study, zoo
 from thermo_lens.study import ModelSpec, StudySpec, StudySpecError, load_spec
@@ -19,9 +20,7 @@ PROMPTS = ["The capital of France is", "Water freezes at"]
 
 @pytest.fixture(scope="module")
 def template():
-    import thermo_lens
-
-    return thermo_lens.profile(zoo.load("gpt2-tiny-wd"), PROMPTS, progress=False)
+    return study_helpers.template()  # one real profile per session, shared by the study tests
 
 
 @pytest.fixture
@@ -33,10 +32,10 @@ def fast(template, monkeypatch):
     def fake(model, settings):
         calls.append(model.id)
         meta = {**template.meta, "name": model.id, "token_scope": settings["token_scope"],
-                "prepend_bos": settings["prepend_bos"], "lab": model.lab}
+                "prepend_bos": settings["prepend_bos"], "lab": model.lab, "family": model.family}
         return dataclasses.replace(template, meta=meta).to_json()
 
-    monkeypatch.setattr(study, "profile_one", fake)
+    monkeypatch.setattr(study.run, "profile_one", fake)
     return calls
 
 
@@ -138,13 +137,14 @@ def test_nonexistent_local_model_is_refused_before_any_load(tmp_path, capsys, no
 # ---------------------------------------------------------------------------- 2. atomic, no symlinks
 def test_symlinks_in_the_output_folder_are_never_written_through(tmp_path, capsys, fast):
     out = tmp_path / "out"
-    out.mkdir()
+    spec = _spec(tmp_path, [{"zoo": "gpt2-tiny-wd", "id": "m"}])
+    assert _main(["study", spec, "--out", out, "--no-report"], capsys)[0] == 0  # a study folder (a foreign one is refused)
     victims = {}
     for name in ("summary.csv", "report.html", "m.json"):
         victims[name] = tmp_path / f"victim-{name}"
         victims[name].write_text("precious")
+        (out / name).unlink(missing_ok=True)
         (out / name).symlink_to(victims[name])
-    spec = _spec(tmp_path, [{"zoo": "gpt2-tiny-wd", "id": "m"}])
     rc, _, err = _main(["study", spec, "--out", out], capsys)
     assert rc == 0, err
     for name, victim in victims.items():
@@ -446,7 +446,7 @@ def test_cli_file_errors_exit_2(tmp_path, capsys, fast, monkeypatch):
     assert rc == 2 and "permission denied" in err
     monkeypatch.undo()
     # read-only output folder (simulated the same way)
-    monkeypatch.setattr(study.os, "access", lambda *a, **k: False)
+    monkeypatch.setattr(os, "access", lambda *a, **k: False)
     rc, _, err = _main(["study", good, "--out", tmp_path / "ro"], capsys)
     assert rc == 2 and "not writable" in err
 
@@ -481,6 +481,25 @@ def test_summary_csv_neutralises_formulas(tmp_path, capsys, fast):
     assert not any(cell.startswith(("=", "+", "@")) for line in lines for cell in line.split(","))
 
 
+def test_summary_csv_neutralises_a_formula_after_a_line_break(tmp_path, capsys, fast):
+    """A CR (or LF) inside `lab`/`family` followed by a formula: a reader that splits lines, or a
+    spreadsheet that takes the cell apart, would see `=...` at a line start (issue 27)."""
+    out = tmp_path / "out"
+    spec = _spec(tmp_path, [{"zoo": "gpt2-tiny-wd", "id": "a", "lab": "x\r=HYPERLINK(\"http://evil\",\"x\")",
+                             "family": "f\n@SUM(1+1)"},
+                            {"zoo": "neox-tiny", "id": "b", "lab": "\r\n+cmd", "family": "ok\x1b[2J"}])
+    assert _main(["study", spec, "--out", out, "--no-report"], capsys)[0] == 0
+    text = (out / "summary.csv").read_text()
+    for line in text.replace('"', "").splitlines():
+        assert not any(cell.startswith(("=", "+", "@")) for cell in line.split(",")), line
+    assert "\x1b" not in text and "ok\\x1b[2J" in text
+    import pandas as pd
+
+    frame = pd.read_csv(out / "summary.csv")
+    assert frame["lab"].tolist() == ["x\r'=HYPERLINK(\"http://evil\",\"x\")", "'\r\n'+cmd"]
+    assert frame["family"].tolist() == ["f\n'@SUM(1+1)", "ok\\x1b[2J"]
+
+
 def test_debug_shows_the_traceback(tmp_path):
     with pytest.raises(StudySpecError):
         cli.main(["--debug", "study", str(tmp_path / "nope.toml"), "--out", str(tmp_path / "o")])
@@ -506,7 +525,7 @@ def test_stale_failed_model_is_not_reported(tmp_path, capsys, template, monkeypa
                 "prepend_bos": settings["prepend_bos"]}
         return dataclasses.replace(template, meta=meta).to_json()
 
-    monkeypatch.setattr(study, "profile_one", flaky)
+    monkeypatch.setattr(study.run, "profile_one", flaky)
     out = tmp_path / "out"
     first = _spec(tmp_path, [{"zoo": "gpt2-tiny-wd", "id": "a"}, {"zoo": "neox-tiny", "id": "bad"}])
     assert _main(["study", first, "--out", out], capsys)[0] == 1

@@ -87,3 +87,36 @@ def test_from_models_recognises_zoo_names():
     spec = StudySpec.from_models(["gpt2-tiny-wd", "some/hub-model", "gpt2-tiny-wd"])
     assert [m.id for m in spec.models] == ["gpt2-tiny-wd", "some_hub-model", "gpt2-tiny-wd-2"]
     assert spec.models[0].zoo == "gpt2-tiny-wd" and spec.models[1].name == "some/hub-model"
+
+
+# ---------------------------------------------------------------------------- issue 27
+@pytest.mark.parametrize("text, match", [
+    ("study:\n  name: a\n  prompts: paper25\n  name: b\nmodels:\n  - zoo: neox-tiny\n",
+     r"spec\.yaml:line 4: invalid YAML: key 'name' is given twice \(first on line 2\)"),
+    ("study: {name: a}\nmodels:\n  - zoo: neox-tiny\n    lab: x\n    zoo: gpt2-tiny-wd\n",
+     r"spec\.yaml:line 5: invalid YAML: key 'zoo' is given twice \(first on line 3\)"),
+    ("study: {name: a, name: b}\nmodels: [{zoo: neox-tiny}]\n", r"line 1: invalid YAML: key 'name' is given twice"),
+    ("study: {name: a}\nmodels: [{zoo: neox-tiny}]\nmodels: [{zoo: gpt2-tiny-wd}]\n",
+     r"line 3: invalid YAML: key 'models' is given twice \(first on line 2\)"),
+])
+def test_a_yaml_key_given_twice_is_an_error_naming_key_and_line(tmp_path, text, match):
+    with pytest.raises(StudySpecError, match=match):
+        load_spec(_write(tmp_path, text, "spec.yaml"))
+
+
+def test_a_toml_key_given_twice_names_the_key(tmp_path):
+    with pytest.raises(StudySpecError, match=r"invalid TOML: key 'name' is given twice: .*line 3"):
+        load_spec(_write(tmp_path, "[study]\nname = 'a'\nname = 'b'\n\n[[models]]\nzoo = 'neox-tiny'\n"))
+
+
+def test_a_merged_key_may_still_be_overridden(tmp_path):
+    spec = load_spec(_write(tmp_path, "study: {name: y}\nmodels:\n  - &m {zoo: neox-tiny, lab: zoo}\n"
+                                      "  - {<<: *m, zoo: gpt2-tiny-wd, id: other}\n", "spec.yaml"))
+    assert [(m.zoo, m.lab) for m in spec.models] == [("neox-tiny", "zoo"), ("gpt2-tiny-wd", "zoo")]
+
+
+@pytest.mark.parametrize("name", ["SPEC.YAML", "spec.Yml", "Spec.TOML"])
+def test_the_extension_is_read_in_any_case(tmp_path, name):
+    text = ("study: {name: up}\nmodels: [{zoo: neox-tiny}]\n" if "y" in name.lower().rsplit(".", 1)[1]
+            else "[study]\nname = 'up'\n\n[[models]]\nzoo = 'neox-tiny'\n")
+    assert load_spec(_write(tmp_path, text, name)).name == "up"

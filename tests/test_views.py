@@ -386,3 +386,21 @@ def test_attention_panel_gqa_and_bad_input(bridge, tmp_path):
     with pytest.raises(ThermoLensViewError, match=r"pattern must be \[head, n, n\]"):
         views.panel_from_results(["a", "b"], torch.zeros(2, 3, 3), pd.DataFrame({"head": [0, 1]}),
                                  layer=0, prompt="a b")
+
+
+def test_every_result_plots_itself_through_the_views_it_registered(measured, bridge):
+    # Results never import views (tests/test_architecture.py); .plot() finds the figure views
+    # registered for the class, or draws the first registered metric from its shape.
+    import plotly.graph_objects as go
+
+    import thermo_lens as tl
+
+    m = measured["gpt2"]
+    for key, role in (("gain", "mean"), ("anisotropy", None), ("traces", None), ("l_star", None), ("spectral", None)):
+        fig = m[key].plot()
+        assert isinstance(fig, go.Figure) and len(fig.data) > 0, key
+        if role:
+            assert _by_role(fig, role), key
+    wn = tl.run(bridge("gpt2"), PROMPTS[:2], ["write_norm"]).write_norm  # no view of its own
+    fig = wn.plot()
+    assert fig.data[0].meta["metric"] == "write_norm"

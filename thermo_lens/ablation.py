@@ -188,7 +188,7 @@ def head_ablation(
         layer: the block whose heads are ablated (0-based; negative from the end).
         heads: heads to ablate (default all; negative from the end).
         token_scope: the gains' token scope (default ``"all_but_first"``).
-        max_batch: rows per forward pass (default 64): the clean copy and one copy per head are
+        max_batch: rows per forward pass (default ``64``): the clean copy and one copy per head are
             stacked along the batch.
         level: confidence level of the CIs (default ``0.95``).
         settings, **run: run options (``prepend_bos``, ``truncate``, ``fwd_hooks``: your hooks run

@@ -217,13 +217,16 @@ def anisotropy_profile(
 ) -> AnisotropyResult:
     """Anisotropy of every residual state ``x_0..x_L`` of ``model`` on ``prompts`` (one pass).
 
-    ``prompts`` and the run options (``settings`` / ``**run``: ``prepend_bos``, ``batch_size``,
-    ``truncate``, ``fwd_hooks``, ``progress``, ``sort_by_length``) are as for
-    :func:`thermo_lens.gain.residual_gain`; ``level`` is the CIs' confidence level (default
-    ``0.95``). Prompts shorter than 3 tokens give NaN (see the module docstring); if every prompt
-    is that short the result is all NaN and a warning says so. ``cache``: measure from the
-    ``ActivationCache`` of ``model.run_with_cache`` on the same tokens (passed as ``prompts``), no
-    forward pass (as for :func:`thermo_lens.gain.residual_gain`).
+    Prompts shorter than 3 tokens give NaN (see the module docstring); if every prompt is that
+    short the result is all NaN and a warning says so.
+
+    Args:
+        model, prompts: as for :func:`thermo_lens.residual_gain`.
+        level: confidence level of the CIs (default ``0.95``).
+        settings, **run: run options (:class:`thermo_lens.RunSettings`: ``prepend_bos``,
+            ``batch_size``, ``truncate``, ``fwd_hooks``, ``progress``, ``sort_by_length``).
+        cache: the ``ActivationCache`` of ``model.run_with_cache`` on the same tokens (passed as
+            ``prompts``): measured from it, no forward pass (as for :func:`thermo_lens.residual_gain`).
     """
     res = measure.run(as_view(model), prompts, {"anisotropy": {"level": level}}, settings=settings, cache=cache,
                       **run).anisotropy

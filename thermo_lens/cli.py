@@ -25,6 +25,7 @@ from thermo_lens.errors import ThermoLensInputError
 
 EXIT_OK, EXIT_FAILED_MODELS, EXIT_USAGE = 0, 1, 2
 DEFAULT_OUT = "thermo-lens-report"
+SUMMARY, REPORT = "summary.csv", "report.html"
 
 
 class CLIError(ThermoLensInputError):
@@ -134,6 +135,14 @@ def _prompts_arg(value: str) -> object:
     return value
 
 
+def _say(message: str, *, err: bool = False) -> None:
+    """Print a message; control characters in it (from a path, a spec key, a model name, a
+    manifest edited by hand) are escaped, so nothing the user's input holds drives the terminal."""
+    from thermo_lens.safe_io import printable
+
+    print(printable(message, keep_newlines=True), file=sys.stderr if err else sys.stdout)
+
+
 def _printable(text: object, limit: int = 300) -> str:
     """One line of at most ``limit`` characters without control characters (a manifest may have
     been edited by hand; nothing it holds should drive the terminal)."""
@@ -141,7 +150,9 @@ def _printable(text: object, limit: int = 300) -> str:
     return "".join(c if c.isprintable() else "?" for c in line[:limit])
 
 
-def _print_status(contents) -> None:
+def _print_status(contents, recomputed: Sequence[str] = ()) -> None:
+    """One line per current model (status, error, why a result is not used, why it was recomputed
+    now), then the stale ids and the count of results left out."""
     from thermo_lens import study
 
     entries = contents.manifest.get("models", {})
@@ -153,23 +164,30 @@ def _print_status(contents) -> None:
             line += f": {_printable(entry['error'])}"
         elif mid in contents.problems:
             line += f" but not used: {_printable(contents.problems[mid])}"
-        print(line)
+        elif mid in recomputed and entry.get("note"):
+            line += f"; {_printable(entry['note'])}"
+        _say(line)
     if contents.stale:
         shown = ", ".join(_printable(s, 100) for s in contents.stale[:10]) + (" ..." if len(contents.stale) > 10 else "")
-        print(f"  stale (from an earlier spec; kept on disk, left out of the summary and report): {shown}")
+        _say(f"  stale (from an earlier spec; kept on disk, left out of the summary and report): {shown}")
     if contents.problems:
-        print(f"thermo-lens: {len(contents.problems)} result(s) left out; rerun the same command to recompute them "
-              f"(see {study.MANIFEST})", file=sys.stderr)
+        _say(f"thermo-lens: {len(contents.problems)} result(s) left out; rerun the same command to recompute them "
+             f"(see {study.MANIFEST})", err=True)
 
 
-def _finish(outcome, out_dir: str, no_report: bool) -> int:
+def _run(spec, args: argparse.Namespace, executor: str = "local", ray_address: str | None = None) -> int:
+    """Run or resume ``spec`` into ``args.out``, print what became of each model, write the
+    summary and (unless ``--no-report``) the report; the exit code."""
     from thermo_lens import study
 
-    contents = study.read_study(out_dir)
-    _print_status(contents)
-    _write_outputs(out_dir, contents, no_report)
+    outcome = study.run_study(spec, args.out, executor=executor, ray_address=ray_address, progress=None)
+    if outcome.skipped:
+        _say(f"  resumed: {len(outcome.skipped)} model(s) already done")
+    contents = study.read_study(args.out)
+    _print_status(contents, recomputed=outcome.done)
+    _write_outputs(args.out, contents, args.no_report)
     if outcome.failed:
-        print(f"thermo-lens: {len(outcome.failed)} model(s) failed; see {Path(out_dir) / study.MANIFEST}", file=sys.stderr)
+        _say(f"thermo-lens: {len(outcome.failed)} model(s) failed; see {Path(args.out) / study.MANIFEST}", err=True)
         return EXIT_FAILED_MODELS
     return EXIT_OK
 
@@ -179,8 +197,8 @@ def _write_summary(out_dir: str | Path, profiles: dict) -> None:
     from thermo_lens.safe_io import atomic_write_text, neutralise_formulas
 
     frame = neutralise_formulas(profiles_frame(profiles.values()))
-    atomic_write_text(Path(out_dir) / "summary.csv", frame.to_csv(index=False))
-    print(f"wrote {Path(out_dir) / 'summary.csv'}")
+    atomic_write_text(Path(out_dir) / SUMMARY, frame.to_csv(index=False))
+    _say(f"wrote {Path(out_dir) / SUMMARY}")
 
 
 def _write_outputs(out_dir: str, contents, no_report: bool, output: str | None = None) -> None:
@@ -196,22 +214,42 @@ def _write_outputs(out_dir: str, contents, no_report: bool, output: str | None =
 def _write_outputs_locked(out_dir: str, contents, no_report: bool, output: str | None) -> None:
     import warnings
 
-    if contents.profiles:
-        _write_summary(out_dir, contents.profiles)
-    if not no_report and contents.profiles:
-        try:
-            from thermo_lens.report import write_report
-        except ImportError:
-            return
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # left-out results were listed above
-            path = write_report(out_dir, output=output)
-        print(f"wrote {path}")
+    if not contents.profiles:
+        _remove_outputs(out_dir)
+        return
+    _write_summary(out_dir, contents.profiles)
+    if no_report:
+        return
+    try:
+        from thermo_lens.report import write_report
+    except ImportError:
+        return
+    from thermo_lens.lab.report_section import lab_dir_of, lab_section
+
+    lab_dir = lab_dir_of(out_dir)  # a lab's train/ folder: its report has the lab's section too
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # left-out results were listed above
+        path = write_report(out_dir, output=output, sections=[lab_section(lab_dir)] if lab_dir else ())
+    _say(f"wrote {path}")
+
+
+def _remove_outputs(out_dir: str) -> None:
+    """No model of the current spec has a result: an earlier summary and report describe other
+    models, so they go (the folder is thermo-lens'; the results themselves stay)."""
+    removed = []
+    for name in (SUMMARY, REPORT):
+        path = Path(out_dir) / name
+        if os.path.lexists(path) and not path.is_dir():
+            os.unlink(path)  # a planted link is removed, never followed
+            removed.append(name)
+    gone = f"; the earlier {' and '.join(removed)} described other models and were removed" if removed else ""
+    _say(f"thermo-lens: no model of this spec has a result: no {SUMMARY} or {REPORT} written{gone}", err=True)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from thermo_lens import study, zoo
 
+    study.output_path(args.out)
     models = list(args.models) or list(zoo.DEFAULT)
     options = {k: v for k, v in (("dtype", args.dtype), ("device", args.device)) if v is not None}
     specs: list = []
@@ -224,32 +262,29 @@ def cmd_profile(args: argparse.Namespace) -> int:
         specs, name="profile", prompts=_prompts_arg(args.prompts), prepend_bos=args.prepend_bos,
         token_scope=args.token_scope, batch_size=args.batch_size, truncate=args.truncate,
     )
-    print(f"thermo-lens: profiling {len(spec.models)} model(s) into {args.out}/")
-    outcome = study.run_study(spec, args.out, progress=None)
-    return _finish(outcome, args.out, args.no_report)
+    _say(f"thermo-lens: profiling {len(spec.models)} model(s) into {args.out}/")
+    return _run(spec, args)
 
 
 def cmd_study(args: argparse.Namespace) -> int:
     from thermo_lens import study
 
+    study.output_path(args.out)
     spec = study.load_spec(args.spec)
-    print(f"thermo-lens: study {spec.name!r}: {len(spec.models)} model(s) into {args.out}/ ({args.executor})")
-    outcome = study.run_study(spec, args.out, executor=args.executor, ray_address=args.ray_address)
-    if outcome.skipped:
-        print(f"  resumed: {len(outcome.skipped)} model(s) already done")
-    return _finish(outcome, args.out, args.no_report)
+    _say(f"thermo-lens: study {spec.name!r}: {len(spec.models)} model(s) into {args.out}/ ({args.executor})")
+    return _run(spec, args, args.executor, args.ray_address)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from thermo_lens import study
 
-    d = Path(args.dir)
+    d = study.output_path(args.dir, "study folder")
     if not d.is_dir():
         raise CLIError(f"{d} is not a folder; give the study or profile folder")
     if not os.path.lexists(d / study.MANIFEST):
         raise CLIError(f"{d}: no {study.MANIFEST} here; run `thermo-lens profile --out {d}` or `thermo-lens study SPEC --out {d}` first")
     if args.output is not None:
-        _check_output(Path(args.output))
+        _check_output(study.output_path(args.output, "--output file"))
     contents = study.read_study(d)
     if not contents.profiles:
         _print_status(contents)
@@ -284,7 +319,7 @@ def cmd_zoo(args: argparse.Namespace) -> int:
                 f"weight_decay {train.get('weight_decay')}, val loss {loss_txt}")
         if info.get("matched_with"):
             line += f"  (matched with {info['matched_with']}: differs only in {info['differs_in']})"
-        print(line)
+        _say(line)
     return EXIT_OK
 
 
@@ -329,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         msg = _os_error(e) if isinstance(e, OSError) else str(e)
-        print(f"thermo-lens: error: {msg[:2000]}", file=sys.stderr)
+        _say(f"thermo-lens: error: {msg[:2000]}", err=True)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("thermo-lens: interrupted; rerun the same command to resume", file=sys.stderr)
@@ -337,16 +372,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - a bug, not a user error: say so, briefly
         if args.debug:
             raise
-        print(f"thermo-lens: internal error: {type(e).__name__}: {str(e)[:1000]}\n"
-              "  rerun with --debug for the traceback and report it", file=sys.stderr)
+        _say(f"thermo-lens: internal error: {type(e).__name__}: {str(e)[:1000]}\n"
+             "  rerun with --debug for the traceback and report it", err=True)
         return EXIT_FAILED_MODELS
 
 
 def _os_error(e: OSError) -> str:
-    from thermo_lens.safe_io import _reason
+    from thermo_lens.safe_io import os_error_reason
 
     where = f" {e.filename}" if e.filename else ""
-    return f"cannot access{where}: {_reason(e)}"
+    return f"cannot access{where}: {os_error_reason(e)}"
 
 
 if __name__ == "__main__":  # pragma: no cover

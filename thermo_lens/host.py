@@ -8,12 +8,18 @@ host class                         TransformerLens              notes
 ``HookedTransformer``              2.16.x, 3.x                  raw or processed weights
 ``HookedSAETransformer`` (SAELens) 2.16.x, 3.x                  SAEs attached with ``add_sae``
 ``TransformerBridge``              3.x, 4.x                     with or without compatibility mode
+``HookedEncoder`` (BERT)           2.16.x, 3.x                  read at the stream the next block gets
 =================================  ===========================  ==============================
 
-A model from another TransformerLens release, or a host class whose hook points mean something
-else (``HookedEncoder``: its ``hook_resid_post`` is taken *before* the block's final LayerNorm,
-so BERT gains would silently differ from every other host), gets a :class:`UnsupportedHostError`
-that says what to install or load instead.
+``HookedEncoder``'s ``blocks.{l}.hook_resid_post`` is taken *before* the block's final LayerNorm,
+so thermo-lens reads its residual states at ``blocks.{l}.hook_normalized_resid_post`` (the norm's
+output, what block ``l + 1`` receives and what every other host records as the block output):
+the same numbers as the same checkpoint booted as a ``TransformerBridge``.
+
+A model from another TransformerLens release, or a host class thermo-lens cannot read
+(``HookedEncoderDecoder``: two stacks whose blocks are not one residual stream;
+``HookedAudioEncoder``), gets a :class:`UnsupportedHostError` that says what to install or load
+instead.
 """
 
 from __future__ import annotations
@@ -33,8 +39,9 @@ _MIN, _MAX_MAJOR = (2, 16, 1), 5
 
 @dataclass(frozen=True)
 class Host:
-    """The host of a model: ``kind`` (``"bridge"``, ``"hooked_transformer"`` or
-    ``"hooked_sae_transformer"``), its class name and the TransformerLens version it runs on."""
+    """The host of a model: ``kind`` (``"bridge"``, ``"hooked_transformer"``,
+    ``"hooked_sae_transformer"`` or ``"hooked_encoder"``), its class name and the TransformerLens
+    version it runs on."""
 
     kind: str
     cls: str
@@ -78,7 +85,8 @@ def detect_host(model: Any, version: str | None = None) -> Host:
 
     Raises:
         UnsupportedHostError: a TransformerLens release outside ``SUPPORTED_TL``, a
-            ``HookedEncoder`` / encoder-decoder, or a TransformerLens class that is not a model host.
+            ``HookedEncoderDecoder`` / ``HookedAudioEncoder``, or a TransformerLens class that is not
+            a model host.
     """
     version = version or transformer_lens_version()
     names = _mro_names(model)
@@ -89,12 +97,16 @@ def detect_host(model: Any, version: str | None = None) -> Host:
         kind = "hooked_sae_transformer"
     elif "HookedTransformer" in names:
         kind = "hooked_transformer"
-    elif any(n in names for n in ("HookedEncoder", "HookedEncoderDecoder", "HookedAudioEncoder")):
+    elif "HookedEncoder" in names:
+        kind = "hooked_encoder"
+    elif any(n in names for n in ("HookedEncoderDecoder", "HookedAudioEncoder")):
         raise UnsupportedHostError(
-            f"thermo-lens does not read {type(model).__name__}: its blocks' hook_resid_post is taken "
-            "before the block's final LayerNorm, so its 'residual states' are not the block outputs "
-            "every other host records. Boot the same checkpoint as a TransformerBridge instead: "
-            "`TransformerBridge.boot_transformers('<name or dir>')` (TransformerLens >= 3)."
+            f"thermo-lens does not read {type(model).__name__}: "
+            + ("an encoder and a decoder stack with cross-attention are not one residual stream, so "
+               "block gains along it are not defined. For the encoder alone boot it as a TransformerBridge: "
+               "`TransformerBridge.boot_transformers('<name or dir>')` (TransformerLens >= 3)."
+               if "HookedEncoderDecoder" in names else
+               "its blocks read audio features, not tokens, and thermo-lens' passes tokenize text.")
         )
     else:
         # Duck-typed host (a HookedRootModule subclass of the user's): read like HookedTransformer.

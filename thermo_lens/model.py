@@ -29,6 +29,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from thermo_lens import attached
 from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.layout import BlockLayout, detect_layout
 
 __all__ = ["ModelView", "as_view", "kv_head_map", "PROCESSING_STEPS"]
 
@@ -75,7 +76,7 @@ def _bridge_class_hint() -> str:
 def _check_model(model: Any) -> None:
     if isinstance(model, ModelView):
         return
-    if type(model).__name__ in ("HookedEncoder", "HookedEncoderDecoder", "HookedAudioEncoder"):
+    if type(model).__name__ in ("HookedEncoderDecoder", "HookedAudioEncoder"):
         from thermo_lens.host import detect_host
 
         detect_host(model)  # raises UnsupportedHostError with what to load instead
@@ -124,14 +125,17 @@ class ModelView:
             (post-LN: the block output is a LayerNorm output, BERT / OPT-350m), or ``"none"``.
         post_ln: ``norm_placement == "post"``.
         parallel_attn: attention and MLP read the same block input (GPT-J, GPT-NeoX/Pythia).
+        layout: the :class:`~thermo_lens.layout.BlockLayout` of every block: pre-LN, parallel,
+            sandwich (norms after the sublayers), post-LN, with its residual multiplier and
+            mixture of experts (``thermo_lens.definitions`` §7).
         weight_processing: the TransformerLens weight-processing steps the weights show
             (:data:`PROCESSING_STEPS`: ``fold_ln``, ``center_writing_weights``, ``center_unembed``,
             ``fold_value_biases``), detected from the weights on every host (compatibility mode,
             legacy ``from_pretrained``, or ``load_and_process_state_dict``, which folds value
             biases by default); ``()`` for raw weights (the bridge default, what the paper used).
         weights_processed: ``bool(weight_processing)``.
-        backend: ``"bridge"`` or ``"hooked_transformer"`` (HookedTransformer and SAELens'
-            HookedSAETransformer).
+        backend: ``"bridge"``, ``"hooked_transformer"`` (HookedTransformer and SAELens'
+            HookedSAETransformer) or ``"hooked_encoder"`` (BERT's ``HookedEncoder``).
         host: the :class:`~thermo_lens.host.Host` (class, TransformerLens version); a model from an
             unsupported TransformerLens release raises
             :class:`~thermo_lens.host.UnsupportedHostError`.
@@ -147,7 +151,7 @@ class ModelView:
         from thermo_lens.host import detect_host
 
         self.host = detect_host(model)
-        self.backend = "bridge" if self.host.kind == "bridge" else "hooked_transformer"
+        self.backend = {"bridge": "bridge", "hooked_encoder": "hooked_encoder"}.get(self.host.kind, "hooked_transformer")
         self.n_layers: int = int(cfg.n_layers)
         self.n_heads: int = int(cfg.n_heads)
         n_kv = getattr(cfg, "n_key_value_heads", None)
@@ -171,6 +175,8 @@ class ModelView:
         name = str(getattr(cfg, "model_name", None) or type(model).__name__)
         # A local checkpoint's cfg.model_name is its path; its directory name reads better.
         self.name: str = Path(name).name if name.startswith(("/", ".", "~")) else name
+        self.layout: BlockLayout = detect_layout(model, self.host.kind, self.hf_config, self.norm_placement,
+                                                 self.parallel_attn, self.name)
 
     # ------------------------------------------------------------------ metadata
     def _hf_config(self) -> Any:
@@ -228,6 +234,8 @@ class ModelView:
         model, cfg = self.model, self.model.cfg
         if self.backend == "bridge" and not getattr(model, "_weights_processed", False):
             return ()  # a bridge's weights change only through process_weights / compatibility mode
+        if self.backend == "hooked_encoder":
+            return ()  # HookedEncoder never folds or centres (its post-LN norms cannot be folded)
         steps = []
         block = self.model.blocks[0]
         if str(getattr(cfg, "normalization_type", "")).endswith("Pre"):
@@ -313,6 +321,7 @@ class ModelView:
             "norm_placement": self.norm_placement,
             "post_ln": self.post_ln,
             "parallel_attn": self.parallel_attn,
+            "block_layout": self.layout.metadata(),
             "weights": self.weight_state,
             "weight_processing": list(self.weight_processing),
             "dtype": str(self.dtype).replace("torch.", ""),
@@ -324,8 +333,7 @@ class ModelView:
     def __repr__(self) -> str:
         return (
             f"ModelView({self.name!r}: L={self.n_layers}, H={self.n_heads}, H_kv={self.n_kv_heads}, "
-            f"d_model={self.d_model}, d_head={self.d_head}, {self.norm_placement}-LN"
-            f"{', parallel attn' if self.parallel_attn else ''}, weights {self.weight_state}"
+            f"d_model={self.d_model}, d_head={self.d_head}, {self.layout.describe()}, weights {self.weight_state}"
             f"{' (' + ', '.join(self.weight_processing) + ')' if self.weight_processing else ''}, "
             f"{str(self.dtype).replace('torch.', '')}, {self.device})"
         )
@@ -346,9 +354,14 @@ class ModelView:
         ``frobenius``), with SAEs and hooks alike. A replacement at ``blocks.0.hook_resid_pre``
         is part of ``x_0``. :meth:`run` reads a hook point that carries an SAE at the SAE's output
         (``<hook>.hook_sae_output``): the residual stream the model carries downstream.
+        On ``HookedEncoder`` (BERT), whose ``hook_resid_post`` is taken before the block's last
+        LayerNorm, ``x_L`` is that norm's output ``blocks.{L-1}.hook_normalized_resid_post`` (and
+        ``blocks.{l}.hook_resid_pre`` is ``blocks.{l-1}.hook_normalized_resid_post``): the stream
+        the next block receives, as on every other host.
         """
         L = self.n_layers
-        return tuple([f"blocks.{l}.hook_resid_pre" for l in range(L)] + [f"blocks.{L - 1}.hook_resid_post"])
+        post = "hook_normalized_resid_post" if self.backend == "hooked_encoder" else "hook_resid_post"
+        return tuple([f"blocks.{l}.hook_resid_pre" for l in range(L)] + [f"blocks.{L - 1}.{post}"])
 
     def pattern_hook_name(self, layer: int) -> str:
         """Hook giving the attention pattern ``[batch, head, query_pos, key_pos]`` of a layer."""
@@ -382,16 +395,26 @@ class ModelView:
                                        "(negative indices count from the end)")
         return [l % self.n_layers for l in out]
 
-    def _input_weights(self, name: str, n: int, dtype: torch.dtype, layers: Sequence[int] | None) -> Tensor:
-        out = []
-        for l in self._layers(layers):
-            attn = self._attn(l)
-            # Legacy GQA attention keeps the un-repeated KV weights in `_W_K` / `_W_V`.
-            w = getattr(attn, f"_{name}", None) if name in ("W_K", "W_V") else None
-            if w is None:
-                w = getattr(attn, name)
-            out.append(self._as_heads(w, n, (self.d_model, self.d_head), name, l))
-        return torch.stack(out).to(dtype)
+    def _input_weights(self, name: str, dtype: torch.dtype, layers: Sequence[int] | None) -> Tensor:
+        return torch.stack([self.stored_weights(name, l) for l in self._layers(layers)]).to(dtype)
+
+    def stored_weights(self, name: str, layer: int) -> Tensor:
+        """One layer's ``W_Q`` ``[head, d_model, d_head]``, ``W_K`` / ``W_V`` ``[kv_head, d_model,
+        d_head]`` or ``W_O`` ``[head, d_head, d_model]`` as the model stores it: detached, on CPU, in
+        the model's own dtype and, where TransformerLens exposes one, a view of the parameter (no
+        copy: read it, never write to it). For reading a large model a layer at a time; :meth:`W_V`
+        and the others return stacked copies."""
+        if name not in ("W_Q", "W_K", "W_V", "W_O"):
+            raise ThermoLensInputError(f"stored_weights reads 'W_Q', 'W_K', 'W_V' or 'W_O', got {name!r}")
+        l = self._layers([layer])[0]
+        attn = self._attn(l)
+        if name == "W_O":
+            return self._as_heads(attn.W_O, self.n_heads, (self.d_head, self.d_model), "W_O", l)
+        # Legacy GQA attention keeps the un-repeated KV weights in `_W_K` / `_W_V`.
+        w = getattr(attn, f"_{name}", None) if name in ("W_K", "W_V") else None
+        if w is None:
+            w = getattr(attn, name)
+        return self._as_heads(w, self.n_heads if name == "W_Q" else self.n_kv_heads, (self.d_model, self.d_head), name, l)
 
     def W_V(self, dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None
             ) -> Float[Tensor, "layer kv_head d_model d_head"]:
@@ -399,26 +422,22 @@ class ModelView:
 
         ``layers`` selects layers (default all); the first dimension then follows ``layers``.
         """
-        return self._input_weights("W_V", self.n_kv_heads, dtype, layers)
+        return self._input_weights("W_V", dtype, layers)
 
     def W_K(self, dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None
             ) -> Float[Tensor, "layer kv_head d_model d_head"]:
         """Key weights per layer and KV head (``k = x @ W_K``), detached, on CPU, in ``dtype``."""
-        return self._input_weights("W_K", self.n_kv_heads, dtype, layers)
+        return self._input_weights("W_K", dtype, layers)
 
     def W_Q(self, dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None
             ) -> Float[Tensor, "layer head d_model d_head"]:
         """Query weights per layer and query head (``q = x @ W_Q``), detached, on CPU, in ``dtype``."""
-        return self._input_weights("W_Q", self.n_heads, dtype, layers)
+        return self._input_weights("W_Q", dtype, layers)
 
     def W_O(self, dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None
             ) -> Float[Tensor, "layer head d_head d_model"]:
         """Output weights per layer and query head, detached, on CPU, in ``dtype``."""
-        out = [
-            self._as_heads(self._attn(l).W_O, self.n_heads, (self.d_head, self.d_model), "W_O", l)
-            for l in self._layers(layers)
-        ]
-        return torch.stack(out).to(dtype)
+        return self._input_weights("W_O", dtype, layers)
 
     def output_biases(self, layer: int, dtype: torch.dtype = torch.float32) -> tuple[Tensor | None, Tensor | None]:
         """``(b_O, b_out)`` of block ``layer``: the attention output bias and the MLP output bias
@@ -473,10 +492,10 @@ class ModelView:
         if attached.needs_resolving(self.model):
             hooks = [(attached.resolve_hook(self.model, name, self.name), fn) for name, fn in hooks]
         with torch.inference_mode():
+            # HookedEncoder names its mask one_zero_attention_mask.
+            mask_kw = "one_zero_attention_mask" if self.backend == "hooked_encoder" else "attention_mask"
             try:
-                self.model.run_with_hooks(
-                    tokens, fwd_hooks=hooks, attention_mask=mask, return_type=None
-                )
+                self.model.run_with_hooks(tokens, fwd_hooks=hooks, return_type=None, **{mask_kw: mask})
             except _StopForward:
                 pass
 
@@ -494,7 +513,8 @@ class ModelView:
             if len(parts) < 3 or parts[0] != "blocks" or not parts[1].isdigit():
                 return None
             deepest = max(deepest, int(parts[1]))
-        return f"blocks.{min(deepest, self.n_layers - 1)}.hook_resid_post"
+        last = "hook_normalized_resid_post" if self.backend == "hooked_encoder" else "hook_resid_post"
+        return f"blocks.{min(deepest, self.n_layers - 1)}.{last}"
 
 def _centred(rows: Tensor) -> bool:
     """Whether every row of ``rows`` ``[n, d]`` has mean 0 up to float rounding (``|mean| <= 1e-3

@@ -175,11 +175,11 @@ def _build(name: str) -> PromptSet:
             prompts.extend(items)
             cats.extend([cat] * len(items))
         return PromptSet(name, tuple(prompts), tuple(cats), source)
-    prompts = tuple(raw)
+    flat = tuple(raw)
     if name == "pythia_family_sweep_25":
-        cats = tuple(c for c in CATEGORIES for _ in range(5))
-        return PromptSet(name, prompts, cats, source + "; categories inferred (5 blocks of 5)")
-    return PromptSet(name, prompts, ("all",) * len(prompts), source)
+        inferred = tuple(c for c in CATEGORIES for _ in range(5))
+        return PromptSet(name, flat, inferred, source + "; categories inferred (5 blocks of 5)")
+    return PromptSet(name, flat, ("all",) * len(flat), source)
 
 
 def names(include_aliases: bool = True) -> list[str]:

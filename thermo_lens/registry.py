@@ -33,6 +33,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from thermo_lens.errors import ThermoLensInputError
+
 __all__ = ["Metric", "register_metric", "register_head_metric", "get", "metrics", "definitions", "SECTIONS",
            "Option", "Measurement", "BuildContext", "register_measurement", "measurement", "measurements"]
 
@@ -45,6 +47,7 @@ SECTIONS: dict[str, str] = {
     "l_star": "4. L*, the depth of maximal trace change",
     "laws": "5. Cross-model laws",
     "numerics": "6. Numerics and provenance",
+    "layouts": "7. Block layouts",
 }
 
 # Modules that register metrics and measurements (the measures layer); imported on first full
@@ -63,7 +66,7 @@ _PROVIDERS = (
 
 #: Shapes a metric can have (dimension names as in the jaxtyping annotations).
 SHAPES = ("layer head", "layer kv_head", "layer", "prompt layer", "prompt state", "prompt",
-          "prompt layer head", "prompt head", "head", "")
+          "prompt layer head", "prompt head", "head", "", "prompt layer expert")
 
 
 @dataclass(frozen=True)
@@ -311,8 +314,6 @@ class Measurement:
 
     def resolve(self, given: dict[str, Any]) -> dict[str, Any]:
         """Every option's value: ``given`` (checked) over the defaults; an unknown option raises."""
-        from thermo_lens.errors import ThermoLensInputError
-
         unknown = sorted(set(given) - set(self.options))
         if unknown:
             known = ", ".join(self.options) or "none"
@@ -341,8 +342,6 @@ def register_measurement(m: Measurement) -> Measurement:
 
 def measurement(name: str) -> Measurement:
     """The registered measurement called ``name`` (the error lists them)."""
-    from thermo_lens.errors import ThermoLensInputError
-
     _load()
     try:
         return _MEASUREMENTS[name]
@@ -358,5 +357,9 @@ def measurements(*, in_profile: bool | None = None, load: bool = True) -> tuple[
     chosen = [m for m in _MEASUREMENTS.values() if in_profile is None or m.in_profile == in_profile]
     # A fixed order whatever the import order: the providers' order (dependencies first), then as
     # registered.
-    rank = {mod: i for i, mod in enumerate(_PROVIDERS)}
-    return tuple(sorted(chosen, key=lambda m: rank.get(getattr(m.build, "__module__", ""), len(rank))))
+    def rank(m: Measurement) -> int:  # a provider package's submodules rank as the package
+        module = str(getattr(m.build, "__module__", ""))
+        return next((i for i, p in enumerate(_PROVIDERS) if module == p or module.startswith(p + ".")),
+                    len(_PROVIDERS))
+
+    return tuple(sorted(chosen, key=rank))

@@ -331,39 +331,14 @@ def _metric_glossary_html() -> str:
             f"<th>unit</th><th>definition</th><th>reference</th></tr></thead><tbody>{rows}</tbody></table>")
 
 
-def _lab_section(doc: _Doc, directory: Path | None) -> None:
-    """The heritage lab's effects and trajectories, when the report is of a lab's ``train/`` directory."""
-    lab_dir = directory.parent if directory is not None else None
-    if lab_dir is None or not (lab_dir / "lab.json").is_file() or not (lab_dir / "effects.csv").is_file():
-        return
-    from thermo_lens.lab import views as lab_views
-
-    runs, eff = pd.read_csv(lab_dir / "runs.csv"), pd.read_csv(lab_dir / "effects.csv")
-    doc.section("heritage-lab", "Heritage lab: what each knob does to the gain")
-    n = sorted(set(eff["n_seeds"].astype(int))) if len(eff) else []
-    doc.p(f"Each knob level is compared with its reference level, paired by seed (same initial weights where "
-          f"shapes allow, same batches, same token budget), at the last checkpoint: effect = mean over seeds "
-          f"(n = {', '.join(map(str, n)) or '0'}) of level minus reference, 95% Student-t CI over seeds, two-sided "
-          f"exact sign-flip permutation p-value (its smallest possible value is 2/2^n). flips_regime: the seed means "
-          f"lie on opposite sides of 1. Toy scale: 10^5-parameter models trained for minutes on CPU; read an effect "
-          f"as what a knob can do, not what it did in a published model.", "note")
-    if len(eff):
-        doc.figure("fig-lab-effects", lambda: lab_views.effect_sizes(eff))
-        doc.html(_table(eff[["knob", "reference", "level", "metric", "effect", "ci_low", "ci_high", "pvalue",
-                             "n_seeds", "flips_regime"]], left=["knob", "reference", "level", "metric"]))
-    for metric in ("last_block_gain", "penultimate_gain"):
-        if len(runs) and metric in runs.columns:
-            doc.figure(f"fig-lab-{metric}", lambda m=metric: lab_views.gain_trajectories(runs, m))  # type: ignore[misc]
-
-
 def _tests_table(result: Any) -> str:
     """A law result's tests: effect with CI, small-n p, Holm, leave-one-out (one row per test)."""
     df = result.tests_frame()
     if df.empty:
         return ""
-    cols = ["name", "n", "effect", "effect_value", "ci_low", "ci_high", "pvalue", "pvalue_method",
+    cols = ["name", "role", "n", "effect", "effect_value", "ci_low", "ci_high", "pvalue", "pvalue_method",
             "pvalue_holm", "loo_model", "loo_statistic", "loo_worst_model", "loo_worst_pvalue", "note"]
-    return _table(df[cols], left=("name", "effect", "pvalue_method", "loo_model", "loo_worst_model", "note"))
+    return _table(df[cols], left=("name", "role", "effect", "pvalue_method", "loo_model", "loo_worst_model", "note"))
 
 
 def _definitions_html() -> str:
@@ -600,7 +575,7 @@ def _page(doc: _Doc, name: str) -> str:
 
 
 def render_report(dir_or_profiles: Any, *, title: str | None = None, panel: Any = "auto",
-                  panel_layer: int | None = None) -> tuple[str, list[str]]:
+                  panel_layer: int | None = None, sections: Sequence[Callable[[Any], None]] = ()) -> tuple[str, list[str]]:
     """The report's HTML text and the ids of its plotly figures (see :func:`write_report`)."""
     profiles, manifest, directory = _load_inputs(dir_or_profiles)
     study_info = manifest.get("study") or {}
@@ -614,7 +589,8 @@ def render_report(dir_or_profiles: Any, *, title: str | None = None, panel: Any 
         _summary_section(doc, profiles, rows)
         _measurement_sections(doc, profiles)
         _laws_section(doc, rows)
-        _lab_section(doc, directory)
+        for extra in sections:  # e.g. the heritage lab's (thermo_lens.lab.report_section)
+            extra(doc)
         _reference_section(doc, rows)
     _panel_section(doc, profiles, panel, panel_layer)
     _definitions_section(doc)
@@ -622,7 +598,8 @@ def render_report(dir_or_profiles: Any, *, title: str | None = None, panel: Any 
 
 
 def write_report(dir_or_profiles: Any, output: str | os.PathLike | None = None, *, title: str | None = None,
-                 panel: Any = "auto", panel_layer: int | None = None) -> Path:
+                 panel: Any = "auto", panel_layer: int | None = None,
+                 sections: Sequence[Callable[[Any], None]] = ()) -> Path:
     """Write ONE self-contained offline HTML report; returns its path.
 
     Args:
@@ -632,11 +609,14 @@ def write_report(dir_or_profiles: Any, output: str | os.PathLike | None = None, 
         output: the HTML file to write. Default ``DIR/report.html`` for a directory, else
             ``./thermo-lens-report.html``.
         title: report title (default from the study name or the models).
-        panel: the circuitsvis attention panel: ``"auto"`` (boot an embedded zoo model or a small local
+        panel: the circuitsvis attention panel: ``"auto"`` (the default: boot an embedded zoo model or a small local
             checkpoint named by a profile's ``meta["source"]``; skip with the reason otherwise),
             ``True`` (must draw it: error if no model can be booted), ``False`` (skip) or a loaded
             TransformerLens model.
         panel_layer: layer shown in the panel (default ``n_layers // 2``).
+        sections: extra sections (default ``()``), written after the cross-model laws: functions ``fn(doc)`` that
+            call ``doc.section(anchor, title)``, ``doc.p``, ``doc.html``, ``doc.table`` and
+            ``doc.figure`` (the heritage lab adds its own this way).
 
     plotly.js is embedded once in the page head (``plotly.offline.get_plotlyjs()``) and every figure
     is written with ``include_plotlyjs=False``; the circuitsvis bundle is inlined in the panel. No
@@ -654,7 +634,7 @@ def write_report(dir_or_profiles: Any, output: str | os.PathLike | None = None, 
         raise ReportError(f"cannot write {out}: folder {out.parent} does not exist or is not a folder")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # NaN means over empty CIs are expected
-        page, _ = render_report(dir_or_profiles, title=title, panel=panel, panel_layer=panel_layer)
+        page, _ = render_report(dir_or_profiles, title=title, panel=panel, panel_layer=panel_layer, sections=sections)
     if not out.parent.is_dir():  # never create folders (up to the root) for a mistyped path
         raise ReportError(f"cannot write {out}: folder {out.parent} does not exist or is not a folder")
     from thermo_lens.safe_io import atomic_write_text

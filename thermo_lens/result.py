@@ -11,33 +11,62 @@ result records its class's ``schema_version``. Reading one back fills the datacl
 fields added since it was written, warns about and drops fields this version does not know,
 lets the class convert older layouts (:meth:`Result.migrate`), and refuses a result written by a
 newer schema with a :class:`ThermoLensSchemaError` that says to upgrade.
+
+Reading is bounded and strict: at most :data:`MAX_JSON_BYTES` of text and :data:`MAX_DEPTH`
+levels of nesting; tensors and arrays only of the dtypes a result stores (bool, integers, floats,
+complex; for arrays also dates and fixed-width text), never ``object`` or a name looked up on
+``torch``; base64 data and shapes checked. Anything else is a :class:`ThermoLensSchemaError`
+naming what is wrong (an empty string or a wrong type: :class:`ThermoLensInputError`).
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import dataclasses
 import json
+import math
 import os
 import warnings
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
 import torch
-from thermo_lens.errors import ThermoLensSchemaError
+from thermo_lens.errors import ThermoLensError, ThermoLensInputError, ThermoLensInputTypeError, ThermoLensSchemaError
 
-__all__ = ["Result", "encode", "decode"]
+__all__ = ["Result", "encode", "decode", "register_plot", "MAX_JSON_BYTES", "MAX_DEPTH"]
 
-
+#: The largest JSON text (characters, or bytes of a file) :meth:`Result.from_json` reads.
+MAX_JSON_BYTES = 1 << 31
+#: The deepest nesting of stored values :func:`decode` follows (a profile uses about 12).
+MAX_DEPTH = 100
+# Tensor dtypes a result stores (bfloat16 travels as int16 bits); array dtypes by numpy kind:
+# bool, signed, unsigned, float, complex, timedelta, datetime, unicode and byte strings.
+_TORCH_DTYPES = frozenset({"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
+                           "float64", "complex64", "complex128"})
+_ARRAY_KINDS = "biufcmMUS"
 
 _REGISTRY: dict[str, type] = {}
+# Result class name -> its figure, registered by thermo_lens.views (results never import views: the
+# figures sit in a layer above; `Result.plot` loads them on first use).
+_PLOTS: dict[str, Any] = {}
+_FIGURES_MODULE = "thermo_lens.views"
+
+
+def register_plot(result: str) -> Any:
+    """Decorator (for :mod:`thermo_lens.views`): ``fn(result, **kwargs) -> Figure`` is what
+    ``result.plot(**kwargs)`` draws for instances of the result class named ``result``."""
+    def wrap(fn: Any) -> Any:
+        _PLOTS[result] = fn
+        return fn
+    return wrap
 
 
 def encode(obj: Any) -> Any:
     """Turn ``obj`` into JSON-ready data (see module docstring)."""
     if isinstance(obj, Result):
+        # ignore: mypy cannot see that a Result subclass is a dataclass (the mixin itself is not one)
         data = {f.name: encode(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}  # type: ignore[arg-type]
         return {"__result__": type(obj).__name__, "version": type(obj).schema_version, "fields": data}
     if isinstance(obj, torch.Tensor):
@@ -72,48 +101,165 @@ def encode(obj: Any) -> Any:
     raise TypeError(f"cannot serialise {type(obj).__name__} in a thermo-lens result")
 
 
-def decode(data: Any) -> Any:  # noqa: C901 - one flat branch per stored type
-    """Inverse of :func:`encode`."""
+def decode(data: Any) -> Any:
+    """Inverse of :func:`encode`.
+
+    Raises:
+        ThermoLensSchemaError: data :func:`encode` does not write (an unknown marker or dtype,
+            bad base64, a shape that does not fit the data, nesting deeper than :data:`MAX_DEPTH`).
+    """
+    return _decode(data, 0)
+
+
+def _decode(data: Any, depth: int) -> Any:
+    if depth > MAX_DEPTH:
+        raise ThermoLensSchemaError(f"stored values nested more than {MAX_DEPTH} levels deep; not a thermo-lens result")
     if isinstance(data, list):
-        return [decode(v) for v in data]
+        return [_decode(v, depth + 1) for v in data]
     if not isinstance(data, dict):
         return data
-    if "__result__" in data:
-        cls = _REGISTRY.get(data["__result__"])
-        if cls is None:
-            raise ValueError(f"unknown result type {data['__result__']!r} in JSON")
-        fields = {k: decode(v) for k, v in data["fields"].items()}
-        upgrade = getattr(cls, "_upgrade_fields", None)
-        if upgrade is not None:
-            fields = upgrade(fields)
-        return _build(cls, fields, int(data.get("version", 1)))
-    if "__tensor__" in data:
-        raw = base64.b64decode(data["__tensor__"])
-        if data["dtype"] == "bfloat16":
-            bits = np.frombuffer(raw, dtype=np.int16).copy()
-            return torch.from_numpy(bits).view(torch.bfloat16).reshape(data["shape"])
-        arr = np.frombuffer(raw, dtype=np.dtype(data["dtype"])).copy()
-        return torch.from_numpy(arr).reshape(data["shape"])
-    if "__ndarray__" in data:
-        raw = base64.b64decode(data["__ndarray__"])
-        return np.frombuffer(raw, dtype=np.dtype(data["dtype"])).copy().reshape(data["shape"])
-    if "__frame__" in data:
-        return _decode_frame(data["__frame__"])
-    if "__objarray__" in data:
-        out = np.empty(len(data["__objarray__"]), dtype=object)
-        out[:] = [decode(v) for v in data["__objarray__"]]
-        return out.reshape(data["shape"])
-    if "__float__" in data:
-        return float(data["__float__"])
-    if "__tuple__" in data:
-        return tuple(decode(v) for v in data["__tuple__"])
-    if "__dict__" in data:
-        return {k: decode(v) for k, v in data["__dict__"].items()}
-    if "__items__" in data:
-        return {decode(k): decode(v) for k, v in data["__items__"]}
-    if "__dtype__" in data:
-        return getattr(torch, data["__dtype__"])
-    raise ValueError(f"unrecognised JSON object with keys {sorted(data)}")
+    for marker, decoder in _DECODERS.items():
+        if marker in data:
+            return decoder(data, depth + 1)
+    raise ThermoLensSchemaError(f"unrecognised JSON object with keys {_excerpt(sorted(map(str, data)))}")
+
+
+def _decode_result(data: dict, depth: int) -> Any:
+    name, fields, version = data["__result__"], data.get("fields"), data.get("version", 1)
+    cls = _result_class(name)
+    if cls is None:
+        raise ThermoLensSchemaError(f"unknown result type {_excerpt(name)} in JSON (written by another package or a "
+                                    "newer thermo-lens?)")
+    if not isinstance(fields, dict) or not all(isinstance(k, str) for k in fields):
+        raise ThermoLensSchemaError(f"the stored {cls.__name__} has no 'fields' object")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise ThermoLensSchemaError(f"the stored {cls.__name__} has version {_excerpt(version)}, not a whole number")
+    decoded = {k: _decode(v, depth) for k, v in fields.items()}
+    upgrade = getattr(cls, "_upgrade_fields", None)
+    if upgrade is not None:
+        decoded = upgrade(decoded)
+    return _build(cls, decoded, version)
+
+
+def _result_class(name: Any) -> type | None:
+    """The result class stored under ``name``. Classes register themselves when their module is
+    imported, and the measurement modules are imported lazily: a profile read in a fresh process
+    names results (``LStarResult``...) whose module nothing imported yet, so on a miss the
+    measurement registry loads its providers once and the name is looked up again."""
+    if not isinstance(name, str):
+        return None
+    if name not in _REGISTRY:
+        from thermo_lens import registry
+
+        registry.measurements()  # imports every module that provides a measurement (and its result)
+    return _REGISTRY.get(name)
+
+
+def _decode_tensor(data: dict, depth: int) -> torch.Tensor:
+    name = data.get("dtype")
+    if name not in _TORCH_DTYPES:
+        raise ThermoLensSchemaError(f"tensor dtype {_excerpt(name)} is not one a thermo-lens result stores "
+                                    f"({', '.join(sorted(_TORCH_DTYPES))})")
+    raw = _b64(data["__tensor__"])
+    shape = _shape(data.get("shape"))
+    if name == "bfloat16":
+        bits = _frombuffer(raw, np.dtype(np.int16), shape)
+        return torch.from_numpy(bits).view(torch.bfloat16).reshape(shape)
+    return torch.from_numpy(_frombuffer(raw, np.dtype(name), shape)).reshape(shape)
+
+
+def _decode_ndarray(data: dict, depth: int) -> np.ndarray:
+    shape = _shape(data.get("shape"))
+    return _frombuffer(_b64(data["__ndarray__"]), _array_dtype(data.get("dtype")), shape).reshape(shape)
+
+
+def _decode_objarray(data: dict, depth: int) -> np.ndarray:
+    values, shape = data["__objarray__"], _shape(data.get("shape"))
+    if not isinstance(values, list) or len(values) != math.prod(shape):
+        raise ThermoLensSchemaError(f"a stored object array of shape {shape} does not hold {math.prod(shape)} values")
+    out = np.empty(len(values), dtype=object)
+    out[:] = [_decode(v, depth) for v in values]
+    return out.reshape(shape)
+
+
+def _decode_float(data: dict, depth: int) -> float:
+    if data["__float__"] not in ("nan", "inf", "-inf"):
+        raise ThermoLensSchemaError(f"stored float {_excerpt(data['__float__'])} is not nan, inf or -inf")
+    return float(data["__float__"])
+
+
+def _decode_dtype(data: dict, depth: int) -> torch.dtype:
+    name = data["__dtype__"]
+    if name not in _TORCH_DTYPES:
+        raise ThermoLensSchemaError(f"stored dtype {_excerpt(name)} is not a torch dtype a result stores "
+                                    f"({', '.join(sorted(_TORCH_DTYPES))})")
+    return getattr(torch, name)
+
+
+def _decode_container(kind: str) -> Callable[[dict, int], Any]:
+    def decode_it(data: dict, depth: int) -> Any:
+        v = data[kind]
+        if kind == "__dict__" and isinstance(v, dict):
+            return {k: _decode(x, depth) for k, x in v.items()}
+        if kind == "__tuple__" and isinstance(v, list):
+            return tuple(_decode(x, depth) for x in v)
+        if kind == "__items__" and isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 for p in v):
+            return {_decode(k, depth): _decode(x, depth) for k, x in v}
+        raise ThermoLensSchemaError(f"a stored {kind.strip('_')} holds {type(v).__name__} data")
+    return decode_it
+
+
+_DECODERS: dict[str, Callable[[dict, int], Any]] = {
+    "__result__": _decode_result,
+    "__tensor__": _decode_tensor,
+    "__ndarray__": _decode_ndarray,
+    "__frame__": lambda data, depth: _decode_frame(data["__frame__"], depth),
+    "__objarray__": _decode_objarray,
+    "__float__": _decode_float,
+    "__tuple__": _decode_container("__tuple__"),
+    "__dict__": _decode_container("__dict__"),
+    "__items__": _decode_container("__items__"),
+    "__dtype__": _decode_dtype,
+}
+
+
+def _excerpt(value: Any) -> str:
+    from thermo_lens.validate import excerpt
+
+    return excerpt(value, 60)
+
+
+def _b64(text: Any) -> bytes:
+    if not isinstance(text, str):
+        raise ThermoLensSchemaError(f"stored tensor data is {type(text).__name__}, not base64 text")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ThermoLensSchemaError("stored tensor data is not valid base64 (damaged file?)") from None
+
+
+def _shape(shape: Any) -> tuple[int, ...]:
+    if not isinstance(shape, list) or len(shape) > 64 or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        raise ThermoLensSchemaError(f"stored shape {_excerpt(shape)} is not a list of sizes")
+    return tuple(shape)
+
+
+def _array_dtype(name: Any) -> np.dtype:
+    try:
+        dt = np.dtype(name) if isinstance(name, str) and len(name) <= 40 else None
+    except TypeError:
+        dt = None
+    if dt is None or dt.kind not in _ARRAY_KINDS or dt.fields is not None or dt.subdtype is not None:
+        raise ThermoLensSchemaError(f"array dtype {_excerpt(name)} is not one a thermo-lens result stores "
+                                    "(bool, integer, float, complex, date or fixed-width text; never object)")
+    return dt
+
+
+def _frombuffer(raw: bytes, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    if len(raw) != math.prod(shape) * dtype.itemsize:
+        raise ThermoLensSchemaError(f"stored data of {len(raw)} bytes does not fit shape {list(shape)} of {dtype}")
+    return np.frombuffer(raw, dtype=dtype).copy()
 
 
 def _build(cls: Any, fields: dict[str, Any], version: int) -> Any:
@@ -157,16 +303,19 @@ def _encode_frame(df: pd.DataFrame) -> dict:
     }}
 
 
-def _decode_frame(f: dict) -> pd.DataFrame:
-    cols = [decode(c) for c in f["columns"]]
+def _decode_frame(f: Any, depth: int = 0) -> pd.DataFrame:
+    if not isinstance(f, dict) or not all(isinstance(f.get(k), list) for k in ("columns", "dtypes", "data")) \
+            or not all(isinstance(t, str) and len(t) <= 40 for t in f["dtypes"]):
+        raise ThermoLensSchemaError("a stored frame lacks its columns, dtypes or data")
+    cols = [_decode(c, depth) for c in f["columns"]]
     data = {}
     for c, t, v in zip(cols, f["dtypes"], f["data"]):
-        vals = decode(v)
+        vals = _decode(v, depth)
         data[c] = pd.array(vals, dtype=t) if not isinstance(vals, np.ndarray) and t != "object" else vals
     df = pd.DataFrame(data, columns=cols)
     if len(cols) != len(set(cols)):  # pragma: no cover - never produced by thermo-lens
         raise ValueError("duplicate column names in a stored frame")
-    index = decode(f["index"])
+    index = _decode(f.get("index"), depth)
     if not (isinstance(index, np.ndarray) and f["index_dtype"] == "int64"
             and np.array_equal(index, np.arange(len(df)))):
         df.index = pd.Index(index if isinstance(index, np.ndarray) else np.array(index, dtype=object),
@@ -189,6 +338,24 @@ class Result:
         super().__init_subclass__(**kwargs)
         _REGISTRY[cls.__name__] = cls
 
+    def plot(self, **kwargs: Any) -> Any:
+        """This result's figure (a plotly ``Figure``): the view registered for its class
+        (:func:`register_plot`), else its first registered metric drawn from its shape
+        (:func:`thermo_lens.views.metric_plot`). ``kwargs`` go to the view."""
+        import importlib
+
+        name = type(self).__name__
+        if name not in _PLOTS:
+            importlib.import_module(_FIGURES_MODULE)  # views register their figures on import
+        if name in _PLOTS:
+            return _PLOTS[name](self, **kwargs)
+        from thermo_lens import registry
+
+        drawn = registry.metrics(result=name)
+        if not drawn:
+            raise ThermoLensInputError(f"{name} has no figure and no registered metric to draw")
+        return _PLOTS["__metric__"](self, drawn[0].name, **kwargs)
+
     @classmethod
     def migrate(cls, fields: dict[str, Any], version: int) -> dict[str, Any]:
         """Convert the decoded ``fields`` of a result stored under an older ``version`` to this
@@ -210,13 +377,56 @@ class Result:
 
     @classmethod
     def from_json(cls, text_or_path: str | os.PathLike) -> Any:
-        """Rebuild a result from :meth:`to_json` output (a JSON string or a file path)."""
-        text = str(text_or_path)
-        if not text.lstrip().startswith("{"):
-            text = Path(text_or_path).read_text()
-        data = json.loads(text)
+        """Rebuild a result from :meth:`to_json` output (a JSON string or a file path).
+
+        Raises:
+            ThermoLensSchemaError: not JSON, not a stored result, damaged data, an unknown dtype,
+                nested too deeply, or written by a newer schema.
+            ThermoLensInputError: an empty string; a file that cannot be read or is larger than
+                :data:`MAX_JSON_BYTES` (:class:`~thermo_lens.errors.SafeIOError`).
+            ThermoLensInputTypeError: not a str or path, or a stored result of another class.
+        """
+        text, where = _json_text(text_or_path)
+        try:
+            data = json.loads(text)
+        except RecursionError:
+            raise ThermoLensSchemaError(f"{where} is nested too deeply to be a thermo-lens result") from None
+        except json.JSONDecodeError as e:
+            raise ThermoLensSchemaError(f"{where} is not JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+        if not isinstance(data, dict) or "__result__" not in data:
+            kind = "an object without '__result__'" if isinstance(data, dict) else f"a JSON {type(data).__name__}"
+            raise ThermoLensSchemaError(f"{where} holds {kind}, not a stored thermo-lens result (Result.to_json())")
         data.pop("thermo_lens_schema", None)
-        obj = decode(data)
+        try:
+            obj = decode(data)
+        except ThermoLensError:
+            raise
+        except RecursionError:
+            raise ThermoLensSchemaError(f"{where} is nested too deeply to be a thermo-lens result") from None
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError, RuntimeError) as e:
+            raise ThermoLensSchemaError(f"{where} is damaged or was not written by thermo-lens "
+                                        f"({type(e).__name__}: {_excerpt(str(e))})") from None
         if not isinstance(obj, cls):
-            raise TypeError(f"JSON holds a {type(obj).__name__}, not a {cls.__name__}")
+            raise ThermoLensInputTypeError(f"JSON holds a {type(obj).__name__}, not a {cls.__name__}")
         return obj
+
+
+def _json_text(text_or_path: Any) -> tuple[str, str]:
+    """``(JSON text, how to name it in errors)`` of :meth:`Result.from_json`'s argument: text that
+    starts with ``{`` or ``[`` is JSON, any other string or path names a file."""
+    from thermo_lens.safe_io import printable, safe_read_text
+
+    if isinstance(text_or_path, str):
+        if text_or_path.lstrip().startswith(("{", "[")):
+            if len(text_or_path) > MAX_JSON_BYTES:
+                raise ThermoLensInputError(f"the JSON text is longer than {MAX_JSON_BYTES:,} characters")
+            return text_or_path, "the JSON text"
+        if not text_or_path.strip():
+            raise ThermoLensInputError("from_json got an empty string: pass the JSON text of a stored result "
+                                       "(Result.to_json()) or the path of its file")
+    elif not isinstance(text_or_path, os.PathLike):
+        raise ThermoLensInputTypeError(f"from_json takes JSON text or a file path, got {type(text_or_path).__name__}")
+    path = os.fspath(text_or_path)
+    if not isinstance(path, str):
+        raise ThermoLensInputTypeError(f"from_json takes a text path, got {type(path).__name__}")
+    return safe_read_text(path, MAX_JSON_BYTES, what="result file"), printable(path)

@@ -25,6 +25,9 @@ import pandas as pd
 from scipy import stats as _st
 
 from thermo_lens.gain import SUMMARIES, GainResult, regime_from_summary, residual_gain
+from thermo_lens.inputs import as_prompts
+from thermo_lens.model import as_view
+from thermo_lens.prompts import PromptSet
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.result import Result
 from thermo_lens.stats import (SummaryStats, format_p, kruskal_detectable_effect, kruskal_effect_size,
@@ -203,10 +206,6 @@ def input_robustness(
         ThermoLensInputError: unknown prompt-set name, bad prompts (see ``residual_gain``),
             unknown ``metric``.
     """
-    from thermo_lens.inputs import as_prompts
-    from thermo_lens.model import as_view
-    from thermo_lens.prompts import PromptSet
-
     if metric is not None and metric not in SUMMARIES:
         raise ThermoLensInputError(f"unknown metric {metric!r}; choose one of {', '.join(map(repr, SUMMARIES))}")
     view = as_view(model)

@@ -128,12 +128,6 @@ class SAEGainChange(PairedDifference):
             df["prepend_bos"] = str(self.with_saes.prepend_bos)
         return df
 
-    def plot(self) -> Any:
-        """Plotly figure (:func:`thermo_lens.views.sae_gain_change_plot`)."""
-        from thermo_lens.views.sae import sae_gain_change_plot
-
-        return sae_gain_change_plot(self)
-
     def __repr__(self) -> str:
         saes = "; ".join(f"{r['hook']} (d_sae={r['d_sae']}, error term {'on' if r['use_error_term'] else 'off'})"
                          for r in self.saes)

@@ -19,6 +19,10 @@ failure (missing, a directory, unreadable, too large, not UTF-8, a symlink where
 into a :class:`SafeIOError` that says which file and what to do. A UTF-8 byte-order mark is
 dropped.
 
+:func:`printable` escapes control characters (``ESC`` becomes ``\\x1b``) in text that came from
+a user or a file before it is shown on a terminal, and :func:`neutralise_formulas` makes a table's
+text cells safe to open in a spreadsheet.
+
 :class:`FolderLock` is an exclusive, non-blocking ``flock`` on ``DIR/.lock``, opened with
 ``O_NOFOLLOW``, removed again when the holder is done.
 """
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -44,6 +49,8 @@ __all__ = [
     "FolderLock",
     "FolderLockedError",
     "neutralise_formulas",
+    "printable",
+    "os_error_reason",
 ]
 
 TEMP_PREFIX = ".thermo-lens-tmp."
@@ -51,6 +58,17 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
+def printable(text: object, *, keep_newlines: bool = False) -> str:
+    """``str(text)`` with every character that could drive a terminal escaped as Python writes it
+    (``ESC`` -> ``\\x1b``, a right-to-left override -> ``\\u202e``): C0/C1 controls, format
+    characters and separators other than a plain space. ``keep_newlines``: ``\\n`` and ``\\t`` stay
+    (multi-line messages); a carriage return is always escaped (it would overwrite the line).
+    """
+    s = str(text)
+    if s.isprintable():
+        return s
+    keep = "\n\t" if keep_newlines else ""
+    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in s)
 
 
 def _reason(e: OSError) -> str:
@@ -71,6 +89,12 @@ def _reason(e: OSError) -> str:
     if e.errno == errno.ENOENT:
         return "no such file or folder"
     return e.strerror or type(e).__name__
+
+
+def os_error_reason(e: OSError) -> str:
+    """What an ``OSError`` means for the user, in words ("no space left on the device; free some
+    space and rerun", "permission denied", "it is a symbolic link ...")."""
+    return _reason(e)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -137,7 +161,9 @@ def safe_read_bytes(path: str | os.PathLike, limit: int, *, follow_symlinks: boo
     try:
         fd = os.open(path, flags)
     except OSError as e:
-        raise SafeIOError(f"cannot read {what} {path}: {_reason(e)}") from None
+        raise SafeIOError(f"cannot read {what} {printable(path)}: {_reason(e)}") from None
+    except ValueError:  # os.open refuses a path with a NUL character
+        raise SafeIOError(f"cannot read {what} {printable(path)}: the path contains a NUL character") from None
     try:
         import stat
 
@@ -258,17 +284,31 @@ class FolderLock:
 
 
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+# A line break inside a cell followed by a formula character: a reader that splits lines (or a
+# spreadsheet that takes the cell apart) would see the formula at the start of a line.
+_FORMULA_AFTER_BREAK = re.compile(r"([\r\n])(?=[=+\-@\t])")
+# Control characters other than tab, CR and LF (which CSV quoting carries): escaped, so that
+# ``cat summary.csv`` cannot drive the terminal.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 def neutralise_formulas(frame: Any) -> Any:
     """A copy of a DataFrame whose text cells cannot run as spreadsheet formulas.
 
     A text cell starting with ``=``, ``+``, ``-``, ``@``, tab or carriage return gets a leading
-    ``'`` (OWASP's advice for CSV injection), unless the whole cell is a number (``"-1.5"``).
-    Numeric columns are untouched, so negative numbers stay numbers.
+    ``'`` (OWASP's advice for CSV injection), unless the whole cell is a number (``"-1.5"``); so
+    does every line of a multi-line cell (``"x\\r=cmd"`` becomes ``"x\\r'=cmd"``). Other control
+    characters (``ESC``, ``BEL``...) are escaped as ``\\x1b``. Numeric columns are untouched, so
+    negative numbers stay numbers.
     """
     def fix(v: Any) -> Any:
-        if isinstance(v, str) and v.startswith(_FORMULA_START):
+        if not isinstance(v, str):
+            return v
+        if _CONTROL.search(v):
+            v = _CONTROL.sub(lambda m: repr(m.group())[1:-1], v)
+        if "\r" in v or "\n" in v:
+            v = _FORMULA_AFTER_BREAK.sub(r"\1'", v)
+        if v.startswith(_FORMULA_START):
             try:
                 float(v)
                 return v
@@ -285,6 +325,6 @@ def neutralise_formulas(frame: Any) -> Any:
     for col in out.columns:
         if not _is_numeric(out[col]):
             out[col] = out[col].map(fix).astype(object)
-    if any(isinstance(c, str) and c.startswith(_FORMULA_START) for c in out.columns):
+    if any(isinstance(c, str) and fix(c) != c for c in out.columns):
         out.columns = [fix(c) for c in out.columns]
     return out

@@ -64,16 +64,19 @@ class RunSettings:
     """How prompts are tokenized, batched and run (not what is measured).
 
     Attributes:
-        prepend_bos: ``"host"`` (default: exactly what the host's ``model.to_tokens`` does, so
+        prepend_bos: ``"host"`` (the default: exactly what the host's ``model.to_tokens`` does, so
             ``run_with_cache(prompt)`` and thermo-lens agree), ``True`` (prepend the BOS token,
-            TransformerLens style; ``[CLS]`` on BERT), ``False`` or ``"tokenizer"`` (the HF tokenizer's own special tokens, the paper's protocol).
-            Ignored (recorded as ``"tokens_as_given"``) when the prompts are token ids.
-        batch_size: prompts per forward pass (right-padded; padding never enters a reduction).
+            TransformerLens style; ``[CLS]`` on BERT), ``False`` or ``"tokenizer"`` (the HF
+            tokenizer's own special tokens, the paper's protocol). Ignored (recorded as
+            ``"tokens_as_given"``) when the prompts are token ids.
+        batch_size: prompts per forward pass (default ``8``; right-padded: padding never enters a
+            reduction).
         truncate: cut prompts longer than the context to their first ``n_ctx`` tokens instead of
-            raising.
+            raising (default ``False``).
         fwd_hooks: your own ``(hook_name, fn)`` hooks (ablation, patching), run in the same pass
-            before thermo-lens' reductions; recorded in every result's provenance.
-        progress: progress bar over batches (``None``: when there is more than one batch).
+            before thermo-lens' reductions; recorded in every result's provenance (default ``()``).
+        progress: progress bar over batches (``None``, the default: when there is more than one
+            batch).
         sort_by_length: ``None`` (default): one batch in the caller's order when every prompt
             fits one batch, else length buckets (with or without hooks: the plan never depends on
             them). ``False``: always the caller's order. ``True`` with user hooks is refused (the

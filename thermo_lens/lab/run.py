@@ -194,11 +194,12 @@ def run_lab(spec: LabSpec | str | os.PathLike, out_dir: str | os.PathLike, *, ex
         p_done, p_skipped = p.done, p.skipped
     write_tables(out, spec)
     if report and trained_ok:
+        from thermo_lens.lab.report_section import lab_section
         from thermo_lens.report import write_report
 
         try:
             write_report(out / "train", out / "report.html", title=f"thermo-lens heritage lab: {spec.name}",
-                         panel=False)
+                         panel=False, sections=[lab_section(out)])
         except Exception as e:  # noqa: BLE001 - the tables are the result; the report is a view
             failed["report.html"] = f"{type(e).__name__}: {e}"
     return LabOutcome(out_dir=str(out), trained=t.done, profiled=p_done, skipped=tuple(t.skipped) + tuple(p_skipped),

@@ -1,13 +1,20 @@
-"""What every law result carries: named tests with effect sizes, small-n p-values, Holm and
-leave-one-out sensitivity.
+"""What every law result carries: one declared primary test, a secondary family, sensitivity tests.
 
 A law is a handful of tests on a handful of models (8 Pythia, 16 survey models). Each test is a
 :class:`StatTest`: the test, ``n``, an effect size with its 95% CI, the p-value that is valid at
-that ``n`` (exact or permutation where the sample is small), the Holm-adjusted p over the tests
-of the same law, and a leave-one-out sensitivity: which single model moves the statistic most, and
-which one, left out, weakens the result most (largest p). Law results subclass
-:class:`thermo_lens.result.Result`, so they round-trip through JSON exactly; ``repr`` is
-``summary()``, which prints the tests.
+that ``n`` (exact or permutation where the sample is small), and a leave-one-out sensitivity:
+which single model moves the statistic most, and which one, left out, weakens the result most.
+
+Every law declares its tests' roles (``thermo_lens.definitions`` §5):
+
+- ``"primary"``: the one test of the paper's claim, declared before looking; not adjusted.
+- ``"secondary"``: further hypotheses, each a *distinct* null; Holm adjusts over them (the family).
+- ``"sensitivity"``: the same null as a primary or secondary test, by another statistic (Spearman
+  beside Pearson, the logistic slope beside the threshold rule, another labelling); reported
+  beside it, never counted again in a family (``pvalue_holm`` NaN).
+
+Law results subclass :class:`thermo_lens.result.Result`, so they round-trip through JSON exactly;
+``repr`` is ``summary()``, which prints the tests by role.
 """
 
 from __future__ import annotations
@@ -25,7 +32,10 @@ from thermo_lens.result import Result
 from thermo_lens.stats import fisher_z_ci, format_p, holm, permutation_correlation_pvalue
 
 __all__ = ["LawResult", "StatTest", "TestResult", "CorrelationResult", "correlation",
-           "tests_frame", "leave_one_out"]
+           "tests_frame", "leave_one_out", "declare", "ROLES"]
+
+#: Test roles, in display order (see the module docstring).
+ROLES: tuple[str, ...] = ("primary", "secondary", "sensitivity")
 
 _fmt_p = format_p  # the one p-value format (thermo_lens.stats.format_p)
 _NAN = float("nan")
@@ -36,7 +46,7 @@ class LawResult(Result):
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly plain data (frames as lists of records)."""
-        return {f.name: _py(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
+        return {f.name: _py(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]  # subclasses are dataclasses
 
     def summary(self) -> str:  # pragma: no cover - overridden
         return type(self).__name__
@@ -48,6 +58,29 @@ class LawResult(Result):
     def tests(self) -> tuple["StatTest", ...]:
         """The law's tests (empty for results without any)."""
         return tuple(getattr(self, "stat_tests", ()) or ())
+
+    @property
+    def primary(self) -> "StatTest | None":
+        """The declared primary test (None when the data cannot carry one)."""
+        return next((t for t in self.tests if t.role == "primary"), None)
+
+    def tests_by_role(self, role: str) -> tuple["StatTest", ...]:
+        """The tests of one role: ``"primary"``, ``"secondary"`` or ``"sensitivity"``."""
+        return tuple(t for t in self.tests if t.role == role)
+
+    def tests_summary(self) -> list[str]:
+        """The tests as indented lines, grouped by role, with what Holm was applied over."""
+        lines = []
+        for role in ROLES:
+            ts = self.tests_by_role(role)
+            if not ts:
+                continue
+            head = {"primary": "primary test (declared; not adjusted)",
+                    "secondary": f"secondary tests ({len(ts)} distinct null(s); Holm over them)",
+                    "sensitivity": "sensitivity (a null already tested above, by another statistic; not adjusted)"}[role]
+            lines.append(f"  {head}:")
+            lines += [f"    {t.summary()}" for t in ts]
+        return lines
 
     def tests_frame(self) -> pd.DataFrame:
         """One row per test: see :class:`StatTest`."""
@@ -74,6 +107,10 @@ class StatTest(LawResult):
             most, and the statistic and p without it.
         loo_worst_model, loo_worst_pvalue: the model whose removal gives the largest p.
         note: caveats (separation, ties, n = 1 groups, ...).
+        role: ``"primary"``, ``"secondary"`` or ``"sensitivity"`` (see the module docstring).
+        hypothesis: the null in words; two tests with the same null are one hypothesis.
+        ci_method: what the interval is and whether it inverts the test behind ``pvalue``.
+        alternative: ``"two-sided"``, ``"greater"`` or ``"less"`` (of ``pvalue``).
     """
 
     family: str
@@ -96,6 +133,10 @@ class StatTest(LawResult):
     loo_worst_model: str = ""
     loo_worst_pvalue: float = _NAN
     note: str = ""
+    role: str = "secondary"
+    hypothesis: str = ""
+    ci_method: str = ""
+    alternative: str = "two-sided"
 
     @property
     def loo_change(self) -> float:
@@ -119,8 +160,11 @@ class StatTest(LawResult):
             if self.loo_worst_model and self.loo_worst_model != self.loo_model:
                 loo += f", weakest without {self.loo_worst_model} (p={_fmt_p(self.loo_worst_pvalue)})"
         note = f"; {self.note}" if self.note else ""
-        return (f"{self.name}: {self.effect} = {self.effect_value:.4g}{ci}, n={self.n}, "
-                f"p={_fmt_p(self.pvalue)} ({self.pvalue_method}{other}), Holm p={_fmt_p(self.pvalue_holm)}"
+        holm = f", Holm p={_fmt_p(self.pvalue_holm)}" if self.role == "secondary" else ""
+        side = "" if self.alternative == "two-sided" else f", one-sided ({self.alternative})"
+        cim = f" ({self.ci_method})" if self.ci_method and ci else ""
+        return (f"{self.name}: {self.effect} = {self.effect_value:.4g}{ci}{cim}, n={self.n}, "
+                f"p={_fmt_p(self.pvalue)} ({self.pvalue_method}{side}{other}){holm}"
                 f"{loo}{note}")
 
 
@@ -129,10 +173,29 @@ def tests_frame(tests: Sequence[StatTest]) -> pd.DataFrame:
     return pd.DataFrame([t.row() for t in tests])
 
 
-def with_holm(tests: Sequence[StatTest]) -> tuple[StatTest, ...]:
-    """The tests with ``pvalue_holm`` filled over the whole sequence (one family)."""
-    adj = holm([t.pvalue for t in tests]) if tests else []  # type: ignore[var-annotated]
-    return tuple(replace(t, pvalue_holm=float(a)) for t, a in zip(tests, adj))
+def declare(tests: Sequence[StatTest]) -> tuple[StatTest, ...]:
+    """The tests in role order with ``pvalue_holm`` filled by role.
+
+    At most one ``primary`` (its own family: ``pvalue_holm = pvalue``); Holm over the
+    ``secondary`` tests, which must test distinct nulls (``hypothesis``); NaN for ``sensitivity``
+    tests, whose null is already one of the others'. Raises ``ValueError`` on a second primary,
+    an unknown role or two secondary tests of one null: a law that declares them is wrong.
+    """
+    roles = [t.role for t in tests]
+    if any(r not in ROLES for r in roles) or roles.count("primary") > 1:
+        raise ValueError(f"declare: roles must be one primary and any of {ROLES[1:]}, got {roles}")
+    sec = [t for t in tests if t.role == "secondary"]
+    nulls = [t.hypothesis or t.name for t in sec]
+    if len(set(nulls)) != len(nulls):
+        raise ValueError(f"declare: two secondary tests of one null ({nulls}); make one a sensitivity test")
+    adj = iter(holm([t.pvalue for t in sec])) if sec else iter(())
+    out = []
+    for role in ROLES:
+        for t in tests:
+            if t.role == role:
+                h = t.pvalue if role == "primary" else (float(next(adj)) if role == "secondary" else _NAN)
+                out.append(replace(t, pvalue_holm=h))
+    return tuple(out)
 
 
 def leave_one_out(labels: Sequence[str], fn: Callable[[np.ndarray], tuple[float, float]],
@@ -268,29 +331,41 @@ def correlation(x: Any, y: Any, x_name: str = "x", y_name: str = "y") -> Correla
 
 
 def correlation_tests(family: str, label: str, x: np.ndarray, y: np.ndarray, labels: Sequence[str],
-                      c: CorrelationResult) -> list[StatTest]:
-    """The Pearson and Spearman :class:`StatTest` of one correlation, with leave-one-out."""
+                      c: CorrelationResult, *, role: str = "secondary", hypothesis: str = "") -> list[StatTest]:
+    """The Pearson test of one correlation (``role``) and Spearman's beside it (``"sensitivity"``:
+    the same null, independence of ``x`` and ``y``, by ranks), each with leave-one-out.
+
+    Pearson's p is the permutation p (exact over all ``n!`` pairings for ``n <= 9``: valid without
+    normality at small ``n``), with the t test's p beside it; its interval is Fisher's z.
+    """
     from scipy import stats
 
+    # Leave-one-out p-values: exact up to 8 rows (the Pythia sweep), else 5,000 resamples (cost).
     def loo_pearson(keep):
         r = stats.pearsonr(x[keep], y[keep])
-        return float(r.statistic), float(r.pvalue)
+        return float(r.statistic), permutation_correlation_pvalue(x[keep], y[keep], "pearson", exact_max_n=8,
+                                                                  n_resamples=5000)[0]
 
     def loo_spearman(keep):
         r = stats.spearmanr(x[keep], y[keep]).statistic
-        return float(r), permutation_correlation_pvalue(x[keep], y[keep], "spearman")[0]
+        return float(r), permutation_correlation_pvalue(x[keep], y[keep], "spearman", exact_max_n=8,
+                                                        n_resamples=5000)[0]
 
+    null = hypothesis or f"{label}: independent"
+    zci = "Fisher z, approximate: it inverts the z test of atanh r, not the permutation test"
     pearson = StatTest(
-        family=family, name=f"{label}: Pearson", test="Pearson r, t test (exact under bivariate normality)",
-        n=c.n, statistic=c.statistic, effect="r", effect_value=c.statistic, ci_low=c.ci_low,
-        ci_high=c.ci_high, pvalue=c.pvalue, pvalue_method="t test",
-        pvalue_other=c.pvalue_permutation, pvalue_other_method=c.permutation_method,
+        family=family, name=f"{label}: Pearson", test="Pearson r, permutation test", n=c.n,
+        statistic=c.statistic, effect="r", effect_value=c.statistic, ci_low=c.ci_low, ci_high=c.ci_high,
+        pvalue=c.pvalue_permutation, pvalue_method=c.permutation_method, pvalue_other=c.pvalue,
+        pvalue_other_method="t test (exact under bivariate normality)", role=role, hypothesis=null, ci_method=zci,
         **leave_one_out(labels, loo_pearson, c.statistic))
     spearman = StatTest(
         family=family, name=f"{label}: Spearman", test="Spearman rank correlation, permutation test",
         n=c.n, statistic=c.spearman_statistic, effect="rho_s", effect_value=c.spearman_statistic,
         ci_low=c.spearman_ci_low, ci_high=c.spearman_ci_high, pvalue=c.spearman_pvalue_exact,
         pvalue_method=c.permutation_method, pvalue_other=c.spearman_pvalue,
-        pvalue_other_method="t approximation",
+        pvalue_other_method="t approximation", role="sensitivity", hypothesis=null,
+        ci_method="Fisher z with the Fieller variance 1.06/(n-3), approximate",
+        note=f"the same null as the Pearson test of {label}, by ranks",
         **leave_one_out(labels, loo_spearman, c.spearman_statistic))
     return [pearson, spearman]

@@ -6,6 +6,15 @@ does not beat always guessing the majority class; and within Pythia rho rises wi
 rule can be reading depth. :func:`crowding` reports each table with the partial correlation
 ``r(gain, rho | L)`` and names that confound; :func:`crowding_comparison` puts several tables
 (within-family, across-family, all models) side by side.
+
+Declared tests (``thermo_lens.definitions`` §5): the primary is the paper's rule, its best accuracy
+over the rho_crit grid with an exact permutation p (the search over the grid is paid for). The
+logistic slope tests the same null (dampening exchangeable across rho), so it is a sensitivity
+test, with the exact conditional p: when the classes are separated by rho there is no finite
+maximum-likelihood slope and the asymptotic likelihood-ratio p is not valid (it is shown only when
+they are not). The partial correlation ``r(gain, rho | L)`` is the one secondary hypothesis.
+The paper chose rho_crit on the 8 Pythia models: an accuracy there is in-sample (``fitted_on``
+says which models were used, and the result's ``sample`` which of the table's are among them).
 """
 
 from __future__ import annotations
@@ -19,11 +28,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from thermo_lens.laws.base import (CorrelationResult, LawResult, StatTest, _fmt_p, correlation,
-                                   leave_one_out, with_holm)
+from thermo_lens.laws.base import (CorrelationResult, LawResult, StatTest, _fmt_p, correlation, declare,
+                                   leave_one_out)
 from thermo_lens.laws.logistic import LogisticFit, logistic_fit
 from thermo_lens.laws.table import _as_frame, _labels, _numeric, _regimes, _rho
 from thermo_lens.stats import PartialCorrelation, partial_correlation
+from thermo_lens.stats.exact import LogisticExact, logistic_exact_test
 
 __all__ = ["CrowdingResult", "CrowdingComparison", "crowding", "crowding_comparison",
            "threshold_rule_pvalue"]
@@ -91,8 +101,15 @@ class CrowdingResult(LawResult):
         and ``gain`` are given.
     confound:
         The confound in words ("" without depth).
+    exact_logistic:
+        :class:`thermo_lens.stats.exact.LogisticExact`: the exact conditional test of the slope
+        (one-sided, the paper's direction), valid under separation.
+    sample:
+        ``"in-sample"`` (every model was used to choose rho_crit), ``"out-of-sample"`` (none),
+        ``"partly in-sample (k of n: ...)"`` or ``"unknown"`` (``fitted_on`` not given).
     stat_tests:
-        Rule, logistic LR test and partial correlation as :class:`StatTest` (Holm over the three).
+        Primary: the rule; sensitivity: the logistic slope (same null); secondary: the partial
+        correlation (:class:`StatTest`).
     """
 
     table: pd.DataFrame
@@ -111,6 +128,8 @@ class CrowdingResult(LawResult):
     partial: PartialCorrelation | None = None
     confound: str = ""
     stat_tests: tuple = ()
+    exact_logistic: LogisticExact | None = None
+    sample: str = "unknown"
 
     @property
     def beats_baseline(self) -> bool:
@@ -123,8 +142,8 @@ class CrowdingResult(LawResult):
         hits = int(round(self.best_accuracy * self.n))
         cmp = ("above" if self.beats_baseline else
                "equal to" if abs(self.best_accuracy - self.baseline_accuracy) < 1e-12 else "below")
-        out = (f"{hits}/{self.n} correct ({self.best_accuracy:.3f}) at {at}, {cmp} the majority baseline "
-               f"{self.baseline_accuracy:.3f} (permutation p={_fmt_p(self.rule_pvalue)})")
+        out = (f"{hits}/{self.n} correct ({self.best_accuracy:.3f}, {self.sample}) at {at}, {cmp} the majority "
+               f"baseline {self.baseline_accuracy:.3f} (permutation p={_fmt_p(self.rule_pvalue)})")
         return out + (f"; {self.confound}" if self.confound else "")
 
     def to_frame(self) -> pd.DataFrame:
@@ -135,19 +154,32 @@ class CrowdingResult(LawResult):
         lines = [
             f"CrowdingResult(n={self.n}, {self.n_dampener} dampeners; regimes from {self.regime_source})",
             f"  rule rho > rho_crit => dampener, rho_crit in [{t.min():.4g}, {t.max():.4g}]: "
-            f"best accuracy {self.best_accuracy:.4f} at {self.best_threshold:.4g} "
+            f"best accuracy {self.best_accuracy:.4f} ({self.sample}) at {self.best_threshold:.4g} "
             f"(majority-class baseline {self.baseline_accuracy:.4f}; permutation p={_fmt_p(self.rule_pvalue)})",
             f"  {self.logistic.summary()}",
         ]
+        if self.exact_logistic is not None:
+            lines.append(f"  {self.exact_logistic!r}")
         if self.partial is not None:
             lines.append(f"  {self.confound}")
-        lines.append(f"  tests ({len(self.tests)}; Holm over all of them):")
-        lines += [f"    {s.summary()}" for s in self.tests]
+        lines += self.tests_summary()
         return "\n".join(lines)
 
 
+def _sample(labels: list[str], fitted_on: Any) -> str:
+    if fitted_on is None:
+        return "unknown"
+    fit = {str(m) for m in fitted_on}
+    inside = [m for m in labels if m in fit]
+    if not inside:
+        return "out-of-sample"
+    if len(inside) == len(labels):
+        return "in-sample"
+    return f"partly in-sample ({len(inside)} of {len(labels)}: {', '.join(inside)})"
+
+
 def crowding(table: Any, thresholds: Any = None, rho: str = "rho", regime: str = "regime",
-             gain: str = "gain", n_layers: str = "n_layers") -> CrowdingResult:
+             gain: str = "gain", n_layers: str = "n_layers", fitted_on: Any = None) -> CrowdingResult:
     """Accuracy of ``rho > rho_crit => dampener`` over a threshold grid, a logistic fit, and the
     depth confound.
 
@@ -156,7 +188,9 @@ def crowding(table: Any, thresholds: Any = None, rho: str = "rho", regime: str =
     used ``G < 1``); neutral models count as non-dampeners. ``thresholds`` defaults to
     ``np.linspace(0.15, 0.20, 11)`` (the paper's rho_crit range). The rule is strict (``>``); note
     the paper's own hypothesis file used ``rho >= 0.2``. With an ``n_layers`` column the result
-    also carries ``r(rho, L)`` and the partial correlation ``r(gain, rho | L)``.
+    also carries ``r(rho, L)`` and the partial correlation ``r(gain, rho | L)``. ``fitted_on``:
+    the models (``model`` names) rho_crit was chosen on; the result's ``sample`` says whether the
+    accuracy is in-sample (the paper's own: the 8 Pythia models, ``thermo_lens.paper.findings.RHO_CRIT_FITTED_ON``).
     """
     func = "crowding"
     df = _as_frame(table, func)
@@ -184,7 +218,11 @@ def crowding(table: Any, thresholds: Any = None, rho: str = "rho", regime: str =
     baseline = float(max(y.mean(), 1 - y.mean()))
     logit = logistic_fit(r, y.astype(int))
     rule_p, rule_how = threshold_rule_pvalue(r, y, ths)
-    tests = [_rule_test(r, y, ths, labels, best, baseline, rule_p, rule_how), _logistic_test(r, y, labels, logit)]
+    sample = _sample(labels, fitted_on)
+    exact = logistic_exact_test(r, y.astype(int), alternative="greater") if 0 < y.sum() < y.size else None
+    tests = [_rule_test(r, y, ths, labels, best, baseline, rule_p, rule_how, sample)]
+    if exact is not None:
+        tests.append(_logistic_test(r, y, labels, logit, exact))
     depth = part = None
     confound = ""
     if n_layers in df.columns:
@@ -204,11 +242,12 @@ def crowding(table: Any, thresholds: Any = None, rho: str = "rho", regime: str =
         table=per_model, thresholds=acc, best_threshold=min(ties), best_accuracy=best,
         best_thresholds=ties, baseline_accuracy=baseline, logistic=logit, n=len(y),
         n_dampener=int(y.sum()), regime_source=source, rule_pvalue=rule_p, rule_pvalue_method=rule_how,
-        depth_correlation=depth, partial=part, confound=confound, stat_tests=with_holm(tests),
+        depth_correlation=depth, partial=part, confound=confound, stat_tests=declare(tests),
+        exact_logistic=exact, sample=sample,
     )
 
 
-def _rule_test(r, y, ths, labels, best, baseline, p, how) -> StatTest:
+def _rule_test(r, y, ths, labels, best, baseline, p, how, sample) -> StatTest:
     from scipy import stats
 
     hits = int(round(best * y.size))
@@ -224,30 +263,37 @@ def _rule_test(r, y, ths, labels, best, baseline, p, how) -> StatTest:
         family="crowding", name="rule rho > rho_crit => dampener (best over the grid)",
         test="best accuracy over the threshold grid vs exchangeable dampener labels", n=int(y.size),
         statistic=best, effect="accuracy", effect_value=best, ci_low=float(ci.low), ci_high=float(ci.high),
-        pvalue=p, pvalue_method=how,
-        note=(f"majority baseline {baseline:.3f}; accuracy CI is Clopper-Pearson and ignores the search "
-              "over thresholds (the permutation p does not)"),
+        pvalue=p, pvalue_method=how, role="primary", alternative="greater",
+        hypothesis="dampening exchangeable across rho (no relation)",
+        ci_method="Clopper-Pearson interval of the accuracy: it ignores the search over thresholds and "
+                  "does not invert the permutation test",
+        note=f"{sample}; majority baseline {baseline:.3f}",
         **leave_one_out(labels, loo, best))
 
 
-def _logistic_test(r, y, labels, fit: LogisticFit) -> StatTest:
-    from scipy import stats
-
-    q = float(stats.norm.ppf(0.975))
-    lo, hi = ((fit.slope - q * fit.slope_se, fit.slope + q * fit.slope_se)
-              if np.isfinite(fit.slope_se) else (float("nan"), float("nan")))
+def _logistic_test(r, y, labels, fit: LogisticFit, exact: LogisticExact) -> StatTest:
+    ci = exact.confidence_interval(0.95)
 
     def loo(keep):
-        f = logistic_fit(r[keep], y[keep].astype(int))
-        if f.n_positive in (0, f.n):
+        if y[keep].all() or not y[keep].any():
             raise ValueError("one class")
-        return f.slope, f.lr_pvalue
+        e = logistic_exact_test(r[keep], y[keep].astype(int), alternative="greater")
+        f = logistic_fit(r[keep], y[keep].astype(int))
+        return f.slope, e.pvalue
 
+    valid_lr = not fit.separated and np.isfinite(fit.lr_pvalue)
     return StatTest(
-        family="crowding", name="logistic P(dampener) on rho", test="likelihood-ratio test of the slope (chi2, 1 df)",
-        n=int(y.size), statistic=fit.slope, effect="slope (per unit rho)", effect_value=fit.slope,
-        ci_low=lo, ci_high=hi, pvalue=fit.lr_pvalue, pvalue_method="LR chi2 (asymptotic)",
-        note=fit.note, **leave_one_out(labels, loo, fit.slope))
+        family="crowding", name="logistic P(dampener) on rho",
+        test="exact conditional test of the logistic slope (sufficient statistic sum rho * dampener)",
+        n=int(y.size), statistic=fit.slope, effect="slope (per unit rho; MLE)", effect_value=fit.slope,
+        ci_low=ci.low, ci_high=ci.high, pvalue=exact.pvalue, pvalue_method=exact.method, alternative="greater",
+        pvalue_other=fit.lr_pvalue if valid_lr else float("nan"),
+        pvalue_other_method="likelihood ratio, chi2 1 df (asymptotic)" if valid_lr else "",
+        role="sensitivity", hypothesis="dampening exchangeable across rho (no relation)",
+        ci_method="inverts the exact conditional test (one-sided)",
+        note=("the same null as the rule; " + (f"{fit.note}: the asymptotic LR and Wald tests are not valid"
+                                                if fit.separated else "not separated")),
+        **leave_one_out(labels, loo, fit.slope))
 
 
 def _partial_test(r, g, L, labels, part: PartialCorrelation, rho, gain, n_layers) -> StatTest:
@@ -259,8 +305,11 @@ def _partial_test(r, g, L, labels, part: PartialCorrelation, rho, gain, n_layers
         family="crowding", name=f"partial r({gain}, {rho} | {n_layers})",
         test=f"partial Pearson r controlling for {n_layers}, t test with n - 3 df", n=part.n,
         statistic=part.statistic, effect="partial r", effect_value=part.statistic,
-        ci_low=part.ci_low, ci_high=part.ci_high, pvalue=part.pvalue, pvalue_method="t test",
-        note=f"r({rho}, {n_layers}) = {part.r_xz:.3f}", **leave_one_out(labels, loo, part.statistic))
+        ci_low=part.ci_low, ci_high=part.ci_high, pvalue=part.pvalue,
+        pvalue_method="t test (exact under normality)", role="secondary",
+        hypothesis=f"{gain} and {rho} unrelated once {n_layers} is controlled for",
+        ci_method="Fisher z, approximate", note=f"r({rho}, {n_layers}) = {part.r_xz:.3f}",
+        **leave_one_out(labels, loo, part.statistic))
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -268,7 +317,7 @@ class CrowdingComparison(LawResult):
     """Crowding verdicts on several tables side by side (e.g. within-family vs across-family).
 
     ``results``: scope name -> :class:`CrowdingResult`. ``to_frame()`` gives one row per scope:
-    ``scope, n, n_dampener, best_accuracy, rho_crit_low, rho_crit_high, baseline_accuracy,
+    ``scope, n, sample, n_dampener, best_accuracy, rho_crit_low, rho_crit_high, baseline_accuracy,
     beats_baseline, rule_pvalue, r_rho_depth, partial_r, partial_pvalue``.
     """
 
@@ -278,7 +327,8 @@ class CrowdingComparison(LawResult):
         rows = []
         for name, c in self.results.items():
             rows.append({
-                "scope": name, "n": c.n, "n_dampener": c.n_dampener, "best_accuracy": c.best_accuracy,
+                "scope": name, "n": c.n, "sample": c.sample, "n_dampener": c.n_dampener,
+                "best_accuracy": c.best_accuracy,
                 "rho_crit_low": min(c.best_thresholds), "rho_crit_high": max(c.best_thresholds),
                 "baseline_accuracy": c.baseline_accuracy, "beats_baseline": c.beats_baseline,
                 "rule_pvalue": c.rule_pvalue,

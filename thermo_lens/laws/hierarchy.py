@@ -2,6 +2,12 @@
 
 The abstract's Pythia (0.80) < Mistral (1.11) < LLaMA (1.48) < Gemma (2.31) ranks one model per
 group: with n = 1 per group there is no within-group spread, so no test separates the groups.
+
+Declared tests (``thermo_lens.definitions`` §5): the primary is whether the groups differ at all,
+a Kruskal-Wallis H with a permutation p (exact up to 20,000 labelings); the secondary family is
+each pair of groups adjacent in the observed ranking (both n >= 2), a permutation test of the
+difference in means with the shift interval that inverts it (Welch's t p beside it), Holm over
+them. The pairs are picked by the data's own order, so read them as post hoc.
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from thermo_lens.laws.base import LawResult, StatTest, leave_one_out, with_holm
+from thermo_lens.laws.base import LawResult, StatTest, declare, leave_one_out
+from thermo_lens.stats.exact import permutation_mean_difference
 from thermo_lens.laws.table import _as_frame, _group_stats, _labels, _numeric, _require
 
 __all__ = ["HierarchyResult", "hierarchy", "family_of"]
@@ -68,10 +75,9 @@ class HierarchyResult(LawResult):
             lines.append(f"  {int(r['rank'])}. {r['group']}: n={int(r['n'])}, mean={r['mean']:.4f}, "
                          f"SE={r['se']:.4f}, CI {ci}")
         if self.tests:
-            lines.append(f"  tests ({len(self.tests)} adjacent pairs with n >= 2 each; Holm over them):")
-            lines += [f"    {t.summary()}" for t in self.tests]
+            lines += self.tests_summary()
         else:
-            lines.append("  no test: no two adjacent groups both have n >= 2")
+            lines.append("  no test: every group has one model (no within-group spread)")
         return "\n".join(lines)
 
 
@@ -104,8 +110,82 @@ def hierarchy(table: Any, by: str = "lab", gain: str = "gain", level: float = 0.
                 (hi[i] < lo[i + 1] if ascending else lo[i] > hi[i + 1]))
            for i in range(len(out) - 1)] + [False]
     out["separated_from_next"] = sep
-    return HierarchyResult(groups=out, by=by, level=level,
-                           stat_tests=_adjacent_tests(out, keys, g, _labels(df), level))
+    glob = _global_test(keys, g, _labels(df))
+    tests = ([glob] if glob is not None else []) + list(_adjacent_tests(out, keys, g, _labels(df), level))
+    return HierarchyResult(groups=out, by=by, level=level, stat_tests=declare(tests))
+
+
+def _arrangements(sizes: np.ndarray, n: int) -> np.ndarray:
+    """Every distinct assignment of group codes with these sizes to ``n`` positions ``[m, n]``."""
+    from itertools import combinations
+
+    out = [np.full(n, -1, dtype=np.int64)]
+    for j, size in enumerate(sizes):
+        nxt = []
+        for a in out:
+            free = np.flatnonzero(a < 0)
+            for idx in combinations(free.tolist(), int(size)):
+                b = a.copy()
+                b[list(idx)] = j
+                nxt.append(b)
+        out = nxt
+    return np.array(out, dtype=np.int64)
+
+
+def _kruskal_perm(keys: np.ndarray, g: np.ndarray, seed: int = 0) -> tuple[float, float, str]:
+    """Kruskal-Wallis H and its permutation p (group labels exchangeable)."""
+    import math
+
+    from scipy import stats
+
+    groups = list(dict.fromkeys(keys))
+    code = np.array([groups.index(k) for k in keys])
+    ranks = stats.rankdata(g)
+    n = g.size
+    sizes = np.bincount(code, minlength=len(groups)).astype(float)
+    counts = np.unique(g, return_counts=True)[1]
+    ties = 1 - np.sum(counts ** 3 - counts) / (n ** 3 - n)
+    if ties <= 0:  # every gain equal: no ranks to compare
+        return 0.0, 1.0, "all values tied: no test"
+
+    def h(perm_codes: np.ndarray) -> np.ndarray:  # [m, n] group codes
+        sums = np.stack([(ranks * (perm_codes == j)).sum(axis=1) for j in range(len(groups))], axis=1)
+        return (12 / (n * (n + 1)) * (sums ** 2 / sizes).sum(axis=1) - 3 * (n + 1)) / ties
+
+    total = math.factorial(n) // int(np.prod([math.factorial(int(c)) for c in sizes]))
+    rng = np.random.default_rng(seed)
+    if total <= 20_000:
+        perms = _arrangements(sizes.astype(int), n)
+        how = f"exact permutation (all {total} labelings)"
+    else:
+        perms = rng.permuted(np.tile(code, (20_000, 1)), axis=1)
+        how = f"Monte Carlo permutation (20000 labelings, seed {seed})"
+    obs = float(h(code[None, :])[0])
+    return obs, float(np.mean(h(perms) >= obs - 1e-9)), how
+
+
+def _global_test(keys: np.ndarray, g: np.ndarray, labels: list) -> StatTest | None:
+    """The primary: do the groups differ at all? (None when no group has two models.)"""
+    from thermo_lens.stats import kruskal_effect_size
+
+    groups = list(dict.fromkeys(keys))
+    if len(groups) < 2 or max(int(np.sum(keys == k)) for k in groups) < 2:
+        return None
+    hstat, p, how = _kruskal_perm(keys, g)
+    eps = kruskal_effect_size(hstat, g.size, len(groups))["epsilon_squared"]
+
+    def loo(keep):
+        if len(set(keys[keep])) < 2:
+            raise ValueError("one group")
+        h2, p2, _ = _kruskal_perm(keys[keep], g[keep])
+        return h2, p2
+
+    return StatTest(
+        family="hierarchy", name="groups differ in gain (all groups)", test="Kruskal-Wallis H, permutation test",
+        n=int(g.size), statistic=hstat, effect="epsilon squared H/(n-1)", effect_value=eps,
+        ci_low=float("nan"), ci_high=float("nan"), pvalue=p, pvalue_method=how, role="primary",
+        hypothesis="gain exchangeable across groups", note=f"{len(groups)} groups; groups of one model add no spread",
+        **leave_one_out(labels, loo, hstat))
 
 
 def _perm_p(u: np.ndarray, v: np.ndarray) -> tuple[float, str]:
@@ -124,9 +204,9 @@ def _perm_p(u: np.ndarray, v: np.ndarray) -> tuple[float, str]:
     return float(res.pvalue), how
 
 
-def _adjacent_tests(groups: pd.DataFrame, keys: np.ndarray, g: np.ndarray, labels: list, level: float) -> tuple:
-    """Each pair of adjacent groups (both n >= 2): difference in mean gain with its Welch CI, the
-    permutation p (exact for small groups) and Welch's t p beside it."""
+def _adjacent_tests(groups: pd.DataFrame, keys: np.ndarray, g: np.ndarray, labels: list, level: float) -> list:
+    """Each pair of groups adjacent in the observed order (both n >= 2): the difference in mean gain,
+    its exact permutation p and the shift interval inverting it, Welch's t p beside them."""
     from scipy import stats
 
     tests = []
@@ -136,8 +216,8 @@ def _adjacent_tests(groups: pd.DataFrame, keys: np.ndarray, g: np.ndarray, label
         if xa.size < 2 or xb.size < 2:
             continue
         w = stats.ttest_ind(xb, xa, equal_var=False)
-        ci = w.confidence_interval(level)
-        p, how = _perm_p(xb, xa)
+        md = permutation_mean_difference(xb, xa)
+        ci = md.confidence_interval(level)
         sel = (keys == a) | (keys == b)
         sub_keys, sub_g, sub_labels = keys[sel], g[sel], [lab for lab, s in zip(labels, sel) if s]
 
@@ -147,11 +227,13 @@ def _adjacent_tests(groups: pd.DataFrame, keys: np.ndarray, g: np.ndarray, label
                 raise ValueError("group too small")
             return float(ub.mean() - ua.mean()), _perm_p(ub, ua)[0]
 
-        diff = float(xb.mean() - xa.mean())
         tests.append(StatTest(
             family="hierarchy", name=f"{b} - {a}", test="difference in mean gain, permutation test",
-            n=int(xa.size + xb.size), statistic=diff, effect="difference in mean gain (Welch CI)",
-            effect_value=diff, ci_low=float(ci.low), ci_high=float(ci.high), pvalue=p,
-            pvalue_method=how, pvalue_other=float(w.pvalue), pvalue_other_method="Welch t",
-            **leave_one_out(sub_labels, loo, diff)))
-    return with_holm(tests)
+            n=int(xa.size + xb.size), statistic=md.statistic, effect="difference in mean gain",
+            effect_value=md.statistic, ci_low=ci.low, ci_high=ci.high, pvalue=md.pvalue,
+            pvalue_method=md.method, pvalue_other=float(w.pvalue), pvalue_other_method="Welch t",
+            role="secondary", hypothesis=f"{a} and {b} exchangeable",
+            ci_method="shifts the permutation test does not reject (it inverts the same test)",
+            note="a pair adjacent in the observed ranking: chosen by the data, read it as post hoc",
+            **leave_one_out(sub_labels, loo, md.statistic)))
+    return tests

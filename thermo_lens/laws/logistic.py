@@ -26,7 +26,9 @@ class LogisticFit(LawResult):
     If the classes are separated by x (perfectly, or with ties at the boundary), the maximum
     likelihood estimate does not exist: ``separated`` is True, ``slope`` is ``+-inf`` (its sign is
     the direction of the separation), ``intercept`` and the standard errors are NaN, ``x50`` is the
-    midpoint of the gap, and the LR test uses the supremum of the likelihood.
+    midpoint of the gap, ``lr_statistic`` uses the supremum of the likelihood and ``lr_pvalue`` is
+    NaN: the chi-square reference of the LR (and Wald) test needs a finite MLE, so no asymptotic p
+    is valid. Use :func:`thermo_lens.stats.exact.logistic_exact_test` (the exact conditional test).
     """
 
     intercept: float
@@ -60,7 +62,8 @@ class LogisticFit(LawResult):
         return (f"LogisticFit(n={self.n}, {self.n_positive} positive{sep}: intercept={self.intercept:.4g} "
                 f"(SE {self.intercept_se:.3g}), slope={self.slope:.4g} (SE {self.slope_se:.3g}, "
                 f"Wald p={_fmt_p(self.slope_pvalue)}), LR chi2={self.lr_statistic:.3f} "
-                f"(p={_fmt_p(self.lr_pvalue)}), x at P=0.5: {self.x50:.4g})")
+                f"(p={_fmt_p(self.lr_pvalue) if np.isfinite(self.lr_pvalue) else 'not valid: separation'}), "
+                f"x at P=0.5: {self.x50:.4g})")
 
 
 def logistic_fit(x: Any, y: Any) -> LogisticFit:
@@ -117,10 +120,10 @@ def logistic_fit(x: Any, y: Any) -> LogisticFit:
         lr = max(0.0, 2 * (ll - ll0))
         return LogisticFit(
             intercept=nan, slope=math.inf if up else -math.inf, intercept_se=nan, slope_se=nan,
-            slope_pvalue=nan, lr_statistic=lr, lr_pvalue=float(stats.chi2.sf(lr, 1)), loglik=ll,
+            slope_pvalue=nan, lr_statistic=lr, lr_pvalue=nan, loglik=ll,
             loglik_null=ll0, x50=float(np.mean(gap)), separated=True, converged=False, n=n,
             n_positive=k,
-            note=("complete" if complete else "quasi-complete") + " separation: no finite MLE",
+            note=("complete" if complete else "quasi-complete") + " separation: no finite MLE, no valid asymptotic p",
         )
     b_std = res.x
     slope = float(b_std[1] / sd)

@@ -112,7 +112,7 @@ def _py(v: Any) -> Any:
     if v is pd.NA or v is pd.NaT:
         return None
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
-        return v.to_dict() if hasattr(v, "to_dict") else dataclasses.asdict(v)
+        return _py(v.to_dict() if hasattr(v, "to_dict") else dataclasses.asdict(v))
     return v
 
 
@@ -204,9 +204,9 @@ def _regimes(df: pd.DataFrame, regime: str, gain: str, func: str) -> tuple[np.nd
         raise ValueError(f"{func}: missing column {regime!r} and no {gain!r} column to derive it from")
     g = _numeric(df, gain, func)
     if "ci_low" in df.columns and "ci_high" in df.columns:
-        return (regime_from_gain(g, _numeric(df, "ci_low", func), _numeric(df, "ci_high", func)),  # type: ignore[return-value]
+        return (regime_from_gain(g, _numeric(df, "ci_low", func), _numeric(df, "ci_high", func)),  # type: ignore[return-value]  # array input gives an array
                 f"CI of {gain!r} (ci_low, ci_high)")
-    return regime_from_gain(g), f"sign of {gain!r} - 1"  # type: ignore[return-value]
+    return regime_from_gain(g), f"sign of {gain!r} - 1"  # type: ignore[return-value]  # array input gives an array
 
 
 def _group_stats(x: np.ndarray, level: float = 0.95) -> dict[str, Any]:

@@ -1,4 +1,10 @@
-"""Base vs fine-tuned pairs: is the sign of ``G - 1`` kept? (D'Elia 2026, section 5.5)."""
+"""Base vs fine-tuned pairs: is the sign of ``G - 1`` kept? (D'Elia 2026, section 5.5).
+
+Declared tests (``thermo_lens.definitions`` §5): the primary is the paper's claim, the sign kept,
+an exact one-sided binomial test against a coin flip with the one-sided exact interval that
+inverts it; the secondary is the magnitude change, an exact Wilcoxon signed-rank test of
+``log(ft / base)`` with the Hodges-Lehmann ratio and the interval inverting the same test.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +15,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from thermo_lens.laws.base import LawResult, StatTest, leave_one_out, with_holm
+from thermo_lens.laws.base import LawResult, StatTest, declare, leave_one_out
 from thermo_lens.laws.table import _as_frame, _numeric, _require
-from thermo_lens.stats import t_interval
+from thermo_lens.stats.exact import signed_rank_test
 
 __all__ = ["TwinResult", "twin"]
 
@@ -52,9 +58,7 @@ class TwinResult(LawResult):
             lines.append(f"  {r['base']} -> {r['model']}: {r['base_gain']:.4f} -> {r['ft_gain']:.4f} "
                          f"(sign {'kept' if r['sign_kept'] else 'FLIPPED'}, ratio {r['ratio']:.3f}, "
                          f"relative change {r['relative_change']:+.3f})")
-        if self.tests:
-            lines.append(f"  tests ({len(self.tests)}; Holm over both):")
-            lines += [f"    {t.summary()}" for t in self.tests]
+        lines += self.tests_summary()
         return "\n".join(lines)
 
 
@@ -108,14 +112,15 @@ def twin(table: Any, model: str = "model", base: str = "base", gain: str = "gain
 
 
 def _twin_tests(pairs: pd.DataFrame) -> tuple:
-    """Sign kept (exact binomial vs a coin flip) and the magnitude change (exact Wilcoxon)."""
+    """Sign kept (exact one-sided binomial vs a coin flip) and the magnitude change (exact Wilcoxon)."""
     from scipy import stats
 
     n = len(pairs)
     kept = pairs["sign_kept"].to_numpy(bool)
     labels = [f"{b}->{m}" for b, m in zip(pairs["base"], pairs["model"])]
     k = int(kept.sum())
-    ci = stats.binomtest(k, n).proportion_ci(0.95, method="exact")
+    bt = stats.binomtest(k, n, 0.5, alternative="greater")
+    ci = bt.proportion_ci(0.95, method="exact")
 
     def loo_sign(keep):
         kk = int(kept[keep].sum())
@@ -124,22 +129,26 @@ def _twin_tests(pairs: pd.DataFrame) -> tuple:
     tests = [StatTest(
         family="twin", name="sign of G - 1 kept by the fine-tune", test="exact binomial test vs p = 0.5 (one-sided)",
         n=n, statistic=k / n, effect="fraction kept", effect_value=k / n, ci_low=float(ci.low),
-        ci_high=float(ci.high), pvalue=float(stats.binomtest(k, n, 0.5, alternative="greater").pvalue),
-        pvalue_method="exact (binomial)",
-        note="a coin-flip null is a weak one; with few pairs even n/n is weak evidence",
+        ci_high=float(ci.high), pvalue=float(bt.pvalue), pvalue_method="exact (binomial)", role="primary",
+        alternative="greater", hypothesis="a fine-tune keeps the sign of G - 1 no more often than a coin flip",
+        ci_method="one-sided exact (Clopper-Pearson) bound, inverting the same one-sided test",
+        note=f"a coin-flip null is a weak one; with {n} pairs even {n}/{n} gives p = {0.5 ** n:.3g}",
         **leave_one_out(labels, loo_sign, k / n))]
     logr = np.log(pairs["ratio"].to_numpy(float))
     if n >= 2 and np.all(np.isfinite(logr)) and np.any(logr != 0):
-        lo, hi = t_interval(float(np.mean(logr)), float(np.std(logr, ddof=1)), n)
+        sr = signed_rank_test(logr)
+        lo, hi = sr.confidence_interval(0.95)
 
         def loo_mag(keep):
-            x = logr[keep]
-            return float(np.exp(np.mean(x))), float(stats.wilcoxon(x, method="exact").pvalue)
+            r = signed_rank_test(logr[keep])
+            return float(np.exp(r.estimate)), float(r.pvalue)
 
         tests.append(StatTest(
             family="twin", name="magnitude change ft/base", test="Wilcoxon signed-rank of log(ft/base), exact",
-            n=n, statistic=float(np.exp(np.mean(logr))), effect="geometric mean ratio ft/base",
-            effect_value=float(np.exp(np.mean(logr))), ci_low=float(np.exp(lo)), ci_high=float(np.exp(hi)),
-            pvalue=float(stats.wilcoxon(logr, method="exact").pvalue), pvalue_method="exact (Wilcoxon)",
-            note="CI: t interval of the mean log ratio", **leave_one_out(labels, loo_mag, float(np.exp(np.mean(logr))))))
-    return with_holm(tests)
+            n=n, statistic=float(np.exp(sr.estimate)), effect="Hodges-Lehmann ratio ft/base",
+            effect_value=float(np.exp(sr.estimate)), ci_low=float(np.exp(lo)), ci_high=float(np.exp(hi)),
+            pvalue=float(sr.pvalue), pvalue_method="exact (Wilcoxon, all sign flips)", role="secondary",
+            hypothesis="log(ft/base) symmetric about 0 (no magnitude change)",
+            ci_method="inverts the same signed-rank test (infinite ends: too few pairs to reject any ratio)",
+            **leave_one_out(labels, loo_mag, float(np.exp(sr.estimate)))))
+    return declare(tests)

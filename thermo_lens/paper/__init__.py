@@ -5,15 +5,12 @@ of thermo-lens measures under its own named definitions; this package holds the 
 
 - :mod:`~thermo_lens.paper.metrics`   the paper's gain metrics (``paper_metric``, ``PAPER_METRICS``),
   measured by default on the prompt set the paper used for that metric and experiment.
-- :mod:`~thermo_lens.paper.reference` the per-model numbers in the paper's result files
-  (also importable as ``thermo_lens.reference``).
+- :mod:`~thermo_lens.paper.reference` the per-model numbers in the paper's result files.
 - :mod:`~thermo_lens.paper.prompts`   which prompt set went with which experiment.
-- :mod:`~thermo_lens.paper.lstar`     eq. 6 ``predicted_l_star`` and the trivial baselines beside it.
+- :mod:`~thermo_lens.paper.lstar`     eq. 6 against the trivial baselines (``l_star_predictor_test``: a paired
+  exact test); the formula itself is :mod:`thermo_lens.depth.predicted`.
 - :mod:`~thermo_lens.paper.findings`  what the paper's own numbers say when recomputed with
   :mod:`thermo_lens.laws` (the README's numbers are generated from it).
-
-Old import paths keep working: ``thermo_lens.paper_metric``, ``thermo_lens.gain.paper_metric``,
-``thermo_lens.reference``, ``thermo_lens.predicted_l_star``, ``thermo_lens.depth.predicted_l_star``.
 """
 
 from __future__ import annotations
@@ -21,10 +18,12 @@ from __future__ import annotations
 from typing import Any
 
 from thermo_lens.paper import lstar, prompts, reference
-from thermo_lens.paper.lstar import L_STAR_BASELINES, l_star_baselines, l_star_comparison, predicted_l_star
+from thermo_lens.paper.lstar import (L_STAR_BASELINES, l_star_baselines, l_star_comparison, l_star_predictor_test,
+                                     predicted_l_star)
 
 __all__ = ["findings", "lstar", "metrics", "prompts", "reference", "L_STAR_BASELINES", "PAPER_METRICS",
-           "PaperMetric", "PaperMetricResult", "l_star_baselines", "l_star_comparison", "paper_metric",
+           "PaperMetric", "PaperMetricResult", "l_star_baselines", "l_star_comparison", "l_star_predictor_test",
+           "paper_metric",
            "predicted_l_star"]
 
 _LAZY = {"PAPER_METRICS": "metrics", "PaperMetric": "metrics", "PaperMetricResult": "metrics",

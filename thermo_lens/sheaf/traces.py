@@ -27,7 +27,8 @@ from thermo_lens.validate import validates_own_inputs
 
 TRACE_DEFINITIONS = {
     "off_diagonal_mass": "Tr L = (n - sum_i A_ii) * ||W_V^h||_F^2  (sum over real tokens; "
-                         "= Tr(delta^T delta), both conventions)",
+                         "= Tr(delta^T delta), both conventions; with attention sinks, whose share of a row "
+                         "goes to no token, (sum_ij A_ij - sum_i A_ii) * ||W_V^h||_F^2)",
     "paper_printed": "(sum_ij A_ij - n) * ||W_V^h||_F^2  (the paper's printed eq. 4; identically 0 "
                      "for softmax attention, up to float rounding)",
 }
@@ -35,8 +36,9 @@ for _name, _symbol, _formula, _shape, _unit in (
     ("trace", "Tr L^(l,h)", "sheaf Laplacian trace of the head on the prompt under the traces' formula "
      "(default off_diagonal_mass: (n - sum_i A_ii) ||W_V^h||_F^2; paper_printed: (sum_ij A_ij - n) "
      "||W_V^h||_F^2, identically 0)", "prompt layer head", "squared weight norm x tokens"),
-    ("off_diagonal_mass", "sum_i (1 - A_ii)", "off-diagonal attention mass sum_i (1 - A_ii) over the real "
-     "tokens of the prompt (= Tr M)", "prompt layer head", "tokens"),
+    ("off_diagonal_mass", "sum_i (1 - A_ii)", "off-diagonal attention mass sum_{i != j} A_ij over the real "
+     "tokens of the prompt (= Tr M; = sum_i (1 - A_ii) for softmax rows, less with attention sinks, whose "
+     "share of a row goes to no token)", "prompt layer head", "tokens"),
     ("attention_mass", "sum_ij A_ij", "total attention mass sum_{i,j} A_ij over the real tokens (= n for "
      "softmax attention)", "prompt layer head", "tokens"),
     ("W_V_frob_sq", "||W_V||_F^2", "squared Frobenius norm of the query head's value matrix (its KV head "
@@ -239,7 +241,12 @@ def _traces(collected: Collected, formula: str, W_V: Tensor | None) -> SheafTrac
     n = collected.lengths.to(torch.float64)
     # sum_i (1 - A_ii) per batch ([L, P, H]; exact 0 for a one-hot row): the [L, P, H, pos]
     # diagonal is never padded to the longest prompt of the run, only within its batch.
-    off = collected.reduce("attn_diag", lambda d: torch.nansum(1.0 - d.double(), dim=-1))
+    if getattr(view.layout, "attention_sinks", False):
+        # Attention sinks (GPT-OSS) take part of each row's mass to a key that is no token: the
+        # rows over the tokens sum to less than 1, so sum_{i != j} A_ij = sum_ij A_ij - sum_i A_ii.
+        off = mass - collected.reduce("attn_diag", lambda d: torch.nansum(d.double(), dim=-1))
+    else:
+        off = collected.reduce("attn_diag", lambda d: torch.nansum(1.0 - d.double(), dim=-1))
     wv2 = _w_v_frob_sq(view.W_V() if W_V is None else W_V, view)  # [L, H]
     if formula == "off_diagonal_mass":
         trace = off * wv2[:, None, :]
@@ -285,8 +292,10 @@ def sheaf_traces(
 
     ``Tr L^{(l,h)} = (n - sum_i A_ii) ||W_V^{(l,h)}||_F^2``: the off-diagonal attention mass times
     the squared Frobenius norm of the head's value matrix (``thermo_lens.definitions`` §3; the trace of
-    ``delta^T delta`` for either convention). The pattern is reduced to its diagonal inside the
-    hook; no ``n x n`` pattern is stored.
+    ``delta^T delta`` for either convention). With attention sinks (GPT-OSS), whose share of each
+    row goes to no token, it is ``(sum_ij A_ij - sum_i A_ii) ||W_V||_F^2``, still
+    ``sum_{i != j} A_ij ||W_V||_F^2``. The pattern is reduced to its diagonal and row mass inside
+    the hook; no ``n x n`` pattern is stored.
 
     ``formula="paper_printed"`` gives the paper's printed eq. 4, ``(sum_ij A_ij - n) ||W_V||_F^2``,
     for reproduction only: softmax rows sum to 1, so it is identically 0 up to float rounding

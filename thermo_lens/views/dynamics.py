@@ -28,6 +28,8 @@ from thermo_lens.views._common import (
     to_numpy,
     wrap,
 )
+from thermo_lens.result import register_plot
+from thermo_lens.gain import SUMMARIES
 
 __all__ = ["layer_dynamics", "anisotropy_plot", "robustness_plot"]
 
@@ -59,6 +61,7 @@ def _band(fig: go.Figure, x: np.ndarray, lo: np.ndarray, hi: np.ndarray, color: 
         name=f"{name} 95% CI", legendgroup=group, meta={"role": "ci_band", "model": name}, **kw))
 
 
+@register_plot("GainResult")
 def layer_dynamics(gains: Any, names: Sequence[str] | None = None, *,
                    x: str = "layer", show_ci: bool = True, log_y: bool | str = "auto",
                    layers: Any = None) -> go.Figure:
@@ -165,6 +168,7 @@ def _anisotropy_arrays(a: Any) -> dict[str, Any]:
     }
 
 
+@register_plot("AnisotropyResult")
 def anisotropy_plot(results: Any, names: Sequence[str] | None = None, *, show_ci: bool = True) -> go.Figure:
     """Anisotropy per residual state ``x_0..x_L``: mean pairwise cosine of token states.
 
@@ -213,8 +217,6 @@ def anisotropy_plot(results: Any, names: Sequence[str] | None = None, *, show_ci
 
 # ---------------------------------------------------------------------------- robustness
 def robustness_definition(r: Any, *, with_norm_placement: bool = True) -> str:
-    from thermo_lens.gain import SUMMARIES
-
     g = r.gain
     settings = settings_text(token_scope=g.token_scope, prepend_bos=g.prepend_bos, dtype=g.dtype,
                              weights=g.weights, post_ln=g.post_ln if with_norm_placement else None)
@@ -238,6 +240,7 @@ def _robustness_arrays(r: Any) -> dict[str, Any]:
     }
 
 
+@register_plot("RobustnessResult")
 def robustness_plot(results: Any, names: Sequence[str] | None = None) -> go.Figure:
     """Gain distribution per prompt category (box of per-prompt values, mean +- 95% CI marker).
 

@@ -27,6 +27,7 @@ from thermo_lens.views._common import (
     to_numpy,
     wrap,
 )
+from thermo_lens.result import register_plot
 
 __all__ = ["head_heatmap", "spectral_scatter", "spectral_heatmaps", "sheaf_trace_heatmap", "attribution_heatmap"]
 
@@ -213,6 +214,7 @@ def _labs(raw: Any, pairs: list[tuple[str, Any]], labs: Any) -> dict[str, str]:
     return {n: str(lab) for n, lab in zip(names, labs)}
 
 
+@register_plot("SpectralSignature")
 def spectral_heatmaps(signature: Any, metrics: Sequence[str] = ("W_V_norm", "W_O_norm", "ratio", "ov_norm"),
                       *, name: str | None = None, layers: Any = None, heads: Any = None,
                       attribution: Any = None) -> go.Figure:
@@ -248,7 +250,7 @@ def spectral_heatmaps(signature: Any, metrics: Sequence[str] = ("W_V_norm", "W_O
         zs.append(to_numpy(attribution.mean_head))
         defs_of["head_term"] = (f"<z_h W_O^h, x_out + x_in>: the head's share of its block's ||x_out||^2 - "
                                 f"||x_in||^2, mean over {attribution.n_prompts} prompts (token scope "
-                                f"{attribution.token_scope}); > 0 expands the residual stream")
+                                f"{attribution.token_scope}); a share of the growth, not an ablation effect")
     picked = [select_layers_heads(z, layers, heads, func="spectral_heatmaps") for z in zs]
     zs = [p[0] for p in picked]
     ls, hs = picked[0][1], picked[0][2]
@@ -275,6 +277,7 @@ def spectral_heatmaps(signature: Any, metrics: Sequence[str] = ("W_V_norm", "W_O
     return fig
 
 
+@register_plot("SheafTraces")
 def sheaf_trace_heatmap(traces: Any, *, name: str | None = None, log: bool = False, layers: Any = None,
                         heads: Any = None) -> go.Figure:
     """Mean sheaf Laplacian trace per head over prompts, ``[layer, head]``.
@@ -304,6 +307,7 @@ def sheaf_trace_heatmap(traces: Any, *, name: str | None = None, log: bool = Fal
                         colorbar_title="log10 Tr L" if log else "Tr L", layers=layers, heads=heads)
 
 
+@register_plot("GainAttribution")
 def attribution_heatmap(attribution: Any, *, name: str | None = None, relative: bool = False,
                         layers: Any = None, heads: Any = None) -> go.Figure:
     """Per-head gain attribution, mean over prompts, as a diverging ``[layer, head]`` heatmap.

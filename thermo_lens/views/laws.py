@@ -2,7 +2,7 @@
 
 D'Elia (2026), "Thermodynamic Constraints in Transformer Architectures", sections 4.1-4.2, 5.1 and
 Fig. 1-2; ``thermo_lens.definitions`` §5. The statistics come from :mod:`thermo_lens.laws` (computed, with
-p-values, never asserted); the paper's published numbers from :mod:`thermo_lens.reference`.
+p-values, never asserted); the paper's published numbers from :mod:`thermo_lens.paper.reference`.
 
 Inputs are per-model tables: a DataFrame with one row per model, or a list of ThermoProfiles
 (``.to_row()``), or of :class:`~thermo_lens.gain.GainResult` (turned into rows by
@@ -37,7 +37,7 @@ __all__ = ["gain_row", "rows_frame", "kleiber_plot", "heritage_plot", "hierarchy
 
 #: What the paper's reference numbers are (stated on every overlay; filled per metric).
 PAPER_DEFINITION_NOTE = (
-    "Paper numbers (thermo_lens.reference) use the paper's own definition, not thermo-lens': "
+    "Paper numbers (thermo_lens.paper.reference) use the paper's own definition, not thermo-lens': "
     "{measurement} = {definition}; token scope {scope}; model and norms in {dtypes}; BOS as the HF "
     "tokenizer adds it; mean over prompts"
 )
@@ -204,9 +204,10 @@ def kleiber_plot(table: Any, gain: str = "gain", *, n_layers: str = "n_layers") 
             k = laws.kleiber(df[ok].reset_index(drop=True), gain=gain, n_layers=n_layers,
                              rho="rho" if ("rho" in df.columns or {"n_heads", "d_head"} <= set(df.columns)) else None)
             d = k.gain_vs_depth
-            stats = (f"gain vs L over {k.n} models: Pearson r = {d.statistic:.3f} (p = {_fmt_p(d.pvalue)}), "
-                     f"Spearman {d.spearman_statistic:.3f} (permutation p = {_fmt_p(d.spearman_pvalue_exact)}); "
-                     f"{len(k.violations)} above the bound")
+            t = {x.name: x for x in k.tests}["gain vs depth L: Pearson"]
+            stats = (f"gain vs L over {k.n} models: Pearson r = {d.statistic:.3f} (permutation p = {_fmt_p(t.pvalue)}"
+                     f", {t.role} test), Spearman {d.spearman_statistic:.3f} (permutation p = "
+                     f"{_fmt_p(d.spearman_pvalue_exact)}); {len(k.violations)} above the bound")
         except ValueError as e:
             stats = f"no correlation: {e}"
     else:
@@ -229,7 +230,8 @@ def kleiber_plot(table: Any, gain: str = "gain", *, n_layers: str = "n_layers") 
 def heritage_plot(table: Any, gain: str = "gain", *, lab: str = "lab") -> go.Figure:
     """Per-lab mean gain +- SE (bars) with every model as a point (paper section 4.2, Fig. 2).
 
-    Regimes and the per-lab Fisher exact test (lab vs rest, dampener vs not; Holm-adjusted p) come
+    Regimes and the per-lab exact test (lab vs rest, dampener vs not; Blaker's p with the odds-ratio
+    interval that inverts it, and the p Holm-adjusted over all labs) come
     from :func:`thermo_lens.laws.heritage` on the table's ``regime`` column (else the CI columns,
     else the sign of ``gain - 1``). SE = SD (ddof=1) / sqrt(n); labs with one model have no bar.
     Needs at least 2 labs.
@@ -260,11 +262,14 @@ def heritage_plot(table: Any, gain: str = "gain", *, lab: str = "lab") -> go.Fig
         error_y=dict(type="data", array=np.nan_to_num(labs_df["se"].to_numpy(float)), visible=True),
         marker_color=[color_of(lb, labs) for lb in labs], opacity=0.55,
         customdata=np.stack([labs_df["n"], labs_df["n_dampener"], labs_df["se"], labs_df["sd"],
-                             labs_df["pvalue"], labs_df["pvalue_holm"], mean], axis=1),
+                             labs_df["pvalue"], labs_df["pvalue_holm"], mean, labs_df["or_conditional"],
+                             labs_df["or_ci_low"], labs_df["or_ci_high"]], axis=1),
         hovertemplate=hover(["<b>%{x}</b>: mean %{customdata[6]:.4f} ± %{customdata[2]:.3g} (SE; SD %{customdata[3]:.3g}, ddof=1)",
                              "%{customdata[1]:.0f} of %{customdata[0]:.0f} models dampeners",
-                             "Fisher exact (lab vs rest, dampener vs not): p = %{customdata[4]:.3g}, "
-                             "Holm %{customdata[5]:.3g}", f"gain column {gain!r}; regimes from {h.regime_source}"]),
+                             "Fisher exact test, Blaker two-sided p (lab vs rest, dampener vs not): p = %{customdata[4]:.3g}, "
+                             "Holm over labs %{customdata[5]:.3g}; odds ratio %{customdata[7]:.3g} "
+                             "[%{customdata[8]:.3g}, %{customdata[9]:.3g}] (inverts the same test)",
+                             f"gain column {gain!r}; regimes from {h.regime_source}"]),
         meta={"role": "lab_mean", "gain": gain},
     ))
     regimes = laws._regimes(work, "regime", gain, "heritage_plot")[0]
@@ -323,7 +328,7 @@ def hierarchy_plot(table: Any, gain: str = "gain", *, by: str = "lab") -> go.Fig
 
 # ---------------------------------------------------------------------------- reference overlay
 def reference_overlay(table: Any, metric: str = "A", *, x: str = "n_layers") -> go.Figure:
-    """Your models on top of the paper's published models (``thermo_lens.reference``).
+    """Your models on top of the paper's published models (``thermo_lens.paper.reference``).
 
     Args:
         table: your models (DataFrame / ThermoProfiles / GainResults, one row per model) with the

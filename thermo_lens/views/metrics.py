@@ -15,14 +15,16 @@ import plotly.graph_objects as go
 from thermo_lens import registry
 from thermo_lens.views._common import ThermoLensViewError, base_layout, hover, to_numpy, wrap
 from thermo_lens.views.heads import head_heatmap
+from thermo_lens.result import register_plot
 
 __all__ = ["metric_plot"]
 
 
+@register_plot("__metric__")
 def metric_plot(result: Any, name: str, *, title: str | None = None) -> go.Figure:
     """The registered metric ``name`` of ``result`` (its result object, or a ThermoProfile).
 
-    Shapes: ``[layer, head]`` / ``[layer, kv_head]`` heatmap; ``[prompt, layer, head]`` heatmap of
+    Shapes: ``[layer, head]`` / ``[layer, kv_head]`` heatmap; ``[prompt, layer, head]`` (and ``[prompt, layer, expert]``) heatmap of
     the mean over prompts; ``[prompt, layer]`` / ``[prompt, state]`` per-prompt lines and their
     mean; ``[layer]`` line; ``[prompt]`` and ``[head]`` points; a scalar as one bar.
     """
@@ -40,7 +42,7 @@ def metric_plot(result: Any, name: str, *, title: str | None = None) -> go.Figur
     label = title or f"{name} ({m.symbol})"
     dims = m.dims
     z = to_numpy(values) if dims else np.asarray([float(values)])
-    if dims in (("layer", "head"), ("layer", "kv_head"), ("prompt", "layer", "head")):
+    if dims in (("layer", "head"), ("layer", "kv_head"), ("prompt", "layer", "head"), ("prompt", "layer", "expert")):
         if len(dims) == 3:
             z, definition = np.nanmean(z, axis=0), "mean over prompts of " + definition
         fig = head_heatmap(z, title=label, definition=definition, colorbar_title=m.symbol)

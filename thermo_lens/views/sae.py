@@ -23,12 +23,15 @@ from thermo_lens.views._common import (
     wrap,
 )
 from thermo_lens.views.dynamics import _rgba
+from thermo_lens.result import register_plot
+from thermo_lens.sae import sae_position
 
 __all__ = ["sae_gain_change_plot"]
 
 _WITH, _WITHOUT, _DELTA = "#d62728", "#1f77b4", "#2ca02c"
 
 
+@register_plot("SAEGainChange")
 def sae_gain_change_plot(result: Any) -> go.Figure:
     """Gain per block with and without the SAEs (top) and the paired change with CIs (bottom).
 
@@ -43,8 +46,6 @@ def sae_gain_change_plot(result: Any) -> go.Figure:
         raise ThermoLensViewError(
             f"sae_gain_change_plot needs a SAEGainChange (thermo_lens.sae_gain_change(model, prompts)), "
             f"got {type(result).__name__}")
-    from thermo_lens.sae import sae_position
-
     g = result.with_saes
     defn = settings_text(token_scope=g.token_scope, prepend_bos=g.prepend_bos, dtype=g.dtype,
                          weights=g.weights, post_ln=g.post_ln)

@@ -31,6 +31,7 @@ from thermo_lens.views._common import (
     to_numpy,
     wrap,
 )
+from thermo_lens.result import register_plot
 
 __all__ = ["sheaf_plot", "restriction_norms", "l_star_plot"]
 
@@ -60,6 +61,7 @@ def _tokens(L: Any) -> list[str]:
     return [f"{i}:{t}" for i, t in enumerate(toks)]
 
 
+@register_plot("SheafLaplacian")
 def sheaf_plot(laplacian: Any, *, head: int | None = None, norm: str = "spectral",
                max_eigenvalues: int = MAX_EIGENVALUES) -> go.Figure:
     """One head's sheaf Laplacian: ``M`` heatmap, nonzero spectrum, restriction-map norms.
@@ -168,6 +170,7 @@ def _lstar_arrays(r: Any) -> dict[str, Any]:
     }
 
 
+@register_plot("LStarResult")
 def l_star_plot(results: Any, names: Sequence[str] | None = None, *, x: str = "layer") -> go.Figure:
     """Layer trace ``T_l`` per layer with the empirical and predicted L* marked, models overlaid.
 

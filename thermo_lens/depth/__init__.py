@@ -8,34 +8,35 @@ over prompts (:attr:`thermo_lens.sheaf.SheafTraces.mean_layer_trace`). Layers ar
 **0-based block index**: ``T_l`` is the trace of ``blocks.{l}.attn`` (``l = 0 .. L-1``), the
 index the paper's notebooks got from ``np.argmax`` (its calibration values, e.g. GPT-2 ``L* = 9``).
 
-Empirical variants, by name:
+Empirical rules, by name (the registry :data:`thermo_lens.depth.rules.L_STAR_RULES` is the one
+source of these texts; the README and the definitions page show the same, generated):
 
-``"argmax_abs_gradient"`` (the paper's operational definition, appendix E)
-    ``L* = argmax_l |dT/dl|`` with ``dT/dl = np.gradient(T)``: central differences
-    ``(T_{l+1} - T_{l-1}) / 2`` inside, one-sided differences at the first and last layer. Ties go
-    to the first (shallowest) layer.
-``"first_turning_point"`` (formerly ``"first_sign_change"``, a deprecated alias)
-    the first layer where ``dT/dl`` changes sign, with forward differences
-    ``d_k = T_{k+1} - T_k``: the smallest ``k`` in ``1 .. L-2`` whose ``d_k`` has the opposite sign
-    of the last nonzero ``d_j``, ``j < k``; i.e. the first layer at which ``T`` turns, a local
-    maximum **or minimum**. NaN when ``T`` is monotone. This is *not* the paper's rule.
-``"paper_v3_sign_change"`` (the paper's v3 rule, ``L_Star_Cross_Heritage_SignChange``)
-    the first ``+ -> -`` turn of the forward differences, as the vectorised expression
-    ``k = np.where(np.diff(np.sign(np.diff(T))) < 0)[0][0] + 1``: the first local **maximum** (a
-    plateau counts: ``+ -> 0`` and ``0 -> -`` are turns too); valleys are skipped. When there is
-    none (``T`` monotone or only valleys) it falls back to ``argmax_l |dT/dl|`` (the paper's
-    operational definition, appendix E), and the result's ``note`` says so. On ``T = [5, 3, 2, 4,
-    6, 5]`` it gives 4 (the peak) where ``"first_turning_point"`` gives 2 (the valley).
+``"argmax_abs_gradient"`` (the paper's rule: D'Elia (2026), appendix E)
+    L* = argmax_l |dT/dl| with dT/dl = np.gradient(T): central differences
+    (T_{l+1} - T_{l-1}) / 2 inside, one-sided differences at the first and last layer; ties go to
+    the shallowest layer.
+``"notebook_v3_first_peak"`` (one released notebook's rule, not the paper's text; formerly
+``"paper_v3_sign_change"``)
+    with d_i = T_{i+1} - T_i, the first i with d_i > 0 and d_{i+1} < 0 (a strict scan: a plateau
+    d = 0 is not a turn), L* = i + 1, the first local peak; valleys are skipped; when there is
+    none, the peak L* = argmax_l T_l. On ``T = [1, 2, 2, 3, 5, 4]`` it gives 4 (the vectorised
+    ``np.diff(np.sign(np.diff(T))) < 0`` fired on the plateau and gave 1).
+``"first_turning_point"`` (thermo-lens's own; formerly ``"first_sign_change"``)
+    with d_k = T_{k+1} - T_k, the smallest k in 1 .. L-2 whose d_k has the opposite sign of the
+    last nonzero d_j, j < k: the first layer where T turns, a peak or a valley; NaN when T is
+    monotone. On ``T = [5, 3, 2, 4, 6, 5]`` it gives 2 (the valley) where
+    ``"notebook_v3_first_peak"`` gives 4 (the peak).
 
 Aggregation over prompts, by name: ``"mean_trace"`` (default here: the rule on ``T_l`` averaged
 over prompts) or ``"per_prompt_mean"`` (the rule on each prompt's own trace, then the mean: what
-the paper's v3 table reports). :class:`LStarResult` carries both when per-prompt traces are given.
+the notebook's v3 table reports). :class:`LStarResult` carries both when per-prompt traces are given.
 
-Predicted (eq. 6, :func:`thermo_lens.paper.predicted_l_star`): ``L* = L (0.11 + 0.012 L + 4.9 / H)``
-(``H`` query heads per layer; the paper calibrated it on 0-based argmax values and excludes ALiBi
-models from its scope). It warns when the prediction exceeds ``L``. The fit-free baseline
-``L / 2`` is always reported beside it (``baselines``): on the paper's own validation models it
-does as well as eq. 6.
+Predicted (eq. 6, :func:`thermo_lens.depth.predicted.predicted_l_star`):
+``L* = L (0.11 + 0.012 L + 4.9 / H)`` (``H`` query heads per layer; the paper calibrated it on
+0-based argmax values and excludes ALiBi models from its scope). It warns when the prediction
+exceeds ``L``. The fit-free baseline ``L / 2`` is always reported beside it (``baselines``): on
+the paper's own six validation models a paired test cannot tell the two apart
+(:func:`thermo_lens.paper.lstar.l_star_predictor_test`).
 
 Errors, by name: ``"ape"``, the absolute percentage error ``|pred - emp| / emp`` (as a fraction;
 NaN when ``emp = 0``), and ``"paper"``, the paper's ``|pred - emp| / L``.
@@ -54,36 +55,38 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from thermo_lens.depth.predicted import (L_STAR_BASELINES, PREDICTED_DEFINITION, LStarBeyondDepthWarning,
+                                         l_star_baselines, predicted_l_star)
+from thermo_lens.depth.rules import DEPRECATED_VARIANTS, L_STAR_RULES, PAPER_L_STAR_RULE, LStarRule, rules_markdown
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.registry import Metric, register_metric
-from thermo_lens.paper.lstar import PREDICTED_DEFINITION, l_star_baselines, predicted_l_star
 from thermo_lens.result import Result
 
 __all__ = [
+    "L_STAR_RULES",
     "L_STAR_VARIANTS",
+    "PAPER_L_STAR_RULE",
+    "LStarRule",
     "ERROR_METRICS",
     "LStarResult",
     "predicted_l_star",
+    "l_star_baselines",
+    "L_STAR_BASELINES",
+    "PREDICTED_DEFINITION",
+    "LStarBeyondDepthWarning",
     "DEPRECATED_VARIANTS",
+    "rules_markdown",
     "trace_derivative",
     "empirical_l_star",
     "l_star_error",
     "l_star_from_traces",
 ]
 
-LStarVariant = Literal["argmax_abs_gradient", "first_turning_point", "paper_v3_sign_change", "first_sign_change"]
+LStarVariant = Literal["argmax_abs_gradient", "notebook_v3_first_peak", "first_turning_point"]
 ErrorMetric = Literal["ape", "paper"]
 
-L_STAR_VARIANTS: dict[str, str] = {
-    "argmax_abs_gradient": "L* = argmax_l |dT/dl|, dT/dl = np.gradient(T) (central differences, "
-                           "one-sided at the ends; ties -> shallowest layer)",
-    "first_turning_point": "L* = first layer k where the forward difference T_{k+1} - T_k changes "
-                           "sign (the first layer where T turns: a peak or a valley); NaN if T is monotone",
-    "paper_v3_sign_change": "the paper's v3 rule: L* = first k with np.diff(np.sign(np.diff(T)))[k-1] < 0 "
-                            "(first + -> - turn: a peak, valleys skipped); none -> argmax_l |np.gradient(T)|",
-}
-#: Deprecated variant names -> current names.
-DEPRECATED_VARIANTS: dict[str, str] = {"first_sign_change": "first_turning_point"}
+#: Rule name -> its definition (the registry's text; kept for the report's glossary and old code).
+L_STAR_VARIANTS: dict[str, str] = {name: r.definition for name, r in L_STAR_RULES.items()}
 ERROR_METRICS: dict[str, str] = {
     "ape": "|pred - emp| / emp (absolute percentage error, as a fraction)",
     "paper": "|pred - emp| / L (the paper's error)",
@@ -92,9 +95,10 @@ LAYER_INDEXING = "0-based block index: layer l is blocks.{l} (l = 0 .. L-1)"
 
 register_metric(Metric(
     "l_star", symbol="L*", formula="empirical L*: the layer of maximal change of the layer trace T_l (sum over "
-    "heads, mean over prompts) under the named variant (default argmax_l |dT/dl|, central differences); "
-    "0-based block index", shape="", result="LStarResult", section="l_star", paper="D'Elia (2026), sec. 6",
-    unit="layer", column="empirical_l_star", attr="empirical", row="l_star", summary_table=True))
+    "heads, mean over prompts) under the named rule (default argmax_l |dT/dl|, central differences: the paper's "
+    "appendix E); 0-based block index", shape="", result="LStarResult", section="l_star",
+    paper="D'Elia (2026), appendix E", unit="layer", column="empirical_l_star", attr="empirical", row="l_star",
+    summary_table=True))
 register_metric(Metric(
     "l_star_predicted", symbol="L*_pred", formula=PREDICTED_DEFINITION, shape="", result="LStarResult",
     section="l_star", paper="D'Elia (2026), eq. 6", unit="layer", column="predicted_l_star", attr="predicted",
@@ -102,15 +106,18 @@ register_metric(Metric(
 
 
 def _check_variant(variant: Any) -> str:
-    if variant in DEPRECATED_VARIANTS:
+    if isinstance(variant, str) and variant in DEPRECATED_VARIANTS:
         new = DEPRECATED_VARIANTS[variant]
-        warnings.warn(f"L* variant {variant!r} is deprecated: it accepts valleys as well as peaks, so it "
-                      f"was renamed {new!r}; the paper's own rule is 'paper_v3_sign_change'",
-                      DeprecationWarning, stacklevel=3)
+        why = ("it accepts valleys as well as peaks" if variant == "first_sign_change" else
+               "it is one released notebook's rule, not the paper's (appendix E defines argmax_abs_gradient), "
+               "and it is now a strict scan that a plateau does not trip")
+        warnings.warn(f"L* variant {variant!r} is deprecated: {why}; it was renamed {new!r}. The paper's own "
+                      f"rule is {PAPER_L_STAR_RULE!r}", DeprecationWarning, stacklevel=3)
         return new
-    if variant not in L_STAR_VARIANTS:
+    if variant not in L_STAR_RULES:
         raise ThermoLensInputError(
-            f"unknown L* variant {variant!r}; choose one of {sorted(L_STAR_VARIANTS)}"
+            f"unknown L* variant {variant!r}; choose one of {sorted(L_STAR_RULES)} "
+            f"({PAPER_L_STAR_RULE!r} is the paper's)"
         )
     return str(variant)
 
@@ -135,41 +142,26 @@ def _as_trace(layer_trace: Any, minimum: int) -> np.ndarray:
     return t
 
 
-def trace_derivative(layer_trace: Any, variant: str = "argmax_abs_gradient") -> np.ndarray:
-    """``dT/dl`` as the variant uses it: ``np.gradient(T)`` ``[L]`` or ``np.diff(T)`` ``[L-1]``."""
-    variant = _check_variant(variant)
+def trace_derivative(layer_trace: Any, variant: str = PAPER_L_STAR_RULE) -> np.ndarray:
+    """``dT/dl`` as the rule reads it: ``np.gradient(T)`` ``[L]`` or ``np.diff(T)`` ``[L-1]``."""
+    rule = L_STAR_RULES[_check_variant(variant)]
     t = _as_trace(layer_trace, 2)
-    return np.gradient(t) if variant == "argmax_abs_gradient" else np.diff(t)
+    return np.gradient(t) if rule.derivative == "gradient" else np.diff(t)
 
 
-def _paper_v3(t: np.ndarray) -> tuple[float, bool]:
-    """The paper's v3 rule on one trace: ``(L*, fell_back)``."""
-    turns = np.where(np.diff(np.sign(np.diff(t))) < 0)[0]
-    if turns.size:
-        return float(turns[0] + 1), False
-    return float(np.argmax(np.abs(np.gradient(t)))), True
+def _apply(t: np.ndarray, variant: str) -> tuple[float, str]:
+    rule = L_STAR_RULES[variant]
+    return rule.apply(_as_trace(t, rule.min_layers))
 
 
-def empirical_l_star(layer_trace: Any, variant: str = "argmax_abs_gradient") -> float:
+def empirical_l_star(layer_trace: Any, variant: str = PAPER_L_STAR_RULE) -> float:
     """Empirical L* of a layer trace ``T [layer]`` (0-based block index; NaN when undefined).
 
-    See the module docstring for the variants.
+    ``variant``: a rule of :data:`L_STAR_RULES` (see the module docstring); the default
+    ``"argmax_abs_gradient"`` is the paper's (appendix E).
     """
     variant = _check_variant(variant)
-    t = _as_trace(layer_trace, 2 if variant == "argmax_abs_gradient" else 3)
-    if variant == "argmax_abs_gradient":
-        return float(np.argmax(np.abs(np.gradient(t))))
-    if variant == "paper_v3_sign_change":
-        return _paper_v3(t)[0]
-    d = np.diff(t)
-    last = 0.0
-    for k, dk in enumerate(d):
-        s = np.sign(dk)
-        if s != 0 and last != 0 and s != last:
-            return float(k)
-        if s != 0:
-            last = s
-    return math.nan
+    return _apply(_as_trace(layer_trace, 1), variant)[0]
 
 
 def l_star_error(predicted: float, empirical: float, metric: str = "ape", n_layers: int | None = None) -> float:
@@ -193,7 +185,8 @@ class LStarResult(Result):
     """Empirical and predicted L* of one model, each number with its definition.
 
     Attributes:
-        variant, definition: the empirical rule's name and text.
+        variant, definition: the empirical rule's name and text (:data:`L_STAR_RULES`).
+        provenance: where that rule comes from (only ``argmax_abs_gradient`` is the paper's).
         layer_indexing: how layers are numbered (0-based block index).
         layer_trace: ``[layer]`` the ``T_l`` used (sum over heads, mean over prompts), float64.
         derivative: ``dT/dl`` as the variant uses it (``[layer]`` or ``[layer - 1]``).
@@ -225,6 +218,12 @@ class LStarResult(Result):
     per_prompt_mean: float = math.nan
     baselines: dict = field(default_factory=dict)
     warnings: tuple = ()
+    provenance: str = ""
+
+    @property
+    def paper_rule(self) -> bool:
+        """Whether ``variant`` is the paper's own rule (appendix E: ``argmax_abs_gradient``)."""
+        return self.variant == PAPER_L_STAR_RULE
 
     @property
     def aggregations(self) -> dict[str, float]:
@@ -282,7 +281,8 @@ class LStarResult(Result):
             note += f"\n  warning: {w}"
         model = (self.source.get("model") or {}).get("name") if self.source else None
         return (
-            f"LStarResult({model + ': ' if model else ''}empirical L* = {emp} [{self.variant}; "
+            f"LStarResult({model + ': ' if model else ''}empirical L* = {emp} [{self.variant}, "
+            f"{'the paper' if self.paper_rule else 'not the paper'}'s rule; "
             f"{self.layer_indexing}]{spread}; predicted {self.predicted:.4g} = "
             f"L (0.11 + 0.012 L + 4.9/H) with L={self.n_layers}, H={self.n_heads}; "
             f"APE |pred-emp|/emp = {self.ape:.3g}, paper |pred-emp|/L = {self.paper_error:.3g})"
@@ -300,7 +300,7 @@ def l_star_from_traces(
     n_layers: int | None = None,
     n_heads: int | None = None,
     *,
-    variant: str = "argmax_abs_gradient",
+    variant: str = PAPER_L_STAR_RULE,
 ) -> LStarResult:
     """Empirical and predicted L* from sheaf traces (``thermo_lens.definitions`` §4).
 
@@ -310,8 +310,8 @@ def l_star_from_traces(
             ``[prompt, layer]`` array of per-prompt layer traces (``T_l`` = mean over prompts).
         n_layers: ``L`` (must match the trace's length; optional for ``SheafTraces``).
         n_heads: ``H`` for the predicted formula (optional for ``SheafTraces``).
-        variant: ``"argmax_abs_gradient"`` (default), ``"paper_v3_sign_change"`` (the paper's
-            rule) or ``"first_turning_point"`` (``"first_sign_change"`` is its deprecated alias).
+        variant: a rule of :data:`L_STAR_RULES`: ``"argmax_abs_gradient"`` (default, the paper's),
+            ``"notebook_v3_first_peak"`` (one released notebook's) or ``"first_turning_point"``.
     """
     variant = _check_variant(variant)
     source: dict = {}
@@ -333,7 +333,7 @@ def l_star_from_traces(
             T = arr
         if n_heads is None:
             raise ThermoLensInputError("pass n_heads (attention heads per layer) for the predicted L*")
-    t = _as_trace(T, 2 if variant == "argmax_abs_gradient" else 3)
+    t = _as_trace(T, L_STAR_RULES[variant].min_layers)
     if n_layers is None:
         n_layers = t.size
     n_layers, n_heads = _positive_int(n_layers, "n_layers"), _positive_int(n_heads, "n_heads")
@@ -341,24 +341,22 @@ def l_star_from_traces(
         raise ThermoLensInputError(
             f"the layer trace has {t.size} entries but n_layers={n_layers}; pass one trace per block"
         )
-    emp = empirical_l_star(t, variant)
+    emp, rule_note = _apply(t, variant)
     pred = predicted_l_star(n_layers, n_heads, warn=False)
     warns: list[str] = []
     if pred > n_layers:  # recorded and printed with the result (tiny models trip it every time)
         warns.append(f"eq. 6 predicts L* = {pred:.4g} > L = {n_layers}: outside the network")
-    notes = []
-    if variant == "paper_v3_sign_change" and _paper_v3(t)[1]:
-        notes.append("no + -> - turn in T_l: the paper's rule fell back to argmax |dT/dl|")
-    if math.isnan(emp):
-        notes.append("T_l is monotone: dT/dl never changes sign, so first_turning_point is undefined")
-    elif emp == 0:
+    notes = [rule_note] if rule_note else []
+    if not math.isnan(emp) and emp == 0:
         notes.append("empirical L* = 0, so the APE |pred - emp| / emp is undefined (NaN)")
     per_prompt = None
     if per_prompt_traces is not None:
-        per_prompt = torch.tensor([empirical_l_star(row, variant) for row in per_prompt_traces], dtype=torch.float64)
+        per_prompt = torch.tensor([_apply(np.asarray(row, dtype=np.float64), variant)[0] for row in per_prompt_traces],
+                                  dtype=torch.float64)
     return LStarResult(
         variant=variant,
-        definition=L_STAR_VARIANTS[variant],
+        definition=L_STAR_RULES[variant].definition,
+        provenance=L_STAR_RULES[variant].provenance,
         layer_indexing=LAYER_INDEXING,
         layer_trace=torch.as_tensor(t),
         derivative=torch.as_tensor(trace_derivative(t, variant)),

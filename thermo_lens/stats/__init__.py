@@ -269,11 +269,12 @@ def _ranks(a: np.ndarray) -> np.ndarray:
 
 
 def permutation_correlation_pvalue(x: Any, y: Any, method: str = "spearman",
-                                   seed: int = 0, n_resamples: int = 20_000) -> tuple[float, str]:
+                                   seed: int = 0, n_resamples: int = 20_000,
+                                   exact_max_n: int = EXACT_PERMUTATION_MAX_N) -> tuple[float, str]:
     """Two-sided permutation p-value of a Pearson or Spearman correlation, and how it was made.
 
     Pairs ``x`` with every permutation of ``y`` (``scipy.stats.permutation_test``,
-    ``permutation_type="pairings"``): all ``n!`` of them when ``n <= 9`` (exact), else
+    ``permutation_type="pairings"``): all ``n!`` of them when ``n <= exact_max_n`` (9: exact), else
     ``n_resamples`` random ones with ``seed``. Two-sided as ``P(|r_perm| >= |r_obs|)`` (not scipy's
     default of doubling the smaller tail). Spearman ties get average ranks. Returns
     ``(pvalue, description)``.
@@ -290,7 +291,7 @@ def permutation_correlation_pvalue(x: Any, y: Any, method: str = "spearman",
         return np.abs((yc * xc).sum(axis=axis) / np.sqrt((yc ** 2).sum(axis=axis)))
 
     n = xa.size
-    exact = n <= EXACT_PERMUTATION_MAX_N
+    exact = n <= exact_max_n
     res = _st.permutation_test((ya,), stat, permutation_type="pairings", vectorized=True,
                                n_resamples=np.inf if exact else n_resamples,
                                alternative="greater", rng=np.random.default_rng(seed))

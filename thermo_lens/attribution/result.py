@@ -1,0 +1,358 @@
+"""The gain attribution's result, its metrics and measurement, and the public entry point."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Unpack
+
+import numpy as np
+from thermo_lens._lazy import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from thermo_lens import measure
+from thermo_lens.attribution.terms import (_CLOSURE_RTOL, _CLOSURE_RTOL_HALF, _check_scope, _not_splittable,
+                                           attribution_terms, sae_sites)
+from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.inputs import Prompts
+from thermo_lens.model import as_view
+from thermo_lens.paired import PairedMixin
+from thermo_lens.passes import Collected
+from thermo_lens.provenance import Provenance, ProvenanceFields
+from thermo_lens.registry import BuildContext, Measurement, Metric, Option, register_measurement, register_metric
+from thermo_lens.result import Result
+from thermo_lens.settings import RunOptions, RunSettings
+from thermo_lens.tokens import TokenScope
+from thermo_lens.validate import validates_own_inputs
+
+__all__ = ["GainAttribution", "gain_attribution", "attribution_from_collected"]
+
+
+# ---------------------------------------------------------------------------- the result
+@dataclass(frozen=True, repr=False, eq=False)
+class GainAttribution(PairedMixin, ProvenanceFields, Result):
+    """Per-head (and MLP, bias, norm, SAE, expert) shares of each block's squared-norm change.
+
+    All terms are means over the scoped real tokens (:data:`ATTRIBUTION_SCOPES`) of per-token
+    terms ``<c, u_c>`` of block ``layer`` (0-based, ``blocks.{layer}``; see the module docstring and
+    :data:`ATTRIBUTION_DEFINITIONS`), float64 accumulations of float32 per-token terms;
+    ``head.sum(-1) + mlp + bias + norm + sae == total`` up to float32 rounding (``closure``).
+    For a pre-LN model without SAEs ``norm`` and ``sae`` are 0 and ``u_c = x_out + x_in``.
+
+    Attributes:
+        head: ``Float[Tensor, "prompt layer head"]`` ``<z_h W_O^h, u_attn>``.
+        mlp: ``Float[Tensor, "prompt layer"]`` ``<mlp_out - b_out, u_mlp>``.
+        bias: ``Float[Tensor, "prompt layer"]`` ``<b_O, u_attn> + <b_out, u_mlp>`` plus, post-LN and
+            sandwich, the norms' biases carried to ``x_out``.
+        total: ``Float[Tensor, "prompt layer"]`` ``||x_out||^2 - ||x_in||^2``.
+        closure: ``Float[Tensor, "prompt layer"]`` scoped mean of ``|total - components|`` per
+            token (rounding; checked to be below ``1e-3`` of ``scale`` for float32 models, ``5e-2``
+            for bfloat16/float16 ones, whose residual additions round to about 3 digits).
+        scale: ``Float[Tensor, "prompt layer"]`` scoped mean of ``||x_out||^2 + ||x_in||^2``.
+        token_scope: the token scope.
+        provenance: prompts, lengths, BOS mode, model metadata (its ``block_layout``) and the
+            user hooks of the run.
+        norm: ``Float[Tensor, "prompt layer"]`` post-LN: ``<T x_in - x_in, x_out + x_in>``, the
+            incoming stream's rescaling by the block's LayerNorms; 0 for other layouts.
+        sae: ``Float[Tensor, "prompt layer"]`` ``<sae(x) - x, u_sae>`` summed over the SAEs
+            spliced into the block's stream; 0 without SAEs.
+        sae_error: ``Float[Tensor, "prompt layer"]`` the part of ``sae`` from the error terms of
+            SAEs with ``use_error_term`` (``sae - sae_error`` is their reconstructions' part).
+        expert: ``Float[Tensor, "prompt layer expert"]`` mixture of experts: expert ``e``'s share
+            ``<w_e E_e(x), u_mlp>`` (router weight times expert output; ``expert.sum(-1) == mlp``);
+            a dense MLP is one expert chosen with weight 1 (``[prompt, layer, 1]``, equal to ``mlp``).
+    """
+
+    head: Tensor
+    mlp: Tensor
+    bias: Tensor
+    total: Tensor
+    closure: Tensor
+    scale: Tensor
+    token_scope: str
+    provenance: Provenance
+    norm: Tensor | None = None
+    sae: Tensor | None = None
+    sae_error: Tensor | None = None
+    expert: Tensor | None = None
+
+    #: 2: the norm, sae, sae_error and expert terms (results stored under 1 read them as 0 / None).
+    schema_version = 2
+
+    def __post_init__(self) -> None:
+        for name in ("norm", "sae", "sae_error"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, torch.zeros_like(self.total))
+        if self.expert is None:  # schema 1, or a dense MLP: one expert, router weight 1
+            object.__setattr__(self, "expert", self.mlp[..., None].clone())
+
+    @property
+    def n_experts(self) -> int:
+        """Experts per MLP (1 for a dense MLP)."""
+        assert self.expert is not None
+        return int(self.expert.shape[-1])
+
+    @property
+    def n_prompts(self) -> int:
+        return int(self.head.shape[0])
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.head.shape[1])
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.head.shape[2])
+
+    @property
+    def block_layout(self) -> str:
+        """The block layout the terms follow (``thermo_lens.definitions`` §7), e.g. ``"pre-LN"``."""
+        lay = self.model.get("block_layout") or {}
+        return str(lay.get("description", "pre-LN" if not self.model.get("post_ln") else "post-LN"))
+
+    @property
+    def mean_head(self) -> Float[Tensor, "layer head"]:
+        """Head terms averaged over prompts (the ``[layer, head]`` heatmap)."""
+        return self.head.mean(0)
+
+    @property
+    def relative_head(self) -> Float[Tensor, "prompt layer head"]:
+        """Head terms divided by the block input's scoped mean ``||x_in||^2`` estimate
+        ``(scale - total) / 2``: the head's share of the squared-norm change, relative to the
+        stream it writes into (dimensionless, comparable across layers and models)."""
+        norm_in_sq = (self.scale - self.total) / 2
+        return self.head / norm_in_sq[..., None]
+
+    def top_heads(self, k: int = 5, *, by: str = "mean") -> pd.DataFrame:
+        """The ``k`` heads with the largest mean term (``by="mean"``: most expanding) or the
+        largest absolute mean term (``by="abs"``); columns ``layer, head, head_term``."""
+        m = self.mean_head
+        key = m.abs() if by == "abs" else m
+        if by not in ("mean", "abs"):
+            raise ThermoLensInputError(f"by must be 'mean' or 'abs', got {by!r}")
+        order = torch.argsort(key.flatten(), descending=True)[:k]
+        H = self.n_heads
+        return pd.DataFrame({"layer": (order // H).numpy(), "head": (order % H).numpy(),
+                             "head_term": m.flatten()[order].numpy()})
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per (prompt, layer, head): ``prompt, layer, head, head_term`` plus the
+        definition columns. ``layer`` is the 0-based block index (merges with the spectral and
+        sheaf frames on ``layer`` and ``head``)."""
+        P, L, H = self.head.shape
+        p, l, h = np.meshgrid(np.arange(P), np.arange(L), np.arange(H), indexing="ij")
+        df = pd.DataFrame({"prompt": p.ravel(), "layer": l.ravel(), "head": h.ravel(),
+                           "head_term": self.head.numpy().ravel()})
+        return self._definition_columns(df)
+
+    def _definition_columns(self, df: pd.DataFrame) -> pd.DataFrame:
+        df["token_scope"] = self.token_scope
+        df["block_layout"] = self.block_layout
+        for k, v in self.provenance.columns().items():
+            df[k] = v
+        return df
+
+    def layer_frame(self) -> pd.DataFrame:
+        """One row per (prompt, layer): ``heads`` (sum over heads), ``mlp``, ``bias``, ``norm``,
+        ``sae``, ``sae_error``, ``total``, ``closure`` and the definition columns."""
+        P, L = self.total.shape
+        assert self.norm is not None and self.sae is not None and self.sae_error is not None
+        df = pd.DataFrame({"prompt": np.repeat(np.arange(P), L), "layer": np.tile(np.arange(L), P),
+                           "heads": self.head.sum(-1).numpy().ravel(), "mlp": self.mlp.numpy().ravel(),
+                           "bias": self.bias.numpy().ravel(), "norm": self.norm.numpy().ravel(),
+                           "sae": self.sae.numpy().ravel(), "sae_error": self.sae_error.numpy().ravel(),
+                           "total": self.total.numpy().ravel(), "closure": self.closure.numpy().ravel()})
+        return self._definition_columns(df)
+
+    def expert_frame(self) -> pd.DataFrame:
+        """One row per (prompt, layer, expert): ``expert_term`` and the definition columns (a dense
+        MLP is expert 0, router weight 1)."""
+        assert self.expert is not None
+        P, L, E = self.expert.shape
+        p, l, e = np.meshgrid(np.arange(P), np.arange(L), np.arange(E), indexing="ij")
+        df = pd.DataFrame({"prompt": p.ravel(), "layer": l.ravel(), "expert": e.ravel(),
+                           "expert_term": self.expert.numpy().ravel()})
+        return self._definition_columns(df)
+
+    def __repr__(self) -> str:
+        m = self.model
+        lt = self.total.mean(0).tolist()
+        shown = ", ".join(f"{v:.4g}" for v in lt[:12]) + (", ..." if len(lt) > 12 else "")
+        top = self.top_heads(3)
+        tops = ", ".join(f"L{r.layer}H{r.head} {r.head_term:+.4g}" for r in top.itertuples())
+        parts = ["sum_h head", "mlp", "bias"]
+        assert self.norm is not None and self.sae is not None
+        if bool((self.norm != 0).any()):
+            parts.append("norm")
+        if bool((self.sae != 0).any()) or m.get("saes"):
+            parts.append("sae")
+        saes = m.get("saes") or []
+        lines = [f"GainAttribution({m.get('name')}: {self.n_prompts} prompts x {self.n_layers} layers x "
+                 f"{self.n_heads} heads; {self.block_layout}; token_scope={self.token_scope!r}, "
+                 f"BOS={self.prepend_bos!r}, weights {self.provenance.weights_text}, {self.dtype})",
+                 f"  per block: ||x_out||^2 - ||x_in||^2 = {' + '.join(parts)} (exact; max closure "
+                 f"{float((self.closure / self.scale).max()):.1e} of the scale)"]
+        if self.n_experts > 1:
+            lines.append(f"  mlp = sum over {self.n_experts} experts of expert (router weight x expert output)")
+        lines += [f"  mean total by layer 0..{self.n_layers - 1}: [{shown}]",
+                  f"  most expanding heads: {tops}"]
+        if saes:
+            lines.append("  SAEs: " + "; ".join(
+                f"{r['hook']} (d_sae={r['d_sae']}{', error term' if r['use_error_term'] else ''})" for r in saes))
+        lines.append(f"  hooks: {self.provenance.hooks_text}")
+        return "\n".join(lines)
+
+
+for _name, _symbol, _formula, _shape, _attr, _frame in (
+    ("head_term", "<z_h W_O^h, u_attn>", "head h's share of block layer's squared-norm change "
+     "||x_out||^2 - ||x_in||^2 (a Shapley-style share of the change: cross terms split half and half; not an "
+     "ablation effect), mean over the scope's tokens; u_attn = x_out + x_in for pre-LN blocks, pulled back "
+     "through the block's frozen norms and multiplier otherwise (definitions §7)", "prompt layer head", "head",
+     "to_frame"),
+    ("mlp_term", "<mlp_out - b_out, u_mlp>", "the MLP's share (its output bias is in bias_term)",
+     "prompt layer", "mlp", "layer_frame"),
+    ("bias_term", "<b_O, u_attn> + <b_out, u_mlp>", "the attention and MLP output biases' share (post-LN and "
+     "sandwich blocks: and the norms' biases)", "prompt layer", "bias", "layer_frame"),
+    ("norm_term", "<T x_in - x_in, x_out + x_in>", "post-LN blocks: the share of the incoming stream's rescaling "
+     "by the block's LayerNorms (T: their linear part with the per-token scales frozen); 0 for other layouts",
+     "prompt layer", "norm", "layer_frame"),
+    ("sae_term", "<sae(x) - x, u_sae>", "the share of the change made by the SAEs spliced into the block's "
+     "residual stream (reconstruction minus input, error term included); 0 without SAEs", "prompt layer", "sae",
+     "layer_frame"),
+    ("norm_sq_change", "||x_out||^2 - ||x_in||^2", "the block's squared-norm change, x_in = x_layer, x_out = "
+     "x_{layer+1} (the gain's residual states); = sum_h head_term + mlp_term + bias_term + norm_term + sae_term",
+     "prompt layer", "total", "layer_frame"),
+):
+    register_metric(Metric(_name, symbol=_symbol, formula=_formula, shape=_shape, result="GainAttribution",
+                           section="gain", unit="squared residual norm", attr=_attr, frame=_frame,
+                           column=None if _name == "head_term" else _attr,
+                           panel=_name == "head_term"))
+register_metric(Metric("expert_term", symbol="<w_e E_e(x), u_mlp>", formula="mixture-of-experts MLP: expert e's "
+                       "share of the MLP term (router weight times expert output; sums to mlp_term over experts; a "
+                       "dense MLP is one expert with weight 1)",
+                       shape="prompt layer expert", result="GainAttribution", section="gain",
+                       unit="squared residual norm", attr="expert", frame="expert_frame"))
+
+
+def _unexplained_cause(collected: Collected, layer: int) -> str:
+    """What most likely broke block ``layer``'s identity: user hooks, SAEs acting where the layout
+    has no term for them, or the architecture."""
+    view = collected.view
+    causes = []
+    if collected.hooks:
+        causes.append("a user hook changed an activation the components do not account for (e.g. at "
+                      f"blocks.{layer}.hook_attn_out, hook_resid_mid or hook_resid_post; hooks: "
+                      + "; ".join(str(h) for h in collected.hooks) + ")")
+    sites, other = sae_sites(view)
+    here = [s for s in sites if s.layer == layer]
+    if here and view.layout.kind in ("post", "sandwich") and any(s.where not in ("z", "end", "start") for s in here):
+        causes.append("an SAE at " + ", ".join(s.hook for s in here) + f" sits where the {view.layout.describe()} "
+                      "block has no single adjoint for it")
+    if other:
+        causes.append("an attached SAE acts outside the stream points the attribution splits: " + "; ".join(other))
+    if not causes:
+        causes.append(f"this {view.layout.describe()} block ({view.model_type or view.name}) adds something the "
+                      "layout does not describe")
+    return "; or ".join(causes)
+
+
+def attribution_from_collected(collected: Collected, token_scope: str = "all_but_first") -> GainAttribution:
+    """The :class:`GainAttribution` of a :func:`~thermo_lens.passes.collect` pass that ran
+    :func:`attribution_terms` (pure; checks that every block closes)."""
+    _check_scope(token_scope)
+    if "attr_head" not in collected.recorder.names:
+        raise ThermoLensInputError("this collection has no attribution terms: run collect(..., [attribution_terms(scope)])")
+    head = collected.stack("attr_head").permute(1, 0, 2).contiguous()  # [P, L, H]
+    get = {k: collected.stack(f"attr_{k}").T.contiguous()
+           for k in ("mlp", "bias", "norm", "sae", "sae_error", "total", "closure", "scale")}
+    expert = (collected.stack("attr_expert").permute(1, 0, 2).contiguous()
+              if "attr_expert" in collected.recorder.names else None)
+    view = collected.view
+    rel = get["closure"] / get["scale"].clamp_min(torch.finfo(torch.float32).tiny)
+    # The model adds its components in its own dtype: half-precision residual streams round each
+    # addition to about 3 significant digits, so the identity closes only to that precision.
+    rtol = _CLOSURE_RTOL if view.dtype in (torch.float32, torch.float64) else _CLOSURE_RTOL_HALF
+    if bool((rel > rtol).any()):
+        p, l = (int(i) for i in (rel > rtol).nonzero()[0])
+        raise ThermoLensInputError(
+            f"{view.name}: block {l}'s output is not its input plus its heads, MLP, biases"
+            f"{', norms' if view.layout.norm_sites else ''} and SAEs (prompt {p}: unexplained "
+            f"{float(rel[p, l]):.2e} of ||x_out||^2 + ||x_in||^2): {_unexplained_cause(collected, l)}; "
+            "gain_attribution cannot split it. Hooks at hook_resid_pre, attn.hook_z and hook_mlp_out are "
+            "attributed as they ran.")
+    if expert is not None:
+        gap = (expert.sum(-1) - get["mlp"]).abs() / get["scale"].clamp_min(torch.finfo(torch.float32).tiny)
+        if bool((gap > rtol).any()):
+            p, l = (int(i) for i in (gap > rtol).nonzero()[0])
+            raise ThermoLensInputError(
+                f"{view.name}: block {l}'s experts do not add up to its MLP output (prompt {p}: "
+                f"{float(gap[p, l]):.2e} of the scale): the mixture of experts adds something besides router "
+                "weight x expert output (a shared expert, or a hook on the router)")
+    return GainAttribution(head=head, mlp=get["mlp"], bias=get["bias"], total=get["total"], closure=get["closure"],
+                           scale=get["scale"], token_scope=token_scope, provenance=collected.provenance(),
+                           norm=get["norm"], sae=get["sae"], sae_error=get["sae_error"], expert=expert)
+
+
+def _build(ctx: BuildContext, *, token_scope: str) -> GainAttribution:
+    return attribution_from_collected(ctx.collected, token_scope)
+
+
+register_measurement(Measurement(
+    "attribution", title="Gain attribution", result="GainAttribution", section="gain",
+    summary="each head's (and the MLP's, biases', norms', SAEs' and experts') exact share of each block's "
+            "squared-norm change ||x_out||^2 - ||x_in||^2",
+    options={"token_scope": Option("all_but_first", _check_scope, "the tokens the per-token terms are averaged over")},
+    reductions=lambda *, token_scope: [attribution_terms(token_scope)], build=_build,
+    min_tokens=lambda *, token_scope: 2 if token_scope == "all_but_first" else 1,
+    applies=_not_splittable, optional=True,
+))
+
+
+@validates_own_inputs
+def gain_attribution(
+    model: Any,
+    prompts: Prompts,
+    *,
+    token_scope: TokenScope = "all_but_first",
+    settings: RunSettings | None = None,
+    cache: Any = None,
+    **run: Unpack[RunOptions],
+) -> GainAttribution:
+    """Exact per-head attribution of each block's squared-norm change, in one forward pass.
+
+    ``head[p, layer, h] = mean_t <z_h W_O^h, u_attn>`` over the scoped real tokens of prompt ``p``,
+    with ``mlp``, ``bias``, ``norm``, ``sae`` and ``total = mean_t ||x_out||^2 - ||x_in||^2``
+    likewise, so ``head.sum(-1) + mlp + bias + norm + sae == total`` (see the module docstring;
+    ``u_attn = x_out + x_in`` in a pre-LN block). Exact on pre-LN, parallel, sandwich (Gemma-2/3,
+    OLMo-2), multiplier (Granite), mixture-of-experts (per expert) and post-LN (BERT, OPT-350m)
+    blocks, with SAEs spliced in.
+
+    Args:
+        model: a TransformerLens model (``TransformerBridge``, ``HookedTransformer``,
+            ``HookedSAETransformer``, ``HookedEncoder``).
+        prompts: anything :func:`thermo_lens.inputs.as_prompts` takes.
+        token_scope: ``"all_but_first"`` (default), ``"all"`` or ``"last"``.
+        settings, **run: run options (:class:`thermo_lens.RunSettings`): ``prepend_bos``,
+            ``batch_size``, ``truncate``, ``fwd_hooks`` (e.g. a patch or ablation; attributed as it
+            ran), ``progress``.
+        cache: an ``ActivationCache`` from ``model.run_with_cache`` on the same tokens (pass those
+            tokens as ``prompts``, with their attention mask where padded, or the same prompt
+            strings): measured from the cache, no forward pass (``fwd_hooks`` then refused: make
+            the cache under your hooks); a cache lacking a needed hook is an error listing them.
+
+    Returns:
+        :class:`GainAttribution`.
+
+    Raises:
+        ThermoLensInputError: a block with no exact split (the message names the architecture
+            and the component), or a block that does not close (names the hook or SAE).
+    """
+    _check_scope(token_scope)
+    view = as_view(model)
+    why = _not_splittable(view)
+    if why:
+        raise ThermoLensInputError(why)
+    view.warn_if_processed("the residual norms differ from the raw model's", stacklevel=2)
+    return measure.run(view, prompts, {"attribution": {"token_scope": token_scope}}, settings=settings, cache=cache,
+                       **run).attribution

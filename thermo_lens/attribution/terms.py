@@ -1,0 +1,327 @@
+"""The in-pass reduction of the gain attribution (``thermo_lens.definitions`` §7).
+
+Per block, hooks keep ``x_in``, the heads' ``z``, the MLP output, the norms' scales, the routing
+of a mixture of experts and the activations of spliced SAEs until the block's output fires, then
+reduce them to the per-token terms of :mod:`thermo_lens.attribution` and drop them.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from thermo_lens import attached
+from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.layout import BlockLayout, NormSite
+from thermo_lens.model import ModelView
+from thermo_lens.passes import Recorder, Reduction
+from thermo_lens.tokens import TERM_SCOPES, TokenBatch, scope_mask
+
+__all__ = ["attribution_terms", "sae_sites", "ATTRIBUTION_SCOPES", "ATTRIBUTION_DEFINITIONS"]
+
+#: Token scopes of the attribution (means over the scope's real tokens of per-token terms).
+ATTRIBUTION_SCOPES = TERM_SCOPES
+
+#: Definition of every attribution term (``s = x_out + x_in`` of block ``layer``; ``u_c`` the
+#: transpose of the frozen map from where component ``c`` is written to ``x_out``, applied to ``s``;
+#: ``u_c = s`` in a pre-LN block).
+ATTRIBUTION_DEFINITIONS: dict[str, str] = {
+    "head": "<z_h W_O^h, u_attn>: head h's share of ||x_out||^2 - ||x_in||^2 of block layer",
+    "mlp": "<mlp_out - b_out, u_mlp>: the MLP's share (its output bias in bias)",
+    "bias": "<b_O, u_attn> + <b_out, u_mlp> (+ the norms' biases, post-LN and sandwich): the constant vectors' share",
+    "norm": "<T x_in - x_in, x_out + x_in>: post-LN only, the rescaling of the incoming stream by the block's "
+            "LayerNorms (T their frozen linear part); 0 for other layouts",
+    "sae": "<sae(x) - x, u_sae>: the change of the SAEs spliced into the block's stream; 0 without SAEs",
+    "sae_error": "<error term, u_sae>: the part of sae from SAEs with use_error_term (their reconstruction's "
+                 "part is sae - sae_error)",
+    "expert": "<w_e(t) E_e(x_t), u_mlp>: mixture of experts, expert e's share (sums to mlp; a dense MLP is one "
+              "expert with weight 1)",
+    "total": "||x_out||^2 - ||x_in||^2, x_in = x_layer, x_out = x_{layer+1} (the gain's residual states)",
+    "closure": "total - (sum_h head + mlp + bias + norm + sae): float32 rounding (checked)",
+}
+
+_CLOSURE_RTOL = 1e-3  # float32 / float64 models: the closure is ~1e-7 of the scale in practice
+_CLOSURE_RTOL_HALF = 5e-2  # bfloat16 / float16 models (see attribution_from_collected)
+_SAE_SITE = re.compile(r"^blocks\.(\d+)\.(hook_resid_pre|hook_resid_mid|hook_resid_post|hook_attn_out|"
+                       r"hook_mlp_out|attn\.hook_z)$")
+
+
+def _check_scope(token_scope: Any) -> str:
+    if token_scope == "frobenius":
+        raise ThermoLensInputError(
+            "token_scope='frobenius' is a ratio of whole-sequence norms, not a mean of per-token terms; "
+            "for the attribution use token_scope='all' (the squared-norm change summed over tokens is "
+            "n_tokens times the 'all' mean)")
+    if token_scope not in ATTRIBUTION_SCOPES:
+        raise ThermoLensInputError(
+            f"unknown token_scope {token_scope!r}; choose one of {', '.join(map(repr, ATTRIBUTION_SCOPES))}")
+    return token_scope
+
+
+# ---------------------------------------------------------------------------- SAEs
+@dataclass(frozen=True)
+class _SAESite:
+    hook: str  # where the SAE sits (its wrapper's name)
+    layer: int  # the block whose stream it changes
+    where: str  # "start", "mid", "attn_out", "mlp_out", "z", "end": which adjoint applies
+    error_term: bool
+
+
+def sae_sites(view: ModelView) -> tuple[list[_SAESite], list[str]]:
+    """The attached SAEs that change a block's residual stream (each a component of that block),
+    and the descriptions of the others: SAEs whose change acts inside a component (e.g. at
+    ``mlp.hook_post``: the MLP term includes it), before block 0, or transcoders (read at one hook,
+    written at another: the component they replace is read at their output)."""
+    sites: list[_SAESite] = []
+    other: list[str] = []
+    names = view.resid_hook_names
+    for rec in attached.sae_records(view.model):
+        hook = rec["hook"]
+        m = _SAE_SITE.match(hook)
+        if rec.get("hook_out", hook) != hook:
+            other.append(f"transcoder {hook} -> {rec['hook_out']} (its output is read as the component it replaces)")
+            continue
+        if m is None:
+            other.append(f"SAE at {hook} (inside a component, whose term includes its effect)")
+            continue
+        k, rest = int(m.group(1)), m.group(2)
+        if rest == "hook_resid_pre":
+            if k == 0:
+                other.append(f"SAE at {hook} (before block 0: x_0 is its output)")
+                continue
+            layer, where = (k - 1, "end") if names[k] == hook else (k, "start")
+        else:
+            layer = k
+            where = {"hook_resid_mid": "mid", "hook_resid_post": "end", "hook_attn_out": "attn_out",
+                     "hook_mlp_out": "mlp_out", "attn.hook_z": "z"}[rest]
+        sites.append(_SAESite(hook=hook, layer=layer, where=where, error_term=bool(rec["use_error_term"])))
+    return sites, other
+
+
+# ---------------------------------------------------------------------------- the reduction
+def _norm_T(site: NormSite, g: Tensor, r: Tensor, v: Tensor) -> Tensor:
+    """The transpose of the frozen norm's linear part ``y -> r * g * P y`` applied to ``v``
+    ``[n, d]`` (``r`` ``[n, 1]``): ``P (r * g * v)``."""
+    w = v * (r * g)
+    return w - w.mean(-1, keepdim=True) if site.centered else w
+
+
+def _vec_dot(a: Tensor, b: Tensor) -> Tensor:
+    return torch.linalg.vecdot(a, b)
+
+
+@dataclass
+class _BlockPlan:
+    """What block ``layer``'s reduction reads (``reads``: ``(hook name, key)``) and its constants."""
+
+    layer: int
+    reads: list[tuple[str, str]]
+    W_O: Tensor  # [head * d_head, d_model] float32
+    b_O: Tensor  # [d_model] (zero where the block has none)
+    b_out: Tensor
+    norms: dict[str, tuple[Tensor, Tensor | None]]  # module -> (g, beta)
+    sites: list[_SAESite]
+    experts: Any = None
+
+
+def _plan(view: ModelView) -> list[_BlockPlan]:
+    layout: BlockLayout = view.layout
+    L, H, d = view.n_layers, view.n_heads, view.d_model
+    W_flat = view.W_O().reshape(L, H * view.d_head, d)
+    sites, _ = sae_sites(view)
+    wrappers = set(attached.sae_wrappers(view.model))
+    names = view.resid_hook_names
+
+    def sae_hook(hook: str, which: str) -> str:
+        """``<hook>.hook_sae_<which>`` at the SAE wrapper's real hook point (SAETransformerBridge
+        keys its SAEs by TransformerLens' alias, ``blocks.1.hook_mlp_out``, and hooks them at the
+        aliased point, ``blocks.1.mlp.hook_out``)."""
+        out = attached.resolve_hook(view.model, hook, view.name)
+        base = out[: -len(".hook_sae_output")] if isinstance(out, str) and out.endswith(".hook_sae_output") else hook
+        return f"{base}.hook_sae_{which}"
+
+    plans = []
+    for l in range(L):
+        block = view.model.blocks[l]
+        b_O, b_out = view.output_biases(l)
+        zero = torch.zeros(d)
+        mine = [s for s in sites if s.layer == l]
+        z_hook, mlp_hook = f"blocks.{l}.attn.hook_z", f"blocks.{l}.{layout.mlp_hook}"
+        # A component read where an SAE sits is read at the SAE's input (the SAE is its own term).
+        z_hook = sae_hook(z_hook, "input") if z_hook in wrappers else z_hook
+        mlp_hook = sae_hook(mlp_hook, "input") if mlp_hook in wrappers else mlp_hook
+        reads = [(names[l], "x_in"), (z_hook, "z"), (mlp_hook, "mlp_out")]
+        reads += [(f"blocks.{l}.{n.scale_hook}", "scale:" + n.module) for n in layout.norm_sites]
+        experts = None
+        if layout.moe is not None:
+            moe = layout.moe
+            reads += [(f"blocks.{l}.{moe.input_hook}", "moe_in"), (f"blocks.{l}.{moe.indices_hook}", "moe_idx"),
+                      (f"blocks.{l}.{moe.weights_hook}", "moe_w")]
+            experts = getattr(getattr(block.mlp, "original_component", None), "experts", None)
+        for i, site in enumerate(mine):
+            reads += [(sae_hook(site.hook, "input"), f"sae_in:{i}"), (sae_hook(site.hook, "output"), f"sae_out:{i}")]
+            if site.error_term:
+                reads.append((sae_hook(site.hook, "error"), f"sae_err:{i}"))
+        plans.append(_BlockPlan(
+            layer=l, reads=reads, W_O=W_flat[l], b_O=zero if b_O is None else b_O,
+            b_out=zero if b_out is None else b_out, norms={n.module: n.params(block) for n in layout.norm_sites},
+            sites=mine, experts=experts))
+    return plans
+
+
+def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor) -> Tensor:
+    """``[n, head + 8 (+ expert)]`` per-token terms of one block from its scoped activations
+    (``take(key)`` -> ``[n, ...]`` float32): heads, then mlp, bias, norm, sae, sae_error, scale,
+    closure, total, then the experts' terms."""
+    layout: BlockLayout = view.layout
+    H, dev = view.n_heads, x_out.device
+    x_in, z, mlp_out = take("x_in"), take("z"), take("mlp_out")
+    s = x_out + x_in  # [n, d_model]
+    b_O, b_out = plan.b_O.to(dev), plan.b_out.to(dev)
+    r = {m: 1.0 / take("scale:" + m).clamp_min(torch.finfo(torch.float32).tiny) for m in plan.norms}
+    zero = torch.zeros_like(s[:, 0])
+    bias = zero.clone()
+
+    def through(site: NormSite | None, v: Tensor) -> Tensor:
+        """``v`` pulled back through ``site``'s frozen linear part (identity for None); the site's
+        bias share ``<beta, v>`` joins ``bias``."""
+        nonlocal bias
+        if site is None:
+            return v
+        g, beta = plan.norms[site.module]
+        if beta is not None:
+            bias = bias + v @ beta.to(dev)
+        return _norm_T(site, g.to(dev), r[site.module], v)
+
+    alpha = float(layout.multiplier)
+    L1, L2 = layout.stream_norms if layout.stream_norms else (None, None)
+    u2 = through(L2, s)  # adjoint where the MLP's contribution enters the stream
+    v_m = alpha * through(layout.mlp_norm, u2)
+    u1 = through(L1, u2)  # adjoint where the attention's contribution enters (and at x_in)
+    v_a = alpha * through(layout.attn_norm, u1)
+    if layout.mlp_norm is not None and layout.mlp_hook.endswith("hook_normalized"):
+        mlp_out = mlp_out / r[layout.mlp_norm.module]  # HookedTransformer: M / scale
+    # v_a W_O^T for every head at once: one [n, d_model] x [d_model, head*d_head] matmul.
+    u = v_a @ plan.W_O.to(dev).mT
+    head = _vec_dot(z.view(-1, H, view.d_head), u.view(-1, H, view.d_head))  # [n, head]
+    mlp = _vec_dot(mlp_out - b_out, v_m)
+    bias = bias + v_a @ b_O + v_m @ b_out
+    norm = _vec_dot(x_in, u1 - s) if layout.stream_norms else zero
+    adjoint = {"start": u1, "mid": u2, "attn_out": u1, "mlp_out": u2, "end": s, "z": u}
+    sae, sae_err = zero.clone(), zero.clone()
+    for i, site in enumerate(plan.sites):
+        v = adjoint[site.where]
+        sae = sae + _vec_dot(take(f"sae_out:{i}") - take(f"sae_in:{i}"), v)
+        if site.error_term:
+            sae_err = sae_err + _vec_dot(take(f"sae_err:{i}"), v)
+    total = _vec_dot(x_out - x_in, s)  # = ||x_out||^2 - ||x_in||^2 without cancellation
+    scale = _vec_dot(x_out, x_out) + _vec_dot(x_in, x_in)
+    # Per token |total - components| (its scoped mean: a cancellation across tokens must not
+    # hide a block that does not close).
+    closure = (total - head.sum(-1) - mlp - bias - norm - sae).abs()
+    parts = [head, torch.stack([mlp, bias, norm, sae, sae_err, scale, closure, total], dim=1)]
+    if layout.moe is not None:
+        parts.append(_expert_terms(take, plan.experts, layout.moe.n_experts, v_m))
+    return torch.cat(parts, dim=1)
+
+
+@functools.lru_cache(maxsize=None)
+def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
+    """Reduction (for :func:`thermo_lens.passes.collect`) recording the scoped means, per block
+    ``l``: ``("attr_head", l)`` ``[batch, head]``, ``("attr_mlp", l)``, ``("attr_bias", l)``,
+    ``("attr_norm", l)``, ``("attr_sae", l)``, ``("attr_sae_error", l)``, ``("attr_total", l)``,
+    ``("attr_closure", l)`` and ``("attr_scale", l)`` (the scoped mean of
+    ``||x_out||^2 + ||x_in||^2``, the size the closure is compared with), each ``[batch]``
+    float64, and for a mixture of experts ``("attr_expert", l)`` ``[batch, expert]``."""
+    _check_scope(token_scope)
+
+    def scoped_rows(batch: TokenBatch, dev: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+        """The batch's scoped rows ``[n]`` (flat ``(prompt, position)`` indices), the prompt of
+        each, and the per-prompt counts ``[batch, 1]`` (at least 1)."""
+        B, T = batch.tokens.shape
+        rows = scope_mask(batch.lengths, T, token_scope, dev).reshape(B * T).nonzero().squeeze(1)
+        prompt_of = rows // T
+        n = torch.bincount(prompt_of, minlength=B).to(torch.float64).clamp_min(1.0)[:, None]
+        return rows, prompt_of, n
+
+    def reduction(view: ModelView, rec: Recorder) -> None:
+        why = _not_splittable(view)
+        if why:
+            raise ThermoLensInputError(why)
+        H, names = view.n_heads, view.resid_hook_names
+        for plan in _plan(view):
+            state: dict[str, Tensor] = {}
+
+            def keep(x: Tensor, batch: TokenBatch, _key: str, _state: dict = state) -> None:
+                _state[_key] = x  # transient: dropped when this block's x_out fires
+
+            def finish(x_out: Tensor, batch: TokenBatch, _plan: _BlockPlan = plan, _state: dict = state) -> Tensor:
+                missing = {k for _, k in _plan.reads} - set(_state)
+                if missing:
+                    silent = sorted({h for h, k in _plan.reads if k in missing})
+                    hint = ("; SAELens' SAETransformerBridge stops running a hook point after an SAE there is "
+                            "removed (reset_saes): boot the model again" if view.host.kind == "bridge"
+                            and attached.needs_resolving(view.model) else
+                            f"; this block ({view.layout.describe()}) is not laid out as TransformerLens hooks it")
+                    raise ThermoLensInputError(
+                        f"{view.name} block {_plan.layer}: the host never ran the hook point(s) {', '.join(silent)} "
+                        f"before {names[_plan.layer + 1]}, so the block cannot be attributed{hint}")
+                dev = x_out.device
+                B, T, _ = x_out.shape
+                # Only the scoped real tokens enter the means, so only they are reduced: padding,
+                # position 0 (all_but_first) or all but the last token ("last") never reach the
+                # u W_O^T matmul, the one d_model^2-per-token step here. index_select, not x[rows]:
+                # the same rows, a fraction of advanced indexing's overhead. The rows are found once
+                # per batch and shared by every layer (the Recorder drops them when the batch ends).
+                rows, prompt_of, n = rec.per_batch(("attr_rows", str(dev)), functools.partial(scoped_rows, dev=dev))
+
+                def take(key: str, raw: bool = False) -> Tensor:
+                    t = _state.pop(key).reshape(B * T, -1).index_select(0, rows)
+                    return t if raw else t.float()
+
+                terms = _block_terms(view, _plan, take, x_out.reshape(B * T, -1).index_select(0, rows).float())
+                _state.clear()
+                # Every per-token term, then one float64 per-prompt sum over the scoped rows.
+                means = torch.zeros(B, terms.shape[1], dtype=torch.float64, device=dev).index_add_(
+                    0, prompt_of, terms.double()) / n
+                rec.put(("attr_head", _plan.layer), means[:, :H])
+                for k, key in enumerate(("mlp", "bias", "norm", "sae", "sae_error", "scale", "closure")):
+                    rec.put((f"attr_{key}", _plan.layer), means[:, H + k])
+                if terms.shape[1] > H + 8:
+                    rec.put(("attr_expert", _plan.layer), means[:, H + 8:])
+                return means[:, H + 7]
+
+            for hook, key in plan.reads:
+                rec.add(hook, ("_attr_" + key, plan.layer), lambda x, b, _f=keep, _k=key: _f(x, b, _k))  # type: ignore[misc]
+            rec.add(names[plan.layer + 1], ("attr_total", plan.layer), finish)
+
+    return reduction
+
+
+def _expert_terms(take: Any, experts: Any, E: int, v_m: Tensor) -> Tensor:
+    """``[n, expert]``: ``<w_e(t) E_e(x_t), v_m>`` per scoped token, each chosen expert's output
+    recomputed from the experts' input with the model's own experts module (one call per routing
+    slot: the cost of the MoE's own forward)."""
+    x = take("moe_in", raw=True)  # the model's dtype
+    idx = take("moe_idx", raw=True).long()  # [n, top_k]
+    w = take("moe_w", raw=True).gather(1, idx)  # [n, top_k] of the [n, expert] routing weights
+    out = torch.zeros(x.shape[0], E, dtype=torch.float32, device=v_m.device)
+    for k in range(idx.shape[1]):
+        i_k = idx[:, k:k + 1]
+        if isinstance(experts, torch.nn.ModuleList):  # one module per expert
+            y = torch.cat([experts[int(e)](x[j:j + 1]) for j, e in enumerate(i_k[:, 0].tolist())]) * w[:, k:k + 1]
+        else:  # transformers 5's fused experts: experts(x, top_k_index, top_k_weights)
+            y = experts(x, i_k, w[:, k:k + 1].to(x.dtype))
+        out.scatter_add_(1, i_k, _vec_dot(y.float(), v_m)[:, None])
+    return out
+
+
+def _not_splittable(view: ModelView) -> str | None:
+    """Why a block of this model has no exact split, or None (names the architecture and the
+    component that prevents it)."""
+    return view.layout.unsupported

@@ -1,0 +1,36 @@
+"""``python -m thermo_lens.depth [--write]``: print (or write) the generated L* text.
+
+The L* rules' Markdown (:func:`thermo_lens.depth.rules.rules_markdown`) sits between markers in
+``thermo_lens/definitions.md`` §4 and, in a source checkout, ``README.md``; ``--write`` regenerates both.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from thermo_lens.depth.rules import RULES_BEGIN, RULES_END, rules_markdown
+
+def render(text: str, indent: str) -> str:
+    """``text`` with the block between the L* markers regenerated (unchanged when it has none)."""
+    head, found, rest = text.partition(RULES_BEGIN)
+    if not found:
+        return text
+    _, _, tail = rest.partition(RULES_END)
+    return f"{head}{RULES_BEGIN}\n{rules_markdown(indent)}\n{indent}{RULES_END}{tail}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if "--write" not in args:
+        print(rules_markdown())
+        return
+    pkg = Path(__file__).resolve().parents[1]
+    for path, indent in ((pkg / "definitions.md", ""), (pkg.parent / "README.md", "  ")):  # README nests it
+        if path.is_file() and RULES_BEGIN in path.read_text(encoding="utf-8"):
+            path.write_text(render(path.read_text(encoding="utf-8"), indent), encoding="utf-8")
+            print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""The heritage lab's section of the study report: each knob's effect on the gain.
+
+The report (:mod:`thermo_lens.report`, a layer below the lab) takes extra sections as functions
+``fn(doc)``; :func:`lab_section` is the lab's, passed by ``thermo-lens lab`` and by
+``thermo-lens report`` on a lab's ``train/`` folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from thermo_lens._lazy import pandas as pd
+
+__all__ = ["lab_section", "lab_dir_of"]
+
+
+def lab_dir_of(directory: str | Path) -> Path | None:
+    """The lab folder a report directory belongs to (the lab folder itself or its ``train/``
+    subfolder), or None when it is not a lab's."""
+    d = Path(directory)
+    for cand in (d, d.parent):
+        if (cand / "lab.json").is_file() and (cand / "effects.csv").is_file():
+            return cand
+    return None
+
+
+def lab_section(lab_dir: str | Path) -> Callable[[Any], None]:
+    """The section drawing the effects and trajectories of the lab at ``lab_dir`` (``fn(doc)``)."""
+    lab_dir = Path(lab_dir)
+
+    def section(doc: Any) -> None:
+        from thermo_lens.lab import views as lab_views
+
+        if not (lab_dir / "runs.csv").is_file() or not (lab_dir / "effects.csv").is_file():
+            return
+        runs, eff = pd.read_csv(lab_dir / "runs.csv"), pd.read_csv(lab_dir / "effects.csv")
+        doc.section("heritage-lab", "Heritage lab: what each knob does to the gain")
+        n = sorted(set(eff["n_seeds"].astype(int))) if len(eff) else []
+        doc.p(f"Each knob level is compared with its reference level, paired by seed (same initial weights where "
+              f"shapes allow, same batches, same token budget), at the last checkpoint: effect = mean over seeds "
+              f"(n = {', '.join(map(str, n)) or '0'}) of level minus reference, 95% Student-t CI over seeds, "
+              f"two-sided exact sign-flip permutation p-value (its smallest possible value is 2/2^n). flips_regime: "
+              f"the seed means lie on opposite sides of 1. Toy scale: 10^5-parameter models trained for minutes on "
+              f"CPU; read an effect as what a knob can do, not what it did in a published model.", "note")
+        if len(eff):
+            doc.figure("fig-lab-effects", lambda: lab_views.effect_sizes(eff))
+            doc.table(eff[["knob", "reference", "level", "metric", "effect", "ci_low", "ci_high", "pvalue",
+                           "n_seeds", "flips_regime"]], left=["knob", "reference", "level", "metric"])
+        for metric in ("last_block_gain", "penultimate_gain"):
+            if len(runs) and metric in runs.columns:
+                doc.figure(f"fig-lab-{metric}", lambda m=metric: lab_views.gain_trajectories(runs, m))
+
+    return section
