@@ -22,13 +22,12 @@ from __future__ import annotations
 import difflib
 import functools
 import re
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from thermo_lens.errors import ThermoLensInputError, ThermoLensInputTypeError
-from thermo_lens.provenance import HookRecord, describe_hook
 
 __all__ = ["sae_wrappers", "sae_records", "check_saes", "resolve_hook", "needs_resolving", "hook_points",
-           "attached_hooks", "check_hook_names", "forward_order"]
+           "AttachedHook", "attached_hooks", "check_hook_names", "forward_order", "qualname", "hook_source"]
 
 
 def sae_wrappers(model: Any) -> dict[str, Any]:
@@ -114,6 +113,60 @@ def resolve_hook(model: Any, hook_name: Any, name: str = "the model") -> Any:
     )
 
 
+# ---------------------------------------------------------------------------- hook functions
+def qualname(fn: Any) -> str:
+    """``module.qualname`` of a hook function (through ``functools.partial`` and bound methods)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    owner = getattr(fn, "__self__", None)
+    if owner is not None and not isinstance(owner, type) and hasattr(fn, "__func__"):
+        return f"{type(owner).__module__}.{type(owner).__qualname__}.{fn.__name__}"
+    mod = getattr(fn, "__module__", None) or type(fn).__module__
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{mod}.{name}"
+
+
+def hook_source(fn: Any) -> str:
+    """Where a hook's inserted activations come from: ``fn.thermo_lens_source``, or an SAE-like owner's
+    config (release, id, hook, width); ``""`` when the function does not say."""
+    src = getattr(fn, "thermo_lens_source", None)
+    if src:
+        return str(src)
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+        src = getattr(fn, "thermo_lens_source", None)
+        if src:
+            return str(src)
+    owner = getattr(fn, "__self__", None) if hasattr(fn, "__func__") else fn
+    cfg = getattr(owner, "cfg", None)
+    if cfg is not None:  # an SAE (SAELens) or similar module used as / through a hook
+        bits = [f"{k}={getattr(cfg, k)}" for k in ("release", "sae_id", "hook_name", "d_sae")
+                if getattr(cfg, k, None) is not None]
+        meta = getattr(cfg, "metadata", None)
+        for k in ("release", "sae_id", "hook_name"):
+            if meta is not None and getattr(meta, k, None) is not None and not any(b.startswith(k) for b in bits):
+                bits.append(f"{k}={getattr(meta, k)}")
+        if bits:
+            return f"{type(owner).__name__}(" + ", ".join(bits) + ")"
+    return ""
+
+
+
+class AttachedHook(NamedTuple):
+    """A hook already on a model (:func:`attached_hooks`): where it runs, its function's qualified
+    name, where its activations come from, and how it was attached (a key of
+    :data:`thermo_lens.provenance.ATTACHED`)."""
+
+    hook_point: str
+    function: str
+    source: str
+    attached: str
+
+
+def _describe(point: str, fn: Any, how: str) -> AttachedHook:
+    return AttachedHook(point, qualname(fn), hook_source(fn), how)
+
+
 # ---------------------------------------------------------------------------- hook points and names
 #: Functions defined here are the host's own wiring, not the user's (TransformerLens 4's bridge
 #: keeps permanent hooks that alias symbolic hook points, e.g. ``hook_mlp_in`` on OPT and BERT;
@@ -173,7 +226,7 @@ def _is_host_wiring(fn: Any) -> bool:
     return str(getattr(fn, "__module__", "") or "").startswith(_HOST_MODULES)
 
 
-def attached_hooks(model: Any) -> tuple[HookRecord, ...]:
+def attached_hooks(model: Any) -> tuple[AttachedHook, ...]:
     """Every forward hook already attached to ``model``'s hook points, and every SAE spliced in:
     what a pass will run besides the hooks passed to it as ``fwd_hooks``.
 
@@ -187,7 +240,7 @@ def attached_hooks(model: Any) -> tuple[HookRecord, ...]:
     The host's own wiring (TransformerLens' bridge aliases, SAELens internals) is not a user hook
     and is left out. Backward hooks never change a forward pass and are left out.
     """
-    out: list[HookRecord] = []
+    out: list[AttachedHook] = []
     for name, hp in hook_points(model).items():
         for handle in list(getattr(hp, "fwd_hooks", None) or []):
             fn = _user_function(hp, handle)
@@ -199,8 +252,7 @@ def attached_hooks(model: Any) -> tuple[HookRecord, ...]:
                 how = "permanent"
             else:
                 how = "add_hook"
-            rec = describe_hook(name, fn)
-            out.append(HookRecord(rec.hook_point, rec.function, rec.source, attached=how))
+            out.append(_describe(name, fn, how))
     named = getattr(model, "named_modules", None)
     if callable(named):
         for path, mod in named():
@@ -211,13 +263,12 @@ def attached_hooks(model: Any) -> tuple[HookRecord, ...]:
                 for fn in list((hooks or {}).values()):
                     if _is_host_wiring(fn):
                         continue
-                    rec = describe_hook(f"module {path or '<model>'} ({kind})", fn)
-                    out.append(HookRecord(rec.hook_point, rec.function, rec.source, attached="torch"))
+                    out.append(_describe(f"module {path or '<model>'} ({kind})", fn, "torch"))
     for r in sae_records(model):
         where = r["hook"] if r["hook_out"] == r["hook"] else f"{r['hook']} -> {r['hook_out']}"
         err = ", error term added back" if r["use_error_term"] else ""
-        out.append(HookRecord(where, f"SAE {r['architecture']} d_in={r['d_in']} d_sae={r['d_sae']}{err}",
-                              r.get("source", ""), attached="sae"))
+        out.append(AttachedHook(where, f"SAE {r['architecture']} d_in={r['d_in']} d_sae={r['d_sae']}{err}",
+                                r.get("source", ""), "sae"))
     return tuple(out)
 
 
@@ -244,11 +295,11 @@ def check_hook_names(model: Any, names: Sequence[Any], name: str = "the model") 
                 hit = any(bool(hook_name(n)) for n in valid)
             except Exception as e:  # noqa: BLE001 - the user's filter; named in the message
                 raise ThermoLensInputError(
-                    f"the name filter {describe_hook(hook_name, hook_name).hook_point} raised "
+                    f"the name filter {qualname(hook_name)} raised "
                     f"{type(e).__name__}: {e} when called with a hook name (a str)") from e
             if not hit:
                 raise ThermoLensInputError(
-                    f"the name filter {describe_hook(hook_name, hook_name).hook_point} matches none of "
+                    f"the name filter {qualname(hook_name)} matches none of "
                     f"{name}'s {len(valid)} hook points, so its hook would never run; e.g. "
                     f"{', '.join(repr(v) for v in valid[:3])} (model.hook_dict lists them all)")
             continue

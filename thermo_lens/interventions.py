@@ -31,6 +31,7 @@ from torch import Tensor
 
 from thermo_lens import attached
 from thermo_lens.model import as_view
+from thermo_lens.provenance import attached_records
 from thermo_lens.tokens import TOKENS_GIVEN, token_batch
 from thermo_lens.errors import ThermoLensHookError, ThermoLensInputError, ThermoLensInputTypeError
 from thermo_lens.validate import validates_own_inputs
@@ -272,7 +273,8 @@ def patch_from(
             + (f", heads {list(heads_t)}" if heads_t is not None else "")
             + (f", source {list(src)}" if src is not None else "")
             + f", prepend_bos={bos!r}"
-            + (f"; clean run under hooks already on the model: {'; '.join(str(h) for h in hidden)}" if hidden else ""))
+            + (f"; clean run under hooks already on the model: {'; '.join(str(h) for h in attached_records(hidden))}"
+               if hidden else ""))
     return Patch(hook_names=names, clean_prompts=ps.texts, positions=positions, heads=heads_t, source=src,
                  description=desc, _clean=clean, _clean_lengths=tuple(lengths), prepend_bos=bos,
                  model_name=view.name, _model=weakref.ref(view.model))

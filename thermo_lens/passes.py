@@ -36,7 +36,7 @@ from thermo_lens.errors import (ThermoLensHookError, ThermoLensInputError, Therm
                                 ThermoLensNumericsError)
 from thermo_lens.inputs import as_model_prompts
 from thermo_lens.model import ModelView, as_view
-from thermo_lens.provenance import Provenance, describe_hook
+from thermo_lens.provenance import Provenance, attached_records, describe_hook
 from thermo_lens.settings import RunSettings
 from thermo_lens.tokens import HOST_BOS, MAX_PADDING, BatchInfo, TokenBatch, plan_batches, token_batch
 
@@ -437,7 +437,7 @@ def collect(
                         sort_by_length=False if internal_hooks else settings.sort_by_length,
                         max_padding=None if internal_hooks else MAX_PADDING)
     tokenized = [everything.select(rows) for rows in plan]
-    hidden = attached.attached_hooks(view.model)  # before any hook of ours is registered
+    hidden = attached_records(attached.attached_hooks(view.model))  # before any hook of ours is registered
     rec = Recorder()
     for r in reductions:
         r(view, rec)
@@ -591,9 +591,8 @@ def _cache_prompts(view: ModelView, prompts: Any, settings: RunSettings) -> tupl
 
     ps = as_model_prompts(view, prompts)
     if ps.token_ids is not None:
-        ids = prompts["input_ids"] if isinstance(prompts, Mapping) else prompts
-        ids = torch.as_tensor(ids)
-        width = int(ids.shape[-1])
+        given = torch.as_tensor(prompts["input_ids"] if isinstance(prompts, Mapping) else prompts)
+        width = int(given.shape[-1])
         return ps, torch.as_tensor(ps.starts or (0,) * len(ps), dtype=torch.long), width
     if settings.prepend_bos not in ("host", True, False):
         raise ThermoLensInputError(
@@ -702,7 +701,7 @@ def collect_cached(
             name, fn = hooks[i]
             fn(_relayout(acts[keys[name]], name, starts, width))  # type: ignore[index]
     _check_pass(view, rec, batch)
-    sae = tuple(h for h in attached.attached_hooks(view.model) if h.attached == "sae")
+    sae = attached_records(h for h in attached.attached_hooks(view.model) if h.attached == "sae")
     return Collected(
         recorder=rec, lengths=batch.lengths, prompts=tuple(ps.texts), prepend_bos=batch.prepend_bos,
         truncated=batch.truncated, view=view, row_prompt=None, hooks=sae, prompt_set=ps.name,

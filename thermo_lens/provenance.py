@@ -12,17 +12,17 @@ one in its repr, frame, JSON or report.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
+from thermo_lens.attached import hook_source as _source, qualname as _qualname
 from thermo_lens.result import Result
 
-__all__ = ["Provenance", "HookRecord", "ATTACHED", "describe_hook", "hooks_text", "fold_legacy_fields",
-           "ProvenanceFields"]
+__all__ = ["Provenance", "HookRecord", "ATTACHED", "describe_hook", "attached_records", "hooks_text",
+           "fold_legacy_fields", "ProvenanceFields"]
 
 #: How a hook came to run in a pass (:attr:`HookRecord.attached`).
 ATTACHED: dict[str, str] = {
@@ -66,44 +66,16 @@ class HookRecord(Result):
         return f"{self.hook_point} <- {self.function}" + (f" [{self.source}]" if self.source else "") + how
 
 
-def _qualname(fn: Any) -> str:
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    owner = getattr(fn, "__self__", None)
-    if owner is not None and not isinstance(owner, type) and hasattr(fn, "__func__"):
-        return f"{type(owner).__module__}.{type(owner).__qualname__}.{fn.__name__}"
-    mod = getattr(fn, "__module__", None) or type(fn).__module__
-    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-    return f"{mod}.{name}"
-
-
-def _source(fn: Any) -> str:
-    src = getattr(fn, "thermo_lens_source", None)
-    if src:
-        return str(src)
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-        src = getattr(fn, "thermo_lens_source", None)
-        if src:
-            return str(src)
-    owner = getattr(fn, "__self__", None) if hasattr(fn, "__func__") else fn
-    cfg = getattr(owner, "cfg", None)
-    if cfg is not None:  # an SAE (SAELens) or similar module used as / through a hook
-        bits = [f"{k}={getattr(cfg, k)}" for k in ("release", "sae_id", "hook_name", "d_sae")
-                if getattr(cfg, k, None) is not None]
-        meta = getattr(cfg, "metadata", None)
-        for k in ("release", "sae_id", "hook_name"):
-            if meta is not None and getattr(meta, k, None) is not None and not any(b.startswith(k) for b in bits):
-                bits.append(f"{k}={getattr(meta, k)}")
-        if bits:
-            return f"{type(owner).__name__}(" + ", ".join(bits) + ")"
-    return ""
-
-
 def describe_hook(hook_point: Any, fn: Callable) -> HookRecord:
     """The :class:`HookRecord` of one ``(hook_point, fn)`` pair."""
     point = hook_point if isinstance(hook_point, str) else f"filter {_qualname(hook_point)}"
     return HookRecord(hook_point=point, function=_qualname(fn), source=_source(fn))
+
+
+def attached_records(hooks: Any) -> tuple[HookRecord, ...]:
+    """:class:`HookRecord` of each :class:`thermo_lens.attached.AttachedHook` (what
+    :func:`thermo_lens.attached.attached_hooks` finds on a model)."""
+    return tuple(HookRecord(h.hook_point, h.function, h.source, attached=h.attached) for h in hooks)
 
 
 def hooks_text(hooks: tuple[HookRecord, ...]) -> str:

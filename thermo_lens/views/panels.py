@@ -322,7 +322,7 @@ def attention_panel(model: Any, prompt: str, layer: int, *, head: int | Sequence
             raise ThermoLensViewError(f"attention_panel: head must be in 0..{view.n_heads - 1} (negative from the end), got {head!r}")
         shown = [int(h) % view.n_heads for h in hs]
     from thermo_lens import attached
-    from thermo_lens.provenance import describe_hook, hooks_text
+    from thermo_lens.provenance import attached_records, describe_hook, hooks_text
     from thermo_lens.validate import boolean, fwd_hooks as check_hooks
 
     ablation, attribution = boolean("ablation", ablation), boolean("attribution", attribution)
@@ -356,6 +356,7 @@ def attention_panel(model: Any, prompt: str, layer: int, *, head: int | Sequence
     settings = {"prepend_bos": lap.heads[0].prepend_bos,  # resolved
                 "token_scope": token_scope if (ablation or attribution) else None,
                 "dtype": meta["dtype"], "weights": meta["weights"], "post_ln": meta["post_ln"],
-                "hooks": hooks_text(tuple(describe_hook(n, f) for n, f in hooks) + attached.attached_hooks(view.model))}
+                "hooks": hooks_text(tuple(describe_hook(n, f) for n, f in hooks)
+                                    + attached_records(attached.attached_hooks(view.model)))}
     return panel_from_results(tokens, pattern, table, layer=layer, prompt=prompt, model=view.name,
                               settings=settings, include_js=include_js)
