@@ -275,7 +275,11 @@ def test_hooked_encoder_reads_the_stream_the_next_block_receives(checkpoint_dir)
         model = hooked_encoder(path)
         view = ModelView(model)
         assert view.backend == "hooked_encoder" and view.layout.kind == "post"
-        assert view.resid_hook_names[1:] == tuple(f"blocks.{l}.hook_normalized_resid_post" for l in range(view.n_layers))
+        # x_l where block l reads it (blocks.{l}.hook_resid_pre, the previous block's normalised output), x_L
+        # the last block's normalised output
+        L = view.n_layers
+        assert view.resid_hook_names == tuple([f"blocks.{l}.hook_resid_pre" for l in range(L)]
+                                              + [f"blocks.{L - 1}.hook_normalized_resid_post"])
         g = tl.residual_gain(model, PROMPTS, token_scope="all", batch_size=2)
         hf = transformers.BertModel.from_pretrained(str(path), attn_implementation="eager").eval()
         tb = tokenize(view, PROMPTS, prepend_bos="host")

@@ -459,6 +459,35 @@ def test_6_replacing_the_stream_between_blocks_keeps_the_gains_telescoping(host,
         np.testing.assert_allclose(g.summaries["total_amplification"].values, total, rtol=TOL)
 
 
+@pytest.mark.parametrize("host", HOSTS)
+def test_6_the_attribution_follows_the_same_convention_and_closes(host, host_model):
+    """A replacement at blocks.1.hook_resid_pre is block 0's splice term (as it is in block 0's gain):
+    every block closes, and the totals add up to ||x_L||^2 - ||x_0||^2."""
+    m = _model(host_model, host)
+    hooks = [("blocks.1.hook_resid_pre", _sae_like(4))]
+    a = tl.gain_attribution(m, PROMPTS, token_scope="all", fwd_hooks=hooks)
+    L = m.cfg.n_layers
+    for p, prompt in enumerate(PROMPTS):
+        xs, cache_y = _states_and_cache(m, prompt, hooks)
+        y0 = cache_y["blocks.0.hook_resid_post"][0].double()
+        splice = ((xs[1] - y0) * (xs[1] + xs[0])).sum(-1).mean()
+        torch.testing.assert_close(a.splice[p, 0], splice, rtol=1e-4, atol=1e-4)
+        sq = xs.pow(2).sum(-1).mean(-1)  # [L+1] mean over tokens of ||x_l||^2
+        torch.testing.assert_close(a.total[p].sum(), sq[L] - sq[0], rtol=1e-4, atol=1e-4)
+    assert float(a.splice[:, 1:].abs().max()) == 0.0 and float(a.splice[:, 0].abs().min()) > 0
+    clean = tl.gain_attribution(m, PROMPTS, token_scope="all")
+    assert float(clean.splice.abs().max()) == 0.0 and "splice" in a.layer_frame() and "splice" in repr(a)
+
+
+def _states_and_cache(model, prompt, hooks):
+    with model.hooks(fwd_hooks=list(hooks)):
+        _, cache = model.run_with_cache(model.to_tokens(prompt))
+    L = model.cfg.n_layers
+    names = [f"blocks.{l}.hook_resid_pre" for l in range(L)] + [f"blocks.{L - 1}.hook_resid_post"]
+    xs = torch.stack([cache[n][0].double() for n in names])
+    return xs, cache
+
+
 @pytest.mark.parametrize("point", ["blocks.1.hook_resid_pre", "blocks.1.hook_resid_post"])
 def test_6_an_sae_and_the_same_map_as_a_hook_give_the_same_gains(point, host_model):
     from test_hosts_sae import D_SAE

@@ -46,7 +46,7 @@ QUANTITIES: dict[str, tuple[str, dict[str, tuple[str, ...]]]] = {
     "SheafTraces": ("trace", {"trace": ("layer", "head"), "off_diagonal_mass": ("layer", "head")}),
     "AnisotropyResult": ("values", {"values": ("state",)}),
     "GainAttribution": ("head", {"head": ("layer", "head"), "total": ("layer",), "mlp": ("layer",),
-                                 "bias": ("layer",)}),
+                                 "bias": ("layer",), "splice": ("layer",)}),
 }
 
 

@@ -42,7 +42,7 @@ from thermo_lens.tokens import HOST_BOS, MAX_PADDING, BatchInfo, TokenBatch, pla
 
 __all__ = ["Recorder", "Collected", "Reduction", "collect", "collect_cached", "wrap_user_hooks"]
 
-Reduce = Callable[[Tensor, TokenBatch], Tensor]
+Reduce = Callable[[Tensor, TokenBatch], "Tensor | None"]
 #: A reduction registers its hooks on a Recorder: ``reduction(view, recorder)``.
 Reduction = Callable[[ModelView, "Recorder"], None]
 

@@ -43,7 +43,11 @@ token, so the norm is a linear map of its input, plus its bias):
 * **SAEs** spliced into the stream (SAELens ``add_sae`` at ``hook_resid_*``, ``hook_attn_out``,
   ``hook_mlp_out`` or ``attn.hook_z``): the SAE's change ``sae(x) - x`` is a component (``sae``),
   its error term's share with ``use_error_term`` is ``sae_error``, and the heads, MLP and biases
-  are read at the SAE's input.
+  are read at the SAE's input;
+* **hooks between blocks** (a patch or any replacement at ``blocks.{layer+1}.hook_resid_pre``):
+  ``x_out = x_{layer+1}`` is the stream the next block reads, as for the gain, so the change from
+  the block's output as written (``hook_resid_post``) is a component (``splice``), exactly as an
+  SAE there would be.
 
 In every case each term is ``<c, u_c>`` with ``u_c`` the transpose of the (frozen, linear) map
 from where ``c`` is written to ``x_out``, applied to ``s``; ``u_c = s`` for a pre-LN block.

@@ -37,7 +37,7 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
     All terms are means over the scoped real tokens (:data:`ATTRIBUTION_SCOPES`) of per-token
     terms ``<c, u_c>`` of block ``layer`` (0-based, ``blocks.{layer}``; see the module docstring and
     :data:`ATTRIBUTION_DEFINITIONS`), float64 accumulations of float32 per-token terms;
-    ``head.sum(-1) + mlp + bias + norm + sae == total`` up to float32 rounding (``closure``).
+    ``head.sum(-1) + mlp + bias + norm + sae + splice == total`` up to float32 rounding (``closure``).
     For a pre-LN model without SAEs ``norm`` and ``sae`` are 0 and ``u_c = x_out + x_in``.
 
     Attributes:
@@ -59,6 +59,10 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
             spliced into the block's stream; 0 without SAEs.
         sae_error: ``Float[Tensor, "prompt layer"]`` the part of ``sae`` from the error terms of
             SAEs with ``use_error_term`` (``sae - sae_error`` is their reconstructions' part).
+        splice: ``Float[Tensor, "prompt layer"]`` ``<x_{layer+1} - y, x_out + x_in>``: the change hooks
+            made to the stream between the block's output ``y`` (``hook_resid_post`` as the block
+            wrote it) and the next block's input (e.g. a patch at ``blocks.{layer+1}.hook_resid_pre``),
+            which belongs to this block as it does to its gain; 0 without such hooks.
         expert: ``Float[Tensor, "prompt layer expert"]`` mixture of experts: expert ``e``'s share
             ``<w_e E_e(x), u_mlp>`` (router weight times expert output; ``expert.sum(-1) == mlp``);
             a dense MLP is one expert chosen with weight 1 (``[prompt, layer, 1]``, equal to ``mlp``).
@@ -76,12 +80,13 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
     sae: Tensor | None = None
     sae_error: Tensor | None = None
     expert: Tensor | None = None
+    splice: Tensor | None = None
 
     #: 2: the norm, sae, sae_error and expert terms (results stored under 1 read them as 0 / None).
     schema_version = 2
 
     def __post_init__(self) -> None:
-        for name in ("norm", "sae", "sae_error"):
+        for name in ("norm", "sae", "sae_error", "splice"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, torch.zeros_like(self.total))
         if self.expert is None:  # schema 1, or a dense MLP: one expert, router weight 1
@@ -155,13 +160,15 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
 
     def layer_frame(self) -> pd.DataFrame:
         """One row per (prompt, layer): ``heads`` (sum over heads), ``mlp``, ``bias``, ``norm``,
-        ``sae``, ``sae_error``, ``total``, ``closure`` and the definition columns."""
+        ``sae``, ``sae_error``, ``splice``, ``total``, ``closure`` and the definition columns."""
         P, L = self.total.shape
         assert self.norm is not None and self.sae is not None and self.sae_error is not None
+        assert self.splice is not None
         df = pd.DataFrame({"prompt": np.repeat(np.arange(P), L), "layer": np.tile(np.arange(L), P),
                            "heads": self.head.sum(-1).numpy().ravel(), "mlp": self.mlp.numpy().ravel(),
                            "bias": self.bias.numpy().ravel(), "norm": self.norm.numpy().ravel(),
                            "sae": self.sae.numpy().ravel(), "sae_error": self.sae_error.numpy().ravel(),
+                           "splice": self.splice.numpy().ravel(),
                            "total": self.total.numpy().ravel(), "closure": self.closure.numpy().ravel()})
         return self._definition_columns(df)
 
@@ -187,6 +194,8 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
             parts.append("norm")
         if bool((self.sae != 0).any()) or m.get("saes"):
             parts.append("sae")
+        if self.splice is not None and bool((self.splice != 0).any()):
+            parts.append("splice")
         saes = m.get("saes") or []
         lines = [f"GainAttribution({m.get('name')}: {self.n_prompts} prompts x {self.n_layers} layers x "
                  f"{self.n_heads} heads; {self.block_layout}; token_scope={self.token_scope!r}, "
@@ -220,9 +229,12 @@ for _name, _symbol, _formula, _shape, _attr, _frame in (
     ("sae_term", "<sae(x) - x, u_sae>", "the share of the change made by the SAEs spliced into the block's "
      "residual stream (reconstruction minus input, error term included); 0 without SAEs", "prompt layer", "sae",
      "layer_frame"),
+    ("splice_term", "<x_{l+1} - y, x_out + x_in>", "the share of the change hooks made to the stream between the "
+     "block's output y (hook_resid_post as written) and the next block's input (e.g. a patch at the next "
+     "hook_resid_pre); 0 without such hooks", "prompt layer", "splice", "layer_frame"),
     ("norm_sq_change", "||x_out||^2 - ||x_in||^2", "the block's squared-norm change, x_in = x_layer, x_out = "
-     "x_{layer+1} (the gain's residual states); = sum_h head_term + mlp_term + bias_term + norm_term + sae_term",
-     "prompt layer", "total", "layer_frame"),
+     "x_{layer+1} (the gain's residual states); = sum_h head_term + mlp_term + bias_term + norm_term + sae_term "
+     "+ splice_term", "prompt layer", "total", "layer_frame"),
 ):
     register_metric(Metric(_name, symbol=_symbol, formula=_formula, shape=_shape, result="GainAttribution",
                            section="gain", unit="squared residual norm", attr=_attr, frame=_frame,
@@ -242,7 +254,8 @@ def _unexplained_cause(collected: Collected, layer: int) -> str:
     causes = []
     if collected.hooks:
         causes.append("a user hook changed an activation the components do not account for (e.g. at "
-                      f"blocks.{layer}.hook_attn_out, hook_resid_mid or hook_resid_post; hooks: "
+                      f"blocks.{layer}.hook_attn_out, hook_resid_mid or hook_resid_post, which the block's output is "
+                      "read after; hooks: "
                       + "; ".join(str(h) for h in collected.hooks) + ")")
     sites, other = sae_sites(view)
     here = [s for s in sites if s.layer == layer]
@@ -265,7 +278,7 @@ def attribution_from_collected(collected: Collected, token_scope: str = "all_but
         raise ThermoLensInputError("this collection has no attribution terms: run collect(..., [attribution_terms(scope)])")
     head = collected.stack("attr_head").permute(1, 0, 2).contiguous()  # [P, L, H]
     get = {k: collected.stack(f"attr_{k}").T.contiguous()
-           for k in ("mlp", "bias", "norm", "sae", "sae_error", "total", "closure", "scale")}
+           for k in ("mlp", "bias", "norm", "sae", "sae_error", "splice", "total", "closure", "scale")}
     expert = (collected.stack("attr_expert").permute(1, 0, 2).contiguous()
               if "attr_expert" in collected.recorder.names else None)
     view = collected.view
@@ -279,8 +292,8 @@ def attribution_from_collected(collected: Collected, token_scope: str = "all_but
             f"{view.name}: block {l}'s output is not its input plus its heads, MLP, biases"
             f"{', norms' if view.layout.norm_sites else ''} and SAEs (prompt {p}: unexplained "
             f"{float(rel[p, l]):.2e} of ||x_out||^2 + ||x_in||^2): {_unexplained_cause(collected, l)}; "
-            "gain_attribution cannot split it. Hooks at hook_resid_pre, attn.hook_z and hook_mlp_out are "
-            "attributed as they ran.")
+            "gain_attribution cannot split it. Hooks at hook_resid_pre (the splice term), attn.hook_z and "
+            "hook_mlp_out are attributed as they ran.")
     if expert is not None:
         gap = (expert.sum(-1) - get["mlp"]).abs() / get["scale"].clamp_min(torch.finfo(torch.float32).tiny)
         if bool((gap > rtol).any()):
@@ -291,7 +304,8 @@ def attribution_from_collected(collected: Collected, token_scope: str = "all_but
                 "weight x expert output (a shared expert, or a hook on the router)")
     return GainAttribution(head=head, mlp=get["mlp"], bias=get["bias"], total=get["total"], closure=get["closure"],
                            scale=get["scale"], token_scope=token_scope, provenance=collected.provenance(),
-                           norm=get["norm"], sae=get["sae"], sae_error=get["sae_error"], expert=expert)
+                           norm=get["norm"], sae=get["sae"], sae_error=get["sae_error"], expert=expert,
+                           splice=get["splice"])
 
 
 def _build(ctx: BuildContext, *, token_scope: str) -> GainAttribution:

@@ -39,10 +39,13 @@ ATTRIBUTION_DEFINITIONS: dict[str, str] = {
     "sae": "<sae(x) - x, u_sae>: the change of the SAEs spliced into the block's stream; 0 without SAEs",
     "sae_error": "<error term, u_sae>: the part of sae from SAEs with use_error_term (their reconstruction's "
                  "part is sae - sae_error)",
+    "splice": "<x_{layer+1} - y, x_out + x_in>, y = blocks.{layer}.hook_resid_post as the block wrote it: the change "
+              "hooks made to the stream between this block's output and the next block's input (e.g. a patch at "
+              "blocks.{layer+1}.hook_resid_pre, which x_out = x_{layer+1} includes); 0 without such hooks",
     "expert": "<w_e(t) E_e(x_t), u_mlp>: mixture of experts, expert e's share (sums to mlp; a dense MLP is one "
               "expert with weight 1)",
     "total": "||x_out||^2 - ||x_in||^2, x_in = x_layer, x_out = x_{layer+1} (the gain's residual states)",
-    "closure": "total - (sum_h head + mlp + bias + norm + sae): float32 rounding (checked)",
+    "closure": "total - (sum_h head + mlp + bias + norm + sae + splice): float32 rounding (checked)",
 }
 
 _CLOSURE_RTOL = 1e-3  # float32 / float64 models: the closure is ~1e-7 of the scale in practice
@@ -127,6 +130,7 @@ class _BlockPlan:
     norms: dict[str, tuple[Tensor, Tensor | None]]  # module -> (g, beta)
     sites: list[_SAESite]
     experts: Any = None
+    splice: str | None = None  # where the block's output is read as written (the next block may read another)
 
 
 def _plan(view: ModelView) -> list[_BlockPlan]:
@@ -167,17 +171,25 @@ def _plan(view: ModelView) -> list[_BlockPlan]:
             reads += [(sae_hook(site.hook, "input"), f"sae_in:{i}"), (sae_hook(site.hook, "output"), f"sae_out:{i}")]
             if site.error_term:
                 reads.append((sae_hook(site.hook, "error"), f"sae_err:{i}"))
+        # The block's output as it wrote it: x_out = x_{l+1} is read where block l+1 reads it, after any
+        # hook between the two (e.g. a patch at blocks.{l+1}.hook_resid_pre); that change is the splice
+        # term. Not for the last block (x_L is its output), nor where an SAE sits at x_{l+1}'s point (its
+        # sae term, read at the SAE's input and output, covers the change there).
+        post = names[L].rsplit(".", 1)[-1]
+        splice = f"blocks.{l}.{post}" if l + 1 < L and names[l + 1] != f"blocks.{l}.{post}" and not any(
+            s.hook == names[l + 1] for s in mine) else None
         plans.append(_BlockPlan(
             layer=l, reads=reads, W_O=W_flat[l], b_O=zero if b_O is None else b_O,
             b_out=zero if b_out is None else b_out, norms={n.module: n.params(block) for n in layout.norm_sites},
-            sites=mine, experts=experts))
+            sites=mine, experts=experts, splice=splice))
     return plans
 
 
-def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor) -> Tensor:
-    """``[n, head + 8 (+ expert)]`` per-token terms of one block from its scoped activations
-    (``take(key)`` -> ``[n, ...]`` float32): heads, then mlp, bias, norm, sae, sae_error, scale,
-    closure, total, then the experts' terms."""
+def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_out: Tensor | None = None) -> Tensor:
+    """``[n, head + 9 (+ expert)]`` per-token terms of one block from its scoped activations
+    (``take(key)`` -> ``[n, ...]`` float32): heads, then mlp, bias, norm, sae, sae_error, splice,
+    scale, closure, total, then the experts' terms. ``y_out``: the block's output as it wrote it
+    (:attr:`_BlockPlan.splice`), None where ``x_out`` is it."""
     layout: BlockLayout = view.layout
     H, dev = view.n_heads, x_out.device
     x_in, z, mlp_out = take("x_in"), take("z"), take("mlp_out")
@@ -219,12 +231,15 @@ def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor) ->
         sae = sae + _vec_dot(take(f"sae_out:{i}") - take(f"sae_in:{i}"), v)
         if site.error_term:
             sae_err = sae_err + _vec_dot(take(f"sae_err:{i}"), v)
+    # x_out = y_out + (what hooks changed between the blocks): the change is its own component (exactly 0
+    # without such hooks: x_out and y_out are then the same tensor)
+    splice = _vec_dot(x_out - y_out, s) if y_out is not None else zero
     total = _vec_dot(x_out - x_in, s)  # = ||x_out||^2 - ||x_in||^2 without cancellation
     scale = _vec_dot(x_out, x_out) + _vec_dot(x_in, x_in)
     # Per token |total - components| (its scoped mean: a cancellation across tokens must not
     # hide a block that does not close).
-    closure = (total - head.sum(-1) - mlp - bias - norm - sae).abs()
-    parts = [head, torch.stack([mlp, bias, norm, sae, sae_err, scale, closure, total], dim=1)]
+    closure = (total - head.sum(-1) - mlp - bias - norm - sae - splice).abs()
+    parts = [head, torch.stack([mlp, bias, norm, sae, sae_err, splice, scale, closure, total], dim=1)]
     if layout.moe is not None:
         parts.append(_expert_terms(take, plan.experts, layout.moe.n_experts, v_m))
     return torch.cat(parts, dim=1)
@@ -234,7 +249,8 @@ def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor) ->
 def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
     """Reduction (for :func:`thermo_lens.passes.collect`) recording the scoped means, per block
     ``l``: ``("attr_head", l)`` ``[batch, head]``, ``("attr_mlp", l)``, ``("attr_bias", l)``,
-    ``("attr_norm", l)``, ``("attr_sae", l)``, ``("attr_sae_error", l)``, ``("attr_total", l)``,
+    ``("attr_norm", l)``, ``("attr_sae", l)``, ``("attr_sae_error", l)``, ``("attr_splice", l)``,
+    ``("attr_total", l)``,
     ``("attr_closure", l)`` and ``("attr_scale", l)`` (the scoped mean of
     ``||x_out||^2 + ||x_in||^2``, the size the closure is compared with), each ``[batch]``
     float64, and for a mixture of experts ``("attr_expert", l)`` ``[batch, expert]``."""
@@ -284,17 +300,29 @@ def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
                     t = _state.pop(key).reshape(B * T, -1).index_select(0, rows)
                     return t if raw else t.float()
 
-                terms = _block_terms(view, _plan, take, x_out.reshape(B * T, -1).index_select(0, rows).float())
+                y_out = _state.pop("y_out", None)  # already the scoped rows (a copy, see keep_output)
+                terms = _block_terms(view, _plan, take, x_out.reshape(B * T, -1).index_select(0, rows).float(),
+                                     None if y_out is None else y_out.float())
                 _state.clear()
                 # Every per-token term, then one float64 per-prompt sum over the scoped rows.
                 means = torch.zeros(B, terms.shape[1], dtype=torch.float64, device=dev).index_add_(
                     0, prompt_of, terms.double()) / n
                 rec.put(("attr_head", _plan.layer), means[:, :H])
-                for k, key in enumerate(("mlp", "bias", "norm", "sae", "sae_error", "scale", "closure")):
+                for k, key in enumerate(("mlp", "bias", "norm", "sae", "sae_error", "splice", "scale", "closure")):
                     rec.put((f"attr_{key}", _plan.layer), means[:, H + k])
-                if terms.shape[1] > H + 8:
-                    rec.put(("attr_expert", _plan.layer), means[:, H + 8:])
-                return means[:, H + 7]
+                if terms.shape[1] > H + 9:
+                    rec.put(("attr_expert", _plan.layer), means[:, H + 9:])
+                return means[:, H + 8]
+
+            def keep_output(x: Tensor, batch: TokenBatch, _state: dict = state) -> None:
+                # A copy of the scoped rows, now: a hook between the blocks may edit this very tensor in
+                # place (e.g. a patch at the next block's hook_resid_pre) before x_out is read.
+                B, T, _ = x.shape
+                rows = rec.per_batch(("attr_rows", str(x.device)), functools.partial(scoped_rows, dev=x.device))[0]
+                _state["y_out"] = x.reshape(B * T, -1).index_select(0, rows)
+
+            if plan.splice is not None:
+                rec.add(plan.splice, ("_attr_y_out", plan.layer), keep_output)
 
             for hook, key in plan.reads:
                 rec.add(hook, ("_attr_" + key, plan.layer), lambda x, b, _f=keep, _k=key: _f(x, b, _k))  # type: ignore[misc]
