@@ -225,7 +225,8 @@ def anisotropy_profile(
         level: confidence level of the CIs (default ``0.95``).
         settings, **run: run options (:class:`thermo_lens.RunSettings`: ``prepend_bos``,
             ``batch_size``, ``truncate``, ``fwd_hooks``, ``progress``, ``sort_by_length``).
-        cache: the ``ActivationCache`` of ``model.run_with_cache`` on the same tokens (passed as
+        cache: ``None`` (the default: run the model), or the ``ActivationCache`` of
+            ``model.run_with_cache`` on the same tokens (passed as
             ``prompts``): measured from it, no forward pass (as for :func:`thermo_lens.residual_gain`).
     """
     res = measure.run(as_view(model), prompts, {"anisotropy": {"level": level}}, settings=settings, cache=cache,

@@ -660,7 +660,8 @@ def residual_gain(
             ``fwd_hooks`` (your own ``(hook_name, fn)`` hooks: ablation, patching; batches then
             keep your prompt order, each hook can read ``hook.ctx["batch"]``, and the hooks are
             recorded in the result), ``progress``, ``sort_by_length``.
-        cache: an ``ActivationCache`` from ``model.run_with_cache`` on the same tokens (pass those
+        cache: ``None`` (the default: run the model), or an ``ActivationCache`` from
+            ``model.run_with_cache`` on the same tokens (pass those
             tokens as ``prompts``, with their attention mask where padded, or the same prompt
             strings): measured from the cache, no forward pass (``fwd_hooks`` then refused: make
             the cache under your hooks); a cache lacking a needed hook is an error listing them.

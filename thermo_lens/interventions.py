@@ -207,11 +207,11 @@ def patch_from(
             ``-1`` = last real token); ``None``: every position (run and clean prompt must then
             have the same token length).
         heads: for per-head hooks (``hook_z``, ``hook_q``...), patch only these heads (negative
-            from the end).
+            from the end); ``None`` (the default): every head.
         source: clean prompt index for each run prompt (default: the same index).
-        prepend_bos, truncate: tokenization of the clean prompts (default ``"host"``, as every
-            entry point's); the patch records the BOS mode as it resolved and refuses a run
-            with another one.
+        prepend_bos: tokenization of the clean prompts (default ``"host"``, as every entry
+            point's); the patch records the BOS mode as it resolved and refuses a run with another one.
+        truncate: cut clean prompts longer than the context (default ``False``).
 
     Returns:
         :class:`Patch`, to pass as ``fwd_hooks=patch`` (or ``list(patch) + other_hooks``).

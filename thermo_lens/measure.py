@@ -233,7 +233,8 @@ def run(
             default); a measurement's own options win.
         settings, **run_options: run options (:class:`thermo_lens.RunSettings`: ``prepend_bos``,
             ``batch_size``, ``truncate``, ``fwd_hooks``, ``progress``, ``sort_by_length``).
-        cache: an ``ActivationCache`` from ``model.run_with_cache`` on the same tokens (pass those
+        cache: ``None`` (the default: run the model), or an ``ActivationCache`` from
+            ``model.run_with_cache`` on the same tokens (pass those
             tokens as ``prompts``, with their attention mask where padded, or the same prompt
             strings): no forward pass runs; a cache lacking a hook the measurements read is an
             error listing the hooks to cache.

@@ -219,7 +219,7 @@ def paired_difference(b: Any, a: Any, *, quantity: str | None = None, level: flo
         b, a: results of the same type (GainResult, SheafTraces, AnisotropyResult,
             GainAttribution) from the same model, prompts and settings.
         quantity: the compared quantity (default per type, see :data:`QUANTITIES`).
-        level: confidence level of the paired CIs.
+        level: confidence level of the paired CIs (default ``0.95``).
 
     Raises:
         ThermoLensInputError: different types, prompts, tokenization, BOS, model or token scope.

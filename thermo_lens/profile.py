@@ -237,7 +237,8 @@ def profile(
         settings, **run: run options (:class:`thermo_lens.settings.RunOptions`): ``prepend_bos``
             (default ``"host"``), ``batch_size``, ``truncate``, ``fwd_hooks`` (e.g. an ablation;
             recorded in ``meta["hooks"]`` and every sub-result), ``progress``, ``sort_by_length``.
-        cache: an ``ActivationCache`` from ``model.run_with_cache`` on the same tokens (pass those
+        cache: ``None`` (the default: run the model), or an ``ActivationCache`` from
+            ``model.run_with_cache`` on the same tokens (pass those
             tokens as ``prompts``, with their attention mask where padded, or the same prompt
             strings): measured from the cache, no forward pass (``fwd_hooks`` then refused: make
             the cache under your hooks); a cache lacking a needed hook is an error listing them.

@@ -196,7 +196,8 @@ def sae_gain_change(
         use_error_term: for ``saes`` given here, attach them with this ``use_error_term`` (None: each
             SAE's own setting). With the error term the SAE's output equals its input up to
             rounding, so every delta is ~0: a check that nothing else changed.
-        token_scope, level: as in :func:`thermo_lens.gain.residual_gain`.
+        token_scope: as in :func:`thermo_lens.gain.residual_gain` (default ``"all_but_first"``).
+        level: confidence level of the CIs (default ``0.95``).
         settings, **run: run options (:class:`thermo_lens.settings.RunOptions`: ``prepend_bos``,
             ``batch_size``, ``truncate``, ``fwd_hooks``, ``progress``, ``sort_by_length``), the same
             for both runs (``fwd_hooks`` run in both: the SAEs' effect under your intervention).

@@ -350,7 +350,8 @@ def gain_attribution(
         settings, **run: run options (:class:`thermo_lens.RunSettings`): ``prepend_bos``,
             ``batch_size``, ``truncate``, ``fwd_hooks`` (e.g. a patch or ablation; attributed as it
             ran), ``progress``.
-        cache: an ``ActivationCache`` from ``model.run_with_cache`` on the same tokens (pass those
+        cache: ``None`` (the default: run the model), or an ``ActivationCache`` from
+            ``model.run_with_cache`` on the same tokens (pass those
             tokens as ``prompts``, with their attention mask where padded, or the same prompt
             strings): measured from the cache, no forward pass (``fwd_hooks`` then refused: make
             the cache under your hooks); a cache lacking a needed hook is an error listing them.

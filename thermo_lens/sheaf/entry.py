@@ -65,7 +65,7 @@ def laplacian_from_collected(
             ``(layer, head)`` (or ``(layer)``, all heads) among its reductions.
         layer, head: the head (``None``: all heads, a :class:`LayerSheafLaplacian`).
         prompt_index: which prompt of ``collected``.
-        convention: ``"directed"`` or ``"symmetrized"``.
+        convention: ``"directed"`` (the default) or ``"symmetrized"``.
         W_V: ``[layer, kv_head, d_model, d_head]`` value weights (default: read from the model).
     """
     convention = _check_convention(convention)
@@ -136,7 +136,7 @@ def sheaf_laplacian(
         prompt: one prompt string.
         layer: block index (0-based; negative counts from the end).
         head: query head index; ``None`` gives a :class:`LayerSheafLaplacian` over all heads.
-        convention: ``"directed"`` (``rho_ij = sqrt(A_ij) W_V``, default) or ``"symmetrized"``.
+        convention: ``"directed"`` (the default; ``rho_ij = sqrt(A_ij) W_V``) or ``"symmetrized"``.
         settings, **run: run options (:class:`thermo_lens.RunSettings`): ``prepend_bos``
             (``"host"``, the default: as ``model.to_tokens``; ``True``, ``False`` or ``"tokenizer"``), ``truncate``, ``fwd_hooks`` (your own
             hooks, run in the same pass before the pattern is read; ``hook.ctx["batch"]``

@@ -37,15 +37,15 @@ def spectral_signature(
             a :class:`~thermo_lens.model.ModelView`.
         dtype: ``torch.float32`` (default) or ``torch.float64``; weights are upcast whatever the
             model's dtype (a bf16 model gives float32 results).
-        layer_norms: also compute the paper's whole-layer norms and trace proxy.
-        layer_norm_method: ``"auto"`` / ``"svd"`` / ``"gram"`` / ``"lanczos"``
+        layer_norms: also compute the paper's whole-layer norms and trace proxy (default ``True``).
+        layer_norm_method: ``"auto"`` (the default) / ``"svd"`` / ``"gram"`` / ``"lanczos"``
             (:func:`matrix_spectral_norm`).
         device: where to compute; default the model's device when it is a GPU, else CPU.
         cache: reuse the signature computed earlier in this process for the same weights and
             arguments (see :func:`clear_cache` for exactly when an entry is reused); ``False``
-            always recomputes (and stores nothing).
+            always recomputes (and stores nothing). Default ``True``.
         layers, heads: compute only these layers / query heads (ints or lists; negative from the
-            end, as everywhere in thermo-lens). The tensors keep the model's full ``[layer, head]``
+            end, as everywhere in thermo-lens); ``None`` (the default): all of them. The tensors keep the model's full ``[layer, head]``
             shape, with NaN where nothing was computed, so ``layer`` and ``head`` keep their meaning.
 
     Returns:
