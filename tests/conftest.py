@@ -17,6 +17,15 @@ torch.set_num_threads(1)
 
 from thermo_lens.testing import ARCHITECTURES, FAST_ARCHITECTURES, make_checkpoint
 
+
+def pytest_configure(config):
+    # The fast loop deselects the slow tier: property tests there run fewer examples (tests/tiers.py).
+    markexpr = (config.getoption("markexpr", "") or "").replace(" ", "")
+    if markexpr == "notslow":
+        os.environ["THERMO_LENS_TEST_TIER"] = "fast"
+    else:
+        os.environ.pop("THERMO_LENS_TEST_TIER", None)
+
 # The fast tier's architectures; the slow tier's matrix (tests/test_architectures.py) boots the rest.
 ARCHS = FAST_ARCHITECTURES
 # Architectures with causal attention (all but BERT).

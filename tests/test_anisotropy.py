@@ -31,6 +31,7 @@ def dense_anisotropy(x):
     return float((cos.sum() - np.trace(cos)) / (m * (m - 1)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 def test_anisotropy_equals_dense_cosines_of_hf_states(arch, bridge, hf_model, checkpoint_dir):
     res = anisotropy_profile(bridge(arch), PROMPTS, batch_size=3, prepend_bos=True)

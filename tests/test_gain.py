@@ -17,6 +17,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiers import examples
 
 from conftest import ARCHS
 from thermo_lens.gain import (
@@ -173,6 +174,7 @@ def test_gain_equals_hf_hidden_states(arch, bridge, hf_model, checkpoint_dir):
     torch.testing.assert_close(direct.block_gain, abf.block_gain, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["gpt2", "llama_gqa", "bert", "bloom"])
 def test_batched_with_padding_equals_one_at_a_time(arch, bridge):
     view = ModelView(bridge(arch))
@@ -287,6 +289,7 @@ def test_known_answer_identity_blocks(checkpoint_dir):
         assert res.regime == "neutral"  # SD 0, CI [1, 1] contains 1
 
 
+@pytest.mark.slow
 def test_known_answer_post_ln_gain_is_set_by_layernorm_weights(checkpoint_dir, tmp_path):
     """BERT: x_l = LayerNorm_l(...) with weight c_l and bias 0 has ||x_l[t]|| = c_l sqrt(d) for
     every token, so G_l = c_l / c_{l-1} exactly, whatever the attention and MLP do."""
@@ -335,7 +338,7 @@ def test_summaries_equal_numpy_scipy(bridge):
     np.testing.assert_allclose(layer.sd, res.block_gain.double().std(0, unbiased=True).numpy(), rtol=1e-10)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.integers(1, 5), st.integers(2, 9), st.integers(0, 2**31 - 1), st.floats(0.1, 10.0))
 def test_scope_ratio_property(n_prompts, width, seed, c):
     """scope_ratio on random padded norms equals a per-prompt numpy loop; scaling x_b by c scales

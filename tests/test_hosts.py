@@ -110,6 +110,7 @@ def _hf_block_gains(arch, hf, checkpoint_dir, scope):
 
 
 # ---------------------------------------------------------------------------- gains
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("host", HOSTS)
 def test_gain_on_every_host_equals_hf_hidden_states(host, arch, host_model, hf_model, checkpoint_dir):

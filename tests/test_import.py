@@ -4,11 +4,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("plotly", "pandas", "scipy.stats", "circuitsvis", "transformer_lens", "thermo_lens.report", "thermo_lens.study",
          "thermo_lens.laws", "thermo_lens.views", "thermo_lens.robustness", "thermo_lens.zoo")
 
 
+@pytest.mark.slow
 def test_import_is_light_and_lazy_names_resolve_on_first_use():
     """One subprocess: what `import thermo_lens` loads, then what first use of lazy names loads."""
     probe = (

@@ -19,6 +19,7 @@ ENTRY = {
 PROMPTS = ["The capital of France is Paris", "Water freezes", "the early bird catches the worm"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ENTRY)
 def test_every_entry_point_accepts_the_same_inputs(bridge, name):
     model = bridge("gpt2")

@@ -83,6 +83,7 @@ def _entry_points(model, prompts, hooks, batch_size):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch,seed", [("gpt2", 0), ("llama_gqa", 1), ("neox", 2)])
 def test_every_entry_point_batched_equals_one_prompt_at_a_time(bridge, arch, seed):
     model = bridge(arch)
@@ -265,6 +266,7 @@ def test_patch_by_head_changes_only_that_head(bridge):
 
 
 # ---------------------------------------------------------------------------- provenance
+@pytest.mark.slow
 def test_hooks_are_recorded_in_repr_frame_json_and_report(bridge, tmp_path):
     model = bridge("gpt2")
     prompts = ["the cat sat on the mat", "water froze near the capital"]

@@ -218,6 +218,7 @@ def _weights(run_dir, step):
     return load_file(str(Path(run_dir) / f"step_{step:06d}" / "model.safetensors"))
 
 
+@pytest.mark.slow
 def test_weight_decay_arms_share_init_and_first_batch(tmp_path):
     """After one AdamW step from the same weights on the same batch, two arms that differ only in
     weight decay differ by exactly the decay term -lr * wd * W_0 (on matrices; nothing else)."""
@@ -238,6 +239,7 @@ def test_weight_decay_arms_share_init_and_first_batch(tmp_path):
     assert any(not torch.equal(a[k], w0[k]) for k in a)  # it did train
 
 
+@pytest.mark.slow
 def test_batches_do_not_depend_on_the_arm(tmp_path, monkeypatch):
     """The data generator's draws are the same for every arm on a corpus (recorded at each step)."""
     import thermo_lens.lab.train as T
@@ -449,6 +451,7 @@ def test_unknown_prompt_set_is_a_spec_error():
         _spec({}, prompts="paper26")
 
 
+@pytest.mark.slow
 def test_a_lab_without_knobs_writes_its_tables(tmp_path):
     """One arm (e.g. a zoo rebuild): runs.csv and trajectories, an empty effects.csv, no error."""
     import pandas as pd

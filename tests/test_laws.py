@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiers import examples
 from scipy import stats
 
 from thermo_lens import laws
@@ -54,6 +55,7 @@ def test_heritage_on_lab_survey_disagrees_with_paper_p():
         assert np.std(vals, ddof=0) == pytest.approx(r["std"], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_crowding_on_lab_survey_matches_h25_accuracy():
     c = laws.crowding(reference.lab_survey())
     acc = c.thresholds.set_index("threshold")["accuracy"]
@@ -80,7 +82,7 @@ def test_hierarchy_on_benchmark():
 
 # ---------------------------------------------------------------- correlation vs scipy
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(4, 40))
 def test_correlation_matches_scipy(seed, n):
     rng = np.random.default_rng(seed)
@@ -274,6 +276,7 @@ class _Row:
         return dict(self.kw)
 
 
+@pytest.mark.slow
 def test_accepts_list_of_rows_and_serialises():
     rows = [_Row(model=m, n_layers=L, rho=r, gain=g) for m, L, r, g in
             [("a", 6, 0.1, 1.3), ("b", 12, 0.2, 1.1), ("c", 24, 0.3, 0.99)]]
@@ -342,6 +345,7 @@ def _all_results():
     }
 
 
+@pytest.mark.slow
 def test_law_results_round_trip_through_json():
     from thermo_lens.result import Result
 
@@ -364,6 +368,7 @@ def _holm_by_hand(p):
     return want
 
 
+@pytest.mark.slow
 def test_every_law_carries_its_tests():
     res = _all_results()
     for name in ("kleiber", "heritage", "crowding", "twin", "hierarchy"):
@@ -567,6 +572,7 @@ def test_threshold_rule_pvalue_by_enumeration():
     assert p == pytest.approx(np.mean(np.array(allb) >= obs - 1e-12)) and "exact" in how
 
 
+@pytest.mark.slow
 def test_crowding_within_vs_across_family_side_by_side():
     comp = laws.crowding_comparison({"within Pythia": reference.pythia_family(),
                                      "across labs": reference.lab_survey(), "all": reference.gains()})

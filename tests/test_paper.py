@@ -23,6 +23,7 @@ def _readme_block() -> str:
     return m.group(1)
 
 
+@pytest.mark.slow
 def test_readme_numbers_are_the_computed_ones():
     """Every number in the README's findings section comes from paper.findings (regenerate with
     ``python -c "from thermo_lens.paper import findings; print(findings.readme_section())"``)."""

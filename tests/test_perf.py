@@ -130,6 +130,7 @@ def test_spectral_never_touches_the_global_thread_count(bridge, monkeypatch):
     spectral_signature(bridge("llama_gqa"), cache=False)
 
 
+@pytest.mark.slow
 def test_two_profiles_in_threads_equal_the_sequential_ones(bridge):
     models = [bridge("gpt2"), bridge("llama_gqa")]
     spectral.clear_cache()
@@ -200,6 +201,7 @@ def test_profile_benchmark_runs_quick():
 
 
 # ------------------------------------------------------------------------------ streaming memory
+@pytest.mark.slow
 def test_freed_activation_memory_is_handed_back_every_few_batches(bridge, monkeypatch):
     # glibc keeps freed activation blocks pinned behind the small per-batch results; collect
     # trims every _TRIM_EVERY batches on CPU (RSS was +0.6 MiB per prompt without it). The trim

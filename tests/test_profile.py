@@ -66,6 +66,7 @@ def test_json_round_trip_is_exact(prof, tmp_path):
     assert ThermoProfile.from_json(tmp_path / "p.json").meta == prof.meta
 
 
+@pytest.mark.slow
 def test_laws_run_on_profiles(bridge):
     models = [(bridge("gpt2"), "A"), (bridge("gemma"), "B"),
               (tl.zoo.load("gpt2-tiny-wd"), "A"), (tl.zoo.load("neox-tiny"), "B")]

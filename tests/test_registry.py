@@ -43,6 +43,7 @@ def test_every_metric_has_a_complete_definition():
         assert m.reference.startswith("thermo_lens.definitions §"), m.name
 
 
+@pytest.mark.slow
 def test_every_metric_is_in_its_frame_and_the_profile_row(measured):
     prof, panel, extra = measured
     row = prof.to_row()
@@ -68,6 +69,7 @@ def test_the_panel_is_a_result_that_round_trips(measured):
     assert back.metrics.equals(panel.metrics) and back.settings == panel.settings
 
 
+@pytest.mark.slow
 def test_every_metric_draws_with_its_definition(measured):
     from thermo_lens.views import metric_plot
 

@@ -160,6 +160,7 @@ def test_auto_panel_boots_embedded_zoo_models(profiles, monkeypatch):
     assert calls == ["gpt2-tiny-wd"] and got is model and "embedded model gpt2-tiny-wd" in why
 
 
+@pytest.mark.slow
 def test_panel_modes_and_bad_inputs(profiles, tmp_path):
     gqa = {"llama-gqa": profiles["llama-gqa"]}
     page, _ = render_report(gqa, panel="auto")  # source "fixture:llama_gqa" cannot be booted

@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiers import examples
 
 from hf_slices import hf_all_head_weights, hf_head_weights
 from thermo_lens.passes import collect
@@ -81,7 +82,7 @@ cases = st.tuples(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(cases, st.sampled_from(["directed", "symmetrized"]))
 def test_factored_laplacian_equals_dense_coboundary(case, convention):
     A, W = random_case(*case)
@@ -138,7 +139,7 @@ def test_factored_laplacian_equals_dense_coboundary(case, convention):
                 assert gap.smallest_nonzero == pytest.approx(nz[0], rel=1e-8)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(cases)
 def test_causal_directed_spectrum_is_diagonal_products(case):
     """thermo_lens.definitions §3: causal attention makes M = diag(1 - A_ii); spectrum {(1 - A_ii) sigma_k^2} + 0."""
@@ -168,7 +169,7 @@ def test_causal_directed_spectrum_is_diagonal_products(case):
         assert gap.value == pytest.approx(np.sort(expected)[1]) and gap.value > 0
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(cases)
 def test_symmetrized_is_graph_laplacian_kron_stalk(case):
     """symmetrized: L = L_graph(w) (x) W_V W_V^T, w = (A + A^T)/2; same trace as directed."""
@@ -311,6 +312,7 @@ def _cached_patterns(view, prompt, prepend_bos=True):
     return [cache[view.pattern_hook_name(l)][0].double() for l in range(view.n_layers)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["gpt2", "llama_gqa", "bert"])
 def test_model_laplacian_matches_cache_and_hf_weights(arch, bridge, hf_model):
     view = ModelView(bridge(arch))

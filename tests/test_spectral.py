@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tiers import examples
 
 from conftest import ARCHS
 from hf_slices import hf_all_head_weights, hf_all_qk_weights
@@ -178,7 +179,7 @@ def _random_weights(shape, seed, dtype=torch.float64):
     return wv, wo
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_shapes, st.integers(0, 2**31 - 1))
 def test_factored_ov_equals_dense_and_bounds_hold(shape, seed):
     wv, wo = _random_weights(shape, seed)
@@ -198,7 +199,7 @@ def test_factored_ov_equals_dense_and_bounds_hold(shape, seed):
     assert (sig.layer_W_O_norm <= sig.W_O_norm.square().sum(1).sqrt() * (1 + 1e-12)).all()
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(_shapes, st.integers(0, 2**31 - 1),
        st.floats(0.01, 100.0) | st.floats(-100.0, -0.01))
 def test_scaling_W_V_scales_its_norms_by_abs_c(shape, seed, c):

@@ -5,6 +5,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiers import examples
 from scipy import stats
 
 from thermo_lens.stats import SummaryStats, summarize
@@ -20,7 +21,7 @@ def _scipy(x, level=0.95):
     return x.mean(), np.std(x, ddof=1), se, lo, hi
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(finite, min_size=2, max_size=40), st.sampled_from([0.8, 0.9, 0.95, 0.99]))
 def test_summary_equals_scipy(values, level):
     s = summarize(values, level=level)
@@ -137,6 +138,7 @@ def test_format_p_and_holm():
     np.testing.assert_allclose(holm([0.5, np.nan, 0.01]), [0.5, np.nan, 0.02])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [5, 8])
 def test_permutation_p_is_exact_at_small_n(n):
     import itertools

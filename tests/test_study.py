@@ -25,6 +25,7 @@ ZOO_A = ModelSpec(id="a", zoo="gpt2-tiny-wd", lab="zoo", threads=1)
 ZOO_B = ModelSpec(id="b", zoo="neox-tiny", lab="zoo", threads=1)
 
 
+@pytest.mark.slow
 def test_run_resume_and_manifest(tmp_path):
     out = tmp_path / "s"
     first = run_study(_spec(ZOO_A, ZOO_B), out)

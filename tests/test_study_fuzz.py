@@ -12,8 +12,8 @@ import pytest
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-
 import study_helpers  # noqa: E402
+from tiers import examples  # noqa: E402
 
 from thermo_lens import cli, study, zoo  # noqa: E402
 
@@ -103,7 +103,8 @@ def _snapshot(root: Path, skip: Path) -> dict:
     return out
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@pytest.mark.slow
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                      HealthCheck.too_slow])
 @given(doc=documents, as_yaml=st.booleans())
 def test_fuzz_spec_files(doc, as_yaml, fake_profile, monkeypatch, capsys):
@@ -161,7 +162,8 @@ def finished_study(fake_profile, tmp_path_factory):
     return out
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@pytest.mark.slow
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                      HealthCheck.too_slow])
 @given(doc=json_values, keep_real=st.booleans())
 def test_fuzz_manifests(doc, keep_real, finished_study, capsys):
@@ -192,7 +194,7 @@ cli_options = st.lists(st.tuples(st.sampled_from(["--batch-size", "--prepend-bos
                                                   "--device", "--prompts", None]), cli_values), max_size=4)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                      HealthCheck.too_slow])
 @given(models=st.lists(cli_values, max_size=3), options=cli_options, truncate=st.booleans())
 def test_fuzz_profile_command_line(models, options, truncate, fake_profile, monkeypatch, capsys):

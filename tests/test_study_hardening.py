@@ -99,6 +99,7 @@ def test_checkpoint_folder_named_manifest_gets_a_safe_id(tmp_path, capsys, fast)
     assert rc == 0 and (out / "report.html").is_file()
 
 
+@pytest.mark.slow
 def test_profile_same_folder_name_twice_keeps_both(tmp_path, capsys):
     """`thermo-lens profile a/tiny b/tiny` and the same zoo name twice: one result each (real models)."""
     for d in ("a", "b"):
@@ -212,6 +213,7 @@ i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
     ("study:\n  name: x\n  prompts: &p [x, *p]\nmodels: [{zoo: gpt2-tiny-wd}]\n", "refers to itself"),
     ("a: &a [x]\nb: [" + ", ".join(["*a"] * 1500) + "]\n", "more than 1000 YAML aliases"),
 ])
+@pytest.mark.slow
 def test_yaml_alias_bombs_are_refused_fast(tmp_path, text, match, capsys, fast):
     p = tmp_path / "bomb.yaml"
     p.write_text(text)
@@ -275,6 +277,7 @@ def test_errors_quote_a_bounded_excerpt(tmp_path):
 
 
 # ---------------------------------------------------------------------------- 4. the manifest is the truth
+@pytest.mark.slow
 def test_results_of_models_no_longer_in_the_spec_are_stale(tmp_path, capsys, fast):
     out = tmp_path / "out"
     first = _spec(tmp_path, [{"zoo": "gpt2-tiny-wd", "id": "a"}, {"zoo": "neox-tiny", "id": "b"}])
@@ -293,6 +296,7 @@ def test_results_of_models_no_longer_in_the_spec_are_stale(tmp_path, capsys, fas
     assert _main(["study", second, "--out", out], capsys)[0] == 0
 
 
+@pytest.mark.slow
 def test_deleted_result_is_recomputed_not_a_dead_end(tmp_path, capsys, fast):
     out = tmp_path / "out"
     spec = _spec(tmp_path, [{"zoo": "gpt2-tiny-wd", "id": "a"}, {"zoo": "neox-tiny", "id": "b"}])
@@ -306,6 +310,7 @@ def test_deleted_result_is_recomputed_not_a_dead_end(tmp_path, capsys, fast):
     assert "recomputed" in study.read_manifest(out)["models"]["a"]["note"]
 
 
+@pytest.mark.slow
 def test_hand_edited_manifest_pointing_at_another_models_file_is_refused(tmp_path, capsys, fast):
     out = tmp_path / "out"
     spec = _spec(tmp_path, [{"zoo": "gpt2-tiny-wd", "id": "a"}, {"zoo": "neox-tiny", "id": "b"}])
@@ -359,6 +364,7 @@ def test_result_whose_recorded_bos_mode_differs_is_not_accepted(tmp_path, capsys
     assert "measured with prepend_bos=True, the study uses 'host'" in study.read_study(out).problems["a"]
 
 
+@pytest.mark.slow
 def test_one_corrupt_result_does_not_refuse_the_whole_report(tmp_path, capsys, fast):
     out = tmp_path / "out"
     spec = _spec(tmp_path, [{"zoo": "gpt2-tiny-wd", "id": "a"}, {"zoo": "neox-tiny", "id": "b"}])
@@ -517,6 +523,7 @@ def test_report_cleans_a_killed_reports_temp_and_respects_the_lock(tmp_path, cap
     assert sorted(p.name for p in out.iterdir()) == ["a.json", "manifest.json", "report.html", "summary.csv"]
 
 
+@pytest.mark.slow
 def test_stale_failed_model_is_not_reported(tmp_path, capsys, template, monkeypatch):
     def flaky(model, settings):
         if model.id == "bad":
@@ -563,6 +570,7 @@ def test_a_profile_function_returning_no_json_is_a_recorded_failure(tmp_path, mo
     assert "returned NoneType, not profile JSON text" in outcome.failed["a"]
 
 
+@pytest.mark.slow
 def test_a_manifest_written_before_hardening_is_still_accepted(tmp_path, capsys, fast):
     """Folders of earlier versions (no current-model list, no model records, a leftover .lock)
     resume without recomputing and report as before."""

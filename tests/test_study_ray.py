@@ -86,6 +86,7 @@ def test_a_malformed_address_is_named(tmp_path, capsys, calls, address):
     assert not (tmp_path / "out").exists() and not calls
 
 
+@pytest.mark.slow
 def test_a_silent_server_times_out_with_a_clear_message(tmp_path, capsys, calls, monkeypatch):
     monkeypatch.setattr(executors, "RAY_CONNECT_TIMEOUT", 0.5)
     with _server(None) as port:

@@ -137,6 +137,7 @@ def _ce(logits, targets):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1)).item()
 
 
+@pytest.mark.slow
 def test_boot_forward_and_trained(booted, val_windows):
     import torch
     from transformer_lens.model_bridge import TransformerBridge

@@ -174,8 +174,8 @@ class Patch:
                     x[b, torch.tensor(pr)[:, None], torch.tensor(h)[None, :]] = src[torch.tensor(pc)[:, None], torch.tensor(h)[None, :]]
             return x
 
-        patch.thermo_lens_source = self.description  # type: ignore[attr-defined]
-        patch.thermo_lens_check = self.check_run  # type: ignore[attr-defined]
+        patch.thermo_lens_source = self.description  # type: ignore[attr-defined]  # mypy does not model attributes set on a function
+        patch.thermo_lens_check = self.check_run  # type: ignore[attr-defined]  # as above
         patch.__qualname__ = "patch_from"
         patch.__module__ = "thermo_lens"
         return patch

@@ -686,9 +686,10 @@ def collect_cached(
             f"the cache lacks {len(missing)} hook(s) these measurements read: {', '.join(missing[:6])}"
             f"{' ...' if len(missing) > 6 else ''} (it holds {len(acts)}). Cache them: "
             f"{_names_filter_hint(list(dict.fromkeys(wanted.values())))}")
+    present = {name: key for name, key in keys.items() if key is not None}  # every key, after the check above
     B, width = len(ps), int(batch.tokens.shape[1])
-    for name, key in keys.items():
-        act = acts[key]  # type: ignore[index]
+    for name, key in present.items():
+        act = acts[key]
         d = _position_dims(name)[0]
         if act.ndim <= d or act.shape[0] != B or act.shape[d] != width_cache:
             raise ThermoLensInputError(
@@ -699,7 +700,7 @@ def collect_cached(
     with torch.inference_mode(), rec.batch(batch):
         for i in order:
             name, fn = hooks[i]
-            fn(_relayout(acts[keys[name]], name, starts, width))  # type: ignore[index]
+            fn(_relayout(acts[present[name]], name, starts, width))
     _check_pass(view, rec, batch)
     sae = attached_records(h for h in attached.attached_hooks(view.model) if h.attached == "sae")
     return Collected(

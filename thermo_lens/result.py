@@ -67,7 +67,7 @@ def encode(obj: Any) -> Any:
     """Turn ``obj`` into JSON-ready data (see module docstring)."""
     if isinstance(obj, Result):
         # ignore: mypy cannot see that a Result subclass is a dataclass (the mixin itself is not one)
-        data = {f.name: encode(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}  # type: ignore[arg-type]
+        data = {f.name: encode(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}  # type: ignore[arg-type]  # see above
         return {"__result__": type(obj).__name__, "version": type(obj).schema_version, "fields": data}
     if isinstance(obj, torch.Tensor):
         t = obj.detach().to("cpu").contiguous()

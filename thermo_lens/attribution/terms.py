@@ -325,7 +325,7 @@ def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
                 rec.add(plan.splice, ("_attr_y_out", plan.layer), keep_output)
 
             for hook, key in plan.reads:
-                rec.add(hook, ("_attr_" + key, plan.layer), lambda x, b, _f=keep, _k=key: _f(x, b, _k))  # type: ignore[misc]
+                rec.add(hook, ("_attr_" + key, plan.layer), functools.partial(keep, _key=key))
             rec.add(names[plan.layer + 1], ("attr_total", plan.layer), finish)
 
     return reduction

@@ -71,7 +71,7 @@ def spectral_signature(
     view.warn_if_processed(
         "W_V/W_O norms, stable ranks, OV norms and the trace proxy differ from the raw model's "
         "(centering subtracts W_O's mean over d_model)", stacklevel=2)
-    _check_method(layer_norm_method)
+    method_checked = _check_method(layer_norm_method)
     if device is None:
         device = view.device if view.device.type == "cuda" else torch.device("cpu")
     sel_layers = _select_indices(layers, view.n_layers, "layer")
@@ -104,7 +104,7 @@ def spectral_signature(
     geometry = (len(sel_layers), view.n_heads, view.n_kv_heads, view.d_model, view.d_head)
     sig = compute_signature(
         read, ("W_V", "W_O", "W_Q", "W_K"), geometry, view.kv_head_of, dtype=dtype, device=dev,
-        layer_norms=layer_norms, layer_norm_method=layer_norm_method, weights=view.weight_state,
+        layer_norms=layer_norms, layer_norm_method=method_checked, weights=view.weight_state,
         model=view.metadata(),
     )
     if layers is not None or heads is not None:

@@ -10,7 +10,7 @@ from torch import Tensor
 from thermo_lens.errors import ThermoLensInputError, ThermoLensNumericsError
 from thermo_lens.registry import metrics
 from thermo_lens.spectral.heads import HeadWeights
-from thermo_lens.spectral.kernels import _check_method
+from thermo_lens.spectral.kernels import LayerNormMethod, _check_method
 from thermo_lens.spectral.layer_norms import layer_norms as _layer_norms
 from thermo_lens.spectral.signature import KV_HEAD_METRICS, SpectralSignature
 
@@ -124,7 +124,7 @@ def signature_from_weights(
     weights exists (:func:`compute_signature`).
     """
     dtype = _check_dtype(dtype)
-    _check_method(layer_norm_method)
+    method_checked = _check_method(layer_norm_method)
     kv = _check_shapes(W_V, W_O, kv_head_of)
     L, K, d_model, d_head = W_V.shape
     H = W_O.shape[1]
@@ -136,7 +136,7 @@ def signature_from_weights(
         return {k: v[start:stop].to(dev) for k, v in given.items()}
 
     return compute_signature(read, tuple(given), (L, H, K, d_model, d_head), kv, dtype=dtype, device=dev,
-                             layer_norms=layer_norms, layer_norm_method=layer_norm_method, weights=weights,
+                             layer_norms=layer_norms, layer_norm_method=method_checked, weights=weights,
                              model=model)
 
 
@@ -155,7 +155,7 @@ def compute_signature(
     dtype: torch.dtype,
     device: torch.device,
     layer_norms: bool,
-    layer_norm_method: str,
+    layer_norm_method: LayerNormMethod,
     weights: str,
     model: dict | None,
 ) -> SpectralSignature:
@@ -174,7 +174,8 @@ def compute_signature(
     todo = [m for m in metrics(result="SpectralSignature", computed=True, load=False) if set(m.weights) <= set(names)]
     per_layer = sum((H if n in ("W_O", "W_Q") else K) * d_model * d_head for n in names)
     step = max(1, _CHUNK_ELEMENTS // per_layer)
-    parts: dict[str, list[Tensor]] = {m.name: [] for m in todo}
+    kernels = {m.name: m.compute for m in todo if m.compute is not None}  # all of them (computed=True)
+    parts: dict[str, list[Tensor]] = {name: [] for name in kernels}
     layer_parts: list[tuple[Tensor, Tensor]] = []
     methods: set[str] = set()
     for s in range(0, L, step):
@@ -185,10 +186,10 @@ def compute_signature(
         for k in chunk:
             if not torch.isfinite(w.frobenius(k)).all():
                 _check_finite(chunk[k], k, s)
-        for m in todo:
-            parts[m.name].append(m.compute(w))  # type: ignore[misc]
+        for name, compute in kernels.items():
+            parts[name].append(compute(w))
         if layer_norms:
-            lv, lo, method = _layer_norms(chunk["W_V"], chunk["W_O"], dtype, layer_norm_method)  # type: ignore[arg-type]
+            lv, lo, method = _layer_norms(chunk["W_V"], chunk["W_O"], dtype, layer_norm_method)
             layer_parts.append((lv, lo))
             methods.add(method)
         del chunk, w

@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Literal
+from typing import Any, Callable, Iterable, Literal, cast
 
 import torch
 from jaxtyping import Float
@@ -245,8 +245,10 @@ def matrix_spectral_norm(
     return out.reshape(W.shape[:-2]).to(W.device), note
 
 
-def _check_method(method: Any) -> None:
+def _check_method(method: Any) -> LayerNormMethod:
+    """``method``, checked (a specific error instead of a type checker's for a public argument)."""
     if method not in ("auto", "svd", "gram", "lanczos"):
         raise ThermoLensInputError(
             f"layer_norm_method must be 'auto', 'svd', 'gram' or 'lanczos', got {method!r}"
         )
+    return cast(LayerNormMethod, method)

@@ -229,8 +229,8 @@ class SpectralSignature(Result):
             f"  stable rank W_V={s['W_V_stable_rank']:.3g}  W_O={s['W_O_stable_rank']:.3g}"
             f"  (max {min(self.d_model, self.d_head)})",
         ]
-        if self.layer_W_V_norm is not None:
-            lv, lo = _np(self.layer_W_V_norm), _np(self.layer_W_O_norm)  # type: ignore[arg-type]
+        if self.layer_W_V_norm is not None and self.layer_W_O_norm is not None:
+            lv, lo = _np(self.layer_W_V_norm), _np(self.layer_W_O_norm)
             lines.append(
                 f"  per layer, all heads ({self.layer_norm_method}): ||W_V||_2 {lv.min():.4g}..{lv.max():.4g}"
                 f", ||W_O||_2 {lo.min():.4g}..{lo.max():.4g}, trace proxy ||W_V||_2^2 mean"
