@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
-from thermo_lens import attached
+from thermo_lens import attached, offload
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.layout import BlockLayout, detect_layout
 
@@ -297,6 +297,11 @@ class ModelView:
 
     @property
     def device(self) -> torch.device:
+        """Where the pass starts (tokens and masks go here): the execution device of a dispatched or
+        offloaded model (whose parameters may sit on ``meta``), else the first parameter's device."""
+        dev = offload.execution_device(self.model)
+        if dev is not None:
+            return dev
         for p in self.model.parameters():
             return p.device
         return torch.device(getattr(self.model.cfg, "device", "cpu") or "cpu")
@@ -408,13 +413,15 @@ class ModelView:
             raise ThermoLensInputError(f"stored_weights reads 'W_Q', 'W_K', 'W_V' or 'W_O', got {name!r}")
         l = self._layers([layer])[0]
         attn = self._attn(l)
-        if name == "W_O":
-            return self._as_heads(attn.W_O, self.n_heads, (self.d_head, self.d_model), "W_O", l)
-        # Legacy GQA attention keeps the un-repeated KV weights in `_W_K` / `_W_V`.
-        w = getattr(attn, f"_{name}", None) if name in ("W_K", "W_V") else None
-        if w is None:
-            w = getattr(attn, name)
-        return self._as_heads(w, self.n_heads if name == "W_Q" else self.n_kv_heads, (self.d_model, self.d_head), name, l)
+        with offload.materialised(attn, f"layer {l}'s {name}"):  # an offloaded layer, loaded for this read
+            if name == "W_O":
+                return self._as_heads(attn.W_O, self.n_heads, (self.d_head, self.d_model), "W_O", l)
+            # Legacy GQA attention keeps the un-repeated KV weights in `_W_K` / `_W_V`.
+            w = getattr(attn, f"_{name}", None) if name in ("W_K", "W_V") else None
+            if w is None:
+                w = getattr(attn, name)
+            return self._as_heads(w, self.n_heads if name == "W_Q" else self.n_kv_heads, (self.d_model, self.d_head),
+                                  name, l)
 
     def W_V(self, dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None
             ) -> Float[Tensor, "layer kv_head d_model d_head"]:
@@ -442,10 +449,14 @@ class ModelView:
     def output_biases(self, layer: int, dtype: torch.dtype = torch.float32) -> tuple[Tensor | None, Tensor | None]:
         """``(b_O, b_out)`` of block ``layer``: the attention output bias and the MLP output bias
         (``[d_model]``, detached, CPU), each None when the block has none (LLaMA, Gemma)."""
-        out = []
+        out: list[Tensor | None] = []
         for mod, name in ((self._attn(layer), "b_O"), (getattr(self.model.blocks[layer], "mlp", None), "b_out")):
-            b = getattr(mod, name, None) if mod is not None else None
-            out.append(None if b is None else b.detach().to("cpu", dtype).reshape(-1))
+            if mod is None:
+                out.append(None)
+                continue
+            with offload.materialised(mod, f"layer {layer}'s {name}"):
+                b = getattr(mod, name, None)
+                out.append(None if b is None else b.detach().to("cpu", dtype).reshape(-1))
         return out[0], out[1]
 
     def W_V_per_query_head(self, dtype: torch.dtype = torch.float32) -> Float[Tensor, "layer head d_model d_head"]:

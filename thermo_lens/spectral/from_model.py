@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from thermo_lens import offload
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.model import ModelView, as_view
 from thermo_lens.registry import metrics
@@ -77,7 +78,9 @@ def spectral_signature(
     sel_layers = _select_indices(layers, view.n_layers, "layer")
     sel_heads = _select_indices(heads, view.n_heads, "head")
     key = None
-    if cache:
+    # An offloaded model's weights are read from its offload map layer by layer and never cached
+    # (sampling them for the cache key would load every layer once more).
+    if cache and not offload.is_offloaded(view.model):
         # The registered metrics are part of the key: a metric registered later is computed.
         registered = tuple((m.name, m.compute) for m in metrics(result="SpectralSignature", computed=True, load=False))
         key = (_weights_fingerprint(view), dtype, bool(layer_norms), layer_norm_method,
@@ -96,10 +99,14 @@ def spectral_signature(
     dev = torch.device(device)
 
     def read(start: int, stop: int) -> dict[str, Tensor]:
-        def stacked(name: str) -> Tensor:
-            ws = [view.stored_weights(name, l) for l in sel_layers[start:stop]]
-            return (ws[0][None] if len(ws) == 1 else torch.stack(ws)).to(dev, native)
-        return {name: stacked(name) for name in ("W_V", "W_O", "W_Q", "W_K")}
+        names = ("W_V", "W_O", "W_Q", "W_K")
+        per_layer = []
+        for l in sel_layers[start:stop]:
+            with offload.materialised(view._attn(l), f"layer {l}'s attention weights"):  # loaded once per layer
+                per_layer.append({name: view.stored_weights(name, l).to(dev, native) for name in names})
+        if len(per_layer) == 1:  # a view of the stored layer, no copy
+            return {name: per_layer[0][name][None] for name in names}
+        return {name: torch.stack([w[name] for w in per_layer]) for name in names}
 
     geometry = (len(sel_layers), view.n_heads, view.n_kv_heads, view.d_model, view.d_head)
     sig = compute_signature(
