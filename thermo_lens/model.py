@@ -244,7 +244,8 @@ class ModelView:
                                                           bool(getattr(cfg, "rmsnorm_uses_offset", False))):
             steps.append("fold_ln")
         try:
-            w_o = self._as_heads(self._attn(0).W_O, self.n_heads, (self.d_head, self.d_model), "W_O", 0)
+            with offload.materialised(self._attn(0), "block 0's W_O"):
+                w_o = self._as_heads(self._attn(0).W_O, self.n_heads, (self.d_head, self.d_model), "W_O", 0)
             if _centred(w_o.reshape(-1, self.d_model)[:64]):
                 steps.append("center_writing_weights")
         except (AttributeError, RuntimeError, TypeError):  # an attention layout without W_O
