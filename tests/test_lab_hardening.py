@@ -202,11 +202,15 @@ def test_empty_file_dangling_or_foreign_out_is_refused(tmp_path, capsys, no_trai
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "report.html").write_text("mine")
+    a_study = tmp_path / "study"
+    a_study.mkdir()
+    (a_study / "manifest.json").write_text("{}")
     cases = [(["lab", spec, "--out", ""], "lab folder name is empty"),
              (["profile", "gpt2-tiny-wd", "--out", ""], "name is empty"),
              (["lab", spec, "--out", tmp_path / "afile"], "is a file"),
              (["lab", spec, "--out", tmp_path / "dangling"], "symbolic link to"),
-             (["lab", spec, "--out", mine], "already holds files thermo-lens did not write (report.html)")]
+             (["lab", spec, "--out", mine], "already holds files thermo-lens did not write (report.html)"),
+             (["lab", spec, "--out", a_study], "is the folder of a study or profile run, not of a lab")]
     before = _tree(tmp_path)
     for args, match in cases:
         rc, _, err = _main(args, capsys)

@@ -209,6 +209,9 @@ def _prepare_lab_out(out_dir: Any) -> Path:
 
     out = check_out(out_dir, "lab folder")
     if out.is_dir() and not os.path.lexists(out / LAB_JSON):
+        if os.path.lexists(out / "manifest.json"):
+            raise LabFolderError(f"{printable(out)} is the folder of a study or profile run, not of a lab; choose a new "
+                                 f"or empty folder, or the folder of an earlier lab (with its {LAB_JSON})")
         foreign = foreign_entries(out)
         if foreign:
             names = ", ".join(printable(n)[:60] for n in sorted(foreign)[:5]) + (" ..." if len(foreign) > 5 else "")
