@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Rerunning resumes; failures are recorded in DIR/train/ and DIR/profiles/manifest.json.")
     p.add_argument("spec", help="lab spec file (.toml)")
     _add_run_options(p, "lab directory", "where runs train")
+    p.add_argument("--update", action="store_true",
+                   help="accept a changed spec for an existing lab directory (arms whose recipe changed are trained "
+                        "anew; finished runs of the others are kept); without it a different spec is refused")
     return parser
 
 
@@ -324,18 +327,20 @@ def cmd_zoo(args: argparse.Namespace) -> int:
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
+    from thermo_lens import study
     from thermo_lens.lab import load_lab_spec, run_lab
 
+    study.output_path(args.out, "lab folder")
     spec = load_lab_spec(args.spec)
     arms = spec.arms()
-    print(f"thermo-lens: lab {spec.name!r}: {len(arms)} arms x {len(spec.seeds)} seeds into {args.out}/ ({args.executor})")
+    _say(f"thermo-lens: lab {spec.name!r}: {len(arms)} arms x {len(spec.seeds)} seeds into {args.out}/ ({args.executor})")
     outcome = run_lab(spec, args.out, executor=args.executor, ray_address=args.ray_address, report=not args.no_report,
-                      progress=None)
+                      progress=None, update=args.update)
     if outcome.skipped:
-        print(f"  resumed: {len(outcome.skipped)} run(s)/checkpoint(s) already done")
+        _say(f"  resumed: {len(outcome.skipped)} run(s)/checkpoint(s) already done")
     for name, err in outcome.failed.items():
-        print(f"  {name:<40} failed: {err.splitlines()[0] if err else ''}")
-    print(f"wrote {Path(args.out) / 'runs.csv'} and {Path(args.out) / 'effects.csv'}")
+        _say(f"  {name:<40} failed: {err.splitlines()[0] if err else ''}")
+    _say(f"wrote {Path(args.out) / 'runs.csv'} and {Path(args.out) / 'effects.csv'}")
     return EXIT_FAILED_MODELS if outcome.failed else EXIT_OK
 
 

@@ -23,6 +23,10 @@ dropped.
 a user or a file before it is shown on a terminal, and :func:`neutralise_formulas` makes a table's
 text cells safe to open in a spreadsheet.
 
+:func:`make_folder` makes (or reuses) a subfolder of an output folder one name at a time, and
+refuses a symbolic link or a file at any of those names: a planted ``figures -> /elsewhere`` is
+never written through.
+
 :class:`FolderLock` is an exclusive, non-blocking ``flock`` on ``DIR/.lock``, opened with
 ``O_NOFOLLOW``, removed again when the holder is done.
 """
@@ -48,6 +52,7 @@ __all__ = [
     "remove_stale_temps",
     "FolderLock",
     "FolderLockedError",
+    "make_folder",
     "neutralise_formulas",
     "printable",
     "os_error_reason",
@@ -146,6 +151,40 @@ def _fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def make_folder(root: str | os.PathLike, *parts: str) -> Path:
+    """``root/part0/part1/...``, each part made if missing and refused if it is a symbolic link or a
+    file (``root`` itself is taken as it is: the caller checked it). Returns the path.
+
+    Raises:
+        SafeIOError: naming the link or file and what to do.
+    """
+    path = Path(root)
+    for part in parts:
+        if not part or part in (".", "..") or "/" in part or "\x00" in part:
+            raise SafeIOError(f"cannot use {printable(path)}/{printable(part)}: not a plain folder name")
+        path = path / part
+        try:
+            os.mkdir(path, 0o777)
+            continue
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise SafeIOError(f"cannot create folder {printable(path)}: {_reason(e)}") from None
+        try:
+            import stat
+
+            st = os.lstat(path)
+        except OSError as e:
+            raise SafeIOError(f"cannot use folder {printable(path)}: {_reason(e)}") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise SafeIOError(f"cannot use {printable(path)}: it is a symbolic link, which thermo-lens does not "
+                              "follow inside its output folder; remove the link and rerun")
+        if not stat.S_ISDIR(st.st_mode):
+            raise SafeIOError(f"cannot use {printable(path)}: it is a file, where thermo-lens keeps a folder; "
+                              "move it away and rerun")
+    return path
 
 
 def safe_read_bytes(path: str | os.PathLike, limit: int, *, follow_symlinks: bool = True,

@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Callable
 
 from thermo_lens.lab.architecture import Architecture
 from thermo_lens.errors import ThermoLensInputError
 
-__all__ = ["Recipe", "Knob", "KNOBS", "OPTIMIZERS", "LabSpecError", "check_level"]
+__all__ = ["Recipe", "Knob", "KNOBS", "OPTIMIZERS", "ACTIVATIONS", "FIELD_RANGES", "LabSpecError", "check_level",
+           "check_field", "check_recipe"]
 
 
 class LabSpecError(ThermoLensInputError):
@@ -41,6 +43,10 @@ OPTIMIZERS: dict[str, dict[str, Any]] = {
     "adamw-b2=0.999": {"class": "AdamW", "betas": (0.9, 0.999)},
     "sgd-momentum": {"class": "SGD", "momentum": 0.9},
 }
+
+
+#: Activations every lab family (GPT-2, OPT, GPT-NeoX) and TransformerBridge accept by name.
+ACTIVATIONS = ("gelu_new", "gelu", "gelu_fast", "gelu_pytorch_tanh", "relu", "silu")
 
 
 @dataclass(frozen=True)
@@ -164,6 +170,89 @@ def _knobs() -> dict[str, Knob]:
 
 #: Knob name -> :class:`Knob`.
 KNOBS: dict[str, Knob] = _knobs()
+
+
+# ---------------------------------------------------------------------------- field ranges
+def _int_range(lo: int, hi: int, why: str = "") -> tuple[str, Callable[[Any], bool], str]:
+    return ("int", lambda v: lo <= v <= hi, f"an integer in [{lo:,}, {hi:,}]" + (f" ({why})" if why else ""))
+
+
+def _real(test: Callable[[float], bool], valid: str) -> tuple[str, Callable[[Any], bool], str]:
+    return ("float", lambda v: not math.isnan(v) and test(v), valid)
+
+
+#: Recipe field -> (type, check, what is valid) for every field that is not a knob (a knob's
+#: levels are checked by its :class:`Knob`). The caps keep a lab a toy trained on one CPU: a
+#: value past them is a typo, and would exhaust memory (vocab_size 10^9) or never finish.
+FIELD_RANGES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
+    "n_layers": _int_range(2, 256, "the profile's L* needs at least two blocks"),
+    "d_model": _int_range(1, 8192),
+    "n_heads": _int_range(1, 1024),
+    "d_mlp": _int_range(1, 65536),
+    "n_ctx": _int_range(1, 65536),
+    "activation": ("str", lambda v: v in ACTIVATIONS, "one of " + ", ".join(ACTIVATIONS)),
+    "embed_proj_dim": _int_range(0, 8192, "0: no projection"),
+    "rotary_pct": _real(lambda v: 0 < v <= 1, "a number in (0, 1]: the fraction of each head's dimensions that rotate"),
+    "rotary_base": _real(lambda v: 1 < v <= 1e9, "a number in (1, 1e9]"),
+    "initializer_range": _real(lambda v: 0 < v <= 1, "a number in (0, 1]: the std of the initial weights"),
+    "vocab_size": _int_range(257, 131072, "the 256 byte tokens and <|endoftext|> come first"),
+    "min_frequency": _int_range(0, 1_000_000),
+    "sgd_lr_scale": _real(lambda v: 0 < v <= 1e6, "a number in (0, 1e6]"),
+    "eps": _real(lambda v: 0 < v < 1, "a number in (0, 1)"),
+    "min_lr_ratio": _real(lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    "grad_clip_norm": _real(lambda v: v > 0, "a number > 0 (inf: no clipping)"),
+    "batch_size": _int_range(1, 65536),
+    "block_size": _int_range(1, 65536, "and at most n_ctx"),
+    "steps": _int_range(1, 10_000_000),
+}
+
+
+def check_field(name: str, value: Any) -> Any:
+    """A recipe field's value as the recipe stores it; :class:`LabSpecError` naming the field and
+    what is valid (a knob's field is checked as that knob's level)."""
+    from thermo_lens.validate import excerpt
+
+    knob = next((n for n, kn in KNOBS.items() if kn.field == name), None)
+    if knob is not None:
+        return check_level(knob, value)
+    if name not in FIELD_RANGES:
+        raise LabSpecError(f"unknown recipe field; valid: {', '.join(f.name for f in fields(Recipe))}")
+    kind, ok, valid = FIELD_RANGES[name]
+    if kind == "int":
+        good_type = isinstance(value, int) and not isinstance(value, bool)
+    elif kind == "float":
+        good_type = isinstance(value, (int, float)) and not isinstance(value, bool)
+    else:
+        good_type = isinstance(value, str)
+    if not good_type or not ok(value):
+        raise LabSpecError(f"bad value {excerpt(value, 60)}; valid: {valid}")
+    return float(value) if kind == "float" else value
+
+
+def check_recipe(r: Recipe) -> None:
+    """Every field of ``r`` in range (:func:`check_field`) and the fields consistent with each
+    other; :class:`LabSpecError` naming the field (``"field 'd_model': ..."``)."""
+    from thermo_lens.lab.architecture import ArchitectureError, family_of
+
+    for f in fields(Recipe):
+        try:
+            check_field(f.name, getattr(r, f.name))
+        except LabSpecError as e:
+            msg = str(e).removeprefix(f"knob {f.name!r}: ")
+            raise LabSpecError(f"field '{f.name}': {msg}") from None
+    if r.d_model % r.n_heads:
+        raise LabSpecError(f"field 'n_heads': d_model {r.d_model} is not divisible by n_heads {r.n_heads}")
+    if r.block_size > r.n_ctx:
+        raise LabSpecError(f"field 'block_size': block_size {r.block_size} exceeds the context n_ctx {r.n_ctx}")
+    if r.positions == "rotary":
+        rotary = int(r.d_model // r.n_heads * r.rotary_pct)
+        if rotary < 2 or rotary % 2:
+            raise LabSpecError(f"field 'rotary_pct': {r.rotary_pct:g} of the head dimension {r.d_model // r.n_heads} "
+                               f"is {rotary} rotary dimensions; rotary positions need an even number >= 2")
+    try:
+        family_of(r.architecture())
+    except ArchitectureError as e:
+        raise LabSpecError(str(e)) from None
 
 
 def check_level(knob: str, level: Any) -> Any:

@@ -17,6 +17,21 @@ metric: the seed-paired effect, 95% CI, permutation p-value, regime flip;
 :mod:`thermo_lens.lab.effects`), ``DIR/figures/*.html`` and ``DIR/report.html`` are written from
 whatever has finished. A run directory is named by its recipe's hash, so editing a spec retrains
 exactly the arms whose recipe changed.
+
+The lab folder is guarded like a study's (:mod:`thermo_lens.study.folder`, :mod:`thermo_lens.safe_io`):
+
+* the spec is checked in full (:func:`~thermo_lens.lab.spec.check_lab_spec`) before anything is
+  built or written;
+* ``DIR`` must be new, empty, or a lab folder (it holds a thermo-lens ``lab.json``); a folder of
+  other files, an empty name, a file and a dangling link are refused;
+* ``lab.json`` records the spec's fingerprint (:func:`~thermo_lens.lab.spec.spec_fingerprint`); a
+  different spec on an existing lab folder is refused before anything is written, unless
+  ``update=True`` (``--update``) says the lab is meant to change;
+* one run at a time (an exclusive lock on ``DIR/.lock``);
+* every subfolder (``train/``, ``profiles/``, ``runs/``, ``tokenizers/``, ``figures/``) is made
+  without following a symbolic link, and every file is written atomically through
+  :func:`~thermo_lens.safe_io.atomic_write_bytes`, so a link planted inside ``DIR`` is refused or
+  replaced, never written through.
 """
 
 from __future__ import annotations
@@ -27,10 +42,23 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.lab.recipe import Recipe
-from thermo_lens.lab.spec import LabSpec, load_lab_spec
+from thermo_lens.lab.spec import LabSpec, canonical_spec, check_lab_spec, load_lab_spec, spec_fingerprint
+from thermo_lens.safe_io import FolderLock, FolderLockedError, atomic_write_bytes, make_folder, printable
 
-__all__ = ["LabOutcome", "run_lab", "runs_frame", "write_tables"]
+__all__ = ["LabOutcome", "LabFolderError", "LabLockedError", "run_lab", "runs_frame", "write_tables", "LAB_JSON"]
+
+LAB_JSON = "lab.json"
+_LAB_JSON_LIMIT = 64 << 20
+
+
+class LabFolderError(ThermoLensInputError):
+    """The lab folder cannot be used: a folder of other files, or a lab of another spec."""
+
+
+class LabLockedError(FolderLockedError):
+    """Another lab run holds the lab folder."""
 
 GAIN_COLUMNS = ("last_block_gain", "penultimate_gain", "first_block_gain", "geometric_mean_gain",
                 "total_amplification", "max_block_gain")
@@ -86,8 +114,9 @@ class _Task:
     def _train(self, info: _RunInfo) -> dict[str, Any]:
         from thermo_lens.lab.train import train_run
 
-        return train_run(Recipe(**info.recipe), info.seed, Path(self.lab_dir) / info.run_dir, base=Recipe(**info.base),
-                         n_checkpoints=self.n_checkpoints, tokenizer_cache=Path(self.lab_dir) / "tokenizers",
+        run_dir = make_folder(self.lab_dir, *Path(info.run_dir).parts)  # never through a planted link
+        return train_run(Recipe(**info.recipe), info.seed, run_dir, base=Recipe(**info.base),
+                         n_checkpoints=self.n_checkpoints, tokenizer_cache=make_folder(self.lab_dir, "tokenizers"),
                          eval_every=self.eval_every)
 
     def __call__(self, model: Any, settings: dict[str, Any]) -> str:
@@ -129,7 +158,8 @@ def _family(info: _RunInfo) -> str:
 
 
 def run_lab(spec: LabSpec | str | os.PathLike, out_dir: str | os.PathLike, *, executor: str = "local",
-            ray_address: str | None = None, progress: bool | None = None, report: bool = True) -> LabOutcome:
+            ray_address: str | None = None, progress: bool | None = None, report: bool = True,
+            update: bool = False) -> LabOutcome:
     """Run or resume the lab ``spec`` into ``out_dir`` (see the module docstring).
 
     Args:
@@ -140,22 +170,96 @@ def run_lab(spec: LabSpec | str | os.PathLike, out_dir: str | os.PathLike, *, ex
         progress: progress bars (default: when stderr is a terminal).
         report: also write ``report.html`` (the study report of the final checkpoints with a
             heritage-lab section).
+        update: accept a spec other than the one ``out_dir`` was made with (default: refused).
 
     Returns:
-        :class:`LabOutcome`; failures are recorded in the manifests, never raised.
-    """
-    from thermo_lens.study import ModelSpec, StudySpec, read_manifest, run_study
+        :class:`LabOutcome`; failures of single runs are recorded in the manifests, never raised.
 
+    Raises:
+        LabSpecError: a field of the spec is out of range (nothing is written).
+        LabFolderError: ``out_dir`` holds other files, or a lab of another spec (nothing is written).
+        thermo_lens.study.folder.StudyFolderError: ``out_dir`` is empty, a file or a dangling link.
+        LabLockedError: another lab run uses ``out_dir``.
+        thermo_lens.safe_io.SafeIOError: a link planted inside ``out_dir``, or a write failed (disk
+            full...), naming the file.
+    """
     if not isinstance(spec, LabSpec):
         spec = load_lab_spec(spec)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    infos = _run_infos(spec)
-    runs = {i.run_id: i for i in infos}
-    from thermo_lens.study import _atomic_write
+    check_lab_spec(spec)  # also a LabSpec built in code: nothing is built or written before this passes
+    from thermo_lens.study.executors import check_executor, probe_ray
 
-    _atomic_write(out / "lab.json", json.dumps({
-        "name": spec.name, "spec": spec.path, "seeds": list(spec.seeds), "checkpoints": spec.checkpoints,
+    check_executor(executor, ray_address)
+    if executor == "ray":
+        probe_ray(ray_address)  # an unreachable cluster is refused before anything is written
+    out = _prepare_lab_out(out_dir)
+    with FolderLock(out, what="thermo-lens lab run", error=LabLockedError):
+        from thermo_lens.safe_io import remove_stale_temps
+
+        remove_stale_temps(out)
+        _check_lab_json(out, spec, update)
+        for sub in ("train", "profiles", "runs", "tokenizers"):
+            make_folder(out, sub)
+        _write_lab_json(out, spec)
+        return _run_locked(spec, out, executor, ray_address, progress, report)
+
+
+def _prepare_lab_out(out_dir: Any) -> Path:
+    """The lab folder: new, empty, or a lab folder (see the module docstring); created if needed."""
+    from thermo_lens.study.folder import check_out, foreign_entries, make_out
+
+    out = check_out(out_dir, "lab folder")
+    if out.is_dir() and not os.path.lexists(out / LAB_JSON):
+        if os.path.lexists(out / "manifest.json"):
+            raise LabFolderError(f"{printable(out)} is the folder of a study or profile run, not of a lab; choose a new "
+                                 f"or empty folder, or the folder of an earlier lab (with its {LAB_JSON})")
+        foreign = foreign_entries(out)
+        if foreign:
+            names = ", ".join(printable(n)[:60] for n in sorted(foreign)[:5]) + (" ..." if len(foreign) > 5 else "")
+            raise LabFolderError(f"lab folder {printable(out)} already holds files thermo-lens did not write ({names}); "
+                                 f"choose a new or empty folder, or the folder of an earlier lab (with its {LAB_JSON})")
+    return make_out(out)
+
+
+def _read_lab_json(out: Path) -> dict[str, Any] | None:
+    """The lab folder's ``lab.json`` (``None`` when there is none); a link, a corrupt file or one
+    thermo-lens did not write is refused."""
+    from thermo_lens.safe_io import safe_read_text
+
+    path = out / LAB_JSON
+    if not os.path.lexists(path):
+        return None
+    text = safe_read_text(path, _LAB_JSON_LIMIT, follow_symlinks=False, what="lab record")
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict) or not {"arms", "base", "knobs"} <= set(data):
+        raise LabFolderError(f"{printable(path)} is not a thermo-lens lab record; choose a new or empty lab folder")
+    return data
+
+
+def _check_lab_json(out: Path, spec: LabSpec, update: bool) -> None:
+    """Refuse a lab folder whose ``lab.json`` was written for another spec (unless ``update``)."""
+    old = _read_lab_json(out)
+    if old is None or update:
+        return
+    recorded = old.get("spec_sha256")
+    if recorded is None or recorded == spec_fingerprint(spec):  # a lab from before fingerprints adopts it
+        return
+    was = old.get("canonical_spec") if isinstance(old.get("canonical_spec"), dict) else {}
+    now = canonical_spec(spec)
+    changed = [k for k in now if was.get(k) != now[k]] if was else []
+    what = f" (changed: {', '.join(changed)})" if changed else ""
+    raise LabFolderError(
+        f"lab folder {printable(out)} holds the lab {printable(str(old.get('name', '?'))[:80])!r} of another spec{what}; "
+        "choose a new lab folder, or rerun with --update (run_lab(..., update=True)) to change this lab: arms whose "
+        "recipe changed are trained anew, finished runs of the others are kept")
+
+
+def _write_lab_json(out: Path, spec: LabSpec) -> None:
+    atomic_write_bytes(out / LAB_JSON, json.dumps({
+        "thermo_lens_lab": 1, "name": spec.name, "spec": spec.path, "spec_sha256": spec_fingerprint(spec),
+        "canonical_spec": canonical_spec(spec), "seeds": list(spec.seeds), "checkpoints": spec.checkpoints,
         "settings": spec.settings(), "base": spec.base.to_dict(),
         "knobs": [{"name": k.name, "levels": list(k.levels), "reference": k.reference, "context": dict(k.context)}
                   for k in spec.knobs],
@@ -165,6 +269,14 @@ def run_lab(spec: LabSpec | str | os.PathLike, out_dir: str | os.PathLike, *, ex
                  for a in spec.arms()],
         "comparisons": [dict(zip(("knob", "reference", "level", "reference_arm", "arm"), c)) for c in spec.comparisons()],
     }, indent=2, default=str).encode() + b"\n")
+
+
+def _run_locked(spec: LabSpec, out: Path, executor: str, ray_address: str | None, progress: bool | None,
+                report: bool) -> LabOutcome:
+    from thermo_lens.study import ModelSpec, StudySpec, read_manifest, run_study
+
+    infos = _run_infos(spec)
+    runs = {i.run_id: i for i in infos}
     settings = spec.settings()
 
     def models(ids_steps: list[tuple[_RunInfo, int | None]]) -> tuple[ModelSpec, ...]:
@@ -246,20 +358,18 @@ def runs_frame(lab_dir: str | os.PathLike) -> Any:
 def write_tables(lab_dir: str | os.PathLike, spec: LabSpec) -> None:
     """``runs.csv``, ``effects.csv`` and ``figures/`` from what has finished in ``lab_dir``."""
     from thermo_lens.lab import effects, views
-    from thermo_lens.study import _atomic_write
 
     out = Path(lab_dir)
     runs = runs_frame(out)
-    _atomic_write(out / "runs.csv", runs.to_csv(index=False, float_format="%.10g").encode())
+    atomic_write_bytes(out / "runs.csv", runs.to_csv(index=False, float_format="%.10g").encode())
     eff = effects.effects_frame(runs, spec.comparisons())
-    _atomic_write(out / "effects.csv", eff.to_csv(index=False, float_format="%.10g").encode())
+    atomic_write_bytes(out / "effects.csv", eff.to_csv(index=False, float_format="%.10g").encode())
     if len(runs):
-        figs = out / "figures"
-        figs.mkdir(exist_ok=True)
+        figs = make_folder(out, "figures")
         figures = [("trajectories_last_block_gain", views.gain_trajectories(runs, "last_block_gain")),
                    ("trajectories_penultimate_gain", views.gain_trajectories(runs, "penultimate_gain"))]
         if len(eff):  # a lab without knobs (one arm) has no effects
             figures.append(("effects", views.effect_sizes(eff)))
         for name, fig in figures:
             html = fig.to_html(include_plotlyjs="cdn", full_html=True)
-            _atomic_write(figs / f"{name}.html", html.encode())
+            atomic_write_bytes(figs / f"{name}.html", html.encode())

@@ -33,16 +33,24 @@ all arms where shapes allow) and the batch order (shared by all arms on the same
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from thermo_lens.lab.architecture import ArchitectureError, family_of
-from thermo_lens.lab.recipe import KNOBS, LabSpecError, Recipe, check_level
+from thermo_lens.lab.recipe import _ADDED_FIELDS, _DEFAULTS, KNOBS, LabSpecError, Recipe, check_field, check_level, check_recipe
+from thermo_lens.safe_io import printable
 
-__all__ = ["Arm", "KnobSpec", "LabSpec", "load_lab_spec", "parse_lab_spec"]
+__all__ = ["Arm", "KnobSpec", "LabSpec", "load_lab_spec", "parse_lab_spec", "check_lab_spec", "spec_fingerprint",
+           "MAX_SEEDS", "MAX_CHECKPOINTS"]
+
+#: A lab trains every arm for every seed, and profiles every checkpoint of every run.
+MAX_SEEDS = 1000
+MAX_CHECKPOINTS = 1000
+MAX_SEED = 2**32 - 2  # torch seeds the batch order with seed + 1
 
 _LAB_FIELDS: dict[str, Any] = {"name": str, "seeds": list, "checkpoints": int, "prompts": (str, list),
                                "token_scope": str, "prepend_bos": (bool, str), "batch_size": int,
@@ -136,61 +144,67 @@ def load_lab_spec(path: str | os.PathLike) -> LabSpec:
         LabSpecError: naming the file, the line and the knob, level or field that is wrong, with
             the valid ones.
     """
-    import tomllib
+    from thermo_lens.safe_io import SafeIOError, safe_read_text
+    from thermo_lens.study.spec import StudySpecError
+    from thermo_lens.study.spec_file import MAX_SPEC_BYTES, _check_shape, _parse_toml
 
     path = Path(path)
-    if not path.is_file():
-        raise LabSpecError(f"{path}: no such lab spec file")
-    text = path.read_text()
+    shown = printable(path)
+    if not os.path.lexists(path):
+        raise LabSpecError(f"{shown}: no such lab spec file")
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise LabSpecError(f"{path}: invalid TOML: {e}") from None
+        text = safe_read_text(path, MAX_SPEC_BYTES, what="lab spec")  # a regular UTF-8 file of at most 1 MiB
+        data = _parse_toml(text, shown)
+        _check_shape(data, shown)
+    except (SafeIOError, StudySpecError) as e:
+        raise LabSpecError(str(e)) from None
     try:
         return parse_lab_spec(data, path=str(path), text=text)
     except LabSpecError as e:
-        msg = str(e)
-        if msg.startswith(f"{path}"):
-            raise
+        msg = printable(str(e))
         m = re.search(r"(knob|field) '([\w.]+)'", msg)
         line = _line(text, rf"^\s*(\[knobs\.)?{re.escape(m.group(2).split('.')[-1])}\b") if m else 1
-        raise LabSpecError(f"{path}:{line}: {msg}") from None
+        raise LabSpecError(f"{shown}:{line}: {msg}") from None
 
 
 def parse_lab_spec(data: dict[str, Any], *, path: str | None = None, text: str = "") -> LabSpec:
     """Validate a spec already read into a dict (``{"lab": ..., "base": ..., "knobs": ...}``)."""
     if not isinstance(data, dict):
         raise LabSpecError("a lab spec is a table with [lab], [base] and [knobs]")
+    from thermo_lens.validate import excerpt
+
     unknown = set(data) - {"lab", "base", "knobs"}
     if unknown:
-        raise LabSpecError(f"field '{sorted(unknown)[0]}': unknown section; expected lab, base, knobs")
+        raise LabSpecError(f"field {_key(sorted(map(str, unknown))[0])}: unknown section; expected lab, base, knobs")
+    for section in ("lab", "base", "knobs"):
+        if not isinstance(data.get(section, {}), dict):
+            raise LabSpecError(f"field {_key(section)}: must be a table ([{section}])")
     lab = data.get("lab", {})
     for k, v in lab.items():
         if k not in _LAB_FIELDS:
-            raise LabSpecError(f"field 'lab.{k}': unknown; valid: {', '.join(_LAB_FIELDS)}")
+            raise LabSpecError(f"field {_key('lab.' + k)}: unknown; valid: {', '.join(_LAB_FIELDS)}")
         if not isinstance(v, _LAB_FIELDS[k]) or (isinstance(v, bool) and _LAB_FIELDS[k] is int):
-            raise LabSpecError(f"field 'lab.{k}': bad value {v!r}")
+            raise LabSpecError(f"field 'lab.{k}': bad value {excerpt(v, 60)}")
     seeds = lab.get("seeds", [0])
-    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds) \
-            or len(set(seeds)) != len(seeds):
-        raise LabSpecError(f"field 'lab.seeds': {seeds!r}; give distinct integers >= 0, e.g. [1, 2, 3]")
-    if lab.get("checkpoints", 8) < 1:
-        raise LabSpecError("field 'lab.checkpoints': at least 1 (the last step)")
+    if not seeds or len(seeds) > MAX_SEEDS or len(set(map(str, seeds))) != len(seeds) \
+            or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_SEED for s in seeds):
+        raise LabSpecError(f"field 'lab.seeds': {excerpt(seeds, 60)}; give 1 to {MAX_SEEDS} distinct integers in "
+                           f"[0, {MAX_SEED}], e.g. [1, 2, 3]")
 
-    base_kw = {k: _recipe_value(k, v, f"field 'base.{k}'") for k, v in data.get("base", {}).items()}
+    base_kw = {k: _recipe_value(k, v, f"field {_key('base.' + k)}") for k, v in data.get("base", {}).items()}
     base = Recipe(**base_kw)
     _check_recipe(base, "field 'base'")
 
     knobs = []
     for name, entry in data.get("knobs", {}).items():
         if name not in KNOBS:
-            raise LabSpecError(f"unknown knob {name!r}; valid knobs: {', '.join(KNOBS)}")
+            raise LabSpecError(f"unknown knob {excerpt(name, 60)}; valid knobs: {', '.join(KNOBS)}")
         if isinstance(entry, list):
             levels_raw, ctx_raw = entry, {}
         elif isinstance(entry, dict):
             extra = set(entry) - {"levels", "context"}
             if extra:
-                raise LabSpecError(f"knob {name!r}: unknown key {sorted(extra)[0]!r}; use levels and context")
+                raise LabSpecError(f"knob {name!r}: unknown key {excerpt(sorted(extra)[0], 60)}; use levels and context")
             levels_raw, ctx_raw = entry.get("levels", []), entry.get("context", {})
         else:
             raise LabSpecError(f"knob {name!r}: give a list of levels or a table with levels and context")
@@ -199,11 +213,13 @@ def parse_lab_spec(data: dict[str, Any], *, path: str | None = None, text: str =
         levels = tuple(check_level(name, lv) for lv in levels_raw)
         if len(set(levels)) != len(levels):
             raise LabSpecError(f"knob {name!r}: repeated level in {levels_raw!r}")
+        if not isinstance(ctx_raw, dict):
+            raise LabSpecError(f"knob {name!r}: context must be a table, e.g. context = {{ positions = \"rotary\" }}")
         ctx = []
         for f, v in ctx_raw.items():
             if f == KNOBS[name].field:
                 raise LabSpecError(f"knob {name!r}: its context cannot set the knob itself")
-            ctx.append((f, _recipe_value(f, v, f"knob {name!r}: context field {f!r}")))
+            ctx.append((f, _recipe_value(f, v, f"knob {name!r}: context field {excerpt(f, 60)}")))
         ref_recipe = replace(base, **dict(ctx))
         reference = getattr(ref_recipe, KNOBS[name].field)
         if reference not in levels:
@@ -219,39 +235,95 @@ def parse_lab_spec(data: dict[str, Any], *, path: str | None = None, text: str =
                    token_scope=lab.get("token_scope", "all_but_first"), prepend_bos=lab.get("prepend_bos", True),
                    batch_size=lab.get("batch_size", 8), eval_every=lab.get("eval_every"),
                    truncate=lab.get("truncate", False), path=path)
-    from thermo_lens import prompts as prompt_sets
+    check_lab_spec(spec)
+    return spec
 
+
+def check_lab_spec(spec: LabSpec) -> None:
+    """Check every field of a :class:`LabSpec` (also one built in code): the lab's settings and
+    every arm's recipe, each in range (:data:`thermo_lens.lab.recipe.FIELD_RANGES`); nothing is
+    built or written before this passes. :class:`LabSpecError` names the field and what is valid."""
+    from thermo_lens import prompts as prompt_sets
+    from thermo_lens import validate as V
+    from thermo_lens.errors import ThermoLensInputError
+
+    if not isinstance(spec.name, str) or not spec.name.strip() or len(spec.name) > 200 or not spec.name.isprintable():
+        raise LabSpecError(f"field 'lab.name': {V.excerpt(spec.name, 60)}; give a name of 1 to 200 printable characters")
+    steps = min(a.recipe.steps for a in spec.arms())
+    for f, v, hi in (("checkpoints", spec.checkpoints, MAX_CHECKPOINTS),
+                     ("batch_size", spec.batch_size, 1 << 16),
+                     ("eval_every", spec.eval_every, steps)):
+        if f == "eval_every" and v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
+            why = {"checkpoints": " (log-spaced steps, step 0 and the last included; more than steps + 1 "
+                                  "is every step)",
+                   "eval_every": f" (steps {steps})", "batch_size": ""}[f]
+            raise LabSpecError(f"field 'lab.{f}': bad value {V.excerpt(v, 60)}; valid: an integer in [1, {hi}]{why}")
+    if not isinstance(spec.truncate, bool):
+        raise LabSpecError(f"field 'lab.truncate': bad value {V.excerpt(spec.truncate, 60)}; valid: true or false")
+    try:
+        V.prepend_bos(spec.prepend_bos)
+    except ThermoLensInputError:
+        raise LabSpecError(f"field 'lab.prepend_bos': bad value {V.excerpt(spec.prepend_bos, 60)}; valid: "
+                           'true, false, "host" or "tokenizer"') from None
     try:
         prompt_sets.as_prompt_set(spec.prompts)
     except (KeyError, TypeError, ValueError) as e:
         raise LabSpecError(f"field 'lab.prompts': {e.args[0] if e.args else e}") from None
     if spec.token_scope not in ("last", "all_but_first", "all", "frobenius"):
-        raise LabSpecError(f"field 'lab.token_scope': {spec.token_scope!r} is not one of last, all_but_first, all, frobenius")
-    return spec
+        raise LabSpecError(f"field 'lab.token_scope': {V.excerpt(spec.token_scope, 60)} is not one of last, "
+                           "all_but_first, all, frobenius")
+    _check_recipe(spec.base, "field 'base'")
+    for arm in spec.arms():
+        _check_recipe(arm.recipe, f"arm {arm.id!r}")
+
+
+def spec_fingerprint(spec: LabSpec) -> str:
+    """SHA-256 of the lab's canonical form: everything that decides its runs and tables (name,
+    seeds, checkpoints, settings, base recipe, knobs), not where the spec file lies or how it is
+    written (comments, order, a default spelt out). A recipe field added to thermo-lens later enters
+    only when it differs from its default, so an upgrade keeps a lab's fingerprint."""
+    return hashlib.sha256(json.dumps(canonical_spec(spec), sort_keys=True, default=str).encode()).hexdigest()
+
+
+def canonical_spec(spec: LabSpec) -> dict[str, Any]:
+    """The JSON form :func:`spec_fingerprint` hashes."""
+    def recipe(r: Recipe) -> dict[str, Any]:
+        return {k: v for k, v in r.to_dict().items() if not (k in _ADDED_FIELDS and v == _DEFAULTS[k])}
+
+    return {"name": spec.name, "seeds": list(spec.seeds), "checkpoints": spec.checkpoints,
+            "eval_every": spec.eval_every, "settings": spec.settings(), "base": recipe(spec.base),
+            "knobs": [{"name": k.name, "levels": list(k.levels), "reference": k.reference, "context": dict(k.context)}
+                      for k in spec.knobs]}
+
+
+def _key(key: str) -> str:
+    """A key from the spec, quoted for a message: cut short, control characters escaped."""
+    return "'" + printable(key[:60] + ("..." if len(key) > 60 else "")) + "'"
 
 
 def _recipe_value(name: str, value: Any, where: str) -> Any:
-    """A recipe field's value, validated (through its knob when it has one)."""
+    """A recipe field's value, validated (through its knob when it has one): in range, or a
+    :class:`LabSpecError` naming ``where`` and what is valid."""
     valid = [f.name for f in fields(Recipe)]
     if name not in valid:
         raise LabSpecError(f"{where}: unknown recipe field; valid: {', '.join(valid)}")
-    knob = next((n for n, kn in KNOBS.items() if kn.field == name), None)
-    if knob is not None:
-        return check_level(knob, value)
-    default = getattr(Recipe(), name)
-    if isinstance(value, bool) or not isinstance(value, (int, float) if isinstance(default, float) else type(default)):
-        raise LabSpecError(f"{where}: bad value {value!r} (expected {type(default).__name__})")
-    return type(default)(value)
+    if name in KNOBS and KNOBS[name].field == name:
+        return check_level(name, value)
+    try:
+        return check_field(name, value)
+    except LabSpecError as e:
+        raise LabSpecError(f"{where}: {e}") from None
 
 
 def _check_recipe(r: Recipe, where: str) -> None:
+    """:func:`~thermo_lens.lab.recipe.check_recipe`, its message placed at ``where`` (``"field 'base'"``
+    becomes ``"field 'base.n_heads': ..."``)."""
     try:
-        family_of(r.architecture())
-    except ArchitectureError as e:
-        raise LabSpecError(f"{where}: {e}") from None
-    if r.d_model % r.n_heads:
-        raise LabSpecError(f"{where}: d_model {r.d_model} is not divisible by n_heads {r.n_heads}")
-    if r.block_size > r.n_ctx:
-        raise LabSpecError(f"{where}: block_size {r.block_size} exceeds the context n_ctx {r.n_ctx}")
-    if r.steps < 1 or r.batch_size < 1:
-        raise LabSpecError(f"{where}: steps and batch_size must be >= 1")
+        check_recipe(r)
+    except LabSpecError as e:
+        msg = str(e)
+        if where == "field 'base'" and msg.startswith("field '"):
+            raise LabSpecError("field 'base." + msg.removeprefix("field '")) from None
+        raise LabSpecError(f"{where}: {msg}") from None

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from thermo_lens.lab.recipe import OPTIMIZERS, Recipe
+from thermo_lens.safe_io import SafeIOError, atomic_write_text, make_folder, os_error_reason, printable
 
 __all__ = ["EOT", "checkpoint_steps", "get_tokenizer", "encode_stream", "train_run", "step_dir_name",
            "lr_at", "evaluate"]
@@ -83,13 +84,17 @@ def get_tokenizer(recipe: Recipe, cache_dir: str | os.PathLike | None = None) ->
     key = f"{recipe.data}-v{recipe.vocab_size}-f{recipe.min_frequency}-c{recipe.n_ctx}-{corpus.sha256[:8]}"
     if cache_dir is not None:
         path = Path(cache_dir) / key
+        if path.is_symlink():
+            raise SafeIOError(f"cannot use {printable(path)}: it is a symbolic link, which thermo-lens does not "
+                              "follow inside its output folder; remove the link and rerun")
         if (path / "tokenizer.json").is_file():
             return PreTrainedTokenizerFast.from_pretrained(str(path))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
     tok = _train_tokenizer(corpus.train_documents, recipe.vocab_size, recipe.min_frequency, recipe.n_ctx)
     if cache_dir is not None:
-        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        Path(cache_dir).parent.mkdir(parents=True, exist_ok=True)
+        make_folder(Path(cache_dir).parent, Path(cache_dir).name)  # never through a planted link
         tmp = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".{key}."))
         tok.save_pretrained(str(tmp))
         try:
@@ -167,7 +172,9 @@ def _save_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: Any, metri
 
     hf_logging.disable_progress_bar()  # a per-shard bar for a 1 MB file is noise
     dest = run_dir / step_dir_name(step)
-    if dest.exists():
+    if dest.is_symlink():
+        dest.unlink()  # a planted link is removed, never followed
+    elif dest.exists():
         shutil.rmtree(dest)
     tmp = Path(tempfile.mkdtemp(dir=run_dir, prefix=f".{dest.name}."))
     model.save_pretrained(str(tmp), safe_serialization=True)
@@ -206,9 +213,10 @@ def train_run(recipe: Recipe, seed: int, run_dir: str | os.PathLike, *, base: Re
     torch.use_deterministic_algorithms(True, warn_only=True)
     base = base or recipe
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "recipe.json").write_text(json.dumps({"recipe": recipe.to_dict(), "seed": seed,
-                                                      "base": base.to_dict()}, indent=2) + "\n")
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(run_dir.parent, run_dir.name)  # never through a planted link
+    atomic_write_text(run_dir / "recipe.json", json.dumps({"recipe": recipe.to_dict(), "seed": seed,
+                                                           "base": base.to_dict()}, indent=2) + "\n")
     say = log or (lambda s: None)
 
     tok = get_tokenizer(recipe, tokenizer_cache)
@@ -255,11 +263,15 @@ def train_run(recipe: Recipe, seed: int, run_dir: str | os.PathLike, *, base: Re
     def checkpoint(step: int, train_loss: float | None) -> None:
         m = {"step": step, "tokens_seen": step * B * T, "val_loss": evaluate(model, val_ids, T),
              "train_loss_last_step": train_loss, "lr": lr_at(max(step - 1, 0), recipe) * lr_scale}
-        _save_checkpoint(run_dir, step, model, tok, m)
+        try:
+            _save_checkpoint(run_dir, step, model, tok, m)
+            _atomic_torch_save({"recipe": recipe.to_dict(), "seed": seed, "step": step, "history": history,
+                                "model": model.state_dict(), "optimizer": opt.state_dict(),
+                                "generator": gen.get_state()}, state_path)
+        except OSError as e:  # disk full, permission: say so, with the folder
+            raise SafeIOError(f"cannot write the step-{step} checkpoint in {printable(run_dir)}: "
+                              f"{os_error_reason(e)}") from None
         metrics[step] = m
-        _atomic_torch_save({"recipe": recipe.to_dict(), "seed": seed, "step": step, "history": history,
-                            "model": model.state_dict(), "optimizer": opt.state_dict(),
-                            "generator": gen.get_state()}, state_path)
         say(f"step {step}: val loss {m['val_loss']:.4f}")
 
     if start == 0 and 0 in ckpts and 0 not in metrics:

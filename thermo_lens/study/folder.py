@@ -18,7 +18,7 @@ from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.safe_io import TEMP_PREFIX, FolderLock, SafeIOError, os_error_reason, printable
 from thermo_lens.study.manifest import MANIFEST, read_manifest
 
-__all__ = ["StudyFolderError", "output_path", "prepare_out", "check_owned"]
+__all__ = ["StudyFolderError", "output_path", "prepare_out", "check_owned", "check_out", "make_out", "foreign_entries"]
 
 # Left by a thermo-lens run before its manifest exists (the lock; temporary files, TEMP_PREFIX),
 # or by the desktop: a folder holding only these is as good as empty.
@@ -53,15 +53,28 @@ def prepare_out(out_dir: Any) -> Path:
         StudyManifestError: its ``manifest.json`` is corrupt or not thermo-lens'.
         thermo_lens.safe_io.SafeIOError: it cannot be created or is not writable.
     """
-    out = output_path(out_dir)
+    out = check_out(out_dir)
+    if out.is_dir():
+        check_owned(out)
+    return make_out(out)
+
+
+def check_out(out_dir: Any, what: str = "output folder") -> Path:
+    """``out_dir`` as an output folder's path, refused when empty, a file or a dangling link (a
+    folder's contents are the caller's to check)."""
+    out = output_path(out_dir, what)
     shown = printable(out)
     if out.is_symlink() and not out.exists():
         raise StudyFolderError(f"output folder {shown} is a symbolic link to {printable(os.readlink(out))}, which "
                                "does not exist; create that folder or choose another output folder")
     if os.path.lexists(out) and not out.is_dir():
         raise StudyFolderError(f"output folder {shown} is a file; choose a folder name")
-    if out.is_dir():
-        check_owned(out)
+    return out
+
+
+def make_out(out: Path) -> Path:
+    """Create the output folder ``out`` if needed; it must be writable."""
+    shown = printable(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -76,6 +89,17 @@ def check_owned(out: Path) -> None:
     if os.path.lexists(out / MANIFEST):
         read_manifest(out)  # a corrupt, linked or foreign manifest.json is refused, naming the fix
         return
+    foreign = foreign_entries(out)
+    if foreign:
+        names = ", ".join(printable(n)[:60] for n in sorted(foreign)[:5]) + (" ..." if len(foreign) > 5 else "")
+        raise StudyFolderError(
+            f"output folder {printable(out)} already holds files thermo-lens did not write ({names}); "
+            f"choose a new or empty folder, or the folder of an earlier thermo-lens run (with its {MANIFEST})")
+
+
+def foreign_entries(out: Path, limit: int = 6) -> list[str]:
+    """Up to ``limit`` names in ``out`` that no thermo-lens run leaves there before its first result
+    (the lock, temporary files, desktop litter)."""
     foreign: list[str] = []
     try:
         with os.scandir(out) as entries:
@@ -83,12 +107,8 @@ def check_owned(out: Path) -> None:
                 if e.name in _OURS or e.name in _DESKTOP or e.name.startswith(TEMP_PREFIX):
                     continue
                 foreign.append(e.name)
-                if len(foreign) > 5:
+                if len(foreign) >= limit:
                     break
     except OSError as e:
         raise SafeIOError(f"cannot read output folder {printable(out)}: {os_error_reason(e)}") from None
-    if foreign:
-        names = ", ".join(printable(n)[:60] for n in sorted(foreign)[:5]) + (" ..." if len(foreign) > 5 else "")
-        raise StudyFolderError(
-            f"output folder {printable(out)} already holds files thermo-lens did not write ({names}); "
-            f"choose a new or empty folder, or the folder of an earlier thermo-lens run (with its {MANIFEST})")
+    return foreign
