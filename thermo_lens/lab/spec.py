@@ -11,6 +11,10 @@ A spec (TOML)::
     prepend_bos = true
     batch_size = 8               # prompts per profiling forward pass
     truncate = false             # true: cut a prompt longer than the context to its first n_ctx tokens
+    budgets = [150, 300, 600]    # optional: train every arm x seed once per budget (each a full schedule)
+    checkpoint_every = 50        # optional: also checkpoint every 50 steps (effects at matched val loss)
+    primary = [["weight_decay", 0.0]]   # optional: the declared primary family (Holm runs over it) ...
+    primary_metrics = ["last_block_gain", "penultimate_gain"]   # ... x these metrics, largest budget
 
     [base]                       # any Recipe field (thermo_lens.lab.Recipe); defaults for the rest
     n_layers = 3
@@ -33,6 +37,8 @@ all arms where shapes allow) and the batch order (shared by all arms on the same
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 from dataclasses import dataclass, fields, replace
@@ -46,7 +52,8 @@ __all__ = ["Arm", "KnobSpec", "LabSpec", "load_lab_spec", "parse_lab_spec"]
 
 _LAB_FIELDS: dict[str, Any] = {"name": str, "seeds": list, "checkpoints": int, "prompts": (str, list),
                                "token_scope": str, "prepend_bos": (bool, str), "batch_size": int,
-                               "eval_every": int, "truncate": bool}
+                               "eval_every": int, "truncate": bool, "budgets": list, "checkpoint_every": int,
+                               "primary": list, "primary_metrics": list}
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,30 @@ class LabSpec:
     eval_every: int | None = None
     truncate: bool = False
     path: str | None = None
+    #: training budgets (steps): every arm x seed is trained once per budget, each a complete
+    #: schedule; empty: one budget, the base's ``steps``.
+    budgets: tuple[int, ...] = ()
+    #: also checkpoint (and profile) every this many steps (for effects at matched validation loss).
+    checkpoint_every: int | None = None
+    #: the declared primary family: ``(knob, level)`` comparisons x ``primary_metrics`` at the
+    #: largest budget; Holm's adjustment runs over exactly these tests.
+    primary: tuple[tuple[str, Any], ...] = ()
+    primary_metrics: tuple[str, ...] = ("last_block_gain", "penultimate_gain")
+
+    @property
+    def sha256(self) -> str:
+        """SHA-256 of the canonical parsed spec (everything but its file path): every result of the
+        lab carries it, and tables refuse results of another spec."""
+        canon = {"name": self.name, "base": self.base.to_dict(), "seeds": list(self.seeds),
+                 "knobs": [[k.name, list(k.levels), k.reference, [list(c) for c in k.context]] for k in self.knobs],
+                 "checkpoints": self.checkpoints, "settings": self.settings(), "eval_every": self.eval_every,
+                 "budgets": list(self.budgets), "checkpoint_every": self.checkpoint_every,
+                 "primary": [list(p) for p in self.primary], "primary_metrics": list(self.primary_metrics)}
+        return hashlib.sha256(json.dumps(canon, sort_keys=True, default=str).encode()).hexdigest()
+
+    def budget_steps(self) -> tuple[int, ...]:
+        """The training budgets in steps (the base's ``steps`` when none are declared)."""
+        return self.budgets or (self.base.steps,)
 
     def settings(self) -> dict[str, Any]:
         """Profiling settings, shared by every checkpoint's profile (a study's settings)."""
@@ -214,11 +245,36 @@ def parse_lab_spec(data: dict[str, Any], *, path: str | None = None, text: str =
             r = replace(ref_recipe, **{KNOBS[name].field: lv})
             _check_recipe(r, f"knob {name!r} level {lv!r}")
         knobs.append(ks)
+    budgets = lab.get("budgets", [])
+    if budgets and (not all(isinstance(b, int) and not isinstance(b, bool) and b > base.warmup_steps for b in budgets)
+                    or len(set(budgets)) != len(budgets) or len(budgets) > 8):
+        raise LabSpecError(f"field 'lab.budgets': {budgets!r}; give up to 8 distinct step counts, each larger "
+                           f"than base.warmup_steps ({base.warmup_steps}), e.g. [150, 300, 600]")
+    every = lab.get("checkpoint_every")
+    if every is not None and every < 1:
+        raise LabSpecError(f"field 'lab.checkpoint_every': {every!r}; give a number of steps >= 1")
+    names = {k.name: k for k in knobs}
+    primary = []
+    for entry in lab.get("primary", []):
+        if not (isinstance(entry, list) and len(entry) == 2 and entry[0] in names):
+            raise LabSpecError(f"field 'lab.primary': {entry!r}; give [knob, level] pairs of this spec's knobs, "
+                               f"e.g. [\"weight_decay\", 1.0]")
+        level = check_level(entry[0], entry[1])
+        if level not in names[entry[0]].levels or level == names[entry[0]].reference:
+            raise LabSpecError(f"field 'lab.primary': {entry!r}; the level must be one of the knob's non-reference "
+                               f"levels {[lv for lv in names[entry[0]].levels if lv != names[entry[0]].reference]!r}")
+        primary.append((entry[0], level))
+    from thermo_lens.lab.effects import METRICS
+
+    pm = lab.get("primary_metrics", ["last_block_gain", "penultimate_gain"])
+    if not pm or any(m not in METRICS for m in pm):
+        raise LabSpecError(f"field 'lab.primary_metrics': {pm!r}; choose from {', '.join(METRICS)}")
     spec = LabSpec(name=lab.get("name", Path(path).stem if path else "lab"), base=base, knobs=tuple(knobs),
                    seeds=tuple(seeds), checkpoints=lab.get("checkpoints", 8), prompts=lab.get("prompts", "paper25"),
                    token_scope=lab.get("token_scope", "all_but_first"), prepend_bos=lab.get("prepend_bos", True),
                    batch_size=lab.get("batch_size", 8), eval_every=lab.get("eval_every"),
-                   truncate=lab.get("truncate", False), path=path)
+                   truncate=lab.get("truncate", False), path=path, budgets=tuple(sorted(budgets)),
+                   checkpoint_every=every, primary=tuple(primary), primary_metrics=tuple(pm))
     from thermo_lens import prompts as prompt_sets
 
     try:
