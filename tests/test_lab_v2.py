@@ -113,3 +113,59 @@ def test_spec_budgets_primary_and_hash():
                      ({"primary_metrics": ["nope"]}, "choose from")):
         with pytest.raises(LabSpecError, match=msg):
             parse_lab_spec({**data, "lab": {**data["lab"], **bad}})
+
+
+MICRO = """
+[lab]
+name = "micro-v2"
+seeds = [1, 2]
+budgets = [12, 24]
+checkpoints = 2
+checkpoint_every = 8
+prompts = ["The cat sat on the mat.", "Gains of the residual stream."]
+primary = [["weight_decay", 0.9]]
+[base]
+n_layers = 2
+d_model = 16
+n_heads = 2
+d_mlp = 32
+n_ctx = 32
+block_size = 16
+batch_size = 4
+vocab_size = 300
+steps = 24
+warmup_steps = 2
+[knobs]
+weight_decay = [0.1, 0.9]
+"""
+
+
+@pytest.mark.slow
+def test_a_lab_with_budgets_end_to_end(tmp_path):
+    import json
+
+    from thermo_lens.lab.run import run_lab, write_tables
+    from thermo_lens.lab.spec import load_lab_spec
+
+    spec_file = tmp_path / "micro.toml"
+    spec_file.write_text(MICRO)
+    out = tmp_path / "lab"
+    res = run_lab(spec_file, out, report=False)
+    assert res.ok, res.failed
+    spec = load_lab_spec(spec_file)
+    runs = pd.read_csv(out / "runs.csv")
+    assert set(runs["budget"]) == {12, 24} and set(runs["spec_sha256"]) == {spec.sha256}
+    assert sorted(runs.loc[runs["budget"] == 24, "step"].unique()) == [0, 8, 16, 24]
+    assert json.loads((out / "lab.json").read_text())["spec_sha256"] == spec.sha256
+    eff = pd.read_csv(out / "effects.csv")
+    assert set(eff["basis"]) == {"budget", "matched_loss"}
+    prim = eff.loc[eff["family"] == "primary"]
+    assert len(prim) == 2 and (prim["budget"] == 24).all() and prim["pvalue_holm"].notna().all()
+    assert (out / "figures" / "per_seed_weight_decay_0.9.html").is_file()
+    # A profile of another spec (its hash differs) never enters the tables.
+    other = load_lab_spec(spec_file)
+    from dataclasses import replace
+
+    with pytest.warns(UserWarning, match="another spec's SHA-256"):
+        write_tables(out, replace(other, seeds=(1, 2, 3)))
+    assert len(pd.read_csv(out / "runs.csv")) == 0
