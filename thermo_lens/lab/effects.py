@@ -25,7 +25,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["PairedEffect", "paired_effect", "effects_frame", "METRICS", "GAIN_METRICS"]
+__all__ = ["PairedEffect", "paired_effect", "effects_frame", "budget_effects_frame", "matched_loss_frame",
+           "sign_flip_pvalue", "sign_flip_interval", "regime_of", "flip_by_intervals", "METRICS", "GAIN_METRICS"]
 
 GAIN_METRICS = ("last_block_gain", "penultimate_gain", "first_block_gain", "geometric_mean_gain",
                 "total_amplification", "max_block_gain")
@@ -123,3 +124,177 @@ def effects_frame(runs: Any, comparisons: Sequence[tuple[str, Any, Any, str, str
                          "seeds_flipped": n_flipped, "reference_arm": ref_arm, "arm": arm,
                          "step": int(b.loc[seeds, "step"].max()) if seeds else None})
     return pd.DataFrame(rows, columns=cols)
+
+
+# ------------------------------------------------------------------ v2: budgets, matched loss, family
+
+def _sign_patterns(n: int) -> np.ndarray:
+    """All ``2**n`` sign vectors, ``[2**n, n]`` (exact sign-flip tests; n <= 16)."""
+    idx = np.arange(2 ** n)[:, None]
+    return np.where((idx >> np.arange(n)[None, :]) & 1, -1.0, 1.0)
+
+
+def sign_flip_pvalue(d: Any, shift: float = 0.0) -> float:
+    """Exact two-sided sign-flip p of mean ``d - shift`` = 0: the share of all ``2**n`` sign
+    patterns whose ``|mean|`` reaches the observed one (ties count; n <= 16)."""
+    x = np.asarray(d, dtype=float) - shift
+    n = x.size
+    if n == 0 or n > 16 or not np.all(np.isfinite(x)):
+        return float("nan")
+    stats_ = np.abs(_sign_patterns(n) @ x) / n
+    observed = abs(x.mean())
+    return float(np.mean(stats_ >= observed - 1e-12 * max(1.0, observed)))
+
+
+def sign_flip_interval(d: Any, level: float = 0.95) -> tuple[float, float]:
+    """The interval that inverts :func:`sign_flip_pvalue`: the shifts ``delta`` with
+    ``p(d - delta) > 1 - level``, found by bisection on each side of the mean. Unbounded
+    (``-inf``/``inf``) when even an extreme shift cannot reach ``1 - level`` (``2 / 2**n >= 1 - level``:
+    fewer than 6 seeds at 95%)."""
+    x = np.asarray(d, dtype=float)
+    n = x.size
+    if n < 2 or not np.all(np.isfinite(x)):
+        return float("nan"), float("nan")
+    alpha = 1.0 - level
+    if 2.0 / 2 ** n >= alpha:
+        return float("-inf"), float("inf")
+    m, span = float(x.mean()), float(np.ptp(x)) + abs(float(x.mean())) + 1e-12
+
+    def edge(direction: float) -> float:
+        inside, outside = m, m + direction * span
+        while sign_flip_pvalue(x, outside) > alpha:  # far enough that the test rejects
+            outside = m + 2 * (outside - m)
+        for _ in range(60):
+            mid = 0.5 * (inside + outside)
+            if sign_flip_pvalue(x, mid) > alpha:
+                inside = mid
+            else:
+                outside = mid
+        return inside
+
+    return edge(-1.0), edge(1.0)
+
+
+def regime_of(values: Any, level: float = 0.95) -> str:
+    """``"expander"`` when the t-interval of the seed mean of a gain lies above 1, ``"dampener"``
+    below 1, ``"undetermined"`` when it contains 1 (or fewer than 2 seeds)."""
+    from thermo_lens.stats import summarize
+
+    v = np.asarray(values, dtype=float)
+    if v.size < 2 or not np.all(np.isfinite(v)):
+        return "undetermined"
+    s = summarize(v, level=level)
+    return "expander" if s.ci_low > 1 else "dampener" if s.ci_high < 1 else "undetermined"
+
+
+def flip_by_intervals(reference_regime: str, level_regime: str) -> bool | None:
+    """True/False when both regimes are determined (they differ / agree); None: cannot tell."""
+    if "undetermined" in (reference_regime, level_regime):
+        return None
+    return reference_regime != level_regime
+
+
+def matched_loss_frame(runs: Any, budget: int, target: float | None = None,
+                       metrics: Sequence[str] = METRICS) -> tuple[Any, float]:
+    """Every ``budget`` run's metrics at the first step its validation loss reaches ``target``.
+
+    Linear interpolation in step between the two checkpoints that bracket the crossing. ``target``
+    defaults to the largest of the arms' seed-mean final validation losses (so every arm reaches it
+    in the mean). Runs that never reach it are left out. Returns ``(frame with arm, seed, step and
+    the metrics, target)``.
+    """
+    import pandas as pd
+
+    df = runs.loc[runs["budget"] == budget]
+    if target is None:
+        final = df.loc[df.groupby("run")["step"].transform("max") == df["step"]]
+        target = float(final.groupby("arm")["val_loss"].mean().max())
+    rows = []
+    for run, g in df.sort_values("step").groupby("run"):
+        g = g.loc[g["val_loss"].notna()]
+        loss, steps = g["val_loss"].to_numpy(float), g["step"].to_numpy(float)
+        hit = np.nonzero(loss <= target)[0]
+        if not hit.size:
+            continue
+        j = int(hit[0])
+        row = {"run": run, "arm": g["arm"].iloc[0], "seed": g["seed"].iloc[0]}
+        if j == 0:
+            w, i0, i1 = 0.0, 0, 0
+        else:
+            i0, i1 = j - 1, j
+            w = (loss[i0] - target) / (loss[i0] - loss[i1]) if loss[i0] != loss[i1] else 1.0
+        row["step"] = steps[i0] + w * (steps[i1] - steps[i0])
+        for m in metrics:
+            if m in g.columns:
+                v = g[m].to_numpy(float)
+                row[m] = v[i0] + w * (v[i1] - v[i0])
+        rows.append(row)
+    return pd.DataFrame(rows), float(target)
+
+
+def budget_effects_frame(runs: Any, comparisons: Sequence[tuple[str, Any, Any, str, str]], *,
+                         budgets: Sequence[int], primary: Sequence[tuple[str, Any]] = (),
+                         primary_metrics: Sequence[str] = ("last_block_gain", "penultimate_gain"),
+                         metrics: Sequence[str] = METRICS, level: float = 0.95) -> Any:
+    """Seed-paired effects at every budget's last step and at matched validation loss (largest
+    budget), with the declared primary family Holm-adjusted.
+
+    One row per (basis, budget, knob, level, metric): ``basis`` is ``"budget"`` (each run's last
+    step) or ``"matched_loss"``; ``effect`` the mean paired difference; ``ci_low``/``ci_high`` the
+    interval that inverts the exact sign-flip test (so it excludes 0 exactly when ``pvalue`` <
+    ``1 - level``); ``t_ci_low``/``t_ci_high`` the t-interval; ``family`` ``"primary"`` (the declared
+    (knob, level) x ``primary_metrics`` at the largest budget; ``pvalue_holm`` is Holm's adjustment
+    over exactly these) or ``"secondary"`` (unadjusted); for gains ``reference_regime``,
+    ``level_regime`` (t-interval of the seed mean against 1) and ``flips_regime`` (True / False when
+    both are determined, None: cannot tell).
+    """
+    import pandas as pd
+
+    from thermo_lens.stats import holm, summarize
+
+    largest = max(budgets)
+    bases: list[tuple[str, int, Any, float | None]] = []
+    for b in budgets:
+        df = runs.loc[runs["budget"] == b]
+        bases.append(("budget", b, df.loc[df.groupby("run")["step"].transform("max") == df["step"]], None))
+    if len(runs) and "val_loss" in runs.columns and (runs["budget"] == largest).any():
+        matched, target = matched_loss_frame(runs, largest, metrics=metrics)
+        bases.append(("matched_loss", largest, matched, target))
+    rows = []
+    prim = {(k, lv) for k, lv in primary}
+    for basis, b, final, matched_target in bases:
+        if not len(final):
+            continue
+        for knob, ref_level, lv, ref_arm, arm in comparisons:
+            a = final.loc[final["arm"] == ref_arm].set_index("seed")
+            c = final.loc[final["arm"] == arm].set_index("seed")
+            seeds = sorted(set(a.index) & set(c.index))
+            for m in metrics:
+                if m not in final.columns:
+                    continue
+                x, y = a.loc[seeds, m].to_numpy(float), c.loc[seeds, m].to_numpy(float)
+                d = y - x
+                t = summarize(d, level=level) if len(d) >= 2 else None
+                lo, hi = sign_flip_interval(d, level)
+                is_primary = basis == "budget" and b == largest and (knob, lv) in prim and m in primary_metrics
+                row = {"basis": basis, "budget": b, "knob": knob, "reference": ref_level, "level": lv, "metric": m,
+                       "effect": float(d.mean()) if len(d) else np.nan, "ci_low": lo, "ci_high": hi,
+                       "t_ci_low": float(t.ci_low) if t else np.nan, "t_ci_high": float(t.ci_high) if t else np.nan,
+                       "pvalue": sign_flip_pvalue(d), "pvalue_holm": np.nan,
+                       "family": "primary" if is_primary else "secondary", "n_seeds": len(seeds),
+                       "n_left_out": int(len(set(a.index) | set(c.index)) - len(seeds)),
+                       "min_pvalue": min(1.0, 2.0 / 2 ** len(seeds)) if seeds else np.nan,
+                       "reference_mean": float(x.mean()) if len(x) else np.nan,
+                       "level_mean": float(y.mean()) if len(y) else np.nan,
+                       "reference_regime": None, "level_regime": None, "flips_regime": None,
+                       "matched_val_loss": matched_target, "reference_arm": ref_arm, "arm": arm}
+                if m in GAIN_METRICS and len(seeds):
+                    row["reference_regime"], row["level_regime"] = regime_of(x, level), regime_of(y, level)
+                    row["flips_regime"] = flip_by_intervals(row["reference_regime"], row["level_regime"])
+                rows.append(row)
+    out = pd.DataFrame(rows)
+    if len(out):
+        fam = out.index[(out["family"] == "primary") & out["pvalue"].notna()]
+        if len(fam):
+            out.loc[fam, "pvalue_holm"] = holm(out.loc[fam, "pvalue"].to_numpy(float))
+    return out

@@ -93,12 +93,23 @@ class _RunInfo:
 
 def _run_infos(spec: LabSpec) -> list[_RunInfo]:
     out = []
-    for arm in spec.arms():
-        for seed in spec.seeds:
-            rid = f"{arm.id}__seed{seed}"
-            out.append(_RunInfo(rid, arm.id, arm.knob, arm.level, seed, arm.recipe.to_dict(), spec.base.to_dict(),
-                                f"runs/{arm.id}__seed{seed}__{arm.recipe.hash}"))
+    for budget in spec.budget_steps():
+        for arm in spec.arms():
+            recipe = replace(arm.recipe, steps=budget)
+            for seed in spec.seeds:
+                # A lab with declared budgets names each run by its budget (a run is one complete schedule).
+                rid = f"{arm.id}__seed{seed}" + (f"__b{budget}" if spec.budgets else "")
+                out.append(_RunInfo(rid, arm.id, arm.knob, arm.level, seed, recipe.to_dict(), spec.base.to_dict(),
+                                    f"runs/{arm.id}__seed{seed}__{recipe.hash}"))
     return out
+
+
+def _checkpoints(spec: LabSpec, steps: int) -> list[int]:
+    """Every checkpoint of a run of ``steps``: log-spaced, plus every ``checkpoint_every`` steps."""
+    from thermo_lens.lab.train import checkpoint_steps
+
+    extra = range(spec.checkpoint_every, steps, spec.checkpoint_every) if spec.checkpoint_every else ()
+    return sorted(set(checkpoint_steps(steps, spec.checkpoints)) | set(extra))
 
 
 @dataclass(frozen=True)
@@ -110,14 +121,18 @@ class _Task:
     n_checkpoints: int
     eval_every: int | None
     mode: str                   # "train" | "profile"
+    checkpoint_every: int | None = None
+    spec_sha256: str = ""
 
     def _train(self, info: _RunInfo) -> dict[str, Any]:
         from thermo_lens.lab.train import train_run
 
         run_dir = make_folder(self.lab_dir, *Path(info.run_dir).parts)  # never through a planted link
+        steps = Recipe(**info.recipe).steps
+        extra = tuple(range(self.checkpoint_every, steps, self.checkpoint_every)) if self.checkpoint_every else ()
         return train_run(Recipe(**info.recipe), info.seed, run_dir, base=Recipe(**info.base),
-                         n_checkpoints=self.n_checkpoints, tokenizer_cache=make_folder(self.lab_dir, "tokenizers"),
-                         eval_every=self.eval_every)
+                         n_checkpoints=self.n_checkpoints, extra_checkpoints=extra,
+                         tokenizer_cache=make_folder(self.lab_dir, "tokenizers"), eval_every=self.eval_every)
 
     def __call__(self, model: Any, settings: dict[str, Any]) -> str:
         from thermo_lens.lab.train import step_dir_name
@@ -133,10 +148,11 @@ class _Task:
         ckpt = Path(self.lab_dir) / info.run_dir / step_dir_name(step)
         if not (ckpt / "metrics.json").is_file():  # deleted since: finish (or redo) the run first
             self._train(info)
-        return _profile_checkpoint(model, settings, ckpt, info, step)
+        return _profile_checkpoint(model, settings, ckpt, info, step, self.spec_sha256)
 
 
-def _profile_checkpoint(model: Any, settings: dict[str, Any], ckpt: Path, info: _RunInfo, step: int) -> str:
+def _profile_checkpoint(model: Any, settings: dict[str, Any], ckpt: Path, info: _RunInfo, step: int,
+                        spec_sha256: str = "") -> str:
     import torch
 
     from thermo_lens.profile import ThermoProfile
@@ -149,7 +165,8 @@ def _profile_checkpoint(model: Any, settings: dict[str, Any], ckpt: Path, info: 
     meta = dict(prof.meta, source=f"{info.run_dir}/{ckpt.name}")
     meta["lab"] = {"run": info.run_id, "arm": info.arm, "knob": info.knob, "level": info.level, "seed": info.seed,
                    "step": step, "tokens_seen": metrics["tokens_seen"], "val_loss": metrics["val_loss"],
-                   "recipe_hash": Recipe(**info.recipe).hash, "family": _family(info)}
+                   "recipe_hash": Recipe(**info.recipe).hash, "family": _family(info),
+                   "budget": Recipe(**info.recipe).steps, "spec_sha256": spec_sha256}
     return replace(prof, meta=meta).to_json()
 
 
@@ -260,6 +277,8 @@ def _write_lab_json(out: Path, spec: LabSpec) -> None:
     atomic_write_bytes(out / LAB_JSON, json.dumps({
         "thermo_lens_lab": 1, "name": spec.name, "spec": spec.path, "spec_sha256": spec_fingerprint(spec),
         "canonical_spec": canonical_spec(spec), "seeds": list(spec.seeds), "checkpoints": spec.checkpoints,
+        "budgets": list(spec.budgets), "checkpoint_every": spec.checkpoint_every,
+        "primary": [list(p) for p in spec.primary], "primary_metrics": list(spec.primary_metrics),
         "settings": spec.settings(), "base": spec.base.to_dict(),
         "knobs": [{"name": k.name, "levels": list(k.levels), "reference": k.reference, "context": dict(k.context)}
                   for k in spec.knobs],
@@ -284,17 +303,17 @@ def _run_locked(spec: LabSpec, out: Path, executor: str, ray_address: str | None
         for info, step in ids_steps:
             mid = info.run_id if step is None else f"{info.run_id}__step{step:06d}"
             ms.append(ModelSpec(id=mid, name=info.run_dir, lab=info.arm, family=info.knob,
-                                twin_of=None if info.arm == "base" else f"base__seed{info.seed}", threads=1))
+                                twin_of=None if info.arm == "base" else "base__seed" + info.run_id.rpartition("__seed")[2],
+                                threads=1))
         return tuple(ms)
 
     train_spec = StudySpec(name=f"{spec.name}: training", models=models([(i, None) for i in infos]), **settings)
-    task = _Task(str(out.resolve()), runs, spec.checkpoints, spec.eval_every, "train")
+    task = _Task(str(out.resolve()), runs, spec.checkpoints, spec.eval_every, "train",
+                 checkpoint_every=spec.checkpoint_every, spec_sha256=spec.sha256)
     t = run_study(train_spec, out / "train", executor=executor, ray_address=ray_address, progress=progress,
                   profile_fn=task)
     trained_ok = [i for i in infos if read_manifest(out / "train")["models"].get(i.run_id, {}).get("status") == "done"]
-    from thermo_lens.lab.train import checkpoint_steps
-
-    pairs = [(i, s) for i in trained_ok for s in checkpoint_steps(Recipe(**i.recipe).steps, spec.checkpoints)]
+    pairs = [(i, s) for i in trained_ok for s in _checkpoints(spec, Recipe(**i.recipe).steps)]
     failed = dict(t.failed)
     p_done: tuple[str, ...] = ()
     p_skipped: tuple[str, ...] = ()
@@ -346,13 +365,14 @@ def runs_frame(lab_dir: str | os.PathLike) -> Any:
                     "W_V_W_O_ratio": float(s.ratio.mean()), "W_V_norm": float(s.W_V_norm.mean()),
                     "W_O_norm": float(s.W_O_norm.mean()), "mean_trace": float(prof.sheaf.mean_layer_trace.mean()),
                     "token_scope": prof.meta.get("token_scope"), "prepend_bos": prof.meta.get("prepend_bos"),
-                    "family": lab.get("family"), "run": lab.get("run"), "recipe_hash": lab.get("recipe_hash")})
+                    "family": lab.get("family"), "run": lab.get("run"), "recipe_hash": lab.get("recipe_hash"),
+                    "budget": lab.get("budget"), "spec_sha256": lab.get("spec_sha256", "")})
         rows.append(row)
     cols = ["knob", "level", "arm", "seed", "step", "tokens_seen", "val_loss", *GAIN_COLUMNS, "regime", "regime_by",
             "W_V_W_O_ratio", "W_V_norm", "W_O_norm", "mean_trace", "token_scope", "prepend_bos", "family", "run",
-            "recipe_hash"]
+            "recipe_hash", "budget", "spec_sha256"]
     df = pd.DataFrame(rows, columns=cols)
-    return df.sort_values(["arm", "seed", "step"], kind="stable").reset_index(drop=True)
+    return df.sort_values(["arm", "seed", "budget", "step"], kind="stable").reset_index(drop=True)
 
 
 def write_tables(lab_dir: str | os.PathLike, spec: LabSpec) -> None:
@@ -361,14 +381,32 @@ def write_tables(lab_dir: str | os.PathLike, spec: LabSpec) -> None:
 
     out = Path(lab_dir)
     runs = runs_frame(out)
+    # Results of another spec (a profile written before the spec changed) never enter the tables.
+    recorded = runs["spec_sha256"].fillna("").astype(str) if "spec_sha256" in runs.columns else None
+    stale = (recorded.ne(spec.sha256) & recorded.ne("")) if recorded is not None else None
+    if stale is not None and stale.any():
+        import warnings
+
+        warnings.warn(f"{int(stale.sum())} checkpoint profile(s) in {out} carry another spec's SHA-256: left out of "
+                      "runs.csv and effects.csv (rerun the lab into a fresh folder for this spec)", stacklevel=2)
+        runs = runs.loc[~stale].reset_index(drop=True)
     atomic_write_bytes(out / "runs.csv", runs.to_csv(index=False, float_format="%.10g").encode())
-    eff = effects.effects_frame(runs, spec.comparisons())
+    if spec.budgets or spec.primary:
+        eff = effects.budget_effects_frame(runs, spec.comparisons(), budgets=spec.budget_steps(),
+                                           primary=spec.primary, primary_metrics=spec.primary_metrics)
+    else:
+        eff = effects.effects_frame(runs, spec.comparisons())
     atomic_write_bytes(out / "effects.csv", eff.to_csv(index=False, float_format="%.10g").encode())
     if len(runs):
         figs = make_folder(out, "figures")
         figures = [("trajectories_last_block_gain", views.gain_trajectories(runs, "last_block_gain")),
                    ("trajectories_penultimate_gain", views.gain_trajectories(runs, "penultimate_gain"))]
-        if len(eff):  # a lab without knobs (one arm) has no effects
+        if len(eff) and "basis" in eff.columns:
+            figures.append(("effects", views.effect_sizes(eff.loc[(eff["basis"] == "budget")
+                                                                 & (eff["budget"] == max(spec.budget_steps()))])))
+            for *_, ref_arm, arm in spec.comparisons():
+                figures.append((f"per_seed_{arm}".replace("=", "_"), views.per_seed_effects(runs, ref_arm, arm)))
+        elif len(eff):  # a lab without knobs (one arm) has no effects
             figures.append(("effects", views.effect_sizes(eff)))
         for name, fig in figures:
             html = fig.to_html(include_plotlyjs="cdn", full_html=True)

@@ -11,6 +11,10 @@ A spec (TOML)::
     prepend_bos = true
     batch_size = 8               # prompts per profiling forward pass
     truncate = false             # true: cut a prompt longer than the context to its first n_ctx tokens
+    budgets = [150, 300, 600]    # optional: train every arm x seed once per budget (each a full schedule)
+    checkpoint_every = 50        # optional: also checkpoint every 50 steps (effects at matched val loss)
+    primary = [["weight_decay", 0.0]]   # optional: the declared primary family (Holm runs over it) ...
+    primary_metrics = ["last_block_gain", "penultimate_gain"]   # ... x these metrics, largest budget
 
     [base]                       # any Recipe field (thermo_lens.lab.Recipe); defaults for the rest
     n_layers = 3
@@ -54,7 +58,8 @@ MAX_SEED = 2**32 - 2  # torch seeds the batch order with seed + 1
 
 _LAB_FIELDS: dict[str, Any] = {"name": str, "seeds": list, "checkpoints": int, "prompts": (str, list),
                                "token_scope": str, "prepend_bos": (bool, str), "batch_size": int,
-                               "eval_every": int, "truncate": bool}
+                               "eval_every": int, "truncate": bool, "budgets": list, "checkpoint_every": int,
+                               "primary": list, "primary_metrics": list}
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,25 @@ class LabSpec:
     eval_every: int | None = None
     truncate: bool = False
     path: str | None = None
+    #: training budgets (steps): every arm x seed is trained once per budget, each a complete
+    #: schedule; empty: one budget, the base's ``steps``.
+    budgets: tuple[int, ...] = ()
+    #: also checkpoint (and profile) every this many steps (for effects at matched validation loss).
+    checkpoint_every: int | None = None
+    #: the declared primary family: ``(knob, level)`` comparisons x ``primary_metrics`` at the
+    #: largest budget; Holm's adjustment runs over exactly these tests.
+    primary: tuple[tuple[str, Any], ...] = ()
+    primary_metrics: tuple[str, ...] = ("last_block_gain", "penultimate_gain")
+
+    @property
+    def sha256(self) -> str:
+        """SHA-256 of the canonical parsed spec (:func:`spec_fingerprint`): every result of the lab
+        carries it, ``lab.json`` records it, and tables refuse results of another spec."""
+        return spec_fingerprint(self)
+
+    def budget_steps(self) -> tuple[int, ...]:
+        """The training budgets in steps (the base's ``steps`` when none are declared)."""
+        return self.budgets or (self.base.steps,)
 
     def settings(self) -> dict[str, Any]:
         """Profiling settings, shared by every checkpoint's profile (a study's settings)."""
@@ -230,11 +254,38 @@ def parse_lab_spec(data: dict[str, Any], *, path: str | None = None, text: str =
             r = replace(ref_recipe, **{KNOBS[name].field: lv})
             _check_recipe(r, f"knob {name!r} level {lv!r}")
         knobs.append(ks)
+    budgets = lab.get("budgets", [])
+    if budgets and (not all(isinstance(b, int) and not isinstance(b, bool) and b > base.warmup_steps for b in budgets)
+                    or len(set(budgets)) != len(budgets) or len(budgets) > 8):
+        raise LabSpecError(f"field 'lab.budgets': {excerpt(budgets, 60)}; give up to 8 distinct step counts, each larger "
+                           f"than base.warmup_steps ({base.warmup_steps}), e.g. [150, 300, 600]")
+    every = lab.get("checkpoint_every")
+    longest = max(budgets or [base.steps])
+    if every is not None and not 1 <= every or (every is not None and longest // every > MAX_CHECKPOINTS):
+        raise LabSpecError(f"field 'lab.checkpoint_every': {excerpt(every, 60)}; give a number of steps >= 1 and "
+                           f">= {-(-longest // MAX_CHECKPOINTS)} (at most {MAX_CHECKPOINTS} checkpoints per run)")
+    names = {k.name: k for k in knobs}
+    primary = []
+    for entry in lab.get("primary", []):
+        if not (isinstance(entry, list) and len(entry) == 2 and entry[0] in names):
+            raise LabSpecError(f"field 'lab.primary': {excerpt(entry, 60)}; give [knob, level] pairs of this spec's knobs, "
+                               f"e.g. [\"weight_decay\", 1.0]")
+        level = check_level(entry[0], entry[1])
+        if level not in names[entry[0]].levels or level == names[entry[0]].reference:
+            raise LabSpecError(f"field 'lab.primary': {excerpt(entry, 60)}; the level must be one of the knob's non-reference "
+                               f"levels {[lv for lv in names[entry[0]].levels if lv != names[entry[0]].reference]!r}")
+        primary.append((entry[0], level))
+    from thermo_lens.lab.effects import METRICS
+
+    pm = lab.get("primary_metrics", ["last_block_gain", "penultimate_gain"])
+    if not pm or any(m not in METRICS for m in pm):
+        raise LabSpecError(f"field 'lab.primary_metrics': {excerpt(pm, 60)}; choose from {', '.join(METRICS)}")
     spec = LabSpec(name=lab.get("name", Path(path).stem if path else "lab"), base=base, knobs=tuple(knobs),
                    seeds=tuple(seeds), checkpoints=lab.get("checkpoints", 8), prompts=lab.get("prompts", "paper25"),
                    token_scope=lab.get("token_scope", "all_but_first"), prepend_bos=lab.get("prepend_bos", True),
                    batch_size=lab.get("batch_size", 8), eval_every=lab.get("eval_every"),
-                   truncate=lab.get("truncate", False), path=path)
+                   truncate=lab.get("truncate", False), path=path, budgets=tuple(sorted(budgets)),
+                   checkpoint_every=every, primary=tuple(primary), primary_metrics=tuple(pm))
     check_lab_spec(spec)
     return spec
 
@@ -292,10 +343,19 @@ def canonical_spec(spec: LabSpec) -> dict[str, Any]:
     def recipe(r: Recipe) -> dict[str, Any]:
         return {k: v for k, v in r.to_dict().items() if not (k in _ADDED_FIELDS and v == _DEFAULTS[k])}
 
-    return {"name": spec.name, "seeds": list(spec.seeds), "checkpoints": spec.checkpoints,
-            "eval_every": spec.eval_every, "settings": spec.settings(), "base": recipe(spec.base),
-            "knobs": [{"name": k.name, "levels": list(k.levels), "reference": k.reference, "context": dict(k.context)}
-                      for k in spec.knobs]}
+    out = {"name": spec.name, "seeds": list(spec.seeds), "checkpoints": spec.checkpoints,
+           "eval_every": spec.eval_every, "settings": spec.settings(), "base": recipe(spec.base),
+           "knobs": [{"name": k.name, "levels": list(k.levels), "reference": k.reference, "context": dict(k.context)}
+                     for k in spec.knobs]}
+    # Fields added with budgets and the declared family enter only when set (older labs keep their fingerprint).
+    if spec.budgets:
+        out["budgets"] = list(spec.budgets)
+    if spec.checkpoint_every is not None:
+        out["checkpoint_every"] = spec.checkpoint_every
+    if spec.primary:
+        out["primary"] = [list(p) for p in spec.primary]
+        out["primary_metrics"] = list(spec.primary_metrics)
+    return out
 
 
 def _key(key: str) -> str:

@@ -14,7 +14,7 @@ from plotly.subplots import make_subplots
 
 from thermo_lens.views._common import TEMPLATE, color_of
 
-__all__ = ["gain_trajectories", "effect_sizes"]
+__all__ = ["gain_trajectories", "effect_sizes", "per_seed_effects"]
 
 _GAIN_DEFS = {
     "last_block_gain": "G_L = ||x_L|| / ||x_{L-1}|| (last block; paper metric B)",
@@ -98,4 +98,39 @@ def effect_sizes(effects: Any, metrics: tuple[str, ...] = ("last_block_gain", "p
     fig.update_layout(template=TEMPLATE, height=140 + 32 * max(1, eff[["knob", "level"]].drop_duplicates().shape[0]),
                       title=f"Effect of each knob (level − reference, paired by seed, 95% t-CI over {n} seeds; "
                             "red diamond = regime flips). Toy-scale models.")
+    return fig
+
+
+def per_seed_effects(runs: Any, reference_arm: str, arm: str,
+                     metrics: tuple[str, ...] = ("last_block_gain", "penultimate_gain")) -> go.Figure:
+    """Each seed's paired difference ``metric(arm, s) - metric(reference, s)`` at the last step of
+    every training budget: one grey line per seed, the seed mean in colour, 0 dotted."""
+    import pandas as pd
+
+    df = pd.DataFrame(runs)
+    if "budget" not in df.columns or df["budget"].isna().all():
+        df = df.assign(budget=df.groupby("run")["step"].transform("max"))
+    final = df.loc[df.groupby("run")["step"].transform("max") == df["step"]]
+    fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=[_GAIN_DEFS.get(m, m) for m in metrics])
+    for j, m in enumerate(metrics, start=1):
+        a = final.loc[final["arm"] == reference_arm].set_index(["seed", "budget"])[m]
+        b = final.loc[final["arm"] == arm].set_index(["seed", "budget"])[m]
+        d = (b - a).dropna().reset_index().rename(columns={m: "d"})
+        for seed, g in d.groupby("seed"):
+            g = g.sort_values("budget")
+            fig.add_trace(go.Scatter(x=g["budget"], y=g["d"], mode="lines+markers", line=dict(color="#bbbbbb", width=1),
+                                     marker=dict(size=4), name=f"seed {seed}", legendgroup="seeds",
+                                     showlegend=bool(j == 1 and seed == d["seed"].min()),
+                                     hovertemplate=f"seed {seed}<br>budget %{{x}} steps<br>difference %{{y:.4f}}<extra></extra>"),
+                          row=1, col=j)
+        mean = d.groupby("budget")["d"].mean()
+        fig.add_trace(go.Scatter(x=mean.index, y=mean.to_numpy(), mode="lines+markers", name="mean over seeds",
+                                 line=dict(color=color_of(arm, [arm]), width=3), showlegend=(j == 1),
+                                 hovertemplate="budget %{x} steps<br>mean difference %{y:.4f}<extra></extra>"),
+                      row=1, col=j)
+        fig.add_hline(y=0, line=dict(dash="dot", color="black", width=1), row=1, col=j)
+        fig.update_xaxes(title_text="training budget (steps)", type="log", row=1, col=j)
+        fig.update_yaxes(title_text=f"{arm} minus {reference_arm}", row=1, col=j)
+    fig.update_layout(template=TEMPLATE, height=420, width=1100,
+                      title=f"Per-seed paired differences: {arm} vs {reference_arm} (last step of each budget)")
     return fig
