@@ -16,7 +16,8 @@ Conditions are stacked along the batch, many per forward pass (:mod:`thermo_lens
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence, Unpack
+from collections.abc import Callable, Sequence
+from typing import Any, Unpack
 
 import numpy as np
 import torch
