@@ -192,3 +192,19 @@ def test_every_cell_equals_its_own_run(bridge, arch):
         base = float(_logit_diff(m(corr)).mean())
         grid = patching.get_act_patch_attn_head_out_all_pos(m, corr, cache, lambda x: _logit_diff(x).mean())
     np.testing.assert_allclose(lg.effect.numpy(), grid.double().numpy() - base, atol=TOL)
+
+
+def test_views_heatmap_marks_non_significant_cells_and_paired_plot(bridge):
+    m = bridge("gpt2")
+    clean, corr = _pairs()
+    s = patch_sweep(m, clean, corr, "attn.hook_z", measure="total_amplification", layers=[0, 1])
+    fig = s.plot()
+    heat = next(t for t in fig.data if t.type == "heatmap")
+    np.testing.assert_allclose(np.asarray(heat.z, dtype=float), s.effect.numpy())
+    assert "Holm-adjusted p" in heat.hovertemplate and "fraction restored" in heat.hovertemplate
+    marked = next(t for t in fig.data if (t.meta or {}).get("role") == "not_significant")
+    n_ns = int((~(s.pvalue_adjusted < 0.05)).sum())
+    assert len(marked.x) == n_ns
+    d = tl.residual_gain(m, corr, fwd_hooks=tl.patch_from(m, clean, "blocks.1.attn.hook_z")) - tl.residual_gain(m, corr)
+    pfig = d.plot()
+    np.testing.assert_allclose(np.asarray(pfig.data[0].y, dtype=float), d.mean.numpy())
