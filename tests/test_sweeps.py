@@ -138,6 +138,9 @@ def test_frame_stats_and_round_trip(bridge):
     p = st.ttest_1samp(d, 0.0).pvalue
     np.testing.assert_allclose(df["pvalue"], p, rtol=1e-6)
     np.testing.assert_allclose(df["pvalue_adjusted"], tl.stats.holm(p), rtol=1e-6)
+    spec = tl.spectral_signature(m).to_frame()
+    merged = df.merge(spec, on=["layer", "head"], suffixes=("", "_spectral"))
+    assert len(merged) == 4 and "effect" in merged and not merged["effect"].isna().any()
     back = SweepResult.from_json(s.to_json())
     assert torch.equal(back.per_prompt, s.per_prompt) and back.hook == "attn.hook_z"
     assert "last_block_gain" in repr(s) and "Holm" in repr(s)
