@@ -211,3 +211,16 @@ def test_views_heatmap_marks_non_significant_cells_and_paired_plot(bridge):
     d = tl.residual_gain(m, corr, fwd_hooks=tl.patch_from(m, clean, "blocks.1.attn.hook_z")) - tl.residual_gain(m, corr)
     pfig = d.plot()
     np.testing.assert_allclose(np.asarray(pfig.data[0].y, dtype=float), d.mean.numpy())
+
+
+def test_pairs_of_different_lengths_patch_positions_from_each_end(bridge):
+    m = bridge("gpt2")
+    clean = ["The capital of France is", "Water boils at one hundred degrees"]
+    corr = ["The capital of Spain was", "Ice melts at zero"]
+    s = patch_sweep(m, clean, corr, "attn.hook_z", positions=[-1], measure="last_block_gain", layers=[1])
+    patch = tl.patch_from(m, clean, "blocks.1.attn.hook_z", heads=[2], positions=[-1])
+    g1, g0 = tl.residual_gain(m, corr, fwd_hooks=patch), tl.residual_gain(m, corr)
+    ref = g1.block_gain[:, -1].double() - g0.block_gain[:, -1].double()
+    np.testing.assert_allclose(s.per_prompt[:, 0, 2].numpy(), ref.numpy(), atol=TOL)
+    with pytest.raises(ThermoLensInputError, match="positions="):
+        patch_sweep(m, clean, corr, "attn.hook_z")

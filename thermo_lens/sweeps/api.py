@@ -176,7 +176,9 @@ def patch_sweep(
 
     Args:
         model: the TransformerLens model (or ModelView).
-        clean, corrupted: prompt pairs (as many clean as corrupted; each pair of equal token length).
+        clean, corrupted: prompt pairs (as many clean as corrupted; each pair of equal token length, or
+            any lengths with ``positions=`` given: clean position ``q`` is patched into corrupted position
+            ``q``, negative ones from each prompt's end; not for ``hook_pattern``).
         hook: the per-layer hook point: ``"attn.hook_z"`` (or ``"hook_z"``), ``"hook_pattern"``,
             ``"attn.hook_q"``, ``"attn.hook_result"`` (heads), ``"hook_resid_pre"``,
             ``"hook_resid_post"`` ... (positions).
@@ -214,14 +216,25 @@ def patch_sweep(
     def sources(layout: HookLayout, lays: list[int], min_tokens: int, lengths: list[int]) -> tuple[Any, Tensor | None, str]:
         cl = _lengths(view, cps, settings, min_tokens)
         bad = [i for i, (a, b) in enumerate(zip(cl, lengths)) if a != b]
-        if bad:
+        square = layout.pos_dim != 1  # [head, query, key]: the keys must align too
+        if bad and (positions is None or square):
             i = bad[0]
             raise ThermoLensInputError(
                 f"patching needs each clean/corrupted pair to have the same token length (positions must align): "
                 f"pair {i} has {cl[i]} clean and {lengths[i]} corrupted tokens ({len(bad)} pair(s) differ). "
-                "Rephrase the prompts so each pair tokenizes to the same length")
+                + ("Rephrase the prompts so each pair tokenizes to the same length" if square else
+                   "Rephrase the prompts so each pair tokenizes to the same length, or pass positions=[...] "
+                   "(negative from each prompt's end: -1 patches the clean last token into the corrupted last token)"))
         acts, clean_values = capture(view, cps, layout, lays, settings, measure=parse_measure(measure, view.n_layers),
                                      token_scope=token_scope, min_tokens=min_tokens)
+        if bad:  # pairs of different lengths: clean position q goes to corrupted position q (each from its end)
+            at_clean, at_corr = _resolve(positions, cl, "clean"), _resolve(positions, lengths, "corrupted")
+            for l in lays:
+                for i in bad:
+                    src = acts[l][i]
+                    moved = src.new_zeros((lengths[i],) + tuple(src.shape[1:]))
+                    moved[list(at_corr[i])] = src[list(at_clean[i])]
+                    acts[l][i] = moved
         return acts, clean_values, f"clean prompts ({cps.name}; first {cps.texts[0][:40]!r})"
 
     return _sweep(view, ps, hook, over, measure, layers=layers, heads=heads, positions=positions,
