@@ -57,7 +57,7 @@ def _patched_logits(model, corr, name: str, value_fn) -> torch.Tensor:
 def test_patch_head_cells_equal_single_condition_runs(bridge):
     m = bridge("gpt2")
     clean, corr = _pairs()
-    s = patch_sweep(m, clean, corr, "attn.hook_z", measure="total_amplification", batch_size=8)
+    s = patch_sweep(m, clean, corr, "attn.hook_z", measure="total_amplification", batch_size=2)
     assert isinstance(s, SweepResult) and tuple(s.per_prompt.shape) == (3, 3, 4)
     for layer, head in ((0, 1), (2, 3)):
         ref = _gain_cell_ref(m, clean, corr, layer, head, "total_amplification")
@@ -81,6 +81,9 @@ def test_logit_cells_equal_transformer_lens_patching(bridge):
         grid = patching.get_act_patch_attn_head_out_all_pos(m, corr, cache, lambda lg: _logit_diff(lg).mean())
     np.testing.assert_allclose(s.effect.numpy(), grid.double().numpy() - base, atol=TOL)
     assert s.measure == "logits:_logit_diff" and s.token_scope == "n/a"
+    with torch.inference_mode():
+        np.testing.assert_allclose(s.clean.numpy(), _logit_diff(m(clean)).double().numpy(), atol=TOL)
+        np.testing.assert_allclose(s.baseline.numpy(), _logit_diff(m(corr)).double().numpy(), atol=TOL)
 
 
 def test_mean_ablation_over_positions_equals_hand_written_hook(bridge):

@@ -226,7 +226,7 @@ def patch_sweep(
                    "Rephrase the prompts so each pair tokenizes to the same length, or pass positions=[...] "
                    "(negative from each prompt's end: -1 patches the clean last token into the corrupted last token)"))
         acts, clean_values = capture(view, cps, layout, lays, settings, measure=parse_measure(measure, view.n_layers),
-                                     token_scope=token_scope, min_tokens=min_tokens)
+                                     token_scope=token_scope, min_tokens=min_tokens, rows_per_pass=rows)
         if bad:  # pairs of different lengths: clean position q goes to corrupted position q (each from its end)
             at_clean, at_corr = _resolve(positions, cl, "clean"), _resolve(positions, lengths, "corrupted")
             for l in lays:
@@ -316,7 +316,7 @@ def ablation_sweep(
             rng = np.random.default_rng(int(seed))
             src = [int(rng.choice([j for j in range(len(ps)) if j != p])) for p in range(len(ps))]
             acts, _ = capture(view, ps, layout, lays, settings, measure=None, token_scope=token_scope,
-                              min_tokens=min_tokens)
+                              min_tokens=min_tokens, rows_per_pass=rows)
             return ({l: [acts[l][j] for j in src] for l in lays}, None,
                     f"resample (seed {int(seed)}): prompt p takes prompt source[p]'s activation, source={src}")
         refs = ps if reference is None else as_model_prompts(view, reference)
@@ -325,7 +325,8 @@ def ablation_sweep(
             raise ThermoLensInputError(
                 f"method='mean' writes the reference prompts' mean at each position, so the reference prompts need "
                 f"the prompts' token length ({n}), got lengths {sorted(set(rl))}")
-        acts, _ = capture(view, refs, layout, lays, settings, measure=None, token_scope=token_scope, min_tokens=1)
+        acts, _ = capture(view, refs, layout, lays, settings, measure=None, token_scope=token_scope, min_tokens=1,
+                          rows_per_pass=rows)
         means = {l: torch.stack(acts[l]).double().mean(0).to(acts[l][0].dtype) for l in lays}
         return ({l: [means[l]] * len(ps) for l in lays}, None,
                 f"mean over {len(refs)} reference prompt(s) at each position "

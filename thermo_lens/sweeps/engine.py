@@ -119,9 +119,11 @@ def _gain_values(got: Collected, measure: Measure, token_scope: str) -> Tensor:
 
 
 def capture(view: ModelView, ps: PromptList, layout: HookLayout, layers: Sequence[int], settings: RunSettings, *,
-            measure: Measure | None, token_scope: str, min_tokens: int) -> tuple[dict[int, list[Tensor]], Tensor | None]:
-    """One run of ``ps`` (under the user's hooks) keeping the activation at ``layout`` of each layer
-    (per prompt, its real tokens) and, if ``measure`` is given, the measure per prompt."""
+            measure: Measure | None, token_scope: str, min_tokens: int,
+            rows_per_pass: int) -> tuple[dict[int, list[Tensor]], Tensor | None]:
+    """One run of ``ps`` (under the user's hooks, ``rows_per_pass`` prompts per pass) keeping the
+    activation at ``layout`` of each layer (per prompt, its real tokens) and, if ``measure`` is
+    given, the measure per prompt."""
     def keep(view_: ModelView, rec: Recorder) -> None:
         for l in layers:
             rec.add(layout.name(l), ("sweep_act", l),
@@ -136,7 +138,9 @@ def capture(view: ModelView, ps: PromptList, layout: HookLayout, layers: Sequenc
                 logits_out[i] = vals[b]
     elif measure is not None:
         reductions.append(residual_norms)
-    run = RunSettings.resolve(settings, batch_size=max(len(ps), 1), sort_by_length=False, progress=False)
+    # a logit measure sees all prompts at once (as in the sweep's passes): then one batch
+    size = len(ps) if on_logits is not None else max(int(rows_per_pass), 1)
+    run = RunSettings.resolve(settings, batch_size=size, sort_by_length=False, progress=False)
     got = collect(view, ps, reductions, run, min_tokens=min_tokens, on_logits=on_logits)
     lengths = got.lengths.tolist()
     acts: dict[int, list[Tensor]] = {}
