@@ -227,3 +227,32 @@ def test_pairs_of_different_lengths_patch_positions_from_each_end(bridge):
     np.testing.assert_allclose(s.per_prompt[:, 0, 2].numpy(), ref.numpy(), atol=TOL)
     with pytest.raises(ThermoLensInputError, match="positions="):
         patch_sweep(m, clean, corr, "attn.hook_z")
+
+
+def test_user_hooks_run_in_every_copy_first(bridge):
+    """fwd_hooks run in the baseline and in every condition, before the sweep's own edit."""
+    m = bridge("gpt2")
+    clean, corr = _pairs(n=2, length=5, seed=6)
+
+    def zero_head0(z, hook):
+        _heads4(z, 4)[:, :, 0] = 0.0
+        return z
+    user = [("blocks.0.attn.hook_z", zero_head0)]
+    s = patch_sweep(m, clean, corr, "attn.hook_z", measure="last_block_gain", layers=[1], heads=[2], fwd_hooks=user)
+    g0 = tl.residual_gain(m, corr, fwd_hooks=user)
+    np.testing.assert_allclose(s.baseline.numpy(), g0.block_gain[:, -1].double().numpy(), atol=TOL)
+    # the clean activations come from the clean run under the same user hooks
+    src = {}
+
+    def grab(z, hook):
+        src["z"] = _heads4(z, 4).clone()
+    with torch.inference_mode():
+        m.run_with_hooks(clean, fwd_hooks=user + [("blocks.1.attn.hook_z", grab)])
+
+    def patch(z, hook):
+        _heads4(z, 4)[:, :, 2] = src["z"][:, :, 2]
+        return z
+    g1 = tl.residual_gain(m, corr, fwd_hooks=user + [("blocks.1.attn.hook_z", patch)])
+    ref = g1.block_gain[:, -1].double() - g0.block_gain[:, -1].double()
+    np.testing.assert_allclose(s.per_prompt[:, 0, 0].numpy(), ref.numpy(), atol=TOL)
+    assert "zero_head0" in s.provenance.hooks_text
