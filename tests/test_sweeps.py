@@ -256,3 +256,21 @@ def test_user_hooks_run_in_every_copy_first(bridge):
     ref = g1.block_gain[:, -1].double() - g0.block_gain[:, -1].double()
     np.testing.assert_allclose(s.per_prompt[:, 0, 0].numpy(), ref.numpy(), atol=TOL)
     assert "zero_head0" in s.provenance.hooks_text
+
+
+@pytest.mark.slow  # a subprocess booting a model (~15 s)
+def test_sweep_benchmark_runs_quick():
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "sweeps.py"), "--quick", "--pairs", "3",
+                          "--tokens", "5"], capture_output=True, text=True, timeout=300, cwd=root, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    diffs = [float(x) for x in re.findall(r"max \|cell difference\| ([0-9.e+-]+)", out.stdout)]
+    assert len(diffs) == 2 and max(diffs) < 1e-5, out.stdout
+    assert out.stdout.count("ratio") == 2
