@@ -274,3 +274,18 @@ def test_sweep_benchmark_runs_quick():
     diffs = [float(x) for x in re.findall(r"max \|cell difference\| ([0-9.e+-]+)", out.stdout)]
     assert len(diffs) == 2 and max(diffs) < 1e-5, out.stdout
     assert out.stdout.count("ratio") == 2
+
+
+def test_pattern_head_and_query_position_cells_equal_hand_written_hook(bridge):
+    m = bridge("gpt2")
+    prompts, _ = _pairs(n=3, length=5, seed=7)
+    z = ablation_sweep(m, prompts, "hook_pattern", over=("head", "pos"), method="zero", measure=_logit_diff,
+                       layers=[0], positions=[2, -1])
+    assert tuple(z.per_prompt.shape) == (3, 1, 4, 2) and z.positions == (2, -1)
+    with torch.inference_mode():
+        base = _logit_diff(m(prompts)).double()
+    for h, (k, q) in ((1, (0, 2)), (3, (1, 4))):
+        def zero(x, h=h, q=q):
+            x[:, h, q, :] = 0.0
+        ref = _logit_diff(_patched_logits(m, prompts, "blocks.0.attn.hook_pattern", zero)).double() - base
+        np.testing.assert_allclose(z.per_prompt[:, 0, h, k].numpy(), ref.numpy(), atol=TOL)
