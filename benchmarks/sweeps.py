@@ -20,6 +20,24 @@ Printed (each timing the median over ``--repeats``, methods interleaved within e
 Usage: ``nice python benchmarks/sweeps.py`` (full size: many minutes on a shared CPU), or e.g.
 ``--pairs 5 --tokens 8`` (reduced), or ``--quick`` (a tiny model: a smoke test).
 
+Measured (2026-11-25, a shared 2-core CPU under load from other jobs, niced, one torch thread, one
+repeat; TransformerLens 4.3 TransformerBridge):
+
+=====================================  ==========================  =================  =====  ==========
+run                                    one pass per cell           patch_sweep        ratio  max |diff|
+=====================================  ==========================  =================  =====  ==========
+25 pairs x 8 tokens, logit difference  99.7 s (TL patching)        95.5 s             1.04x  1.3e-07
+25 pairs x 8 tokens, last_block_gain   140.7 s (run_with_hooks)    64.5 s             2.18x  2.6e-08
+5 pairs x 8 tokens, logit difference   30.5 s                      28.9 s             1.06x  1.2e-07
+5 pairs x 8 tokens, last_block_gain    36.6 s                      27.8 s             1.32x  5.1e-08
+5 x 8, 50,257-token vocab, logit diff  53.8 s                      49.3 s             1.09x  2.7e-08
+5 x 8, 50,257-token vocab, gain        47.7 s                      30.9 s             1.54x  3.8e-08
+=====================================  ==========================  =================  =====  ==========
+
+The issue's goal (>= 5x on CPU for the logit-difference sweep) is not met: see below. The gain sweep
+gains from ending its passes after the last block (the bridge computes the unembedding even for
+``return_type=None``) and from fewer, larger passes.
+
 Where the time goes: on a CPU a forward pass costs what its token positions cost, so stacking
 conditions along the batch saves the per-pass overhead (hook registration, Python) but not the
 arithmetic of the cells themselves, which TransformerLens already runs batched over the prompts.
