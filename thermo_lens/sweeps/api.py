@@ -235,7 +235,8 @@ def patch_sweep(
                     moved = src.new_zeros((lengths[i],) + tuple(src.shape[1:]))
                     moved[list(at_corr[i])] = src[list(at_clean[i])]
                     acts[l][i] = moved
-        return acts, clean_values, f"clean prompts ({cps.name}; first {cps.texts[0][:40]!r})"
+        first = f"; first {cps.texts[0][:40]!r}" if cps.token_ids is None else f"; {len(cps)} token-id rows"
+        return acts, clean_values, f"clean prompts ({cps.name}{first})"
 
     return _sweep(view, ps, hook, over, measure, layers=layers, heads=heads, positions=positions,
                   token_scope=token_scope, level=level, settings=settings, rows=rows, sources_for=sources,
