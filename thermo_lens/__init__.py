@@ -10,6 +10,7 @@ The public surface, in one screen::
     tl.gain_attribution(model, prompts); tl.anisotropy_profile(...); tl.sheaf_traces(...)
     tl.spectral_signature(model); tl.sheaf_laplacian(model, prompt, layer, head)
     tl.head_ablation(model, prompts, layer); tl.patch_from(model, clean, hook)   # circuits work
+    tl.patch_sweep(model, clean, corrupted, "attn.hook_z"); tl.ablation_sweep(model, prompts, "attn.hook_z")
     tl.paired_difference(b, a)  # or b - a                 # paired CIs and t-tests
     tl.sae_gain_change(model, prompts); tl.input_robustness(model)
     tl.write_report(profiles)
@@ -47,6 +48,7 @@ from thermo_lens.profile import profile, profiles_frame
 from thermo_lens.settings import RunSettings
 from thermo_lens.sheaf import sheaf_laplacian, sheaf_traces
 from thermo_lens.spectral import spectral_signature
+from thermo_lens.sweeps import ablation_sweep, patch_sweep
 
 if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs
     from thermo_lens import definitions, laws, paper, prompts, registry, study, views, zoo
@@ -81,7 +83,7 @@ __all__ = [
     "run", "profile", "residual_gain", "gain_attribution", "anisotropy_profile", "sheaf_traces",
     "sheaf_laplacian", "spectral_signature", "input_robustness",
     # circuits work and comparisons
-    "head_ablation", "patch_from", "paired_difference", "sae_gain_change",
+    "head_ablation", "patch_from", "patch_sweep", "ablation_sweep", "paired_difference", "sae_gain_change",
     # tables and reports
     "profiles_frame", "write_report",
     # the model, run options, errors

@@ -481,8 +481,10 @@ class ModelView:
 
     # ------------------------------------------------------------------ running
     def run(self, tokens: Int[Tensor, "batch pos"], attention_mask: Bool[Tensor, "batch pos"],
-            fwd_hooks: Sequence[tuple[str | Callable, Callable]] = (), *, stop_after: str | None = None) -> None:
-        """One forward pass of ``tokens`` with ``fwd_hooks``; logits are discarded.
+            fwd_hooks: Sequence[tuple[str | Callable, Callable]] = (), *, stop_after: str | None = None,
+            return_logits: bool = False) -> Tensor | None:
+        """One forward pass of ``tokens`` with ``fwd_hooks``; logits are discarded unless
+        ``return_logits`` (then returned, ``[batch, pos, d_vocab]``; ``stop_after`` must be ``None``).
 
         The attention mask is passed so padded positions are masked for bidirectional models;
         right padding makes it a no-op on real tokens of causal models.
@@ -507,9 +509,13 @@ class ModelView:
             # HookedEncoder names its mask one_zero_attention_mask.
             mask_kw = "one_zero_attention_mask" if self.backend == "hooked_encoder" else "attention_mask"
             try:
-                self.model.run_with_hooks(tokens, fwd_hooks=hooks, return_type=None, **{mask_kw: mask})
+                out = self.model.run_with_hooks(tokens, fwd_hooks=hooks,
+                                                return_type="logits" if return_logits else None, **{mask_kw: mask})
             except _StopForward:
-                pass
+                return None
+        if return_logits:
+            return out.logits if hasattr(out, "logits") else out
+        return None
 
     def last_hook_needed(self, hook_names: Sequence[str | Callable]) -> str | None:
         """The hook point after which a pass running hooks at ``hook_names`` may stop

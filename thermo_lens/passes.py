@@ -374,6 +374,8 @@ def collect(
     min_tokens: int = 1,
     internal_hooks: Sequence[tuple[str | Callable, Callable]] = (),
     row_prompt: Sequence[int] | None = None,
+    on_batch: Callable[[TokenBatch | None], None] | None = None,
+    on_logits: Callable[[Tensor, TokenBatch], None] | None = None,
     **options: Any,
 ) -> Collected:
     """Run ``prompts`` through the model in padded batches with the given reductions.
@@ -390,6 +392,10 @@ def collect(
         internal_hooks: thermo-lens' own intervention hooks (run after the user's, not wrapped).
         row_prompt: for a prompt list that repeats the user's prompts (internal use), the user's
             index of each prompt, shown to user hooks as ``hook.ctx["batch"].prompt_index``.
+        on_batch: called with each batch before it runs (``None`` after it ran), for internal hooks
+            that act per row (``batch.prompt_index``: rows of ``prompts``).
+        on_logits: when given, every pass runs to the logits and ``on_logits(logits, batch)`` gets
+            them (``[batch, pos, d_vocab]``) after each batch.
 
     Before anything runs, every ``fwd_hooks`` name is checked against the model's hook points
     (:func:`thermo_lens.attached.check_hook_names`: a misspelt or out-of-range name is an error
@@ -448,17 +454,24 @@ def collect(
     # after the last block (the final norm and the unembedding, whose logits nothing reads, are skipped).
     # Hooks already on the model do not extend the pass: past the last block read they cannot change
     # a measured state (they are recorded all the same).
-    stop_after = view.last_hook_needed([name for name, _ in hooks])
+    stop_after = None if on_logits is not None else view.last_hook_needed([name for name, _ in hooks])
     show = settings.progress if settings.progress is not None else len(tokenized) > 1
     for k, batch in enumerate(tqdm(tokenized, desc=f"thermo-lens {view.name}", unit="batch", disable=not show,
                                    leave=False)):
         current.info = BatchInfo.of(batch, k, len(tokenized),
                                     None if user_index is None else user_index[batch.prompt_index])
         try:
+            if on_batch is not None:
+                on_batch(batch)
             with rec.batch(batch):
-                view.run(batch.tokens, batch.mask, hooks, stop_after=stop_after)
+                logits = view.run(batch.tokens, batch.mask, hooks, stop_after=stop_after,
+                                  return_logits=on_logits is not None)
+            if on_logits is not None:
+                on_logits(logits, batch)  # type: ignore[arg-type]
         finally:
             current.info = None
+            if on_batch is not None:
+                on_batch(None)
         if k % _TRIM_EVERY == _TRIM_EVERY - 1 and view.device.type == "cpu":
             _release_freed_memory()
         _check_pass(view, rec, batch)

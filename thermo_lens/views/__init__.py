@@ -27,6 +27,9 @@ D'Elia (2026), "Thermodynamic Constraints in Transformer Architectures"; :mod:`t
 ``attention_panel``        circuitsvis attention patterns next to per-head metrics (offline HTML;
                            ``head=`` selects heads)
 ``sae_gain_change_plot``   gain with / without attached SAEs and the paired change (SAEGainChange)
+``sweep_heatmap``          a patching / ablation sweep's [layer, head] effect, non-significant cells
+                           marked, CI and Holm p in the hover (SweepResult)
+``paired_difference_plot`` a PairedDifference per layer with paired t-CIs (PairedDifference)
 =========================  ====================================================================
 
 Per-head figures take ``layers=`` / ``heads=`` subsets (negative indices from the end); ``layer``
@@ -61,6 +64,7 @@ from thermo_lens.views.panels import (
 )
 from thermo_lens.views.sheaf import l_star_plot, restriction_norms, sheaf_plot
 from thermo_lens.views.sae import sae_gain_change_plot
+from thermo_lens.views.sweeps import paired_difference_plot, sweep_heatmap
 
 __all__ = [
     "sae_gain_change_plot",
@@ -88,4 +92,6 @@ __all__ = [
     "attribution_heatmap",
     "circuitsvis_html",
     "metric_plot",
+    "sweep_heatmap",
+    "paired_difference_plot",
 ]

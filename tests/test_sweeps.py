@@ -1,0 +1,291 @@
+"""Patching and ablation sweeps (issue 22) against single-condition runs and hand-written hooks.
+
+References, independent of the sweep's batching: ``residual_gain(corrupted, fwd_hooks=patch_from(...))``
+(one condition per run), ``model.run_with_hooks`` with a hand-written patch / mean / resample hook
+(logits), and ``transformer_lens.patching.get_act_patch_attn_head_out_all_pos`` (the same cells,
+one full forward pass each).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import thermo_lens as tl
+from thermo_lens import ThermoLensInputError
+from thermo_lens.sweeps import SweepResult, ablation_sweep, patch_sweep
+
+TOL = 1e-5
+
+
+def _pairs(n: int = 3, length: int = 6, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, 250, (n, length), generator=g), torch.randint(1, 250, (n, length), generator=g)
+
+
+def _logit_diff(logits: torch.Tensor) -> torch.Tensor:
+    return logits[:, -1, 5] - logits[:, -1, 7]
+
+
+def _total(g) -> np.ndarray:
+    return np.asarray(g.summaries["total_amplification"].values, dtype=np.float64)
+
+
+def _gain_cell_ref(model, clean, corr, layer: int, head: int, measure: str) -> np.ndarray:
+    """One condition alone: patch_from + residual_gain(fwd_hooks=...)."""
+    patch = tl.patch_from(model, clean, f"blocks.{layer}.attn.hook_z", heads=[head])
+    g1, g0 = tl.residual_gain(model, corr, fwd_hooks=patch), tl.residual_gain(model, corr)
+    if measure == "total_amplification":
+        return _total(g1) - _total(g0)
+    col = model.cfg.n_layers - 1 if measure == "last_block_gain" else int(measure.split(":")[1])
+    return (g1.block_gain[:, col].double() - g0.block_gain[:, col].double()).numpy()
+
+
+def _heads4(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    return x.view(x.shape[0], x.shape[1], n_heads, -1) if x.ndim == 3 else x
+
+
+def _patched_logits(model, corr, name: str, value_fn) -> torch.Tensor:
+    def hook(x, hook=None):
+        value_fn(x)
+        return x
+    with torch.inference_mode():
+        return model.run_with_hooks(corr, fwd_hooks=[(name, hook)])
+
+
+def test_patch_head_cells_equal_single_condition_runs(bridge):
+    m = bridge("gpt2")
+    clean, corr = _pairs()
+    s = patch_sweep(m, clean, corr, "attn.hook_z", measure="total_amplification", batch_size=2)
+    assert isinstance(s, SweepResult) and tuple(s.per_prompt.shape) == (3, 3, 4)
+    for layer, head in ((0, 1), (2, 3)):
+        ref = _gain_cell_ref(m, clean, corr, layer, head, "total_amplification")
+        np.testing.assert_allclose(s.per_prompt[:, layer, head].numpy(), ref, atol=TOL)
+    # the baseline is the corrupted run's measure, the clean one the clean run's
+    np.testing.assert_allclose(s.baseline.numpy(), _total(tl.residual_gain(m, corr)), atol=TOL)
+    np.testing.assert_allclose(s.clean.numpy(), _total(tl.residual_gain(m, clean)), atol=TOL)
+    frac = s.per_prompt.mean(0) / (s.clean - s.baseline).mean()
+    np.testing.assert_allclose(s.fraction.numpy(), frac.numpy(), rtol=1e-9)
+    assert bool((s.fraction_low <= s.fraction).all()) and bool((s.fraction <= s.fraction_high).all())
+
+
+def test_logit_cells_equal_transformer_lens_patching(bridge):
+    patching = pytest.importorskip("transformer_lens.patching")
+    m = bridge("gpt2")
+    clean, corr = _pairs()
+    s = patch_sweep(m, clean, corr, "attn.hook_z", measure=_logit_diff, batch_size=6)
+    _, cache = m.run_with_cache(clean)
+    with torch.inference_mode():
+        base = float(_logit_diff(m(corr)).mean())
+        grid = patching.get_act_patch_attn_head_out_all_pos(m, corr, cache, lambda lg: _logit_diff(lg).mean())
+    np.testing.assert_allclose(s.effect.numpy(), grid.double().numpy() - base, atol=TOL)
+    assert s.measure == "logits:_logit_diff" and s.token_scope == "n/a"
+    with torch.inference_mode():
+        np.testing.assert_allclose(s.clean.numpy(), _logit_diff(m(clean)).double().numpy(), atol=TOL)
+        np.testing.assert_allclose(s.baseline.numpy(), _logit_diff(m(corr)).double().numpy(), atol=TOL)
+
+
+def test_mean_ablation_over_positions_equals_hand_written_hook(bridge):
+    m = bridge("gpt2")
+    prompts, ref_prompts = _pairs(n=4, length=5, seed=1)
+    a = ablation_sweep(m, prompts, "hook_resid_pre", over="pos", method="mean", reference=ref_prompts,
+                       measure="block_gain:1", layers=[1], positions=[0, -1])
+    assert tuple(a.per_prompt.shape) == (4, 1, 2) and a.positions == (0, -1)
+    _, cache = m.run_with_cache(ref_prompts)
+    mean = cache["blocks.1.hook_resid_pre"].mean(0)  # [pos, d_model]
+    g0 = tl.residual_gain(m, prompts)
+    for k, pos in enumerate((0, 4)):
+        def hook(x, hook=None, _pos=pos):
+            x[:, _pos] = mean[_pos]
+            return x
+        g1 = tl.residual_gain(m, prompts, fwd_hooks=[("blocks.1.hook_resid_pre", hook)])
+        ref = g1.block_gain[:, 1].double() - g0.block_gain[:, 1].double()
+        np.testing.assert_allclose(a.per_prompt[:, 0, k].numpy(), ref.numpy(), atol=TOL)
+
+
+def test_resample_and_zero_ablation_equal_hand_written_hooks(bridge):
+    m = bridge("gpt2")
+    prompts, _ = _pairs(n=2, length=5, seed=2)
+    r = ablation_sweep(m, prompts, "attn.hook_z", method="resample", measure=_logit_diff, layers=[1], seed=3)
+    assert "source=[1, 0]" in r.reference  # two prompts: each takes the other's
+    z = ablation_sweep(m, prompts, "attn.hook_z", method="zero", measure=_logit_diff, layers=[1])
+    _, cache = m.run_with_cache(prompts)
+    src = _heads4(cache["blocks.1.attn.hook_z"], 4)[[1, 0]]
+    with torch.inference_mode():
+        base = _logit_diff(m(prompts)).double()
+    for h in range(4):
+        def resample(x, h=h):
+            _heads4(x, 4)[:, :, h] = src[:, :, h]
+
+        def zero(x, h=h):
+            _heads4(x, 4)[:, :, h] = 0
+        for res, fn in ((r, resample), (z, zero)):
+            ref = _logit_diff(_patched_logits(m, prompts, "blocks.1.attn.hook_z", fn)).double() - base
+            np.testing.assert_allclose(res.per_prompt[:, 0, h].numpy(), ref.numpy(), atol=TOL)
+
+
+def test_frame_stats_and_round_trip(bridge):
+    m = bridge("gpt2")
+    clean, corr = _pairs()
+    s = patch_sweep(m, clean, corr, "attn.hook_z", measure="last_block_gain", layers=[0, 2], heads=[0, 1])
+    df = s.to_frame()
+    assert list(df["layer"]) == [0, 0, 2, 2] and list(df["head"]) == [0, 1, 0, 1]
+    for col in ("effect", "ci_low", "ci_high", "pvalue", "pvalue_adjusted", "fraction_restored", "measure",
+                "method", "hook", "token_scope", "prepend_bos", "n_prompts", "model"):
+        assert col in df.columns, col
+    assert df["measure"].iloc[0] == "last_block_gain" and df["n_prompts"].iloc[0] == 3
+    # paired t by hand, Holm over the 4 cells
+    from scipy import stats as st
+    d = s.per_prompt.numpy().reshape(3, -1)
+    p = st.ttest_1samp(d, 0.0).pvalue
+    np.testing.assert_allclose(df["pvalue"], p, rtol=1e-6)
+    np.testing.assert_allclose(df["pvalue_adjusted"], tl.stats.holm(p), rtol=1e-6)
+    spec = tl.spectral_signature(m).to_frame()
+    merged = df.merge(spec, on=["layer", "head"], suffixes=("", "_spectral"))
+    assert len(merged) == 4 and "effect" in merged and not merged["effect"].isna().any()
+    back = SweepResult.from_json(s.to_json())
+    assert torch.equal(back.per_prompt, s.per_prompt) and back.hook == "attn.hook_z"
+    assert "last_block_gain" in repr(s) and "Holm" in repr(s)
+
+
+def test_bad_input_is_a_clear_error(bridge):
+    m = bridge("gpt2")
+    clean, corr = _pairs()
+    cases = [
+        (lambda: patch_sweep(m, clean, corr, "hook_resid_pre", over="head"), "no head axis"),
+        (lambda: patch_sweep(m, clean[:2], corr, "attn.hook_z"), "2 clean and 3 corrupted"),
+        (lambda: patch_sweep(m, clean, corr, "attn.hook_z", positions=[6]), "beyond"),
+        (lambda: patch_sweep(m, clean, corr[:, :5], "attn.hook_z"), "same token length"),
+        (lambda: patch_sweep(m, clean, corr, "attn.hook_z", measure="gain"), "unknown measure"),
+        (lambda: patch_sweep(m, clean, corr, "attn.hook_z", over="layer"), "over must be"),
+        (lambda: patch_sweep(m, clean, corr, "blocks.0.attn.hook_z"), "per-layer name"),
+        (lambda: ablation_sweep(m, corr, "attn.hook_z", method="median"), "unknown method"),
+        (lambda: ablation_sweep(m, ["The cat", "The capital of France is"], "attn.hook_z", method="resample"),
+         "same token length"),
+        (lambda: ablation_sweep(m, ["The cat", "The capital of France is"], "hook_resid_post", over="pos"),
+         "same token length"),
+    ]
+    for call, words in cases:
+        with pytest.raises(ThermoLensInputError, match=words):
+            call()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["gpt2", "neox", "llama_gqa"])
+def test_every_cell_equals_its_own_run(bridge, arch):
+    """Every (layer, head) cell and every (layer, head, pos) cell of one layer, on three architectures."""
+    m = bridge(arch)
+    clean, corr = _pairs(n=3, length=5, seed=4)
+    s = patch_sweep(m, clean, corr, "attn.hook_z", measure="total_amplification", batch_size=7)
+    for layer in range(m.cfg.n_layers):
+        for head in range(m.cfg.n_heads):
+            ref = _gain_cell_ref(m, clean, corr, layer, head, "total_amplification")
+            np.testing.assert_allclose(s.per_prompt[:, layer, head].numpy(), ref, atol=TOL)
+    both = patch_sweep(m, clean, corr, "attn.hook_z", over=("head", "pos"), measure="last_block_gain", layers=[1])
+    assert tuple(both.per_prompt.shape) == (3, 1, m.cfg.n_heads, 5)
+    g0 = tl.residual_gain(m, corr)
+    for head in range(m.cfg.n_heads):
+        for pos in (0, 4):
+            patch = tl.patch_from(m, clean, "blocks.1.attn.hook_z", heads=[head], positions=[pos])
+            g1 = tl.residual_gain(m, corr, fwd_hooks=patch)
+            ref = g1.block_gain[:, -1].double() - g0.block_gain[:, -1].double()
+            np.testing.assert_allclose(both.per_prompt[:, 0, head, pos].numpy(), ref.numpy(), atol=TOL)
+    patching = pytest.importorskip("transformer_lens.patching")
+    lg = patch_sweep(m, clean, corr, "attn.hook_z", measure=_logit_diff)
+    _, cache = m.run_with_cache(clean)
+    with torch.inference_mode():
+        base = float(_logit_diff(m(corr)).mean())
+        grid = patching.get_act_patch_attn_head_out_all_pos(m, corr, cache, lambda x: _logit_diff(x).mean())
+    np.testing.assert_allclose(lg.effect.numpy(), grid.double().numpy() - base, atol=TOL)
+
+
+def test_views_heatmap_marks_non_significant_cells_and_paired_plot(bridge):
+    m = bridge("gpt2")
+    clean, corr = _pairs()
+    s = patch_sweep(m, clean, corr, "attn.hook_z", measure="total_amplification", layers=[0, 1])
+    fig = s.plot()
+    heat = next(t for t in fig.data if t.type == "heatmap")
+    np.testing.assert_allclose(np.asarray(heat.z, dtype=float), s.effect.numpy())
+    assert "Holm-adjusted p" in heat.hovertemplate and "fraction restored" in heat.hovertemplate
+    marked = next(t for t in fig.data if (t.meta or {}).get("role") == "not_significant")
+    n_ns = int((~(s.pvalue_adjusted < 0.05)).sum())
+    assert len(marked.x) == n_ns
+    d = tl.residual_gain(m, corr, fwd_hooks=tl.patch_from(m, clean, "blocks.1.attn.hook_z")) - tl.residual_gain(m, corr)
+    pfig = d.plot()
+    np.testing.assert_allclose(np.asarray(pfig.data[0].y, dtype=float), d.mean.numpy())
+
+
+def test_pairs_of_different_lengths_patch_positions_from_each_end(bridge):
+    m = bridge("gpt2")
+    clean = ["The capital of France is", "Water boils at one hundred degrees"]
+    corr = ["The capital of Spain was", "Ice melts at zero"]
+    s = patch_sweep(m, clean, corr, "attn.hook_z", positions=[-1], measure="last_block_gain", layers=[1])
+    patch = tl.patch_from(m, clean, "blocks.1.attn.hook_z", heads=[2], positions=[-1])
+    g1, g0 = tl.residual_gain(m, corr, fwd_hooks=patch), tl.residual_gain(m, corr)
+    ref = g1.block_gain[:, -1].double() - g0.block_gain[:, -1].double()
+    np.testing.assert_allclose(s.per_prompt[:, 0, 2].numpy(), ref.numpy(), atol=TOL)
+    with pytest.raises(ThermoLensInputError, match="positions="):
+        patch_sweep(m, clean, corr, "attn.hook_z")
+
+
+def test_user_hooks_run_in_every_copy_first(bridge):
+    """fwd_hooks run in the baseline and in every condition, before the sweep's own edit."""
+    m = bridge("gpt2")
+    clean, corr = _pairs(n=2, length=5, seed=6)
+
+    def zero_head0(z, hook):
+        _heads4(z, 4)[:, :, 0] = 0.0
+        return z
+    user = [("blocks.0.attn.hook_z", zero_head0)]
+    s = patch_sweep(m, clean, corr, "attn.hook_z", measure="last_block_gain", layers=[1], heads=[2], fwd_hooks=user)
+    g0 = tl.residual_gain(m, corr, fwd_hooks=user)
+    np.testing.assert_allclose(s.baseline.numpy(), g0.block_gain[:, -1].double().numpy(), atol=TOL)
+    # the clean activations come from the clean run under the same user hooks
+    src = {}
+
+    def grab(z, hook):
+        src["z"] = _heads4(z, 4).clone()
+    with torch.inference_mode():
+        m.run_with_hooks(clean, fwd_hooks=user + [("blocks.1.attn.hook_z", grab)])
+
+    def patch(z, hook):
+        _heads4(z, 4)[:, :, 2] = src["z"][:, :, 2]
+        return z
+    g1 = tl.residual_gain(m, corr, fwd_hooks=user + [("blocks.1.attn.hook_z", patch)])
+    ref = g1.block_gain[:, -1].double() - g0.block_gain[:, -1].double()
+    np.testing.assert_allclose(s.per_prompt[:, 0, 0].numpy(), ref.numpy(), atol=TOL)
+    assert "zero_head0" in s.provenance.hooks_text
+
+
+@pytest.mark.slow  # a subprocess booting a model (~15 s)
+def test_sweep_benchmark_runs_quick():
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "sweeps.py"), "--quick", "--pairs", "3",
+                          "--tokens", "5"], capture_output=True, text=True, timeout=300, cwd=root, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    diffs = [float(x) for x in re.findall(r"max \|cell difference\| ([0-9.e+-]+)", out.stdout)]
+    assert len(diffs) == 2 and max(diffs) < 1e-5, out.stdout
+    assert out.stdout.count("ratio") == 2
+
+
+def test_pattern_head_and_query_position_cells_equal_hand_written_hook(bridge):
+    m = bridge("gpt2")
+    prompts, _ = _pairs(n=3, length=5, seed=7)
+    z = ablation_sweep(m, prompts, "hook_pattern", over=("head", "pos"), method="zero", measure=_logit_diff,
+                       layers=[0], positions=[2, -1])
+    assert tuple(z.per_prompt.shape) == (3, 1, 4, 2) and z.positions == (2, -1)
+    with torch.inference_mode():
+        base = _logit_diff(m(prompts)).double()
+    for h, (k, q) in ((1, (0, 2)), (3, (1, 4))):
+        def zero(x, h=h, q=q):
+            x[:, h, q, :] = 0.0
+        ref = _logit_diff(_patched_logits(m, prompts, "blocks.0.attn.hook_pattern", zero)).double() - base
+        np.testing.assert_allclose(z.per_prompt[:, 0, h, k].numpy(), ref.numpy(), atol=TOL)

@@ -1,0 +1,252 @@
+"""The sweep's passes: hook layouts, measures, captured activations, and many conditions per pass.
+
+Every condition (a cell: layer, and head and/or position) is one copy of the prompts; copies are
+stacked along the batch, ``max(1, batch_size // n_prompts)`` copies per forward pass (one copy
+without any condition first: the baseline), and a hook at each swept layer edits only the rows
+of the conditions at that layer. The rows of a pass are in caller order and right-padded, so each
+row equals its own single-condition run up to float rounding. Passes end after the last block
+unless the measure reads the logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.gain import gain_from_collected, residual_norms
+from thermo_lens.inputs import PromptList
+from thermo_lens.model import ModelView
+from thermo_lens.passes import Collected, Recorder, collect
+from thermo_lens.settings import RunSettings
+from thermo_lens.tokens import TokenBatch
+
+__all__ = ["HookLayout", "hook_layout", "Measure", "parse_measure", "capture", "run_conditions", "GAIN_MEASURES"]
+
+#: Gain measures by name (per prompt, in the run's token scope, as in :func:`thermo_lens.residual_gain`).
+GAIN_MEASURES = ("total_amplification", "last_block_gain", "block_gain:<layer>")
+# per-layer hook -> (head dim, position dim) of its activation [batch, ...]; head dim None: no head axis
+_HEAD_HOOKS = {"attn.hook_z": (2, 1), "attn.hook_q": (2, 1), "attn.hook_result": (2, 1),
+               "attn.hook_pattern": (1, 2), "attn.hook_attn_scores": (1, 2)}
+_BARE = {h.split(".", 1)[1]: h for h in _HEAD_HOOKS}
+
+
+@dataclass(frozen=True)
+class HookLayout:
+    """A per-layer hook point and where its activation keeps heads and positions."""
+
+    suffix: str
+    head_dim: int | None
+    pos_dim: int
+
+    def name(self, layer: int) -> str:
+        return f"blocks.{layer}.{self.suffix}"
+
+
+def hook_layout(hook: Any, over: tuple[str, ...]) -> HookLayout:
+    """The layout of per-layer hook ``hook`` (``"attn.hook_z"``, ``"hook_pattern"``, ``"hook_resid_pre"``)."""
+    if not isinstance(hook, str) or not hook:
+        raise ThermoLensInputError(f"hook must be a per-layer hook name such as 'attn.hook_z' or 'hook_resid_pre', "
+                                   f"got {hook!r}")
+    if hook.startswith("blocks."):
+        raise ThermoLensInputError(
+            f"hook={hook!r} names one layer; a sweep takes the per-layer name ({hook.split('.', 2)[-1]!r}) and runs "
+            "every layer: pass layers=[...] to sweep some")
+    suffix = _BARE.get(hook, hook)
+    if suffix in _HEAD_HOOKS:
+        hd, pd_ = _HEAD_HOOKS[suffix]
+        return HookLayout(suffix, hd, pd_)
+    if "head" in over:
+        raise ThermoLensInputError(
+            f"hook {hook!r} has no head axis, so over={over if len(over) > 1 else over[0]!r} cannot sweep heads; "
+            f"use a per-head hook ({', '.join(sorted(_HEAD_HOOKS))}) or over='pos'")
+    return HookLayout(suffix, None, 1)
+
+
+@dataclass(frozen=True)
+class Measure:
+    """A per-prompt scalar: a gain summary (``layer``: a block, ``None``: total amplification)
+    or a function of the logits."""
+
+    label: str
+    layer: int | None = None
+    fn: Callable[[Tensor], Tensor] | None = None
+
+    @property
+    def needs_logits(self) -> bool:
+        return self.fn is not None
+
+
+def parse_measure(measure: Any, n_layers: int) -> Measure:
+    if callable(measure):
+        return Measure(f"logits:{getattr(measure, '__qualname__', None) or getattr(measure, '__name__', repr(measure))}",
+                       fn=measure)
+    known = f"choose one of {', '.join(map(repr, GAIN_MEASURES))}, or a function of the logits [batch, pos, d_vocab] -> [batch]"
+    if not isinstance(measure, str):
+        raise ThermoLensInputError(f"unknown measure {measure!r}; {known}")
+    if measure == "total_amplification":
+        return Measure(measure)
+    if measure == "last_block_gain":
+        return Measure(measure, layer=n_layers - 1)
+    if measure.startswith("block_gain:"):
+        tail = measure.split(":", 1)[1].strip()
+        try:
+            layer = int(tail)
+        except ValueError:
+            raise ThermoLensInputError(f"measure {measure!r}: the block must be an int, e.g. 'block_gain:2'") from None
+        if not -n_layers <= layer < n_layers:
+            raise ThermoLensInputError(f"measure {measure!r}: block {layer} out of range 0..{n_layers - 1}")
+        return Measure(f"block_gain:{layer % n_layers}", layer=layer % n_layers)
+    raise ThermoLensInputError(f"unknown measure {measure!r}; {known}")
+
+
+def _as_heads(x: Tensor, layout: HookLayout, n_heads: int) -> Tensor:
+    """``x`` with its head axis split out (``[batch, pos, head * d]`` hosts give hook_z flat)."""
+    if layout.head_dim == 2 and x.ndim == 3:
+        return x.view(x.shape[0], x.shape[1], n_heads, -1)
+    return x
+
+
+def _gain_values(got: Collected, measure: Measure, token_scope: str) -> Tensor:
+    g = gain_from_collected(got, token_scope)
+    if measure.layer is None:
+        return torch.as_tensor(g.summaries["total_amplification"].values).double()
+    return g.block_gain[:, measure.layer].double()
+
+
+def capture(view: ModelView, ps: PromptList, layout: HookLayout, layers: Sequence[int], settings: RunSettings, *,
+            measure: Measure | None, token_scope: str, min_tokens: int,
+            rows_per_pass: int) -> tuple[dict[int, list[Tensor]], Tensor | None]:
+    """One run of ``ps`` (under the user's hooks, ``rows_per_pass`` prompts per pass) keeping the
+    activation at ``layout`` of each layer (per prompt, its real tokens) and, if ``measure`` is
+    given, the measure per prompt."""
+    def keep(view_: ModelView, rec: Recorder) -> None:
+        for l in layers:
+            rec.add(layout.name(l), ("sweep_act", l),
+                    lambda x, batch: _as_heads(x, layout, view.n_heads).detach().to("cpu", copy=True))
+    reductions: list[Any] = [keep]
+    logits_out: dict[int, Tensor] = {}
+    on_logits = None
+    if measure is not None and measure.needs_logits:
+        def on_logits(logits: Tensor, batch: TokenBatch) -> None:
+            vals = _call_measure(measure, logits, len(batch.prompt_index))
+            for b, i in enumerate(batch.prompt_index.tolist()):
+                logits_out[i] = vals[b]
+    elif measure is not None:
+        reductions.append(residual_norms)
+    # a logit measure sees all prompts at once (as in the sweep's passes): then one batch
+    size = len(ps) if on_logits is not None else max(int(rows_per_pass), 1)
+    run = RunSettings.resolve(settings, batch_size=size, sort_by_length=False, progress=False)
+    got = collect(view, ps, reductions, run, min_tokens=min_tokens, on_logits=on_logits)
+    lengths = got.lengths.tolist()
+    acts: dict[int, list[Tensor]] = {}
+    stacked = got.stack("sweep_act")  # [layer, prompt, ...] caller's order, NaN padding
+    for k, l in enumerate(sorted(layers)):
+        acts[l] = [_real(stacked[k, p], layout, int(n)) for p, n in enumerate(lengths)]
+    values = None
+    if measure is not None:
+        values = (torch.stack([logits_out[i] for i in range(len(ps))]) if measure.needs_logits
+                  else _gain_values(got, measure, token_scope))
+    return acts, values
+
+
+def _real(act: Tensor, layout: HookLayout, n: int) -> Tensor:
+    """One prompt's activation (no batch axis) cut to its ``n`` real tokens."""
+    d = layout.pos_dim - 1
+    act = act.narrow(d, 0, n)
+    if layout.suffix in ("attn.hook_pattern", "attn.hook_attn_scores"):
+        act = act.narrow(d + 1, 0, n)
+    return act
+
+
+def _call_measure(measure: Measure, logits: Tensor, n: int) -> Tensor:
+    assert measure.fn is not None
+    out = measure.fn(logits)
+    out = torch.as_tensor(out).detach().to("cpu").double().reshape(-1) if out is not None else None
+    if out is None or out.numel() != n:
+        raise ThermoLensInputError(
+            f"measure {measure.label}: a logit measure must return one value per prompt ([batch] = {n}), got "
+            f"{None if out is None else out.numel()} values")
+    return out
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One cell: the layer, the head (or None: every head) and the positions of each prompt it edits."""
+
+    layer: int
+    head: int | None
+    positions: tuple[tuple[int, ...], ...]  # per prompt, indices of its real tokens
+
+
+def run_conditions(view: ModelView, ps: PromptList, layout: HookLayout, conditions: Sequence[Condition],
+                   sources: dict[int, list[Tensor]] | None, settings: RunSettings, rows_per_pass: int, *,
+                   measure: Measure, token_scope: str, min_tokens: int) -> tuple[Tensor, Any]:
+    """The measure of every prompt under every condition: ``[1 + n_conditions, prompt]`` (row 0:
+    no condition), and the provenance of the baseline copy. ``sources[layer][p]``: the values
+    written into prompt ``p`` (its real tokens; ``None``: zeros)."""
+    P = len(ps)
+    copies = len(conditions) + 1
+    per_pass = max(1, rows_per_pass // P)
+    rep = PromptList(texts=ps.texts * copies, categories=ps.categories * copies, name=ps.name,
+                     token_ids=None if ps.token_ids is None else ps.token_ids * copies, padding=ps.padding)
+    state: dict[str, Any] = {"batch": None}
+    by_layer: dict[int, list[int]] = {}
+    for c, cond in enumerate(conditions):
+        by_layer.setdefault(cond.layer, []).append(c)
+
+    def edit(layer: int) -> Callable:
+        def hook(x: Tensor, hook: Any = None) -> Tensor:
+            batch: TokenBatch = state["batch"]
+            x4 = _as_heads(x, layout, view.n_heads)
+            src_l = None if sources is None else sources[layer]
+            for b, row in enumerate(batch.prompt_index.tolist()):
+                c, p = divmod(row, P)
+                if c == 0:
+                    continue
+                cond = conditions[c - 1]
+                if cond.layer != layer:
+                    continue
+                _write(x4, b, layout, cond.head, cond.positions[p], None if src_l is None else src_l[p])
+            return x
+        return hook
+
+    values = torch.full((copies, P), float("nan"), dtype=torch.float64)
+    on_logits = None
+    if measure.needs_logits:
+        def on_logits(logits: Tensor, batch: TokenBatch) -> None:
+            rows = batch.prompt_index.tolist()
+            for start in range(0, len(rows), P):  # whole copies per pass: the function sees [prompt, ...]
+                c = rows[start] // P
+                values[c] = _call_measure(measure, logits[start:start + P], P)
+    internal = [(layout.name(l), edit(l)) for l in sorted(by_layer)]
+    run = RunSettings.resolve(settings, batch_size=per_pass * P, sort_by_length=False, progress=False)
+    got = collect(view, rep, [] if measure.needs_logits else [residual_norms], run, min_tokens=min_tokens,
+                  internal_hooks=internal, row_prompt=list(range(P)) * copies,
+                  on_batch=lambda batch: state.__setitem__("batch", batch), on_logits=on_logits)
+    if not measure.needs_logits:
+        values = _gain_values(got, measure, token_scope).reshape(copies, P)
+    return values, got.provenance().select(torch.arange(P))
+
+
+def _write(x: Tensor, b: int, layout: HookLayout, head: int | None, pos: tuple[int, ...], src: Tensor | None) -> None:
+    """Row ``b`` of ``x`` at ``pos`` (and ``head``) := ``src`` (one prompt's activation, real tokens) or 0."""
+    p = torch.as_tensor(pos, dtype=torch.long, device=x.device)
+    s = None if src is None else src.to(device=x.device, dtype=x.dtype)
+    if layout.pos_dim == 1:  # [batch, pos, (head), ...]
+        if head is None:
+            x[b, p] = 0 if s is None else s[p]
+        else:
+            x[b, p, head] = 0 if s is None else s[p, head]
+    else:  # [batch, head, query, key]: a position is a query row, over its real keys
+        n = int(s.shape[-1]) if s is not None else None
+        heads = slice(None) if head is None else head
+        keys = slice(None) if n is None else slice(0, n)
+        if s is None:
+            x[b, heads, p, keys] = 0
+        else:
+            x[b, heads, p, keys] = s[heads][..., p, :] if head is None else s[head][p]

@@ -1,0 +1,199 @@
+"""The result of a patching or ablation sweep: per-prompt effects per cell, paired CIs, Holm.
+
+The effect of a cell (a layer and head, a layer and position, or all three) on prompt ``p`` is
+``m(p | condition) - m(p)``: the measure under the condition (the activation patched from the
+clean prompt, or ablated) minus the measure of the same prompt without it. Across prompts: the
+mean, its Student-t CI (SD with ``ddof=1``), a two-sided paired t-test (``H0``: mean effect 0;
+NaN with fewer than 2 prompts or zero variance), and Holm-adjusted p-values over every cell of
+the sweep (one family). For patching, the fraction of the clean-vs-corrupted difference the
+cell restores, ``mean_p(effect) / mean_p(m(clean_p) - m(corrupted_p))``, with a delta-method
+t-CI (a ratio of means, so prompts with a small clean-corrupted gap do not blow it up).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from thermo_lens._lazy import pandas as pd
+from thermo_lens._lazy import scipy_stats
+from thermo_lens.paired import paired_t
+from thermo_lens.provenance import Provenance, ProvenanceFields
+from thermo_lens.result import Result
+from thermo_lens.stats import holm
+
+__all__ = ["SweepResult", "build_result", "fraction_restored"]
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class SweepResult(ProvenanceFields, Result):
+    """Per-cell effects of a patching or ablation sweep (:func:`thermo_lens.patch_sweep`,
+    :func:`thermo_lens.ablation_sweep`).
+
+    Attributes:
+        kind: ``"patch"`` or ``"ablation"``.
+        method: ``"patch"`` (clean activation into the corrupted prompt), ``"zero"``, ``"mean"`` or
+            ``"resample"``.
+        hook: the per-layer hook point (``"attn.hook_z"``: ``blocks.{layer}.attn.hook_z``).
+        over: the sweep's cell axes after ``layer``: ``("head",)``, ``("pos",)`` or ``("head", "pos")``.
+        measure: the per-prompt measure (``"total_amplification"``, ``"last_block_gain"``,
+            ``"block_gain:<layer>"``, or ``"logits:<function name>"``).
+        layers, heads, positions: the labels of the cell axes (``positions`` as given: negative
+            from each prompt's end; empty where the axis is not swept).
+        per_prompt: ``[prompt, layer, head]`` / ``[prompt, layer, pos]`` / ``[prompt, layer, head, pos]``
+            float64, the effect per prompt and cell.
+        baseline: ``[prompt]`` the measure without any condition (the corrupted prompts for patching).
+        clean: ``[prompt]`` the measure of the clean prompts (patching; empty for ablation).
+        effect, ci_low, ci_high, pvalue, pvalue_adjusted: per cell (``per_prompt`` without the
+            prompt axis): mean effect, its ``level`` t-CI, paired t-test p, Holm over the cells.
+        fraction, fraction_low, fraction_high: patching: the fraction of the clean-corrupted
+            difference each cell restores and its delta-method t-CI (empty for ablation).
+        token_scope: the gain measures' token scope (``"n/a"`` for a logit measure).
+        patched_positions: what each condition replaces besides its cell: ``"all"`` or a position list.
+        reference: where ablation values come from (mean: the reference prompts; resample: the
+            source prompt of each prompt and the seed); ``""`` otherwise.
+        provenance: the (corrupted) prompts, BOS mode, model and user hooks of the run.
+        level: confidence level of the CIs (default ``0.95``).
+    """
+
+    kind: str
+    method: str
+    hook: str
+    over: tuple[str, ...]
+    measure: str
+    layers: tuple[int, ...]
+    heads: tuple[int, ...]
+    positions: tuple[int, ...]
+    per_prompt: Tensor
+    baseline: Tensor
+    clean: Tensor
+    effect: Tensor
+    ci_low: Tensor
+    ci_high: Tensor
+    pvalue: Tensor
+    pvalue_adjusted: Tensor
+    fraction: Tensor
+    fraction_low: Tensor
+    fraction_high: Tensor
+    token_scope: str
+    patched_positions: str
+    reference: str
+    provenance: Provenance
+    level: float = 0.95
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        return ("layer",) + tuple(self.over)
+
+    @property
+    def n_prompts(self) -> int:
+        return int(self.per_prompt.shape[0])
+
+    def settings(self) -> dict[str, Any]:
+        """The definition of every number: ``kind, method, hook, measure, token_scope, prepend_bos,
+        n_prompts, level, patched_positions, reference``."""
+        return {"kind": self.kind, "method": self.method, "hook": self.hook, "measure": self.measure,
+                "token_scope": self.token_scope, "prepend_bos": str(self.prepend_bos),
+                "n_prompts": self.n_prompts, "level": self.level, "patched_positions": self.patched_positions,
+                "reference": self.reference}
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per cell: ``layer`` (and ``head`` / ``pos``), ``effect, ci_low, ci_high, pvalue,
+        pvalue_adjusted, significant`` (adjusted p below ``1 - level``), for patching ``fraction_restored,
+        fraction_ci_low, fraction_ci_high``, the means ``baseline`` (and ``clean``), and the settings and
+        definition columns (``measure, method, hook, token_scope, prepend_bos, n_prompts, model, hooks`` ...).
+        Merges with the spectral, sheaf and attribution frames on ``layer`` / ``head``."""
+        labels = {"layer": self.layers, "head": self.heads, "pos": self.positions}
+        shape = tuple(self.effect.shape)
+        grids = np.meshgrid(*[np.asarray(labels[d]) for d in self.dims], indexing="ij")
+        df = pd.DataFrame({d: g.ravel() for d, g in zip(self.dims, grids)})
+        flat = lambda t: t.double().numpy().reshape(-1)  # noqa: E731
+        for col, t in (("effect", self.effect), ("ci_low", self.ci_low), ("ci_high", self.ci_high),
+                       ("pvalue", self.pvalue), ("pvalue_adjusted", self.pvalue_adjusted)):
+            df[col] = flat(t)
+        df["significant"] = df["pvalue_adjusted"] < 1 - self.level
+        if self.kind == "patch":
+            df["fraction_restored"] = flat(self.fraction)
+            df["fraction_ci_low"], df["fraction_ci_high"] = flat(self.fraction_low), flat(self.fraction_high)
+            df["clean"] = float(self.clean.double().mean())
+        df["baseline"] = float(self.baseline.double().mean())
+        assert len(df) == int(np.prod(shape))
+        for k, v in self.settings().items():
+            df[k] = v
+        for k, v in self.provenance.columns().items():
+            if k not in df:
+                df[k] = v
+        return df
+
+    def top(self, k: int = 10) -> pd.DataFrame:
+        """The ``k`` cells with the largest ``|effect|`` (rows of :meth:`to_frame`)."""
+        df = self.to_frame()
+        return df.reindex(df["effect"].abs().sort_values(ascending=False).index).head(k)
+
+    def __repr__(self) -> str:
+        dims = ", ".join(("prompt",) + self.dims)
+        what = (f"patching {self.hook} from clean into corrupted prompts" if self.kind == "patch"
+                else f"{self.method}-ablating {self.hook}")
+        lines = [f"SweepResult({self.model.get('name')}: {what}, over {'/'.join(self.over)}; "
+                 f"measure={self.measure!r}, token_scope={self.token_scope!r}, prepend_bos={self.prepend_bos!r}, "
+                 f"{self.n_prompts} prompts, per_prompt [{dims}] {tuple(self.per_prompt.shape)})",
+                 f"  effect = measure under the condition - measure without it; {100 * self.level:g}% paired t-CI, "
+                 f"two-sided paired t-test, Holm over the {self.effect.numel()} cells"]
+        if self.reference:
+            lines.append(f"  values from: {self.reference}")
+        lines.append(f"  baseline mean {float(self.baseline.double().mean()):.4g}"
+                     + (f"; clean mean {float(self.clean.double().mean()):.4g}" if self.kind == "patch" else ""))
+        p = self.pvalue_adjusted.numpy()
+        n_sig = int(np.sum(p < 1 - self.level))
+        lines.append(f"  {n_sig} of {p.size} cells with Holm-adjusted p < {1 - self.level:.2g}; largest |effect|:")
+        for _, row in self.top(5).iterrows():
+            at = ", ".join(f"{d} {int(row[d])}" for d in self.dims)
+            frac = f", restores {row['fraction_restored']:+.3g}" if self.kind == "patch" else ""
+            lines.append(f"    {at:<22} {row['effect']:+.4g} [{row['ci_low']:+.4g}, {row['ci_high']:+.4g}] "
+                         f"p_adj={row['pvalue_adjusted']:.3g}{frac}")
+        lines.append(f"  hooks: {self.provenance.hooks_text}")
+        return "\n".join(lines)
+
+
+def fraction_restored(effect: Tensor, gap: Tensor, level: float) -> tuple[Tensor, Tensor, Tensor]:
+    """``mean(effect) / mean(gap)`` per cell (``effect`` ``[prompt, *cells]``, ``gap`` ``[prompt]``) and
+    its delta-method t-CI: ``Var(R) ~ (Var(E) - 2 R Cov(E, D) + R^2 Var(D)) / (n mean(D)^2)``."""
+    e = effect.double()
+    d = gap.double().reshape((-1,) + (1,) * (e.ndim - 1))
+    n = e.shape[0]
+    me, md = e.mean(0), d.mean(0)
+    r = me / md
+    if n < 2:
+        nan = torch.full_like(r, float("nan"))
+        return r, nan, nan
+    ve = e.var(0, unbiased=True)
+    vd = d.var(0, unbiased=True)
+    cov = ((e - me) * (d - md)).sum(0) / (n - 1)
+    se = torch.sqrt(torch.clamp(ve - 2 * r * cov + r * r * vd, min=0.0) / n) / md.abs()
+    q = float(scipy_stats.t.ppf(0.5 + level / 2, df=n - 1))
+    return r, r - q * se, r + q * se
+
+
+def build_result(*, per_prompt: Tensor, baseline: Tensor, clean: Tensor | None, level: float,
+                 **fields: Any) -> SweepResult:
+    """Summaries, tests and Holm over the cells of ``per_prompt`` ``[prompt, *cells]``."""
+    d = per_prompt.double()
+    summary, _, p = paired_t(d, level)
+    cells = tuple(d.shape[1:])
+
+    def t(v: Any) -> Tensor:
+        return torch.as_tensor(np.broadcast_to(np.asarray(v, dtype=np.float64), cells).copy())
+    adj = holm(p).reshape(cells)
+    empty = torch.zeros(0, dtype=torch.float64)
+    if clean is not None:
+        frac, lo, hi = fraction_restored(d, clean.double() - baseline.double(), level)
+    else:
+        frac = lo = hi = empty
+    return SweepResult(per_prompt=d, baseline=baseline.double(), clean=empty if clean is None else clean.double(),
+                       effect=t(summary.mean), ci_low=t(summary.ci_low), ci_high=t(summary.ci_high), pvalue=t(p),
+                       pvalue_adjusted=t(adj), fraction=frac, fraction_low=lo, fraction_high=hi, level=level,
+                       **fields)
