@@ -467,7 +467,8 @@ def collect(
                 logits = view.run(batch.tokens, batch.mask, hooks, stop_after=stop_after,
                                   return_logits=on_logits is not None)
             if on_logits is not None:
-                on_logits(logits, batch)  # type: ignore[arg-type]
+                assert logits is not None, "ModelView.run(return_logits=True) returned no logits"
+                on_logits(logits, batch)
         finally:
             current.info = None
             if on_batch is not None:

@@ -238,7 +238,10 @@ def from_canonical(model: Any, arch: Architecture, canon: dict[str, Tensor]) -> 
     if _TOP[fam]["lnf.w"] in sd:
         new[_TOP[fam]["lnf.w"]], new[_TOP[fam]["lnf.b"]] = canon["lnf.w"], canon["lnf.b"]
     if arch.embeddings == "untied":
-        new[_lm_head_key(fam, sd)] = canon["lm_head"]  # type: ignore[index]
+        head = _lm_head_key(fam, sd)
+        if head is None:
+            raise ArchitectureError(f"untied embeddings, but the {fam} model has no unembedding weight to set")
+        new[head] = canon["lm_head"]
     if arch.embed_proj_dim:
         new["model.decoder.project_in.weight"] = canon["project_in"]
         new["model.decoder.project_out.weight"] = canon["project_out"]

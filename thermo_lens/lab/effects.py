@@ -97,7 +97,7 @@ def effects_frame(runs: Any, comparisons: Sequence[tuple[str, Any, Any, str, str
     cols = ["knob", "reference", "level", "metric", "effect", "ci_low", "ci_high", "pvalue", "n_seeds",
             "min_pvalue", "reference_mean", "level_mean", "flips_regime", "seeds_flipped", "reference_arm", "arm",
             "step"]
-    rows = []  # type: ignore[var-annotated]
+    rows: list[dict[str, Any]] = []
     if len(runs) == 0:
         return pd.DataFrame(rows, columns=cols)
     if step is None:

@@ -40,7 +40,7 @@ import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.lab.recipe import Recipe
@@ -298,7 +298,7 @@ def _run_locked(spec: LabSpec, out: Path, executor: str, ray_address: str | None
     runs = {i.run_id: i for i in infos}
     settings = spec.settings()
 
-    def models(ids_steps: list[tuple[_RunInfo, int | None]]) -> tuple[ModelSpec, ...]:
+    def models(ids_steps: Sequence[tuple[_RunInfo, int | None]]) -> tuple[ModelSpec, ...]:
         ms = []
         for info, step in ids_steps:
             mid = info.run_id if step is None else f"{info.run_id}__step{step:06d}"
@@ -318,7 +318,7 @@ def _run_locked(spec: LabSpec, out: Path, executor: str, ray_address: str | None
     p_done: tuple[str, ...] = ()
     p_skipped: tuple[str, ...] = ()
     if pairs:
-        prof_spec = StudySpec(name=f"{spec.name}: checkpoints", models=models(pairs), **settings)  # type: ignore[arg-type]
+        prof_spec = StudySpec(name=f"{spec.name}: checkpoints", models=models(pairs), **settings)
         p = run_study(prof_spec, out / "profiles", executor=executor, ray_address=ray_address, progress=progress,
                       profile_fn=replace(task, mode="profile"))
         failed.update(p.failed)

@@ -230,13 +230,14 @@ def train_run(recipe: Recipe, seed: int, run_dir: str | os.PathLike, *, base: Re
     decay = [p for _, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for _, p in model.named_parameters() if p.ndim < 2]
     opt_spec = OPTIMIZERS[recipe.optimizer]
+    opt: torch.optim.Optimizer
     if opt_spec["class"] == "AdamW":
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
                                  {"params": no_decay, "weight_decay": 0.0}],
                                 lr=recipe.lr, betas=opt_spec["betas"], eps=recipe.eps)
         lr_scale = 1.0
     else:  # SGD: decoupled decay applied by hand below, at the AdamW-scale rate
-        opt = torch.optim.SGD([{"params": decay}, {"params": no_decay}], lr=recipe.lr * recipe.sgd_lr_scale,  # type: ignore[assignment]
+        opt = torch.optim.SGD([{"params": decay}, {"params": no_decay}], lr=recipe.lr * recipe.sgd_lr_scale,
                               momentum=opt_spec["momentum"])
         lr_scale = recipe.sgd_lr_scale
     data = torch.tensor(train_ids, dtype=torch.long)
