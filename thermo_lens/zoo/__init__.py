@@ -72,8 +72,12 @@ def path(name: str) -> Path:
     """
     available = names()
     if not isinstance(name, str) or name not in available:
+        import difflib
+
+        close = difflib.get_close_matches(name, available, n=1, cutoff=0.8) if isinstance(name, str) else []
+        guess = f"did you mean {close[0]!r}? " if close else ""
         raise KeyError(
-            f"unknown thermo_lens.zoo model {name!r}; available: {', '.join(available) or '(none)'}"
+            f"unknown thermo_lens.zoo model {name!r}; {guess}available: {', '.join(available) or '(none)'}"
         )
     return ZOO_DIR / name
 
