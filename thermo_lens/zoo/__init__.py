@@ -47,7 +47,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["DEFAULT", "HOSTS", "ZOO_DIR", "names", "path", "info", "load"]
+__all__ = ["DEFAULT", "HOSTS", "ZOO_DIR", "names", "path", "info", "family", "load"]
 
 #: Directory holding the embedded checkpoints.
 ZOO_DIR: Path = Path(__file__).resolve().parent
@@ -99,6 +99,20 @@ def portable_tokenizer_config(directory: str | os.PathLike) -> None:
     if data.get("tokenizer_class") == "TokenizersBackend":
         data["tokenizer_class"] = "PreTrainedTokenizerFast"
         cfg.write_text(json.dumps(data, indent=2) + "\n")
+
+
+_FAMILY_OF_TYPE = {"gpt2": "gpt2", "gpt_neox": "gpt-neox"}
+
+
+def family(name: str) -> str:
+    """The architecture family of ``name`` as the summary table and the hierarchy plot group it:
+    ``recipe.json``'s ``family`` when it has one, else from the config's ``model_type``
+    (``gpt2``, ``gpt-neox``)."""
+    recorded = info(name).get("family")
+    if isinstance(recorded, str) and recorded:
+        return recorded
+    model_type = str(json.loads((path(name) / "config.json").read_text()).get("model_type", ""))
+    return _FAMILY_OF_TYPE.get(model_type, model_type.replace("_", "-") or "unknown")
 
 
 @contextmanager
