@@ -99,6 +99,10 @@ def test_layer_dynamics_block_zero_in_its_own_panel(measured):
     np.testing.assert_allclose(np.array(first.error_y.array) + first.y, hi[:1], rtol=1e-6)
     legend = {t.name for t in fig.data if t.showlegend is not False}
     assert {"gpt2", "95% t-CI band (shaded)", "gain = 1 (neither expands nor dampens)"} <= legend
+    # no unexplained marks: bands are shaded areas (no vertex dots), every marker's group has an entry
+    assert all(t.mode == "lines" for t in _by_role(fig, "ci_band"))
+    shown = {t.legendgroup for t in fig.data if t.showlegend is not False}
+    assert all(t.legendgroup in shown for t in fig.data if "markers" in (t.mode or ""))
     # auto: split only when block 0 dominates
     m0 = float(np.asarray(m)[0])
     split = m0 > views.dynamics.SPLIT_FIRST_RATIO * float(np.abs(m[1:]).max())

@@ -57,7 +57,7 @@ def _band(fig: go.Figure, x: np.ndarray, lo: np.ndarray, hi: np.ndarray, color: 
         return
     xs, los, his = x[ok], lo[ok], hi[ok]
     fig.add_trace(go.Scatter(
-        x=np.concatenate([xs, xs[::-1]]), y=np.concatenate([his, los[::-1]]), fill="toself",
+        x=np.concatenate([xs, xs[::-1]]), y=np.concatenate([his, los[::-1]]), fill="toself", mode="lines",
         fillcolor=_rgba(color, 0.18), line=dict(width=0), hoverinfo="skip", showlegend=False,
         name=f"{name} 95% CI", legendgroup=group, meta={"role": "ci_band", "model": name}), **kw)
 
@@ -192,7 +192,7 @@ def layer_dynamics(gains: Any, names: Sequence[str] | None = None, *,
     g0 = pairs[0][1]
     common = settings_text(token_scope=g0.token_scope, prepend_bos=g0.prepend_bos, dtype=g0.dtype, weights=g0.weights)
     subtitle = wrap(GAIN_DEFINITION + ("; " + common if len(settings) == 1 else
-                                       "; models measured under DIFFERENT settings (see hover)"), 150)
+                                       "; the models' settings differ (each model's hover names its own)"), 150)
     base_layout(fig, "Layer dynamics: block gain per layer (mean over prompts, 95% CI)", subtitle)
     x_title = "layer (0-based block index)" if x == "layer" else "relative depth (layer + 1) / L"
     dtick = 1 if x == "layer" and max(g.n_layers for _, g in pairs) <= 48 else None
