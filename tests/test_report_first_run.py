@@ -88,3 +88,12 @@ def test_default_like_report_reads_cleanly():
     # the laws on the paper's table plus these models, said plainly
     assert "the paper's 8 Pythia models plus your 3" in text
     assert "Your models added to the paper's published tables" in text and "KleiberResult(n=11" in text
+    # the same numbers as the documented route, paper.findings.law_results(extra=...)
+    from thermo_lens.paper import findings
+
+    rows = report._rows(_defaults())
+    extra = rows[["model", "lab", "n_layers", "n_heads", "d_head", "rho", "gain", "n_prompts"]].assign(
+        std=rows["gain_sd"], std_ddof=1)
+    expected = findings.law_results(extra=extra)
+    for key in ("kleiber", "heritage", "hierarchy"):
+        assert expected[key].summary() in text, key

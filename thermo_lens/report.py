@@ -329,16 +329,19 @@ def _laws_intro(rows: pd.DataFrame) -> str:
                if n >= 3 else "")
             + f". Then on the paper's published table plus your models: Kleiber on the paper's "
             f"{len(reference.pythia_family())} Pythia models plus your {n}; heritage and the lab hierarchy on its "
-            f"{len(reference.lab_survey())}-model lab survey plus your {with_lab} model(s) with a lab; the crowding rule "
-            "within Pythia, across the survey, on all the paper's models and on all of them plus yours. Your gain is "
+            f"{len(reference.lab_survey())}-model lab survey plus your {with_lab} model(s) with a lab (crowding on "
+            "the same tables: thermo_lens.paper.findings.law_results). Your gain is "
             f"{by} measured with token scope {scopes} and BOS {bos}; the paper's gains are its metric A (the "
             "penultimate block, last token, fp16, BOS as the HF tokenizer adds it), so your points are like for like "
             "only if you profiled with token_scope='last' and prepend_bos='tokenizer'.")
 
 
 def _paper_plus_laws(doc: _Doc, rows: pd.DataFrame) -> None:
-    """Kleiber, heritage, hierarchy and crowding on the paper's tables with the user's rows added."""
-    from thermo_lens.paper import findings
+    """Kleiber, heritage and the lab hierarchy on the paper's tables with the user's rows added
+    (what :func:`thermo_lens.paper.findings.law_results` computes for them; its crowding scopes,
+    a few seconds of permutation tests, are left to that function)."""
+    from thermo_lens import laws
+    from thermo_lens.paper import reference
 
     doc.html("<h3>Your models added to the paper's published tables</h3>")
     need = ["model", "n_layers", "n_heads", "d_head", "rho", "gain", "n_prompts"]
@@ -347,16 +350,22 @@ def _paper_plus_laws(doc: _Doc, rows: pd.DataFrame) -> None:
         return
     extra = rows[need + (["lab"] if "lab" in rows.columns else [])].assign(std=rows["gain_sd"], std_ddof=1)
     extra = extra[pd.to_numeric(extra["gain"], errors="coerce").notna()].reset_index(drop=True)
-    try:
-        res = findings.law_results(extra=extra)
-    except (ValueError, KeyError) as e:
-        doc.html(f'<p class="warn">Not computed: {esc(str(e))}</p>')
-        return
-    for key, title in (("kleiber", "Kleiber (the paper's Pythia sweep + yours)"),
-                       ("heritage", "Heritage (the paper's lab survey + yours with a lab)"),
-                       ("hierarchy", "Hierarchy by lab (the paper's lab survey + yours with a lab)"),
-                       ("crowding", "Crowding (within Pythia, across the survey, all, all + yours)")):
-        doc.html(f"<h4>{esc(title)}</h4><pre>{esc(res[key].summary())}</pre>")
+    with_lab = extra[extra["lab"].notna()] if "lab" in extra.columns else extra.iloc[:0]
+    survey = pd.concat([reference.lab_survey(), with_lab], ignore_index=True)
+    runs: tuple[tuple[str, Callable[[], Any]], ...] = (
+        ("Kleiber (the paper's Pythia sweep + yours)",
+         lambda: laws.kleiber(pd.concat([reference.pythia_family(), extra], ignore_index=True))),
+        ("Heritage (the paper's lab survey + yours with a lab)", lambda: laws.heritage(survey)),
+        ("Hierarchy by lab (the paper's lab survey + yours with a lab)", lambda: laws.hierarchy(survey, by="lab")),
+    )
+    for title, run in runs:
+        try:
+            doc.html(f"<h4>{esc(title)}</h4><pre>{esc(run().summary())}</pre>")
+        except (ValueError, KeyError) as e:
+            doc.html(f'<h4>{esc(title)}</h4><p class="warn">Not computed: {esc(str(e))}</p>')
+    doc.p("The crowding rule on the paper's scopes plus yours (within Pythia, across the survey, all models): "
+          "thermo_lens.paper.findings.law_results(extra=summary_table)['crowding'] (permutation tests, seconds).",
+          "note")
 
 
 def _own_laws(doc: _Doc, rows: pd.DataFrame) -> None:
