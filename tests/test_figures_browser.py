@@ -128,7 +128,28 @@ def _figures() -> dict:
         "reference_overlay_A": views.reference_overlay(rows, metric="A"),
         "reference_overlay_B": views.reference_overlay(rows, metric="B"),
         "metric_plot": views.metric_plot(first.write_norm, "write_norm"),
+        **_lab_figures(),
     }
+
+
+def _lab_figures() -> dict:
+    """The heritage lab's two figures, from small made-up tables of its shape."""
+    import numpy as np
+    import pandas as pd
+
+    from thermo_lens.lab import views as lab_views
+
+    rng = np.random.default_rng(0)
+    runs = pd.DataFrame([{"arm": arm, "seed": seed, "step": step, "token_scope": "all_but_first",
+                          "last_block_gain": 1 + 0.1 * np.log1p(step) * (1 if arm == "wd=0.1" else -1) / 8
+                          + rng.normal(0, 0.01)}
+                         for arm in ("wd=0.1", "wd=0.0") for seed in range(3) for step in (0, 1, 4, 16, 64, 256, 1024)])
+    effects = pd.DataFrame([{"metric": m, "knob": "weight_decay", "reference": 0.0, "level": lv, "effect": e,
+                             "ci_low": e - 0.02, "ci_high": e + 0.02, "flips_regime": e > 0.05, "pvalue": 0.25,
+                             "n_seeds": 3, "reference_mean": 1.0, "level_mean": 1.0 + e}
+                            for m in ("last_block_gain", "penultimate_gain") for lv, e in ((0.1, 0.03), (0.3, 0.07))])
+    return {"lab_gain_trajectories": lab_views.gain_trajectories(runs, "last_block_gain"),
+            "lab_effect_sizes": lab_views.effect_sizes(effects)}
 
 
 def _page(figs: dict) -> str:
