@@ -95,3 +95,6 @@ def test_separate_profile_runs_do_not_call_each_other_stale(tmp_path, capsys, mo
     assert "from earlier profile runs" in text and "gpt2-tiny-wd" in text
     with open(out / "summary.csv", newline="") as f:
         assert [r["model"] for r in csv.DictReader(f)] == ["neox-tiny"]  # only this run's models compared
+    # `thermo-lens report` on that folder says the same
+    rc, text, err = run_cli(["report", out], capsys)
+    assert rc == 0 and "stale" not in text + err and "from earlier profile runs" in text
