@@ -31,6 +31,16 @@ def test_typo_of_an_embedded_name_suggests_it_and_lists_them(tmp_path, capsys, m
     assert not (tmp_path / "o").exists()  # nothing was started
 
 
+def test_only_bare_names_are_taken_for_misspelt_embedded_ones(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(sources, "_cached", lambda repo_id: True)
+    sources.check_model_name("someorg/gpt2-tiny-wdd")  # a hub id, cached: fine, no suggestion
+    with pytest.raises(Exception, match="no such local checkpoint folder"):
+        sources.check_model_name("./gpt2-tiny-wdd")
+    with pytest.raises(Exception, match="did you mean neox-tiny"):
+        sources.check_model_name("NeoX-tiny")
+
+
 def test_zoo_path_suggests_too():
     with pytest.raises(KeyError, match="did you mean 'neox-tiny'"):
         zoo.path("neox-tiny2")

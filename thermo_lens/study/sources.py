@@ -92,7 +92,8 @@ def check_model_name(name: str, what: str = "model") -> None:
     names = _zoo_names()
     if name in names or os.path.exists(os.path.expanduser(name)):
         return
-    guess = suggest_zoo_name(name)
+    # Only a bare name can be a misspelt embedded one ("org/gpt2-tiny-wd" is a hub id, "./x" a path).
+    guess = None if "/" in name or "\\" in name or V.looks_like_path(name) else suggest_zoo_name(name)
     if guess is not None:
         raise ThermoLensInputError(
             f"{what} {V.excerpt(name)} is not an embedded model: did you mean {guess}? "
