@@ -47,7 +47,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["DEFAULT", "HOSTS", "ZOO_DIR", "names", "path", "info", "family", "load"]
+__all__ = ["DEFAULT", "HOSTS", "ZOO_DIR", "names", "path", "info", "family", "load", "portable_tokenizer_config"]
 
 #: Directory holding the embedded checkpoints.
 ZOO_DIR: Path = Path(__file__).resolve().parent
