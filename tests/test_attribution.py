@@ -174,11 +174,20 @@ def test_heatmap_and_panel(bridge):
     model = bridge("gpt2")
     a = tl.gain_attribution(model, PROMPTS)
     fig = tl.views.attribution_heatmap(a, layers=[-1, 0], heads=[1, 3])
-    (hm,) = fig.data
+    hm, comp = fig.data
     import numpy as np
 
+    assert hm.meta["role"] == "heatmap" and comp.meta["role"] == "components"
     np.testing.assert_allclose(np.asarray(hm.z), a.mean_head[[2, 0]][:, [1, 3]].numpy(), rtol=1e-9)
     assert list(hm.y) == ["2", "0"] and list(hm.x) == ["1", "3"] and "share" in hm.hovertemplate
+    # beside the heads: the MLP, the biases and the block's total, and they add up (all heads)
+    assert list(comp.x) == ["MLP", "bias", "total"] and list(comp.y) == ["2", "0"]
+    full = tl.views.attribution_heatmap(a).data
+    heads, rest = np.asarray(full[0].z), np.asarray(full[1].z)
+    np.testing.assert_allclose(rest[:, 0], a.mlp.mean(0).numpy(), rtol=1e-9)
+    np.testing.assert_allclose(rest[:, -1], a.total.mean(0).numpy(), rtol=1e-9)
+    np.testing.assert_allclose(heads.sum(1) + rest[:, :-1].sum(1), rest[:, -1], rtol=1e-3, atol=1e-4)
+    assert full[0].texttemplate == "%{z:.3g}" and "value %{z:.4g}" in full[1].hovertemplate
     sig = tl.spectral_signature(model)
     f2 = tl.views.spectral_heatmaps(sig, attribution=a, layers=[1])
     assert [t.meta["metric"] for t in f2.data][-1] == "head_term"

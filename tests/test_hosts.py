@@ -296,10 +296,10 @@ def test_bridge_only_features_say_what_to_do_on_tl2():
         pytest.skip("this TransformerLens has a TransformerBridge")
     from thermo_lens import zoo
 
-    with pytest.raises(UnsupportedHostError, match=r"zoo.load boots a TransformerBridge.*TransformerLens >= 3.*hooked_transformer"):
+    with pytest.raises(UnsupportedHostError, match=r"zoo.load boots a TransformerBridge.*TransformerLens >= 3.*zoo.load\(name, host='hooked'\)"):
         zoo.load("gpt2-tiny-wd")
     # ...and the suggested route works: the embedded model as a HookedTransformer.
-    model = hooked_transformer(zoo.path("gpt2-tiny-wd"))
+    model = zoo.load("gpt2-tiny-wd", host="hooked")
     g = residual_gain(model, PROMPTS)
     assert g.prepend_bos is True and g.model["host"].startswith("HookedTransformer (TransformerLens 2.")
 

@@ -40,3 +40,16 @@ def test_readme_notebook_snippet_runs(monkeypatch):
     exec(compile(block, "README.md", "exec"), scope)
     assert isinstance(scope["prof"], ThermoProfile)
     assert scope["traces"].trace.shape == (25, 4, 4)
+
+
+def test_readme_sae_and_tl2_routes_keep_a_cpu_torch_and_say_how_to_get_cuda():
+    """Issue 25: without the pin first, the `sae` / `tl2` extras pull a CUDA torch (6.4 GB venvs)."""
+    text = (ROOT / "README.md").read_text()
+    lines = [ln.strip() for b in _bash_blocks(text) for ln in b.splitlines()]
+    for extra in ("sae", "tl2"):
+        line = next(ln for ln in lines if f'".[{extra}]"' in ln)
+        assert line.startswith("pip install torch==2.13.0 && "), line
+        assert "[project.optional-dependencies]" in (ROOT / "pyproject.toml").read_text()
+        assert re.search(rf"^{extra} = \[", (ROOT / "pyproject.toml").read_text(), flags=re.M), extra
+    assert "download.pytorch.org/whl/cu" in text and "CUDA" in text
+    assert 'zoo.load("gpt2-tiny-wd", host="hooked")' in text and 'host="hooked_sae"' in text

@@ -61,7 +61,7 @@ def _t_ci(values):
 # ---------------------------------------------------------------------------- dynamics
 def test_layer_dynamics_traces_equal_per_layer_mean_and_ci(measured):
     gains = {a: measured[a]["gain"] for a in ("gpt2", "opt_postln")}
-    fig = views.layer_dynamics(gains)
+    fig = views.layer_dynamics(gains, split_first=False)
     assert isinstance(fig, go.Figure)
     means, bands = _by_role(fig, "mean"), _by_role(fig, "ci_band")
     assert [t.meta["model"] for t in means] == ["gpt2", "opt_postln"] and len(bands) == 2
@@ -83,6 +83,38 @@ def test_layer_dynamics_traces_equal_per_layer_mean_and_ci(measured):
     assert means[0].line.dash == "solid" and "[post-LN]" not in means[0].name
     assert any("post-LN" in a.text for a in fig.layout.annotations)
     assert not any("post-LN" in (a.text or "") for a in views.layer_dynamics(gains["gpt2"]).layout.annotations)
+
+
+def test_layer_dynamics_block_zero_in_its_own_panel(measured):
+    """Block 0 (often 10-50x) gets its own panel and axis; the other blocks keep theirs, with
+    readable log ticks when they need a log axis; every mark has a legend entry."""
+    g = measured["gpt2"]["gain"]
+    m, lo, hi = _t_ci(g.block_gain.double().numpy())
+    fig = views.layer_dynamics({"gpt2": g}, split_first=True)
+    (first,), (rest,) = _by_role(fig, "first_block"), _by_role(fig, "mean")
+    np.testing.assert_allclose(first.y, m[:1], rtol=1e-6)
+    np.testing.assert_allclose(rest.x, np.arange(1, g.n_layers))
+    np.testing.assert_allclose(rest.y, m[1:], rtol=1e-6)
+    assert first.xaxis == "x" and rest.xaxis == "x2"  # two panels, two y axes
+    np.testing.assert_allclose(np.array(first.error_y.array) + first.y, hi[:1], rtol=1e-6)
+    legend = {t.name for t in fig.data if t.showlegend is not False}
+    assert {"gpt2", "95% t-CI band (shaded)", "gain = 1 (neither expands nor dampens)"} <= legend
+    # no unexplained marks: bands are shaded areas (no vertex dots), every marker's group has an entry
+    assert all(t.mode == "lines" for t in _by_role(fig, "ci_band"))
+    shown = {t.legendgroup for t in fig.data if t.showlegend is not False}
+    assert all(t.legendgroup in shown for t in fig.data if "markers" in (t.mode or ""))
+    # auto: split only when block 0 dominates
+    m0 = float(np.asarray(m)[0])
+    split = m0 > views.dynamics.SPLIT_FIRST_RATIO * float(np.abs(m[1:]).max())
+    assert bool(_by_role(views.layer_dynamics(g), "first_block")) == split
+
+
+def test_log_ticks_read_1_2_5():
+    from thermo_lens.views._common import log_ticks
+
+    assert log_ticks(0.9, 20)[1] == ["1", "2", "5", "10", "20"]
+    assert log_ticks(0.3, 3)[1] == ["0.5", "1", "2"]
+    assert log_ticks(1.0, 1.5) == ([], [])  # narrow: plotly's own ticks
 
 
 def test_layer_dynamics_relative_depth_and_profile_input(measured):

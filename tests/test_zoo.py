@@ -190,3 +190,66 @@ def test_provenance_names_the_fixed_corpus_and_the_lab_spec():
         assert (arm.recipe.lr, arm.recipe.weight_decay, arm.recipe.steps, arm.recipe.batch_size) == (
             train["lr"], train["weight_decay"], train["steps"], train["batch_size"])
         assert spec.seeds == (train["seed"],)
+
+
+def test_load_bridge_is_the_default_host_and_hosts_are_checked():
+    pytest.importorskip("transformer_lens.model_bridge")
+    from thermo_lens.errors import ThermoLensInputError
+
+    model = zoo.load("gpt2-tiny-wd", host="bridge")
+    assert type(model).__name__ == "TransformerBridge" and model.cfg.model_name == "gpt2-tiny-wd"
+    with pytest.raises(ThermoLensInputError, match="host must be one of 'bridge', 'hooked', 'hooked_sae'"):
+        zoo.load("gpt2-tiny-wd", host="hooked_transformer")
+    with pytest.raises(ThermoLensInputError, match="processed=True is for the hooked hosts"):
+        zoo.load("gpt2-tiny-wd", processed=True)
+
+
+def test_hooked_host_missing_says_what_to_install():
+    """On TransformerLens 4 (no HookedTransformer) or without sae-lens, the error names the fix."""
+    import importlib.util
+
+    from thermo_lens.errors import UnsupportedHostError
+
+    pytest.importorskip("transformer_lens")
+    try:
+        from transformer_lens import HookedTransformer  # noqa: F401
+        has_hooked = True
+    except ImportError:
+        has_hooked = False
+    if not has_hooked:
+        with pytest.raises(UnsupportedHostError, match="does not have.*transformer-lens>=3,<4.*host='bridge'"):
+            zoo.load("gpt2-tiny-wd", host="hooked")
+    if importlib.util.find_spec("sae_lens") is None:
+        with pytest.raises(UnsupportedHostError, match=r"sae-lens is not installed: pip install 'thermo-lens\[sae\]'"):
+            zoo.load("gpt2-tiny-wd", host="hooked_sae")
+    if has_hooked and importlib.util.find_spec("sae_lens") is not None:
+        pytest.skip("every host is installed here (tested in tests/test_hosts_zoo.py)")
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_tokenizer_files_name_a_class_every_transformers_has(name):
+    """transformers 5 writes "TokenizersBackend", which transformers 4 (TransformerLens 2.16's) lacks;
+    the shipped files name PreTrainedTokenizerFast, which both read as the same tokenizer."""
+    import json
+
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    cfg = json.loads((zoo.path(name) / "tokenizer_config.json").read_text())
+    assert cfg["tokenizer_class"] == "PreTrainedTokenizerFast"
+    tok = AutoTokenizer.from_pretrained(str(zoo.path(name)))
+    assert isinstance(tok, PreTrainedTokenizerFast)
+    raw = Tokenizer.from_file(str(zoo.path(name) / "tokenizer.json"))
+    text = "Return the sum of x and y.\n    >>> add(1, 2)"
+    assert tok(text)["input_ids"] == raw.encode(text).ids
+    assert tok.bos_token == tok.eos_token == "<|endoftext|>"
+
+
+def test_portable_tokenizer_config_rewrites_only_the_backend_name(tmp_path):
+    import json
+
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "TokenizersBackend", "x": 1}))
+    zoo.portable_tokenizer_config(tmp_path)
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text()) == {
+        "tokenizer_class": "PreTrainedTokenizerFast", "x": 1}
+    zoo.portable_tokenizer_config(tmp_path / "missing")  # no file: nothing to do

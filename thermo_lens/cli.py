@@ -131,10 +131,13 @@ def _prompts_arg(value: str) -> object:
         if not lines:
             raise CLIError(f"{value}: the prompt file has no prompts")
         return lines
+    if path.suffix or os.sep in value or "/" in value:  # meant as a file
+        raise CLIError(f"--prompts {value}: no such file (give a text file with one prompt per line, or a "
+                       f"built-in prompt set: {', '.join(prompts.names())})")
     try:
         prompts.get(value)
     except KeyError as e:
-        raise CLIError(f"--prompts: {e.args[0] if e.args else e}") from None
+        raise CLIError(f"--prompts: {e.args[0] if e.args else e}; and no file named {value!r} exists") from None
     return value
 
 
@@ -153,9 +156,10 @@ def _printable(text: object, limit: int = 300) -> str:
     return "".join(c if c.isprintable() else "?" for c in line[:limit])
 
 
-def _print_status(contents, recomputed: Sequence[str] = ()) -> None:
+def _print_status(contents, recomputed: Sequence[str] = (), *, runs: bool = False) -> None:
     """One line per current model (status, error, why a result is not used, why it was recomputed
-    now), then the stale ids and the count of results left out."""
+    now), then the stale ids and the count of results left out. ``runs``: the folder collects
+    separate ``profile`` runs, so results not in this run are "from earlier runs", not stale."""
     from thermo_lens import study
 
     entries = contents.manifest.get("models", {})
@@ -172,13 +176,18 @@ def _print_status(contents, recomputed: Sequence[str] = ()) -> None:
         _say(line)
     if contents.stale:
         shown = ", ".join(_printable(s, 100) for s in contents.stale[:10]) + (" ..." if len(contents.stale) > 10 else "")
-        _say(f"  stale (from an earlier spec; kept on disk, left out of the summary and report): {shown}")
+        if runs:
+            _say(f"  also in this folder from earlier profile runs (kept on disk; this run's summary and report "
+                 f"cover only this run's models): {shown}")
+        else:
+            _say(f"  stale (from an earlier spec; kept on disk, left out of the summary and report): {shown}")
     if contents.problems:
         _say(f"thermo-lens: {len(contents.problems)} result(s) left out; rerun the same command to recompute them "
              f"(see {study.MANIFEST})", err=True)
 
 
-def _run(spec, args: argparse.Namespace, executor: str = "local", ray_address: str | None = None) -> int:
+def _run(spec, args: argparse.Namespace, executor: str = "local", ray_address: str | None = None, *,
+         runs: bool = False) -> int:
     """Run or resume ``spec`` into ``args.out``, print what became of each model, write the
     summary and (unless ``--no-report``) the report; the exit code."""
     from thermo_lens import study
@@ -187,7 +196,7 @@ def _run(spec, args: argparse.Namespace, executor: str = "local", ray_address: s
     if outcome.skipped:
         _say(f"  resumed: {len(outcome.skipped)} model(s) already done")
     contents = study.read_study(args.out)
-    _print_status(contents, recomputed=outcome.done)
+    _print_status(contents, recomputed=outcome.done, runs=runs)
     _write_outputs(args.out, contents, args.no_report)
     if outcome.failed:
         _say(f"thermo-lens: {len(outcome.failed)} model(s) failed; see {Path(args.out) / study.MANIFEST}", err=True)
@@ -254,6 +263,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     study.output_path(args.out)
     models = list(args.models) or list(zoo.DEFAULT)
+    from thermo_lens.study.sources import check_model_name
+
+    for m in models:  # before anything loads: a typo or an offline hub fails in a second, not after retries
+        check_model_name(m, "MODEL")
+    prompts = _prompts_arg(args.prompts)
     options = {k: v for k, v in (("dtype", args.dtype), ("device", args.device)) if v is not None}
     specs: list = []
     seen: set[str] = set()
@@ -262,11 +276,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
         seen.add(model.id.lower())
         specs.append(model)
     spec = study.StudySpec.from_models(
-        specs, name="profile", prompts=_prompts_arg(args.prompts), prepend_bos=args.prepend_bos,
+        specs, name="profile", prompts=prompts, prepend_bos=args.prepend_bos,
         token_scope=args.token_scope, batch_size=args.batch_size, truncate=args.truncate,
     )
     _say(f"thermo-lens: profiling {len(spec.models)} model(s) into {args.out}/")
-    return _run(spec, args)
+    return _run(spec, args, runs=True)
 
 
 def cmd_study(args: argparse.Namespace) -> int:
@@ -293,7 +307,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         _print_status(contents)
         raise CLIError(f"{d}: no finished model profiles to report (see {d / study.MANIFEST})")
     if contents.problems or contents.stale:
-        _print_status(contents)
+        _print_status(contents, runs=contents.manifest.get("study", {}).get("name") == "profile")
     _write_outputs(str(d), contents, no_report=False, output=args.output)
     return EXIT_OK
 

@@ -140,7 +140,6 @@ def import_bridge(what: str) -> Any:
             f"{what} boots a TransformerBridge, which needs TransformerLens >= 3 (installed: "
             f"{transformer_lens_version()}). On TransformerLens 2.16, load a HookedTransformer "
             "yourself (HookedTransformer.from_pretrained_no_processing(name)) and pass it to "
-            "thermo-lens; the embedded models: "
-            "thermo_lens.testing.hooked_transformer(thermo_lens.zoo.path(name))."
+            "thermo-lens; the embedded models: thermo_lens.zoo.load(name, host='hooked')."
         ) from None
     return TransformerBridge

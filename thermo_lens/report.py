@@ -177,6 +177,8 @@ table.tl th{background:#f4f6f8} table.tl td.l,table.tl th.l{text-align:left}
 .note{color:#555} nav ul{columns:2;font-size:13px} pre{background:#f6f8fa;padding:8px;overflow-x:auto;font-size:12px}
 dt{font-weight:bold;margin-top:6px} dd{margin-left:18px} .scroll{overflow-x:auto;max-width:100%}
 table.glossary td{text-align:left}
+details#definitions-page{margin:14px 0} details#definitions-page summary{cursor:pointer;font-weight:bold}
+.defpage{max-width:980px} .defpage code{background:#f6f8fa;padding:0 2px}
 """
 
 
@@ -229,8 +231,11 @@ def _settings_table(profiles: dict[str, Any]) -> tuple[str, list[str]]:
         rows.append({"model": k, **{c: m.get(c) for c in keys}})
         rows[-1]["hooks"] = rows[-1]["hooks"] or "none (clean run)"  # profiles stored before hooks were recorded
     df = pd.DataFrame(rows)
+    df["prompt_set"] = [prompt_set_label(v) for v in df["prompt_set"]]
     for c in ("prompt_set", "prepend_bos", "token_scope", "weights"):
         vals = {str(v) for v in df[c]}
+        if c == "prepend_bos" and len(vals) > 1 and _bos_from_host(profiles):
+            continue  # one definition, "host", resolved per model: a note (see _bos_note), not an alarm
         if len(vals) > 1:
             warn.append(f"models were measured with different {c} ({', '.join(sorted(vals))}): "
                         "cross-model comparisons mix definitions")
@@ -244,6 +249,47 @@ def _settings_table(profiles: dict[str, Any]) -> tuple[str, list[str]]:
                             "norm_placement", "source", "hooks"]), warn
 
 
+def prompt_set_label(name: Any) -> str:
+    """A prompt set's name as Settings and the tables show it: ``paper25 (grand_unified_twin_gpt2_gptj_25)``
+    for a built-in set with a short alias (whichever of the two was recorded), else the name."""
+    from thermo_lens import prompts
+
+    if not isinstance(name, str):
+        return "" if name is None else str(name)
+    if name in prompts.ALIASES:
+        return f"{name} ({prompts.ALIASES[name]})"
+    alias = next((a for a, c in prompts.ALIASES.items() if c == name), None)
+    return f"{alias} ({name})" if alias else name
+
+
+def _bos_from_host(profiles: dict[str, Any]) -> bool:
+    """Whether every model asked for ``prepend_bos="host"`` (the default): then differing
+    resolved values are each host's own tokenization, one definition."""
+    asked = {str(_meta(p).get("prepend_bos_requested")) for p in profiles.values()}
+    return asked == {"host"}
+
+
+def _bos_note(profiles: dict[str, Any]) -> str | None:
+    """Per-model BOS as ``"host"`` resolved it, when it differs between models (a note, not a warning)."""
+    if not _bos_from_host(profiles):
+        return None
+    by: dict[str, list[str]] = {}
+    for k, p in profiles.items():
+        by.setdefault(str(_meta(p).get("prepend_bos")), []).append(k)
+    if len(by) < 2:
+        return None
+    from thermo_lens.views._common import bos_text
+
+    parts = "; ".join(f"{bos_text(v)} for {', '.join(ks)}" for v, ks in by.items())
+    scopes = {str(_meta(p).get("token_scope")) for p in profiles.values()}
+    first = (" With token scope all_but_first the first position is left out either way (the BOS token "
+             "where there is one, else the first word), so the gains average the same words but one."
+             if scopes == {"all_but_first"} else "")
+    return (f"BOS: every model was tokenized as its own host does (prepend_bos='host', the default): {parts} "
+            f"(each model's default_prepend_bos; Pythia-style models are trained without a BOS).{first} "
+            "For one setting across models pass --prepend-bos true or false (prepend_bos=True / False).")
+
+
 def _failed(manifest: dict[str, Any]) -> pd.DataFrame:
     rows = []
     for mid, e in (manifest.get("models") or {}).items():
@@ -255,23 +301,84 @@ def _failed(manifest: dict[str, Any]) -> pd.DataFrame:
 
 
 def _laws_section(doc: _Doc, rows: pd.DataFrame) -> None:
-    from thermo_lens import laws
-    from thermo_lens import views
 
     doc.section("laws", "Cross-model laws (computed, with p-values)")
     n = len(rows)
+    doc.p(_laws_intro(rows), "note")
     if n < 3:
         doc.html(f'<p class="warn">Only {n} model(s): the laws (Kleiber correlation, heritage Fisher tests, '
-                 "hierarchy) need at least 3 models, so they are not computed. Run a study with more models "
-                 "(`thermo-lens study SPEC --out DIR`).</p>")
+                 "hierarchy) need at least 3 models, so they are not computed on your models alone. Run a study "
+                 "with more models (`thermo-lens study SPEC --out DIR`).</p>")
+    else:
+        doc.html(f"<h3>On your {n} models alone</h3>")
+        _own_laws(doc, rows)
+    _paper_plus_laws(doc, rows)
+
+
+def _laws_intro(rows: pd.DataFrame) -> str:
+    """What the laws section computes, on which table, in plain words."""
+    from thermo_lens.paper import reference
+
+    n = len(rows)
+    with_lab = int(rows["lab"].notna().sum()) if "lab" in rows.columns else 0
+    by = str(rows["gain_by"].iloc[0]) if "gain_by" in rows.columns and n else "gain"
+    scopes = ", ".join(sorted({str(v) for v in rows.get("token_scope", pd.Series(dtype=object)).dropna()})) or "?"
+    bos = ", ".join(sorted({str(v) for v in rows.get("prepend_bos", pd.Series(dtype=object)).dropna()})) or "?"
+    return (f"The laws are computed twice. First on your {n} model(s) alone"
+            + (" (below: each law says why when these models give it nothing to test, e.g. one depth or one lab)"
+               if n >= 3 else "")
+            + f". Then on the paper's published table plus your models: Kleiber on the paper's "
+            f"{len(reference.pythia_family())} Pythia models plus your {n}; heritage and the lab hierarchy on its "
+            f"{len(reference.lab_survey())}-model lab survey plus your {with_lab} model(s) with a lab (crowding on "
+            "the same tables: thermo_lens.paper.findings.law_results). Your gain is "
+            f"{by} measured with token scope {scopes} and BOS {bos}; the paper's gains are its metric A (the "
+            "penultimate block, last token, fp16, BOS as the HF tokenizer adds it), so your points are like for like "
+            "only if you profiled with token_scope='last' and prepend_bos='tokenizer'.")
+
+
+def _paper_plus_laws(doc: _Doc, rows: pd.DataFrame) -> None:
+    """Kleiber, heritage and the lab hierarchy on the paper's tables with the user's rows added
+    (what :func:`thermo_lens.paper.findings.law_results` computes for them; its crowding scopes,
+    a few seconds of permutation tests, are left to that function)."""
+    from thermo_lens import laws
+    from thermo_lens.paper import reference
+
+    doc.html("<h3>Your models added to the paper's published tables</h3>")
+    need = ["model", "n_layers", "n_heads", "d_head", "rho", "gain", "n_prompts"]
+    if not set(need + ["gain_sd"]) <= set(rows.columns):
+        doc.p("Not computed: the profiles lack a gain with its spread.", "warn")
         return
+    extra = rows[need + (["lab"] if "lab" in rows.columns else [])].assign(std=rows["gain_sd"], std_ddof=1)
+    extra = extra[pd.to_numeric(extra["gain"], errors="coerce").notna()].reset_index(drop=True)
+    with_lab = extra[extra["lab"].notna()] if "lab" in extra.columns else extra.iloc[:0]
+    survey = pd.concat([reference.lab_survey(), with_lab], ignore_index=True)
+    runs: tuple[tuple[str, Callable[[], Any]], ...] = (
+        ("Kleiber (the paper's Pythia sweep + yours)",
+         lambda: laws.kleiber(pd.concat([reference.pythia_family(), extra], ignore_index=True))),
+        ("Heritage (the paper's lab survey + yours with a lab)", lambda: laws.heritage(survey)),
+        ("Hierarchy by lab (the paper's lab survey + yours with a lab)", lambda: laws.hierarchy(survey, by="lab")),
+    )
+    for title, run in runs:
+        try:
+            doc.html(f"<h4>{esc(title)}</h4><pre>{esc(run().summary())}</pre>")
+        except (ValueError, KeyError) as e:
+            doc.html(f'<h4>{esc(title)}</h4><p class="warn">Not computed: {esc(str(e))}</p>')
+    doc.p("The crowding rule on the paper's scopes plus yours (within Pythia, across the survey, all models): "
+          "thermo_lens.paper.findings.law_results(extra=summary_table)['crowding'] (permutation tests, seconds).",
+          "note")
+
+
+def _own_laws(doc: _Doc, rows: pd.DataFrame) -> None:
+    from thermo_lens import laws
+    from thermo_lens import views
+
     gain_def = ""
     by_col = "gain_by" if "gain_by" in rows.columns else ("gain_summary" if "gain_summary" in rows.columns else None)
     if by_col:
         gain_def = f" (column gain = {', '.join(map(str, dict.fromkeys(rows[by_col])))}, with its 95% CI)"
     doc.p(f"One row per model{gain_def}; regimes from each model's 95% CI, never from the lab name "
           "(thermo_lens.definitions §5).", "note")
-    doc.html("<h3>Kleiber: gain vs depth with the bound 10^(1/L)</h3>")
+    doc.html("<h4>Kleiber: gain vs depth with the bound 10^(1/L)</h4>")
     doc.figure("fig-kleiber", lambda: views.kleiber_plot(rows, gain="gain"))
     for col in ("penultimate_gain", "last_block_gain"):
         if col in rows.columns and not np.allclose(pd.to_numeric(rows[col], errors="coerce").to_numpy(float),
@@ -283,11 +390,11 @@ def _laws_section(doc: _Doc, rows: pd.DataFrame) -> None:
         k = laws.kleiber(rows, gain="gain", rho="rho" if "rho" in rows.columns else None)
         doc.html(f"<pre>{esc(k.summary())}</pre>" + _tests_table(k))
     except ValueError as e:
-        doc.html(f'<p class="warn">Kleiber statistics not computed: {esc(str(e))}</p>')
-    doc.html("<h3>Heritage: lab vs regime</h3>")
+        doc.html(f'<p class="note">Kleiber statistics not computed on these models: {esc(str(e))}</p>')
+    doc.html("<h4>Heritage: lab vs regime</h4>")
     labs = rows["lab"].dropna().astype(str).unique() if "lab" in rows.columns else []
     if len(labs) < 2:
-        doc.html('<p class="warn">Heritage needs at least 2 labs with a recorded lab; '
+        doc.html('<p class="note">Heritage needs at least 2 labs with a recorded lab; '
                  f"this report has {len(labs)} ({', '.join(map(str, labs)) or 'none'}). Give each model a "
                  "lab in the study spec.</p>")
     else:
@@ -298,7 +405,7 @@ def _laws_section(doc: _Doc, rows: pd.DataFrame) -> None:
             doc.html(f"<pre>{esc(h.summary())}</pre>" + _tests_table(h))
         except ValueError as e:
             doc.html(f'<p class="warn">Heritage statistics not computed: {esc(str(e))}</p>')
-    doc.html("<h3>Crowding: head density rho vs regime</h3>")
+    doc.html("<h4>Crowding: head density rho vs regime</h4>")
     try:
         c = laws.crowding(rows, gain="gain")
         doc.p(f"Rule rho > rho_crit => dampener: {c.verdict()}. Read within one family and across "
@@ -306,7 +413,7 @@ def _laws_section(doc: _Doc, rows: pd.DataFrame) -> None:
         doc.html(f"<pre>{esc(c.summary())}</pre>" + _tests_table(c))
     except ValueError as e:
         doc.html(f'<p class="warn">Crowding not computed: {esc(str(e))}</p>')
-    doc.html("<h3>Hierarchy: groups ranked by mean gain</h3>")
+    doc.html("<h4>Hierarchy: groups ranked by mean gain</h4>")
     if len(labs) >= 2:
         by, table = "lab", rows[rows["lab"].notna()].reset_index(drop=True)
     else:  # group by family instead: the recorded one, else derived from the model name
@@ -316,7 +423,7 @@ def _laws_section(doc: _Doc, rows: pd.DataFrame) -> None:
                            for f, m in zip(fam, table["model"])]
     groups = table[by].astype(str).unique()
     if len(groups) < 2:
-        doc.html(f'<p class="warn">Hierarchy needs at least 2 groups ({by}); all models are in {esc(str(groups[0]))}.</p>')
+        doc.html(f'<p class="note">Hierarchy needs at least 2 groups ({by}); all models are in {esc(str(groups[0]))}.</p>')
     else:
         doc.figure("fig-hierarchy", lambda: views.hierarchy_plot(table, gain="gain", by=by))
 
@@ -388,13 +495,16 @@ def _definitions_html() -> str:
     items += [("Reference overlay", PAPER_DEFINITION_NOTE.format(
         measurement="(per metric)", definition="see the paper metrics above", scope="last token",
         dtypes="fp16 (some files bf16/fp32)"))]
-    page = definitions.path()
-    intro = (f"<p class='note'>The full definitions page ships with thermo-lens: <a href='{esc(page.as_uri())}'>"
-             f"{esc(page.name)}</a> (<code>python -m thermo_lens.definitions</code> prints it; sections are "
-             "cited below as <code>thermo_lens.definitions §N</code>).</p>")
+    from thermo_lens.views.markdown import to_html
+
+    intro = ("<p class='note'>The full definitions page is embedded below (it ships with thermo-lens as "
+             "<code>definitions.md</code>; <code>python -m thermo_lens.definitions</code> prints it; docstrings cite "
+             "its sections as <code>thermo_lens.definitions §N</code>).</p>")
     options = "<h3>Settings and conventions</h3><dl>" + "".join(
         f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in items) + "</dl>"
-    return intro + _metric_glossary_html() + options
+    page = ("<details id='definitions-page'><summary>The definitions page (thermo_lens.definitions)</summary>"
+            f"<div class='defpage'>{to_html(definitions.text())}</div></details>")
+    return intro + _metric_glossary_html() + options + page
 
 
 def _panel_model(profiles: dict[str, Any], panel: Any) -> tuple[Any, str, Any] | tuple[None, str, None]:
@@ -455,12 +565,17 @@ def _header(doc: _Doc, name: str, n_profiles: int, n_failed: int, directory: Pat
 def _settings_section(doc: _Doc, study_info: dict[str, Any], profiles: dict[str, Any], failed: pd.DataFrame) -> None:
     doc.section("settings", "Settings")
     if study_info.get("settings"):
-        doc.html("<p>Study settings: <code>" + esc(", ".join(f"{k}={v!r}" for k, v in study_info["settings"].items()))
+        shown = {k: (prompt_set_label(v) if k == "prompts" and isinstance(v, str) else v)
+                 for k, v in study_info["settings"].items()}
+        doc.html("<p>Study settings: <code>" + esc(", ".join(f"{k}={v!r}" for k, v in shown.items()))
                  + "</code></p>")
     if profiles:
         table, warns = _settings_table(profiles)
         for w in warns:
             doc.html(f'<p class="warn">⚠ {esc(w)}</p>')
+        bos = _bos_note(profiles)
+        if bos:
+            doc.p(bos, "note")
         doc.html(table)
     if len(failed):
         doc.html("<h3>Failed models</h3>")
@@ -476,10 +591,11 @@ def _summary_section(doc: _Doc, profiles: dict[str, Any], rows: pd.DataFrame) ->
     cols = [c for c in _summary_cols() if c in rows.columns]
     doc.html(_table(rows[cols], left=["model", "lab", "family", "regime", "weights", "dtype", "prepend_bos",
                                       "token_scope"]))
-    doc.p("gain = the summary that decided the regime (see its CI); last_block_gain = G_L (paper metric B); "
-          "penultimate_gain = G_{L-1} (paper metric A); per-head spectral metrics = means over layers and heads; "
-          "mean_trace = mean over layers of the layer sheaf trace. Every column is defined under "
-          "<a href='#definitions'>Definitions</a>.", "note")
+    doc.html('<p class="note">' + esc(
+        "gain = the summary that decided the regime (see its CI); last_block_gain = G_L (paper metric B); "
+        "penultimate_gain = G_{L-1} (paper metric A); per-head spectral metrics = means over layers and heads; "
+        "mean_trace = mean over layers of the layer sheaf trace. Every column is defined under ")
+        + '<a href="#definitions">Definitions</a>.</p>')
     post = [k for k, p in profiles.items() if _meta(p).get("post_ln")]
     if post:
         doc.html(f'<p class="warn">⚠ post-LN model(s): {esc(", ".join(post))}. {esc(views.POST_LN_NOTE)}</p>')

@@ -179,6 +179,9 @@ def _save_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: Any, metri
     tmp = Path(tempfile.mkdtemp(dir=run_dir, prefix=f".{dest.name}."))
     model.save_pretrained(str(tmp), safe_serialization=True)
     tokenizer.save_pretrained(str(tmp))
+    from thermo_lens.zoo import portable_tokenizer_config
+
+    portable_tokenizer_config(tmp)  # checkpoints load on transformers 4 (TransformerLens 2.16) too
     (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     for f in tmp.iterdir():
         f.chmod(0o644)

@@ -12,7 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from thermo_lens.views._common import TEMPLATE, color_of
+from thermo_lens.views._common import HEIGHT, base_layout, color_of, log_ticks, wrap
 
 __all__ = ["gain_trajectories", "effect_sizes", "per_seed_effects"]
 
@@ -58,11 +58,14 @@ def gain_trajectories(runs: Any, metric: str = "last_block_gain") -> go.Figure:
                                                f"{metric} %{{y:.4f}}<extra></extra>"))
     if metric != "val_loss" and metric != "W_V_W_O_ratio":
         fig.add_hline(y=1.0, line=dict(color="black", dash="dot", width=1))
-    fig.update_xaxes(type="log", title="training step (log; step 0 drawn at 0.5)")
+    steps = np.maximum(pd.to_numeric(df["step"], errors="coerce").dropna().to_numpy(float), 0.5)
+    vals, text = log_ticks(float(steps.min()), float(steps.max())) if steps.size else ([], [])
+    fig.update_xaxes(type="log", title="training step (log; step 0 drawn at 0.5)",
+                     **(dict(tickvals=vals, ticktext=text) if vals else {}))
     fig.update_yaxes(title=metric)
-    fig.update_layout(template=TEMPLATE, height=460,
-                      title=f"{metric} during training: {_GAIN_DEFS.get(metric, metric)}"
-                            f"{f'; token scope {scope}' if scope else ''}")
+    base_layout(fig, f"{metric} during training",
+                wrap(f"{_GAIN_DEFS.get(metric, metric)}{f'; token scope {scope}' if scope else ''}", 150),
+                height=HEIGHT, bottom=70)
     return fig
 
 
@@ -95,9 +98,16 @@ def effect_sizes(effects: Any, metrics: tuple[str, ...] = ("last_block_gain", "p
                           + m + "</extra>", showlegend=False), row=1, col=j)
         fig.add_vline(x=0, line=dict(color="black", dash="dot", width=1), row=1, col=j)
     n = sorted({int(v) for v in eff["n_seeds"]}) if len(eff) else []
-    fig.update_layout(template=TEMPLATE, height=140 + 32 * max(1, eff[["knob", "level"]].drop_duplicates().shape[0]),
-                      title=f"Effect of each knob (level − reference, paired by seed, 95% t-CI over {n} seeds; "
-                            "red diamond = regime flips). Toy-scale models.")
+    for name, color, symbol in (("effect, 95% t-CI", "#1f77b4", "circle"),
+                                ("effect that flips the regime", "#d62728", "diamond")):
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, hoverinfo="skip",
+                                 marker=dict(size=9, color=color, symbol=symbol)), row=1, col=1)
+    seeds = "/".join(map(str, n)) or "?"
+    base_layout(fig, "Effect of each knob (level − reference)",
+                f"paired by seed, 95% t-CI over {seeds} seeds; toy-scale models",
+                height=140 + 32 * max(1, eff[["knob", "level"]].drop_duplicates().shape[0]), bottom=70)
+    longest = max((len(f"{k}: {r} → {lv}") for k, r, lv in zip(eff["knob"], eff["reference"], eff["level"])), default=10)
+    fig.update_layout(margin=dict(l=max(80, 8 * longest + 30)))  # the level labels stay left of the panels
     return fig
 
 

@@ -67,6 +67,8 @@ class ModelSpec:
             if self.zoo not in zoo.names():
                 raise ThermoLensInputError(
                     f"zoo={V.excerpt(self.zoo)}: unknown embedded model; available: {', '.join(zoo.names())}")
+            if self.family is None:  # the summary and the hierarchy plot group by it
+                object.__setattr__(self, "family", zoo.family(self.zoo))
         for f in ("lab", "family", "twin_of"):
             V.optional_text(f, getattr(self, f))
         V.dtype(self.dtype)
@@ -169,6 +171,6 @@ def model_from_name(name: Any, seen: Iterable[str] = (), **options: Any) -> Mode
 
     V.text("model", name, max_len=4096)
     if name in zoo.names() and not os.path.exists(name):
-        extra = {"lab": "thermo-lens zoo", "family": zoo.info(name).get("family")}
+        extra = {"lab": "thermo-lens zoo", "family": zoo.family(name)}
         return ModelSpec(id=_unique_id(V.slug(name), set(seen)), zoo=name, **{**extra, **options})
     return ModelSpec(id=_unique_id(default_id(name), set(seen)), name=V.model_name(name, "model"), **options)

@@ -185,13 +185,59 @@ def note(fig: go.Figure, text: str, *, y: float = -0.18, size: int = 11) -> go.F
     return fig
 
 
-def base_layout(fig: go.Figure, title: str, subtitle: str | None = None, *, height: int = 450,
+#: The package's figure style: one font, one template, one height scale for every figure.
+FONT = dict(family="Inter, 'Segoe UI', 'Helvetica Neue', Arial, sans-serif", size=13, color="#222")
+TITLE_SIZE = 17
+SUBTITLE_SIZE = 12
+#: Height of a standard figure's plotting area plus axes (px); heatmaps grow with their rows.
+HEIGHT = 480
+#: No figure is drawn shorter than this (px) in a 1,300-1,400 px wide page.
+MIN_HEIGHT = 420
+_SUB_LINE = 17  # px per subtitle line at SUBTITLE_SIZE
+
+
+def subtitle_html(subtitle: str) -> str:
+    """The subtitle as a smaller grey block under the title (``<br>`` keeps its line breaks)."""
+    return f"<span style='font-size:{SUBTITLE_SIZE}px;color:#555'>{subtitle}</span>"
+
+
+def base_layout(fig: go.Figure, title: str, subtitle: str | None = None, *, height: int = HEIGHT,
                 bottom: int = 120) -> go.Figure:
-    """Common layout: white template, title with a definition subtitle, room for notes."""
-    t = title if not subtitle else f"{title}<br><sup>{subtitle}</sup>"
-    fig.update_layout(template=TEMPLATE, title=dict(text=t, x=0.01, xanchor="left"), height=height,
-                      margin=dict(l=70, r=30, t=90, b=bottom), hoverlabel=dict(align="left"))
+    """The package style (font, template, title block, height) for every figure.
+
+    The top margin grows with the subtitle's lines, so the title block never overlaps the plot;
+    ``height`` is the figure's height without that growth (at least :data:`MIN_HEIGHT`).
+    """
+    lines = subtitle.count("<br>") + 1 if subtitle else 0
+    top = 30 + TITLE_SIZE + 8 + _SUB_LINE * lines + 14
+    t = title if not subtitle else f"{title}<br>{subtitle_html(subtitle)}"
+    fig.update_layout(
+        template=TEMPLATE, font=FONT,
+        title=dict(text=t, x=0.01, xanchor="left", y=1.0, yref="container", yanchor="top",
+                   pad=dict(t=14), font=dict(size=TITLE_SIZE)),
+        height=max(height, MIN_HEIGHT) + max(0, top - 90), margin=dict(l=80, r=30, t=top, b=bottom),
+        hoverlabel=dict(align="left", font=dict(size=12)), legend=dict(font=dict(size=12)),
+    )
     return fig
+
+
+def log_ticks(lo: float | int, hi: float | int) -> tuple[list[float], list[str]]:
+    """Tick values and labels ``..., 0.5, 1, 2, 5, 10, 20, 50, ...`` spanning ``[lo, hi]`` for a log axis
+    (plotly's ``dtick="D2"`` labels read "2, 10, 5, 2, 1"); ``([], [])`` when the range holds fewer
+    than three such ticks (a narrow range: plotly's own ticks read well there)."""
+    lo, hi = max(float(lo), 1e-12), max(float(hi), 1e-12)
+    if hi < lo:
+        lo, hi = hi, lo
+    vals: list[float] = []
+    steps = (1, 2, 5) if np.log10(hi / lo) <= 3 else (1,)  # many decades: powers of ten only
+    for e in range(int(np.floor(np.log10(lo))) - 1, int(np.ceil(np.log10(hi))) + 1):
+        for m in steps:
+            v = m * 10.0 ** e
+            if lo / 1.05 <= v <= hi * 1.05:
+                vals.append(v)
+    if len(vals) < 3:
+        return [], []
+    return vals, [f"{v:g}" for v in vals]  # 1e-05, 0.001, 20, 1e+06: short either way
 
 
 def escape(text: Any) -> str:

@@ -22,6 +22,7 @@ from thermo_lens.views._common import (
     check_type,
     color_of,
     hover,
+    log_ticks,
     named,
     note,
     settings_text,
@@ -56,15 +57,36 @@ def _band(fig: go.Figure, x: np.ndarray, lo: np.ndarray, hi: np.ndarray, color: 
         return
     xs, los, his = x[ok], lo[ok], hi[ok]
     fig.add_trace(go.Scatter(
-        x=np.concatenate([xs, xs[::-1]]), y=np.concatenate([his, los[::-1]]), fill="toself",
+        x=np.concatenate([xs, xs[::-1]]), y=np.concatenate([his, los[::-1]]), fill="toself", mode="lines",
         fillcolor=_rgba(color, 0.18), line=dict(width=0), hoverinfo="skip", showlegend=False,
-        name=f"{name} 95% CI", legendgroup=group, meta={"role": "ci_band", "model": name}, **kw))
+        name=f"{name} 95% CI", legendgroup=group, meta={"role": "ci_band", "model": name}), **kw)
+
+
+#: ``split_first="auto"`` draws block 0 in a panel of its own when its gain is this many times
+#: the largest gain of the other blocks (the first block often multiplies the embedding's norm
+#: 10-50x, which would flatten every other block against 1).
+SPLIT_FIRST_RATIO = 3.0
+
+
+def _split_first(pairs: list[tuple[str, Any]], x: str, layers: Any, split_first: bool | str) -> bool:
+    if split_first not in (True, False, "auto"):
+        raise ThermoLensViewError(f"layer_dynamics: split_first must be True, False or 'auto', got {split_first!r}")
+    if x != "layer" or layers is not None or any(g.n_layers < 2 for _, g in pairs):
+        return False
+    if split_first != "auto":
+        return bool(split_first)
+    for _, g in pairs:
+        m = to_numpy(g.layer_summary.mean)
+        rest = m[1:][np.isfinite(m[1:])]
+        if rest.size and np.isfinite(m[0]) and m[0] > SPLIT_FIRST_RATIO * float(np.abs(rest).max()):
+            return True
+    return False
 
 
 @register_plot("GainResult")
 def layer_dynamics(gains: Any, names: Sequence[str] | None = None, *,
                    x: str = "layer", show_ci: bool = True, log_y: bool | str = "auto",
-                   layers: Any = None) -> go.Figure:
+                   layers: Any = None, split_first: bool | str = "auto") -> go.Figure:
     """Block gain ``G_l`` per layer, mean over prompts with its 95% t-CI band, models overlaid.
 
     Args:
@@ -75,15 +97,21 @@ def layer_dynamics(gains: Any, names: Sequence[str] | None = None, *,
             thermo-lens frame) or ``"relative_depth"`` (``(layer + 1) / L``: compares models of
             different depth; the last block is at 1).
         show_ci: draw the CI bands (``GainResult.layer_summary``: mean +- t * SE, SD ddof=1).
-        log_y: log-scale gain axis; ``"auto"``: when the per-layer means span more than a factor
-            of 5 (the first block's gain is often 10-50x, which would flatten every other layer).
+        log_y: log-scale gain axis; ``"auto"``: when the drawn per-layer means span more than a
+            factor of 5. Log ticks read 1, 2, 5, 10, 20, ...
         layers: draw only these blocks (ints or a list; negative from each model's end, so
             ``layers=[-1]`` is every model's last block).
+        split_first: draw block 0 in a narrow panel of its own with its own axis, so the other
+            blocks stay legible: ``"auto"`` (the default) when block 0's gain exceeds
+            :data:`SPLIT_FIRST_RATIO` times every other block's (``x="layer"``, all layers),
+            ``True`` / ``False`` to force.
 
     Returns:
         ``plotly.graph_objects.Figure``; per model one line trace (``meta["role"] == "mean"``,
-        ``y`` = per-layer mean ``G_l``) and one band (``meta["role"] == "ci_band"``). Post-LN models
-        are drawn dashed with open diamonds, ``[post-LN]`` in their name and a note.
+        ``y`` = per-layer mean ``G_l`` of the blocks it draws, ``x`` their indices) and one band
+        (``meta["role"] == "ci_band"``); with block 0 split off, block 0's point is a trace of its
+        own (``meta["role"] == "first_block"``) in the left panel. Post-LN models are drawn dashed
+        with open diamonds, ``[post-LN]`` in their name and a note.
 
     Definition (``thermo_lens.definitions`` §1): the gain of block ``layer`` is ``||resid_post_layer|| / ||resid_pre_layer||``
     (the paper's ``G_{layer+1}``; final norm never included), norms in float32, reduced over
@@ -92,14 +120,23 @@ def layer_dynamics(gains: Any, names: Sequence[str] | None = None, *,
     if x not in ("layer", "relative_depth"):
         raise ThermoLensViewError(f"layer_dynamics: x must be 'layer' or 'relative_depth', got {x!r}")
     pairs = named(gains, "gain", "GainResult", names)
-    fig = go.Figure()
+    for _, g in pairs:
+        check_type(g, "GainResult", "layer_dynamics",
+                   "Pass thermo_lens.residual_gain(model, prompts) results (or ThermoProfiles).")
+    split = _split_first(pairs, x, layers, split_first)
+    if split:
+        from plotly.subplots import make_subplots
+
+        fig = make_subplots(rows=1, cols=2, column_widths=[0.16, 0.84], horizontal_spacing=0.07,
+                            subplot_titles=("block 0 (own scale)", "blocks 1 and after"))
+    else:
+        fig = go.Figure()
+    main = dict(row=1, col=2) if split else {}
     labels = [n for n, _ in pairs]
     any_post = False
     settings = set()
-    all_means = []
+    all_means, first_means = [], []
     for name, g in pairs:
-        check_type(g, "GainResult", "layer_dynamics",
-                   "Pass thermo_lens.residual_gain(model, prompts) results (or ThermoProfiles).")
         s = g.layer_summary
         mean, lo, hi = to_numpy(s.mean), to_numpy(s.ci_low), to_numpy(s.ci_high)
         sd, se = to_numpy(s.sd), to_numpy(s.se)
@@ -111,52 +148,76 @@ def layer_dynamics(gains: Any, names: Sequence[str] | None = None, *,
             if bad or not items:
                 raise ThermoLensViewError(f"layer_dynamics: layer(s) {bad or items} out of range 0..{L_all - 1} for {name}")
             keep = np.array([int(i) % L_all for i in items])
-        mean, lo, hi, sd, se = (v[keep] for v in (mean, lo, hi, sd, se))
-        L = L_all
-        all_means.append(mean)
-        xs = (keep + 1) / L if x == "relative_depth" else keep
         color = color_of(name, labels)
         post = bool(g.post_ln)
         any_post |= post
         defn = gain_settings(g)
         settings.add((g.token_scope, str(g.prepend_bos), g.dtype, g.weights))
         label = name + (POST_LN_SUFFIX if post else "")
+        lines = [f"<b>{label}</b>", "block (layer) %{customdata[0]:.0f} (paper G_l, l = layer + 1)",
+                 "mean block gain = %{y:.4f}  (95% t-CI [%{customdata[1]:.4f}, %{customdata[2]:.4f}])",
+                 "SE %{customdata[3]:.3g}, SD %{customdata[4]:.3g} (ddof=1), n = %{customdata[5]:.0f} prompts",
+                 GAIN_DEFINITION, wrap(defn, 90)] + ([wrap(POST_LN_NOTE, 90)] if post else [])
+        line = dict(color=color, dash=POST_LN_DASH if post else "solid")
+        marker = dict(symbol=POST_LN_SYMBOL if post else "circle", size=8 if post else 7, color=color)
+        meta = {"model": name, "post_ln": post, "definition": f"{GAIN_DEFINITION}, {defn}"}
+
+        table = np.stack([np.arange(L_all), lo, hi, se, sd, np.full(L_all, g.n_prompts)], axis=1)
+
+        if split:
+            first_means.append(mean[:1])
+            fig.add_trace(go.Scatter(
+                x=[0], y=mean[:1], mode="markers", name=label, legendgroup=name, showlegend=False,
+                marker=marker, customdata=table[:1], hovertemplate=hover(lines),
+                error_y=dict(type="data", symmetric=False, array=hi[:1] - mean[:1], arrayminus=mean[:1] - lo[:1],
+                             color=color, thickness=1.2, width=4) if show_ci else None,
+                meta={"role": "first_block", **meta}), row=1, col=1)
+            keep = keep[1:]
+        sel = (mean[keep], lo[keep], hi[keep])
+        all_means.append(sel[0])
+        xs = (keep + 1) / L_all if x == "relative_depth" else keep
         if show_ci:
-            _band(fig, xs.astype(float), lo, hi, color, label, name)
-        custom = np.stack([keep, lo, hi, se, sd, np.full(len(keep), g.n_prompts)], axis=1)
+            _band(fig, xs.astype(float), sel[1], sel[2], color, label, name, **main)
         fig.add_trace(go.Scatter(
-            x=xs, y=mean, mode="lines+markers", name=label, legendgroup=name,
-            line=dict(color=color, dash=POST_LN_DASH if post else "solid"),
-            marker=dict(symbol=POST_LN_SYMBOL if post else "circle", size=8 if post else 6),
-            customdata=custom,
-            hovertemplate=hover([
-                f"<b>{label}</b>", "block (layer) %{customdata[0]:.0f} (paper G_l, l = layer + 1)",
-                "mean block gain = %{y:.4f}  (95% t-CI [%{customdata[1]:.4f}, %{customdata[2]:.4f}])",
-                "SE %{customdata[3]:.3g}, SD %{customdata[4]:.3g} (ddof=1), n = %{customdata[5]:.0f} prompts",
-                GAIN_DEFINITION, wrap(defn, 90)] + ([wrap(POST_LN_NOTE, 90)] if post else [])),
-            meta={"role": "mean", "model": name, "post_ln": post, "definition": f"{GAIN_DEFINITION}, {defn}"},
-        ))
-    fig.add_hline(y=1.0, line=dict(color="#888", width=1, dash="dot"))
+            x=xs, y=sel[0], mode="lines+markers", name=label, legendgroup=name, line=line, marker=marker,
+            customdata=table[keep], hovertemplate=hover(lines), meta={"role": "mean", **meta}), **main)
+    fig.add_hline(y=1.0, line=dict(color="#888", width=1, dash="dot"), **main)
+    if show_ci:  # the bands are drawn without a legend entry each: one entry says what they are
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="95% t-CI band (shaded)",
+                                 line=dict(color="rgba(120,120,120,0.35)", width=10), hoverinfo="skip",
+                                 meta={"role": "legend"}), **main)
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="gain = 1 (neither expands nor dampens)",
+                             line=dict(color="#888", width=1, dash="dot"), hoverinfo="skip",
+                             meta={"role": "legend"}), **main)
     g0 = pairs[0][1]
     common = settings_text(token_scope=g0.token_scope, prepend_bos=g0.prepend_bos, dtype=g0.dtype, weights=g0.weights)
-    subtitle = GAIN_DEFINITION + ("; " + common if len(settings) == 1 else
-                                  "; models measured under DIFFERENT settings (see hover)")
+    subtitle = wrap(GAIN_DEFINITION + ("; " + common if len(settings) == 1 else
+                                       "; the models' settings differ (each model's hover names its own)"), 150)
     base_layout(fig, "Layer dynamics: block gain per layer (mean over prompts, 95% CI)", subtitle)
-    fig.update_xaxes(title="layer (0-based block index)" if x == "layer" else "relative depth (layer + 1) / L",
-                     dtick=1 if x == "layer" and max(g.n_layers for _, g in pairs) <= 48 else None)
-    fig.update_yaxes(title="block gain ||resid_post|| / ||resid_pre||")
+    x_title = "layer (0-based block index)" if x == "layer" else "relative depth (layer + 1) / L"
+    dtick = 1 if x == "layer" and max(g.n_layers for _, g in pairs) <= 48 else None
+    fig.update_xaxes(title=x_title, dtick=dtick, **main)
+    y_title = "block gain ||resid_post|| / ||resid_pre||"
+    fig.update_yaxes(title=y_title, **main)
+    v = np.concatenate(all_means) if all_means else np.array([])
+    v = v[np.isfinite(v) & (v > 0)]
     if log_y == "auto":
-        v = np.concatenate(all_means)
-        v = v[np.isfinite(v) & (v > 0)]
         log_y = bool(v.size) and float(v.max() / v.min()) > 5.0
-    if log_y:
-        fig.update_yaxes(type="log", dtick="D2", title="block gain ||resid_post|| / ||resid_pre|| (log scale)")
+    if log_y and v.size:
+        vals, text = log_ticks(min(float(v.min()), 1.0), max(float(v.max()), 1.0))
+        ticks = dict(tickvals=vals, ticktext=text) if vals else {}
+        fig.update_yaxes(type="log", title=y_title + " (log scale)", **ticks, **main)
+    if split:
+        f = np.concatenate(first_means)
+        fig.update_xaxes(tickvals=[0], ticktext=["0"], range=[-0.6, 0.6], title="layer", row=1, col=1)
+        fig.update_yaxes(title="block 0 gain", rangemode="tozero" if np.nanmax(f) < 5 else "normal", row=1, col=1)
+        fig.update_annotations(font=dict(size=12, color="#444"), selector=dict(text="block 0 (own scale)"))
+        fig.update_annotations(font=dict(size=12, color="#444"), selector=dict(text="blocks 1 and after"))
     if any_post:
         note(fig, "⚠ " + POST_LN_NOTE)
     return fig
 
 
-# ---------------------------------------------------------------------------- anisotropy
 def _anisotropy_arrays(a: Any) -> dict[str, Any]:
     s = a.stats
     n = to_numpy(s.n)

@@ -18,6 +18,7 @@ from thermo_lens import registry
 from thermo_lens.views._common import (
     POST_LN_SUFFIX,
     ThermoLensViewError,
+    MIN_HEIGHT,
     base_layout,
     check_type,
     color_of,
@@ -82,7 +83,7 @@ def head_heatmap(values: Any, *, title: str, definition: str, colorscale: str | 
     L, H = z.shape
     fig = go.Figure(go.Heatmap(
         z=z, x=[str(h) for h in hs], y=[str(l + layer_offset) for l in ls], colorscale=colorscale or ("RdBu_r" if zmid is not None else "Viridis"),
-        zmid=zmid, colorbar=dict(title=colorbar_title) if colorbar_title else None,
+        zmid=zmid, colorbar=dict(title=dict(text=colorbar_title, side="right")) if colorbar_title else None,
         hovertemplate=hover(["layer %{y}, head %{x}", f"value %{{z:{value_format}}}", wrap(definition, 90)]),
         meta={"role": "heatmap", "definition": definition},
     ))
@@ -307,10 +308,14 @@ def sheaf_trace_heatmap(traces: Any, *, name: str | None = None, log: bool = Fal
                         colorbar_title="log10 Tr L" if log else "Tr L", layers=layers, heads=heads)
 
 
+#: Heatmaps print their values in the cells up to this many cells (beyond, hover only).
+MAX_CELL_TEXT = 400
+
+
 @register_plot("GainAttribution")
 def attribution_heatmap(attribution: Any, *, name: str | None = None, relative: bool = False,
                         layers: Any = None, heads: Any = None) -> go.Figure:
-    """Per-head gain attribution, mean over prompts, as a diverging ``[layer, head]`` heatmap.
+    """Per-head gain attribution, mean over prompts, beside the block's other terms and its total.
 
     Args:
         attribution: a :class:`~thermo_lens.attribution.GainAttribution` (or a ThermoProfile,
@@ -320,9 +325,14 @@ def attribution_heatmap(attribution: Any, *, name: str | None = None, relative: 
             (:attr:`GainAttribution.relative_head`, comparable across layers).
         layers, heads: show only these layers / heads (negative from the end).
 
-    Red heads expand the residual stream (positive share of ``||x_out||^2 - ||x_in||^2`` of their
-    block), blue heads dampen it. ``layer`` is the 0-based block index, as in the spectral and
-    sheaf heatmaps.
+    Left panel: the ``[layer, head]`` head terms (trace ``meta["role"] == "heatmap"``, ``z`` =
+    :attr:`~GainAttribution.mean_head`). Right panel, on its own colour scale (trace
+    ``meta["role"] == "components"``): the MLP term, the output biases' term, the norm / SAE /
+    splice terms where a block has them, and the total ``||x_out||^2 - ||x_in||^2`` of the block;
+    the heads of a layer plus its components add up to its total. Values are printed in the cells
+    (up to :data:`MAX_CELL_TEXT` cells) and in every cell's hover text. Red expands the residual
+    stream, blue dampens it. ``layer`` is the 0-based block index, as in the spectral and sheaf
+    heatmaps.
     """
     if hasattr(attribution, "meta") and hasattr(attribution, "attribution"):
         label = name or str(attribution.meta.get("name"))
@@ -334,12 +344,47 @@ def attribution_heatmap(attribution: Any, *, name: str | None = None, relative: 
     check_type(attribution, "GainAttribution", "attribution_heatmap",
                "Pass thermo_lens.gain_attribution(model, prompts) (or a ThermoProfile).")
     a = attribution
+    norm_in_sq = to_numpy(((a.scale - a.total) / 2).mean(0))
     z = to_numpy(a.relative_head.mean(0) if relative else a.mean_head)
+    z, ls, hs = select_layers_heads(z, layers, heads, func="attribution_heatmap")
+    comps = [("MLP", a.mlp), ("bias", a.bias), ("norm", a.norm), ("SAE", a.sae), ("splice", a.splice)]
+    cols = [(n, to_numpy(t.mean(0))) for n, t in comps if t is not None and (n in ("MLP", "bias")
+                                                                             or bool(t.abs().max() > 0))]
+    cols.append(("total", to_numpy(a.total.mean(0))))
+    cz = np.stack([v for _, v in cols], axis=1)
+    if relative:
+        cz = cz / norm_in_sq[:, None]
+    cz = cz[ls]
     what = ("<z_h W_O^h, x_out + x_in> / ||x_in||^2" if relative else "<z_h W_O^h, x_out + x_in>")
     definition = (f"{what}: head h's exact share of its block's squared-norm change ||x_out||^2 - ||x_in||^2 "
                   f"(x_in = resid_pre, x_out = resid_post of block layer), mean over {a.n_prompts} prompts; "
                   + settings_text(token_scope=a.token_scope, prepend_bos=a.prepend_bos, dtype=a.dtype,
                                   weights=a.weights, post_ln=a.post_ln)
                   + f"; hooks: {a.provenance.hooks_text}")
-    return head_heatmap(z, title=f"Gain attribution per head, {label}", definition=definition, zmid=0.0,
-                        colorbar_title="share" if relative else "head term", layers=layers, heads=heads)
+    L, H, C = len(ls), len(hs), len(cols)
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.03,
+                        column_widths=[max(H, 2) / (max(H, 2) + C + 1), (C + 1) / (max(H, 2) + C + 1)])
+    text = dict(texttemplate="%{z:.3g}", textfont=dict(size=11)) if (H + C) * L <= MAX_CELL_TEXT else {}
+    ys = [str(int(v)) for v in ls]
+    unit = "share" if relative else "head term"
+    fig.add_trace(go.Heatmap(
+        z=z, x=[str(int(h)) for h in hs], y=ys, coloraxis="coloraxis", **text,
+        hovertemplate=hover(["layer %{y}, head %{x}", f"{unit} %{{z:.4g}}", wrap(definition, 90)]),
+        meta={"role": "heatmap", "definition": definition}), row=1, col=1)
+    fig.add_trace(go.Heatmap(
+        z=cz, x=[n for n, _ in cols], y=ys, coloraxis="coloraxis2", **text,
+        hovertemplate=hover(["layer %{y}: %{x} term", "value %{z:.4g}" + (" (of ||x_in||^2)" if relative else ""),
+                             "total = sum of the heads and the other columns (exact; see Definitions)"]),
+        meta={"role": "components", "columns": [n for n, _ in cols]}), row=1, col=2)
+    bar = dict(thickness=14, len=0.9, y=0.5, yanchor="middle")
+    fig.update_layout(
+        coloraxis=dict(colorscale="RdBu_r", cmid=0.0, colorbar=dict(title=unit, x=1.0, **bar)),
+        coloraxis2=dict(colorscale="PuOr_r", cmid=0.0, colorbar=dict(title="block terms", x=1.1, **bar)))
+    base_layout(fig, f"Gain attribution per head, {label}", wrap(definition, 150),
+                height=max(MIN_HEIGHT, min(900, 160 + 34 * L)), bottom=60)
+    fig.update_layout(margin=dict(r=150))
+    fig.update_xaxes(title="head", dtick=1 if H <= 40 else None, row=1, col=1)
+    fig.update_xaxes(title="block terms", row=1, col=2)
+    fig.update_yaxes(title="layer", autorange="reversed", dtick=1 if L <= 40 else None, row=1, col=1)
+    fig.update_yaxes(autorange="reversed", row=1, col=2)
+    return fig

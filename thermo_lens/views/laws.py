@@ -387,7 +387,6 @@ def reference_overlay(table: Any, metric: str = "A", *, x: str = "n_layers") -> 
         bos_ok = str(r.get("prepend_bos")) == str(spec.prepend_bos)
         same.append((scope_ok and bos_ok, scope_ok, bos_ok))
     all_same = all(s[0] for s in same)
-    ulabs = _labs(df)
     post = _post(df)
     xv = pd.to_numeric(df[x], errors="coerce") if x in df.columns else pd.Series(np.nan, index=df.index)
     yv = pd.to_numeric(df[col], errors="coerce")
@@ -403,13 +402,27 @@ def reference_overlay(table: Any, metric: str = "A", *, x: str = "n_layers") -> 
                                  wrap(_definition_of(r), 90),
                                  "like for like with the paper" if ok else "NOT like for like: " + "; ".join(why),
                                  "norms float32 here vs fp16/bf16 in the paper"]))
-    fig.add_trace(go.Scatter(
-        x=xv, y=yv, mode="markers+text", name=f"your models ({col})", text=list(df["model"].astype(str)),
-        textposition="top center", hovertext=text, hovertemplate="%{hovertext}<extra></extra>",
-        marker=dict(size=15, symbol=["star" if s[0] else "star-open" for s in same],
-                    color=[color_of(lb, ulabs) for lb in ulabs], line=dict(color="black", width=1)),
-        meta={"role": "user", "summary": col, "like_for_like": [bool(s[0]) for s in same]},
-    ))
+    # One trace (and legend entry) per model of yours: names in the legend and the hover, never as
+    # text on the plot, where models of one depth and similar gain would print on top of each other.
+    # Models sharing an x value are spread a little sideways (the hover gives the true value).
+    names = [str(m) for m in df["model"]]
+    shift = np.ones(len(df))
+    xs_arr = xv.to_numpy(float)
+    for val in {v for v in xs_arr if np.isfinite(v)}:
+        idx = [i for i, v in enumerate(xs_arr) if v == val]
+        if len(idx) > 1:
+            for k, i in enumerate(idx):
+                shift[i] = 1 + 0.04 * (k - (len(idx) - 1) / 2)
+    for i, (name, (ok, _, _)) in enumerate(zip(names, same)):
+        xi = xs_arr[i] * shift[i] if x == "n_layers" else xs_arr[i] + (shift[i] - 1) * 0.05
+        fig.add_trace(go.Scatter(
+            x=[xi], y=[yv.iloc[i]], mode="markers", name=f"{name} (yours{'' if ok else ', not like for like'})",
+            legendgroup="yours", hovertext=[text[i]], hovertemplate="%{hovertext}<extra></extra>",
+            marker=dict(size=15, symbol="star" if ok else "star-open", color=color_of(name, names),
+                        line=dict(color=color_of(name, names) if not ok else "black", width=2 if not ok else 1)),
+            meta={"role": "user", "model": name, "summary": col, "like_for_like": [bool(ok)],
+                  "x": float(xs_arr[i]) if np.isfinite(xs_arr[i]) else None},
+        ))
     fig.add_hline(y=1.0, line=dict(color="#888", width=1, dash="dot"))
     verdict = ("LIKE FOR LIKE (same summary, token scope and BOS mode; norms float32 vs paper fp16)" if all_same else
                "NOT like for like: some of your models used another token scope / BOS mode (hollow stars)")

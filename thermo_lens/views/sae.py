@@ -62,7 +62,7 @@ def sae_gain_change_plot(result: Any) -> go.Figure:
         if ok.any():
             xs = layers[ok].astype(float)
             fig.add_trace(go.Scatter(
-                x=np.concatenate([xs, xs[::-1]]), y=np.concatenate([hi[ok], lo[ok][::-1]]), fill="toself",
+                x=np.concatenate([xs, xs[::-1]]), y=np.concatenate([hi[ok], lo[ok][::-1]]), fill="toself", mode="lines",
                 fillcolor=_rgba(color, 0.18), line=dict(width=0), hoverinfo="skip", showlegend=False,
                 meta={"role": "ci_band"}), row=1, col=1)
         fig.add_trace(go.Scatter(

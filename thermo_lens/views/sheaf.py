@@ -25,6 +25,7 @@ from thermo_lens.views._common import (
     check_type,
     color_of,
     hover,
+    log_ticks,
     named,
     note,
     settings_text,
@@ -132,16 +133,23 @@ def sheaf_plot(laplacian: Any, *, head: int | None = None, norm: str = "spectral
     for c in (1, 3):
         fig.update_yaxes(autorange="reversed", row=1, col=c, title="token i" if c == 1 else None,
                          tickfont=dict(size=9))
-        fig.update_xaxes(row=1, col=c, title="token j", tickfont=dict(size=9))
-    fig.update_yaxes(type="log", row=1, col=2, title="eigenvalue")
+        fig.update_xaxes(row=1, col=c, title="token j", tickfont=dict(size=9), tickangle=-90)
+    pos = ev[np.isfinite(ev) & (ev > 0)]
+    vals, labels = log_ticks(float(pos.min()), float(pos.max())) if pos.size else ([], [])
+    fig.update_yaxes(type="log", row=1, col=2, title="eigenvalue",
+                     **(dict(tickvals=vals, ticktext=labels) if vals else {}))
     fig.update_xaxes(row=1, col=2, title="rank (descending)")
     prompt = (L.prompt or "")[:60]
     base_layout(fig, f"Sheaf Laplacian L = M (x) W_V W_V^T{', ' + where if where else ''}" +
                 (f" — {model.get('name')}" if model.get("name") else ""),
                 wrap(f"{conv} convention; prompt {prompt!r}; {settings}; trace {L.trace():.5g} = "
                      f"(n - sum_i A_ii) ||W_V||_F^2", 150), height=560, bottom=170)
-    fig.update_layout(margin=dict(t=135))
-    note(fig, wrap(f"spectral gap lambda_2 = {gap.value:.3g}: {gap.reason}", 200), y=-0.42, size=10)
+    gap_note = wrap(f"spectral gap lambda_2 = {gap.value:.3g}: {gap.reason}", 190)
+    n_lines = gap_note.count("<br>") + 1
+    # below the (vertical) token labels and the axis titles, in pixels: the margin grows with the note
+    note(fig, gap_note, y=0.0, size=10)
+    fig.layout.annotations[-1].update(yshift=-125)
+    fig.update_layout(margin=dict(b=140 + 14 * n_lines), height=fig.layout.height + 14 * n_lines)
     return fig
 
 

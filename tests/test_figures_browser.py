@@ -1,0 +1,195 @@
+"""Every figure type, and the default report, drawn by headless Chromium: no two text boxes of a
+figure overlap (issue 25).
+
+The figures are made from the embedded default models profiled on the default prompt set (what a
+newcomer's first ``thermo-lens profile`` shows) and written into one page; a probe script reads
+the rendered geometry (``getBoundingClientRect`` of every non-empty ``<text>`` of each plotly SVG:
+titles, subtitles, axis titles, tick labels, legend entries, annotations, colour bars, cell
+values) and lists the pairs whose boxes intersect by more than 2 px both ways. The same is checked
+on the whole report. Set ``THERMO_LENS_SCREENSHOTS=DIR`` to also get one PNG per figure (and per
+report section) in DIR, to look at.
+
+Skipped when no Chromium binary exists and ``CI`` is not set (in CI it must run).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from test_report_browser import _chromium
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+# Runs after load: the overlapping text pairs of every plotly figure, as JSON in document.title.
+_GEOMETRY = """<script>window.addEventListener('load',function(){setTimeout(function(){
+var out={figures:0,texts:0,overlaps:[],clipped:[]};
+document.querySelectorAll('.js-plotly-plot').forEach(function(p){
+ out.figures++;var boxes=[];var f=p.querySelector('svg.main-svg').getBoundingClientRect();
+ p.querySelectorAll('svg text').forEach(function(t){
+  if(!t.textContent.trim())return;var r=t.getBoundingClientRect();if(r.width<1||r.height<1)return;
+  var c=(t.getAttribute('class')||'')+' '+((t.parentNode&&t.parentNode.getAttribute&&t.parentNode.getAttribute('class'))||'');
+  boxes.push([r.left,r.top,r.right,r.bottom,t.textContent.slice(0,40),c.trim()]);
+  if(r.left<f.left-2||r.top<f.top-2||r.right>f.right+2||r.bottom>f.bottom+2)
+   out.clipped.push(p.id+': "'+t.textContent.slice(0,40)+'" ['+c.trim()+'] outside the figure');});
+ out.texts+=boxes.length;
+ for(var i=0;i<boxes.length;i++)for(var j=i+1;j<boxes.length;j++){var a=boxes[i],b=boxes[j];
+  var w=Math.min(a[2],b[2])-Math.max(a[0],b[0]),h=Math.min(a[3],b[3])-Math.max(a[1],b[1]);
+  if(w>2&&h>2)out.overlaps.push(p.id+': "'+a[4]+'" ['+a[5]+'] x "'+b[4]+'" ['+b[5]+']');}
+});
+%s
+document.title='TLGEOM '+JSON.stringify(out);},1500);});</script>"""
+# Shows only one report section (its h2 up to the next h2), for a per-section screenshot.
+_ONLY_SECTION = """var a=document.getElementById('%s');if(a){var on=false;Array.from(document.body.children).forEach(
+function(c){if(c.tagName==='H2')on=(c===a);if(!on&&c.tagName!=='SCRIPT')c.style.display='none';});
+window.dispatchEvent(new Event('resize'));}"""
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    binary = _chromium()
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI is set but no Chromium binary was found (install the Debian package 'chromium')")
+        pytest.skip("no Chromium binary (chromium / chromium-browser / google-chrome) on PATH; "
+                    "install the Debian package 'chromium' to run the browser tests")
+    return binary
+
+
+def _browse(binary: str, page: str, workdir: Path, *, shot: Path | None = None, height: int = 1600,
+            section: str | None = None) -> dict:
+    """Open ``page`` (with the geometry probe) in headless Chromium; the probe's result."""
+    script = _GEOMETRY % (_ONLY_SECTION % section if section else "")
+    html_file = workdir / f"page-{section or 'all'}.html"
+    html_file.write_text(page.replace("</body>", script + "</body>", 1), encoding="utf-8")
+    with tempfile.TemporaryDirectory() as prof:
+        args = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                "--disable-background-networking", "--disable-component-update", "--no-first-run",
+                "--host-resolver-rules=MAP * ~NOTFOUND", f"--user-data-dir={prof}",
+                "--virtual-time-budget=20000", f"--window-size=1400,{height}", "--dump-dom"]
+        if shot is not None:
+            args.append(f"--screenshot={shot}")
+        r = subprocess.run(args + [html_file.as_uri()], capture_output=True, text=True, timeout=120)
+    m = re.search(r"<title>TLGEOM (.*?)</title>", r.stdout, flags=re.S)
+    assert m, f"no geometry from the page (chromium rc={r.returncode}): {r.stderr[-2000:]}"
+    import html as _html
+
+    return json.loads(_html.unescape(m.group(1)))
+
+
+@functools.cache
+def _profiles() -> dict:
+    """The embedded default models profiled on the default prompt set (once per session)."""
+    import thermo_lens
+    from thermo_lens import study, zoo
+
+    out = {}
+    for name in zoo.DEFAULT:
+        spec = study.model_from_name(name)
+        out[name] = thermo_lens.profile(zoo.load(name), "paper25", name=name, lab=spec.lab, family=spec.family,
+                                        source=f"zoo:{name}", progress=False)
+    return out
+
+
+def _figures() -> dict:
+    """One figure of every type the package draws (the SAE figure needs an SAE: its layout is the
+    shared one, checked through the others)."""
+    from thermo_lens import prompts, views, zoo
+    from thermo_lens.report import _rows
+    from thermo_lens.robustness import robustness_from_gain
+    from thermo_lens.sheaf import sheaf_laplacian
+
+    profs = _profiles()
+    rows = _rows(profs)
+    first = next(iter(profs.values()))
+    ps = prompts.get("paper25")
+    rob = {k: robustness_from_gain(p.gain, list(ps.categories), prompt_set=ps.name) for k, p in profs.items()}
+    lap = sheaf_laplacian(zoo.load("gpt2-tiny-wd"), "The capital of France is Paris", 1, head=0)
+    return {
+        "layer_dynamics": views.layer_dynamics(profs),
+        "anisotropy_plot": views.anisotropy_plot(profs),
+        "robustness_plot": views.robustness_plot(rob),
+        "spectral_scatter": views.spectral_scatter({k: p.spectral for k, p in profs.items()}),
+        "spectral_heatmaps": views.spectral_heatmaps(first.spectral, name="gpt2-tiny-wd", attribution=first.attribution),
+        "sheaf_trace_heatmap": views.sheaf_trace_heatmap(first.sheaf, name="gpt2-tiny-wd"),
+        "sheaf_plot": views.sheaf_plot(lap),
+        "l_star_plot": views.l_star_plot(profs),
+        "attribution_heatmap": views.attribution_heatmap(first),
+        "kleiber_plot": views.kleiber_plot(rows),
+        "heritage_plot": views.heritage_plot(rows.assign(lab=["a", "a", "b"])),
+        "hierarchy_plot": views.hierarchy_plot(rows.assign(family=[zoo.family(n) for n in rows["model"]]), by="family"),
+        "reference_overlay_A": views.reference_overlay(rows, metric="A"),
+        "reference_overlay_B": views.reference_overlay(rows, metric="B"),
+        "metric_plot": views.metric_plot(first.write_norm, "write_norm"),
+        **_lab_figures(),
+    }
+
+
+def _lab_figures() -> dict:
+    """The heritage lab's two figures, from small made-up tables of its shape."""
+    import numpy as np
+    import pandas as pd
+
+    from thermo_lens.lab import views as lab_views
+
+    rng = np.random.default_rng(0)
+    runs = pd.DataFrame([{"arm": arm, "seed": seed, "step": step, "token_scope": "all_but_first",
+                          "last_block_gain": 1 + 0.1 * np.log1p(step) * (1 if arm == "wd=0.1" else -1) / 8
+                          + rng.normal(0, 0.01)}
+                         for arm in ("wd=0.1", "wd=0.0") for seed in range(3) for step in (0, 1, 4, 16, 64, 256, 1024)])
+    effects = pd.DataFrame([{"metric": m, "knob": "weight_decay", "reference": 0.0, "level": lv, "effect": e,
+                             "ci_low": e - 0.02, "ci_high": e + 0.02, "flips_regime": e > 0.05, "pvalue": 0.25,
+                             "n_seeds": 3, "reference_mean": 1.0, "level_mean": 1.0 + e}
+                            for m in ("last_block_gain", "penultimate_gain") for lv, e in ((0.1, 0.03), (0.3, 0.07))])
+    return {"lab_gain_trajectories": lab_views.gain_trajectories(runs, "last_block_gain"),
+            "lab_effect_sizes": lab_views.effect_sizes(effects)}
+
+
+def _page(figs: dict) -> str:
+    import plotly.offline
+
+    divs = "".join(f"<div style='width:1320px;margin:10px 0'>"
+                   f"{fig.to_html(full_html=False, include_plotlyjs=False, div_id=name)}</div>"
+                   for name, fig in figs.items())
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><script>{plotly.offline.get_plotlyjs()}</script>"
+            f"</head><body style='margin:0 40px'>{divs}</body></html>")
+
+
+def test_no_text_overlaps_in_any_figure_type(chromium, tmp_path):
+    figs = _figures()
+    heights = {name: int(f.layout.height or 0) for name, f in figs.items()}
+    assert min(heights.values()) >= 420, heights  # no squashed figure in a 1,400 px page
+    fonts = {json.dumps(f.layout.font.to_plotly_json(), sort_keys=True) for f in figs.values()}
+    assert len(fonts) == 1, "every figure uses the package style's font"
+    geom = _browse(chromium, _page(figs), tmp_path, height=sum(heights.values()) + 40 * len(figs))
+    assert geom["figures"] == len(figs) and geom["texts"] > 50 * len(figs) // 4
+    assert geom["overlaps"] == [], "\n".join(geom["overlaps"])
+    assert geom["clipped"] == [], "\n".join(geom["clipped"])
+    keep = os.environ.get("THERMO_LENS_SCREENSHOTS")
+    if keep:  # one PNG per figure, to look at
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        for name, fig in figs.items():
+            _browse(chromium, _page({name: fig}), tmp_path, shot=Path(keep) / f"figure-{name}.png",
+                    height=heights[name] + 30)
+
+
+def test_no_text_overlaps_in_the_default_report(chromium, tmp_path):
+    from thermo_lens.report import render_report
+
+    page, ids = render_report(_profiles(), panel=False)
+    geom = _browse(chromium, page, tmp_path, height=2000)
+    assert geom["figures"] == len(ids) > 10
+    assert geom["overlaps"] == [], "\n".join(geom["overlaps"])
+    assert geom["clipped"] == [], "\n".join(geom["clipped"])
+    keep = os.environ.get("THERMO_LENS_SCREENSHOTS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        for anchor in ("settings", "summary", "gain", "attribution", "l_star", "laws", "reference", "definitions"):
+            _browse(chromium, page, tmp_path, shot=Path(keep) / f"report-{anchor}.png", height=1800, section=anchor)
