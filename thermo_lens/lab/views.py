@@ -141,6 +141,6 @@ def per_seed_effects(runs: Any, reference_arm: str, arm: str,
         fig.add_hline(y=0, line=dict(dash="dot", color="black", width=1), row=1, col=j)
         fig.update_xaxes(title_text="training budget (steps)", type="log", row=1, col=j)
         fig.update_yaxes(title_text=f"{arm} minus {reference_arm}", row=1, col=j)
-    fig.update_layout(template=TEMPLATE, height=420, width=1100,
-                      title=f"Per-seed paired differences: {arm} vs {reference_arm} (last step of each budget)")
+    base_layout(fig, f"Per-seed paired differences: {arm} vs {reference_arm}",
+                "the last step of each training budget; grey: one seed each, colour: the mean over seeds")
     return fig
