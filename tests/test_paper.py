@@ -66,6 +66,7 @@ def _perm_p(x, g, rank=False):
     return np.mean(np.abs(rs) >= abs(obs) - 1e-12)
 
 
+@pytest.mark.slow
 def test_kleiber_numbers_against_scipy():
     f = findings.compute()
     pyt = reference.pythia_family()

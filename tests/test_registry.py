@@ -83,6 +83,7 @@ def test_every_metric_draws_with_its_definition(measured):
         assert np.isfinite(shown).any(), m.name
 
 
+@pytest.mark.slow
 def test_every_metric_is_in_the_report_glossary_and_the_docs(measured):
     from thermo_lens.report import render_report
 

@@ -70,6 +70,7 @@ def chromium():
 
 
 @pytest.mark.browser
+@pytest.mark.slow
 def test_report_renders_in_headless_chromium(chromium, bridge, checkpoint_dir, tmp_path):
     profiles = build_profiles(bridge, checkpoint_dir)
     page, ids = render_report(profiles, panel=bridge("gpt2"))  # with the circuitsvis panel

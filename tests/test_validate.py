@@ -147,6 +147,7 @@ def test_excerpt_is_bounded():
     assert len(str(e.value)) < 300
 
 
+@pytest.mark.slow
 def test_float64_profile_end_to_end(tiny):
     """A float64 model profiles, agrees with float32 to float32 precision, and round-trips."""
     m64 = zoo.load("gpt2-tiny-wd", dtype=torch.float64)

@@ -56,6 +56,7 @@ def test_an_ablated_head_writes_nothing_and_the_hook_is_recorded(bridge):
     assert "zero_head_2" in repr(got) and "zero_head_2" in got.to_frame()["hooks"].iloc[0]
 
 
+@pytest.mark.slow
 def test_the_registry_carries_it_everywhere(bridge):
     # No code outside thermo_lens/write_norm.py knows about write norms: the profile runs it, the row
     # and the panel show it, the report draws it, the definitions page lists it.
