@@ -347,7 +347,9 @@ def cmd_lab(args: argparse.Namespace) -> int:
     study.output_path(args.out, "lab folder")
     spec = load_lab_spec(args.spec)
     arms = spec.arms()
-    _say(f"thermo-lens: lab {spec.name!r}: {len(arms)} arms x {len(spec.seeds)} seeds into {args.out}/ ({args.executor})")
+    budgets = f" x {len(spec.budgets)} budgets ({', '.join(map(str, spec.budgets))} steps)" if spec.budgets else ""
+    _say(f"thermo-lens: lab {spec.name!r}: {len(arms)} arms x {len(spec.seeds)} seeds{budgets} into {args.out}/ "
+         f"({args.executor})")
     outcome = run_lab(spec, args.out, executor=args.executor, ray_address=args.ray_address, report=not args.no_report,
                       progress=None, update=args.update)
     if outcome.skipped:
