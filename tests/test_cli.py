@@ -59,6 +59,7 @@ def test_errors_have_no_traceback_from_the_console_entry_point(tmp_path):
     assert r.returncode == 2 and "thermo-lens: error: --prompts" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_failed_model_gives_exit_code_1(tmp_path, capsys):
     prompts = tmp_path / "p.txt"
     prompts.write_text("The capital of France is\nWater freezes at\n")

@@ -92,6 +92,7 @@ def test_kleiber_numbers_against_scipy():
     assert f["kleiber_ci_rho"] == pytest.approx(np.tanh([z - 1.959964 * se, z + 1.959964 * se]), abs=1e-5)
 
 
+@pytest.mark.slow
 def test_kleiber_bound_violations_over_both_tables_and_every_metric():
     f = findings.compute()
     viol = {(t, m): (lo, hi, sig) for t, m, g, b, lo, hi, sig in f["violations"]}

@@ -47,6 +47,7 @@ def test_run_resume_and_manifest(tmp_path):
     assert other.done == ("a",)
 
 
+@pytest.mark.slow
 def test_corrupt_result_is_detected_and_recomputed(tmp_path):
     out = tmp_path / "s"
     run_study(_spec(ZOO_A), out)

@@ -194,6 +194,7 @@ cli_options = st.lists(st.tuples(st.sampled_from(["--batch-size", "--prepend-bos
                                                   "--device", "--prompts", None]), cli_values), max_size=4)
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                      HealthCheck.too_slow])
 @given(models=st.lists(cli_values, max_size=3), options=cli_options, truncate=st.booleans())

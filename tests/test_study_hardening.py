@@ -18,6 +18,11 @@ from thermo_lens.study import ModelSpec, StudySpec, StudySpecError, load_spec
 PROMPTS = ["The capital of France is", "Water freezes at"]
 
 
+# Each test runs the CLI on a study folder (about half a second each): the slow tier, with the
+# other end-to-end study tests (the fast loop keeps the spec, manifest and fingerprint unit tests).
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def template():
     return study_helpers.template()  # one real profile per session, shared by the study tests
