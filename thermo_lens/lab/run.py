@@ -399,8 +399,10 @@ def write_tables(lab_dir: str | os.PathLike, spec: LabSpec) -> None:
     atomic_write_bytes(out / "effects.csv", eff.to_csv(index=False, float_format="%.10g").encode())
     if len(runs):
         figs = make_folder(out, "figures")
-        figures = [("trajectories_last_block_gain", views.gain_trajectories(runs, "last_block_gain")),
-                   ("trajectories_penultimate_gain", views.gain_trajectories(runs, "penultimate_gain"))]
+        # With budgets, trajectories follow the longest budget's runs (one schedule per line).
+        longest = runs.loc[runs["budget"] == max(spec.budget_steps())] if spec.budgets else runs
+        figures = [("trajectories_last_block_gain", views.gain_trajectories(longest, "last_block_gain")),
+                   ("trajectories_penultimate_gain", views.gain_trajectories(longest, "penultimate_gain"))]
         if len(eff) and "basis" in eff.columns:
             figures.append(("effects", views.effect_sizes(eff.loc[(eff["basis"] == "budget")
                                                                  & (eff["budget"] == max(spec.budget_steps()))])))

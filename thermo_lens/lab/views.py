@@ -129,7 +129,7 @@ def per_seed_effects(runs: Any, reference_arm: str, arm: str,
         for seed, g in d.groupby("seed"):
             g = g.sort_values("budget")
             fig.add_trace(go.Scatter(x=g["budget"], y=g["d"], mode="lines+markers", line=dict(color="#bbbbbb", width=1),
-                                     marker=dict(size=4), name=f"seed {seed}", legendgroup="seeds",
+                                     marker=dict(size=4), name="each seed", legendgroup="seeds",
                                      showlegend=bool(j == 1 and seed == d["seed"].min()),
                                      hovertemplate=f"seed {seed}<br>budget %{{x}} steps<br>difference %{{y:.4f}}<extra></extra>"),
                           row=1, col=j)
