@@ -162,6 +162,13 @@ def test_a_lab_with_budgets_end_to_end(tmp_path):
     prim = eff.loc[eff["family"] == "primary"]
     assert len(prim) == 2 and (prim["budget"] == 24).all() and prim["pvalue_holm"].notna().all()
     assert (out / "figures" / "per_seed_weight_decay_0.9.html").is_file()
+    # the report's lab section shows the declared family and says how intervals and flips are decided
+    from thermo_lens.lab.report_section import lab_section
+    from thermo_lens.report import write_report
+
+    write_report(out / "train", tmp_path / "r.html", panel=False, sections=[lab_section(out)])
+    page = (tmp_path / "r.html").read_text()
+    assert "Declared primary family" in page and "inverts the exact two-sided sign-flip test" in page
     # A profile of another spec (its hash differs) never enters the tables.
     other = load_lab_spec(spec_file)
     from dataclasses import replace

@@ -36,6 +36,9 @@ def lab_section(lab_dir: str | Path) -> Callable[[Any], None]:
             return
         runs, eff = pd.read_csv(lab_dir / "runs.csv"), pd.read_csv(lab_dir / "effects.csv")
         doc.section("heritage-lab", "Heritage lab: what each knob does to the gain")
+        if "basis" in eff.columns:  # a lab with budgets and a declared primary family
+            _budget_lab(doc, runs, eff, lab_views)
+            return
         n = sorted(set(eff["n_seeds"].astype(int))) if len(eff) else []
         doc.p(f"Each knob level is compared with its reference level, paired by seed (same initial weights where "
               f"shapes allow, same batches, same token budget), at the last checkpoint: effect = mean over seeds "
@@ -52,3 +55,33 @@ def lab_section(lab_dir: str | Path) -> Callable[[Any], None]:
                 doc.figure(f"fig-lab-{metric}", lambda m=metric: lab_views.gain_trajectories(runs, m))
 
     return section
+
+
+def _budget_lab(doc: Any, runs: Any, eff: Any, lab_views: Any) -> None:
+    """The section of a lab with training budgets: the declared primary family first, then every
+    comparison at the longest budget; trajectories of the longest budget's runs."""
+    longest = int(eff.loc[eff["basis"] == "budget", "budget"].max()) if len(eff) else None
+    doc.p("Each knob level is compared with its reference level, paired by seed (same initial weights where shapes "
+          "allow, same batches), at the last step of each training budget (a complete schedule each) and at matched "
+          "validation loss. effect = mean over seeds of level minus reference; ci_low / ci_high = the 95% interval "
+          "that inverts the exact two-sided sign-flip test (it excludes 0 exactly when p < 0.05); pvalue_holm = "
+          "Holm's adjustment over the declared primary family only (family = primary), every other row is "
+          "secondary and unadjusted. A regime (expander / dampener) is decided by the 95% t-interval of an arm's "
+          "seed mean against 1; flips_regime is True or False only when both regimes are determined, empty when it "
+          "cannot be told. Toy scale: read an effect as what a knob can do, not what it did in a published model.",
+          "note")
+    cols = ["knob", "reference", "level", "metric", "budget", "effect", "ci_low", "ci_high", "pvalue", "pvalue_holm",
+            "n_seeds", "reference_regime", "level_regime", "flips_regime"]
+    primary = eff.loc[eff["family"] == "primary"]
+    if len(primary):
+        doc.html("<h3>Declared primary family</h3>")
+        doc.table(primary[cols], left=["knob", "reference", "level", "metric", "reference_regime", "level_regime"])
+    if longest is not None:
+        at = eff.loc[(eff["basis"] == "budget") & (eff["budget"] == longest)]
+        doc.figure("fig-lab-effects", lambda: lab_views.effect_sizes(at))
+        doc.html(f"<h3>Every comparison at {longest} steps</h3>")
+        doc.table(at[cols], left=["knob", "reference", "level", "metric", "reference_regime", "level_regime"])
+    runs_longest = runs.loc[runs["budget"] == longest] if longest is not None and "budget" in runs.columns else runs
+    for metric in ("last_block_gain", "penultimate_gain"):
+        if len(runs_longest) and metric in runs_longest.columns:
+            doc.figure(f"fig-lab-{metric}", lambda m=metric: lab_views.gain_trajectories(runs_longest, m))
