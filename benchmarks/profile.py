@@ -335,7 +335,7 @@ def bench_stream(args) -> None:
     in one process, the allocator's memory from the first size hides the growth of the next."""
     import subprocess
 
-    sizes = (40, 160) if args.quick else (250, 1000, 2000)
+    sizes = (40, 160) if args.quick else tuple(int(v) for v in args.stream_sizes.split(","))
     print("\nstreaming: profile() of a GPT-2 (6 x 384, 6 heads) on the paper's prompts repeated, "
           "one fresh process per size", flush=True)
     for n in sizes:
@@ -356,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--full-7b", action="store_true",
                     help="whole-layer norms of all 32 layers at 7B geometry (minutes; default 2, scaled)")
     ap.add_argument("--stream-one", type=int, default=None, help=argparse.SUPPRESS)  # bench_stream's child
+    ap.add_argument("--stream-sizes", default="250,1000,2000,10000",
+                    help="prompt counts of the streaming part, comma-separated (default 250,1000,2000,10000)")
     ap.add_argument("--only", choices=["gpt2", "deep", "gqa", "7b", "stream"], action="append",
                     help="run only these parts (repeatable)")
     args = ap.parse_args(argv)

@@ -217,3 +217,12 @@ def test_freed_activation_memory_is_handed_back_every_few_batches(bridge, monkey
     assert len(calls) == 17 // hooks._TRIM_EVERY
     assert torch.equal(plain.gain.block_gain, trimmed.gain.block_gain)
     hooks._release_freed_memory()  # the real one runs (or is a no-op off glibc) without error
+
+
+def test_progress_bar_counts_prompts_with_rate_and_eta(bridge, capsys):
+    """A long run's bar counts prompts (rate in prompts/s, an ETA), whatever the batches' sizes."""
+    prompts = ["a b c d e f", "x", "the cat sat", "one two", "hello world again", "z y"]
+    tl.residual_gain(bridge("gpt2"), prompts, batch_size=2, progress=True)
+    err = capsys.readouterr().err
+    assert "prompt/s" in err or "s/prompt" in err
+    assert f"/{len(prompts)} [" in err and "<" in err  # n/total [elapsed<remaining, rate]

@@ -456,26 +456,30 @@ def collect(
     # a measured state (they are recorded all the same).
     stop_after = None if on_logits is not None else view.last_hook_needed([name for name, _ in hooks])
     show = settings.progress if settings.progress is not None else len(tokenized) > 1
-    for k, batch in enumerate(tqdm(tokenized, desc=f"thermo-lens {view.name}", unit="batch", disable=not show,
-                                   leave=False)):
-        current.info = BatchInfo.of(batch, k, len(tokenized),
-                                    None if user_index is None else user_index[batch.prompt_index])
-        try:
-            if on_batch is not None:
-                on_batch(batch)
-            with rec.batch(batch):
-                logits = view.run(batch.tokens, batch.mask, hooks, stop_after=stop_after,
-                                  return_logits=on_logits is not None)
-            if on_logits is not None:
-                assert logits is not None, "ModelView.run(return_logits=True) returned no logits"
-                on_logits(logits, batch)
-        finally:
-            current.info = None
-            if on_batch is not None:
-                on_batch(None)
-        if k % _TRIM_EVERY == _TRIM_EVERY - 1 and view.device.type == "cpu":
-            _release_freed_memory()
-        _check_pass(view, rec, batch)
+    # Counted in prompts, not batches: the bar's rate is prompts/s and its ETA holds for length-bucketed
+    # batches of different sizes (a long run of thousands of prompts).
+    with tqdm(total=sum(len(b.prompt_index) for b in tokenized), desc=f"thermo-lens {view.name}", unit="prompt",
+              disable=not show, leave=False, smoothing=0.05) as bar:
+        for k, batch in enumerate(tokenized):
+            current.info = BatchInfo.of(batch, k, len(tokenized),
+                                        None if user_index is None else user_index[batch.prompt_index])
+            try:
+                if on_batch is not None:
+                    on_batch(batch)
+                with rec.batch(batch):
+                    logits = view.run(batch.tokens, batch.mask, hooks, stop_after=stop_after,
+                                      return_logits=on_logits is not None)
+                if on_logits is not None:
+                    assert logits is not None, "ModelView.run(return_logits=True) returned no logits"
+                    on_logits(logits, batch)
+            finally:
+                current.info = None
+                if on_batch is not None:
+                    on_batch(None)
+            if k % _TRIM_EVERY == _TRIM_EVERY - 1 and view.device.type == "cpu":
+                _release_freed_memory()
+            _check_pass(view, rec, batch)
+            bar.update(len(batch.prompt_index))
     never = [i for i in range(len(settings.fwd_hooks)) if i not in current.fired]
     if never:
         name, fn = settings.fwd_hooks[never[0]]
