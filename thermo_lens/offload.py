@@ -37,21 +37,18 @@ def _align_hooks(hook: Any) -> list[Any]:
 
 
 def _offload_hook(module: torch.nn.Module) -> Any:
-    """The hook that holds ``module``'s own offloaded parameters, or None."""
-    return next((h for h in _align_hooks(getattr(module, "_hf_hook", None)) if getattr(h, "offload", False)), None)
-
-
-def _offloads(module: torch.nn.Module) -> bool:
-    """The module's own parameters live in an offload hook's weights map (accelerate). (Wrappers
-    without parameters of their own, such as a bridge's component around the HF module, are hooked
-    too; there is nothing to load for them.)"""
+    """The hook that holds ``module``'s own offloaded parameters, or None. (Wrappers without
+    parameters of their own, such as a bridge's component around the HF module, are hooked too;
+    there is nothing to load for them.)"""
     own = any(True for _ in module.parameters(recurse=False)) or any(True for _ in module.buffers(recurse=False))
-    return own and _offload_hook(module) is not None
+    if not own:
+        return None
+    return next((h for h in _align_hooks(getattr(module, "_hf_hook", None)) if getattr(h, "offload", False)), None)
 
 
 def is_offloaded(model: torch.nn.Module) -> bool:
     """Any of ``model``'s modules keeps its weights offloaded (parameters on ``meta``)."""
-    return any(_offloads(m) for m in model.modules())
+    return any(_offload_hook(m) is not None for m in model.modules())
 
 
 def execution_device(model: torch.nn.Module) -> torch.device | None:
@@ -79,7 +76,8 @@ def materialised(module: torch.nn.Module, what: str = "the weights") -> Iterator
         ThermoLensInputError: a parameter under ``module`` is on ``meta`` and no offload hook holds
             its values (a model built with ``init_empty_weights`` and never loaded).
     """
-    offloaded = [m for m in module.modules() if _offloads(m) and id(m) not in _LOADED]
+    hooked = ((m, _offload_hook(m)) for m in module.modules() if id(m) not in _LOADED)
+    offloaded = [(m, hook) for m, hook in hooked if hook is not None]
     if not offloaded:
         if any(p.is_meta for p in module.parameters()):
             raise ThermoLensInputError(
@@ -90,8 +88,7 @@ def materialised(module: torch.nn.Module, what: str = "the weights") -> Iterator
         return
     loaded: list[tuple[torch.nn.Module, Any]] = []
     try:
-        for m in offloaded:
-            hook = _offload_hook(m)
+        for m, hook in offloaded:
             hook.pre_forward(m)  # what accelerate runs before the module's forward: weights map -> device
             loaded.append((m, hook))
             _LOADED.add(id(m))

@@ -37,6 +37,11 @@ def _mean(x: np.ndarray, axis: int = -1) -> Any:
     return np.mean(x, axis=axis)
 
 
+def last_checkpoints(runs: Any) -> Any:
+    """The rows of ``runs`` at each run's last checkpoint (a run = one arm, seed and budget)."""
+    return runs.loc[runs.groupby("run")["step"].transform("max") == runs["step"]]
+
+
 @dataclass(frozen=True)
 class PairedEffect:
     """Mean seed-paired difference, its CI, the exact permutation p-value and ``n`` seeds."""
@@ -101,7 +106,7 @@ def effects_frame(runs: Any, comparisons: Sequence[tuple[str, Any, Any, str, str
     if len(runs) == 0:
         return pd.DataFrame(rows, columns=cols)
     if step is None:
-        final = runs.loc[runs.groupby("run")["step"].transform("max") == runs["step"]]
+        final = last_checkpoints(runs)
     else:
         final = runs.loc[runs["step"] == step]
     for knob, ref_level, level, ref_arm, arm in comparisons:
@@ -158,21 +163,11 @@ def sign_flip_interval(d: Any, level: float = 0.95) -> tuple[float, float]:
     alpha = 1.0 - level
     if 2.0 / 2 ** n >= alpha:
         return float("-inf"), float("inf")
-    m, span = float(x.mean()), float(np.ptp(x)) + abs(float(x.mean())) + 1e-12
+    from thermo_lens.stats.exact import _invert  # the package's test inversion (Blaker, signed-rank, ...)
 
-    def edge(direction: float) -> float:
-        inside, outside = m, m + direction * span
-        while sign_flip_pvalue(x, outside) > alpha:  # far enough that the test rejects
-            outside = m + 2 * (outside - m)
-        for _ in range(60):
-            mid = 0.5 * (inside + outside)
-            if sign_flip_pvalue(x, mid) > alpha:
-                inside = mid
-            else:
-                outside = mid
-        return inside
-
-    return edge(-1.0), edge(1.0)
+    span = float(np.ptp(x)) + abs(float(x.mean())) + 1e-12
+    lo, hi = _invert(lambda shift: sign_flip_pvalue(x, shift), float(x.mean()), span, alpha)
+    return lo, hi
 
 
 def regime_of(values: Any, level: float = 0.95) -> str:
@@ -207,8 +202,7 @@ def matched_loss_frame(runs: Any, budget: int, target: float | None = None,
 
     df = runs.loc[runs["budget"] == budget]
     if target is None:
-        final = df.loc[df.groupby("run")["step"].transform("max") == df["step"]]
-        target = float(final.groupby("arm")["val_loss"].mean().max())
+        target = float(last_checkpoints(df).groupby("arm")["val_loss"].mean().max())
     rows = []
     for run, g in df.sort_values("step").groupby("run"):
         g = g.loc[g["val_loss"].notna()]
@@ -256,7 +250,7 @@ def budget_effects_frame(runs: Any, comparisons: Sequence[tuple[str, Any, Any, s
     bases: list[tuple[str, int, Any, float | None]] = []
     for b in budgets:
         df = runs.loc[runs["budget"] == b]
-        bases.append(("budget", b, df.loc[df.groupby("run")["step"].transform("max") == df["step"]], None))
+        bases.append(("budget", b, last_checkpoints(df), None))
     if len(runs) and "val_loss" in runs.columns and (runs["budget"] == largest).any():
         matched, target = matched_loss_frame(runs, largest, metrics=metrics)
         bases.append(("matched_loss", largest, matched, target))

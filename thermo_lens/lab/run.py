@@ -104,12 +104,16 @@ def _run_infos(spec: LabSpec) -> list[_RunInfo]:
     return out
 
 
+def _every(every: int | None, steps: int) -> tuple[int, ...]:
+    """The steps before ``steps`` that are multiples of ``every`` (the lab's ``checkpoint_every``)."""
+    return tuple(range(every, steps, every)) if every else ()
+
+
 def _checkpoints(spec: LabSpec, steps: int) -> list[int]:
     """Every checkpoint of a run of ``steps``: log-spaced, plus every ``checkpoint_every`` steps."""
     from thermo_lens.lab.train import checkpoint_steps
 
-    extra = range(spec.checkpoint_every, steps, spec.checkpoint_every) if spec.checkpoint_every else ()
-    return sorted(set(checkpoint_steps(steps, spec.checkpoints)) | set(extra))
+    return sorted(set(checkpoint_steps(steps, spec.checkpoints)) | set(_every(spec.checkpoint_every, steps)))
 
 
 @dataclass(frozen=True)
@@ -128,8 +132,7 @@ class _Task:
         from thermo_lens.lab.train import train_run
 
         run_dir = make_folder(self.lab_dir, *Path(info.run_dir).parts)  # never through a planted link
-        steps = Recipe(**info.recipe).steps
-        extra = tuple(range(self.checkpoint_every, steps, self.checkpoint_every)) if self.checkpoint_every else ()
+        extra = _every(self.checkpoint_every, Recipe(**info.recipe).steps)
         return train_run(Recipe(**info.recipe), info.seed, run_dir, base=Recipe(**info.base),
                          n_checkpoints=self.n_checkpoints, extra_checkpoints=extra,
                          tokenizer_cache=make_folder(self.lab_dir, "tokenizers"), eval_every=self.eval_every)

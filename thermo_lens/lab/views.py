@@ -12,6 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from thermo_lens.lab.effects import last_checkpoints
 from thermo_lens.views._common import HEIGHT, base_layout, color_of, log_ticks, wrap
 
 __all__ = ["gain_trajectories", "effect_sizes", "per_seed_effects"]
@@ -120,7 +121,7 @@ def per_seed_effects(runs: Any, reference_arm: str, arm: str,
     df = pd.DataFrame(runs)
     if "budget" not in df.columns or df["budget"].isna().all():
         df = df.assign(budget=df.groupby("run")["step"].transform("max"))
-    final = df.loc[df.groupby("run")["step"].transform("max") == df["step"]]
+    final = last_checkpoints(df)
     fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=[_GAIN_DEFS.get(m, m) for m in metrics])
     for j, m in enumerate(metrics, start=1):
         a = final.loc[final["arm"] == reference_arm].set_index(["seed", "budget"])[m]
