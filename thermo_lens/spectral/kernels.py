@@ -48,10 +48,22 @@ def ov_norm_factored(
 
     With ``R_V^T R_V = W_V^T W_V`` and ``R_O^T R_O = W_O W_O^T`` (``d_head x d_head``),
     ``W_V W_O = Q_V (R_V R_O^T) Q_O^T`` with orthonormal ``Q``, so its singular values are those of
-    the small ``R_V R_O^T``. Leading dimensions broadcast.
+    the small ``R_V R_O^T``. Leading dimensions broadcast. Half-precision weights (bf16, fp16) are
+    reduced in float32, as :func:`matrix_spectral_norm` does.
     """
+    for name, w in (("W_V", W_V), ("W_O", W_O)):
+        if not isinstance(w, Tensor) or not w.is_floating_point() or w.ndim < 2:
+            raise ThermoLensInputError(f"ov_norm_factored: {name} must be a floating-point tensor [..., m, n]")
+    dtype = torch.promote_types(_full_precision(W_V.dtype), _full_precision(W_O.dtype))
+    W_V, W_O = W_V.to(dtype), W_O.to(dtype)
     R_V = _gram_root(*torch.linalg.eigh(W_V.mT @ W_V))
     return _sigma_max_of_product(R_V, W_O @ W_O.mT)
+
+
+def _full_precision(dtype: torch.dtype) -> torch.dtype:
+    """float32 for a half-precision dtype (bf16, fp16), else ``dtype``: norms are reduced in full
+    precision (LAPACK has no bf16 routines; bf16 arithmetic would be ~1% off)."""
+    return torch.float32 if torch.finfo(dtype).bits < 32 else dtype
 
 
 def _sigma_max_of_product(R_a: Tensor, G_b: Tensor) -> Tensor:
@@ -219,11 +231,14 @@ def matrix_spectral_norm(
 ) -> tuple[Float[Tensor, "..."], str]:
     """``sigma_max`` of a stack of (possibly large) matrices, and the method used.
 
+    Computed and returned in ``W.dtype`` (float32 or float64); a half-precision ``W`` (bf16, fp16:
+    a model's stored weights) in float32, Lanczos converting it a row panel at a time in cache.
+
     ``"svd"``: batched ``torch.linalg.svdvals``. ``"gram"``: ``sqrt`` of the largest eigenvalue
     of the smaller-side Gram matrix ``W^T W`` (or ``W W^T``), batched ``eigvalsh`` (backward
     stable: the largest eigenvalue has relative error ~ machine epsilon, so ``sigma_max`` too).
     ``"lanczos"``: Lanczos on the smaller-side Gram operator, one matrix at a time, to machine
-    precision of ``W.dtype`` (:func:`_lanczos_sigma_max`; a matrix that has not converged within
+    precision of the compute dtype (:func:`_lanczos_sigma_max`; a matrix that has not converged within
     300 steps falls back to ``"gram"``, and the method says so). ``"auto"``: ``"svd"`` on GPU,
     ``"lanczos"`` on CPU (one pass over the matrix per step, bound by memory bandwidth: a
     4096 x 4096 float32 matrix with random weights takes ~65 steps of ~3.5 ms on one core, a
@@ -231,8 +246,14 @@ def matrix_spectral_norm(
     cores).
     """
     _check_method(method)
+    if not isinstance(W, Tensor) or not W.is_floating_point() or W.ndim < 2:
+        got = f"{W.dtype} tensor of shape {tuple(W.shape)}" if isinstance(W, Tensor) else type(W).__name__
+        raise ThermoLensInputError(f"matrix_spectral_norm needs a floating-point tensor [..., m, n], got {got}")
+    dtype = _full_precision(W.dtype)  # a bf16 model's weights: reduced in float32
     if method == "auto":
         method = "svd" if W.device.type != "cpu" else "lanczos"
+    if method != "lanczos":
+        W = W.to(dtype)
     if method == "gram":
         G = W.mT @ W if W.shape[-1] <= W.shape[-2] else W @ W.mT
         lam = torch.linalg.eigvalsh(G)[..., -1]
@@ -240,8 +261,8 @@ def matrix_spectral_norm(
     if method == "svd":
         return torch.linalg.svdvals(W)[..., 0], "svd"
     flat = W.detach().reshape(-1, *W.shape[-2:])
-    # One positional argument: tests substitute _lanczos_sigma_max to force the fallback.
-    out, note = lanczos_norms(flat, flat.shape[0], W.dtype, sigma=lambda w: _lanczos_sigma_max(w))
+    # Looked up at call time: tests substitute _lanczos_sigma_max to force the fallback.
+    out, note = lanczos_norms(flat, flat.shape[0], dtype, sigma=lambda w: _lanczos_sigma_max(w, dtype=dtype))
     return out.reshape(W.shape[:-2]).to(W.device), note
 
 
