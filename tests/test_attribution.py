@@ -206,6 +206,7 @@ def test_half_precision_models_close_to_their_precision(checkpoint_dir):
     assert a.dtype == "bfloat16" and a.head.dtype == torch.float64
     rel = (a.head.sum(-1) + a.mlp + a.bias - a.total).abs() / a.scale
     assert float(rel.max()) < 1e-2
+    assert "exact up to the model's bfloat16 rounding" in repr(a)  # not a bare "exact"
 
 
 def test_a_hook_that_breaks_the_identity_is_named(bridge):

@@ -197,10 +197,12 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
         if self.splice is not None and bool((self.splice != 0).any()):
             parts.append("splice")
         saes = m.get("saes") or []
+        # A half-precision model rounds each residual addition to ~3 digits: the identity holds to that.
+        exact = "exact" if self.dtype in ("float32", "float64") else f"exact up to the model's {self.dtype} rounding"
         lines = [f"GainAttribution({m.get('name')}: {self.n_prompts} prompts x {self.n_layers} layers x "
                  f"{self.n_heads} heads; {self.block_layout}; token_scope={self.token_scope!r}, "
                  f"BOS={self.prepend_bos!r}, weights {self.provenance.weights_text}, {self.dtype})",
-                 f"  per block: ||x_out||^2 - ||x_in||^2 = {' + '.join(parts)} (exact; max closure "
+                 f"  per block: ||x_out||^2 - ||x_in||^2 = {' + '.join(parts)} ({exact}; max closure "
                  f"{float((self.closure / self.scale).max()):.1e} of the scale)"]
         if self.n_experts > 1:
             lines.append(f"  mlp = sum over {self.n_experts} experts of expert (router weight x expert output)")
