@@ -6,7 +6,7 @@
 """
 
 from thermo_lens.sweeps.api import METHODS, OVER, ablation_sweep, patch_sweep
-from thermo_lens.sweeps.engine import GAIN_MEASURES
+from thermo_lens.sweeps.engine import GAIN_MEASURES, MEASURE_DEFINITIONS
 from thermo_lens.sweeps.result import SweepResult
 
-__all__ = ["patch_sweep", "ablation_sweep", "SweepResult", "METHODS", "OVER", "GAIN_MEASURES"]
+__all__ = ["patch_sweep", "ablation_sweep", "SweepResult", "METHODS", "OVER", "GAIN_MEASURES", "MEASURE_DEFINITIONS"]

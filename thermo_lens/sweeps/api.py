@@ -108,11 +108,12 @@ def _sweep(view: ModelView, ps: Any, hook: Any, over: Any, measure: Any, *, laye
     """Shared body: cells, conditions, one multi-condition run, the result."""
     ov = _over(over)
     layout = hook_layout(hook, ov)
-    m = parse_measure(measure, view.n_layers)
+    m = parse_measure(measure, view.n_layers, view.n_heads)
     validate.token_scope(token_scope)
+    scope = m.scope(token_scope)
     if not isinstance(level, (int, float)) or not 0 < level < 1:
         raise ThermoLensInputError(f"level must be a confidence level in (0, 1), got {level!r}")
-    min_tokens = 2 if token_scope == "all_but_first" and not m.needs_logits else 1
+    min_tokens = m.min_tokens(token_scope)
     lengths = _lengths(view, ps, settings, min_tokens)
     lays = _index_list("layers", layers, view.n_layers)
     attached.check_hook_names(view.model, [layout.name(l) for l in lays], view.name)
@@ -137,7 +138,7 @@ def _sweep(view: ModelView, ps: Any, hook: Any, over: Any, measure: Any, *, laye
         per_prompt=per_prompt, baseline=values[0], clean=clean_values, level=float(level), kind=kind, method=method,
         hook=layout.suffix, over=ov, measure=m.label, layers=tuple(lays),
         heads=tuple(int(h) for h in hs if h is not None) if "head" in ov else (),
-        positions=tuple(int(q) for q in labels), token_scope="n/a" if m.needs_logits else token_scope,
+        positions=tuple(int(q) for q in labels), token_scope=scope, measure_definition=m.definition,
         patched_positions="the swept position" if "pos" in ov else ("all" if positions is None else str(list(
             [positions] if isinstance(positions, (int, np.integer)) else positions))),
         reference=reference, provenance=provenance)
@@ -183,10 +184,14 @@ def patch_sweep(
             ``"attn.hook_q"``, ``"attn.hook_result"`` (heads), ``"hook_resid_pre"``,
             ``"hook_resid_post"`` ... (positions).
         over: the cell axes after ``layer``: ``"head"`` (the default), ``"pos"`` or ``("head", "pos")``.
-        measure: the per-prompt scalar: ``"total_amplification"`` (the default), ``"last_block_gain"``,
-            ``"block_gain:<layer>"`` (in ``token_scope``, as :func:`thermo_lens.residual_gain`), or a
-            function of the logits ``[prompt, pos, d_vocab] -> [prompt]`` (called once per condition
-            with all prompts in your order, e.g. a logit difference; the passes then run to the logits).
+        measure: the per-prompt scalar (:data:`thermo_lens.sweeps.MEASURE_DEFINITIONS`):
+            ``"total_amplification"`` (the default), ``"last_block_gain"``, ``"block_gain:<layer>"`` (in
+            ``token_scope``, as :func:`thermo_lens.residual_gain`), ``"attribution_total:<layer>"``,
+            ``"attribution_head:<layer>"`` (sum over heads), ``"attribution_head:<layer>.<head>"`` (the
+            terms of :func:`thermo_lens.gain_attribution`, in ``token_scope``), ``"sheaf_trace:<layer>"``
+            (sum over heads), ``"sheaf_trace:<layer>.<head>"`` (:func:`thermo_lens.sheaf_traces`, all real
+            tokens), or a function of the logits ``[prompt, pos, d_vocab] -> [prompt]`` (called once per
+            condition with all prompts in your order, e.g. a logit difference; the passes then run to the logits).
         layers: layers to sweep (default ``None``: all).
         heads: heads to sweep (default ``None``: all).
         positions: with ``"pos"`` in ``over``, the swept positions (default ``None``: every position,
@@ -225,7 +230,7 @@ def patch_sweep(
                 + ("Rephrase the prompts so each pair tokenizes to the same length" if square else
                    "Rephrase the prompts so each pair tokenizes to the same length, or pass positions=[...] "
                    "(negative from each prompt's end: -1 patches the clean last token into the corrupted last token)"))
-        acts, clean_values = capture(view, cps, layout, lays, settings, measure=parse_measure(measure, view.n_layers),
+        acts, clean_values = capture(view, cps, layout, lays, settings, measure=parse_measure(measure, view.n_layers, view.n_heads),
                                      token_scope=token_scope, min_tokens=min_tokens, rows_per_pass=rows)
         if bad:  # pairs of different lengths: clean position q goes to corrupted position q (each from its end)
             at_clean, at_corr = _resolve(positions, cl, "clean"), _resolve(positions, lengths, "corrupted")

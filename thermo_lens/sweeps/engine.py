@@ -23,12 +23,37 @@ from thermo_lens.inputs import PromptList
 from thermo_lens.model import ModelView
 from thermo_lens.passes import Collected, Recorder, collect
 from thermo_lens.settings import RunSettings
+from thermo_lens.sheaf.traces import _w_v_frob_sq, attention_diagonal
+from thermo_lens.attribution.terms import attribution_terms
 from thermo_lens.tokens import TokenBatch
 
-__all__ = ["HookLayout", "hook_layout", "Measure", "parse_measure", "capture", "run_conditions", "GAIN_MEASURES"]
+__all__ = ["HookLayout", "hook_layout", "Measure", "parse_measure", "measure_values", "capture", "run_conditions",
+           "GAIN_MEASURES", "MEASURE_DEFINITIONS"]
 
 #: Gain measures by name (per prompt, in the run's token scope, as in :func:`thermo_lens.residual_gain`).
 GAIN_MEASURES = ("total_amplification", "last_block_gain", "block_gain:<layer>")
+#: Every per-prompt measure a sweep takes by name, with its definition (``<layer>`` 0-based, negative
+#: from the end; ``<head>`` a query head). Each is a number of one prompt computed in the same stacked
+#: passes as the sweep's conditions, normalised as the library's own result of that name.
+MEASURE_DEFINITIONS: dict[str, str] = {
+    "total_amplification": "the total amplification ||x_L|| / ||x_0|| of residual_gain, in the run's token_scope",
+    "last_block_gain": "the last block's gain ||x_L|| / ||x_{L-1}|| of residual_gain, in the run's token_scope",
+    "block_gain:<layer>": "block <layer>'s gain ||x_{layer+1}|| / ||x_layer|| of residual_gain (block_gain[:, layer]), "
+                          "in the run's token_scope",
+    "attribution_total:<layer>": "gain_attribution's total[:, layer]: the mean over the token_scope's tokens of "
+                                 "||x_out||^2 - ||x_in||^2 of block <layer> (its squared-norm change)",
+    "attribution_head:<layer>": "gain_attribution's head[:, layer].sum(-1): the attention's share of block <layer>'s "
+                                "squared-norm change, sum over heads of <z_h W_O^h, u_attn>, mean over the "
+                                "token_scope's tokens (a Shapley-style share, not an ablation effect)",
+    "attribution_head:<layer>.<head>": "gain_attribution's head[:, layer, head]: head <head>'s share <z_h W_O^h, u_attn> "
+                                       "of block <layer>'s squared-norm change, mean over the token_scope's tokens",
+    "sheaf_trace:<layer>": "sheaf_traces' layer_trace[:, layer]: sum over heads of (n - sum_i A_ii) ||W_V^h||_F^2 "
+                           "(formula 'off_diagonal_mass'), over all real tokens whatever the token_scope",
+    "sheaf_trace:<layer>.<head>": "sheaf_traces' trace[:, layer, head]: (n - sum_i A_ii) ||W_V^h||_F^2 (formula "
+                                  "'off_diagonal_mass'; under GQA the head's KV head's W_V), over all real tokens",
+}
+_SHEAF_SCOPE = "all real tokens (sheaf trace: every query position of each prompt)"
+
 # per-layer hook -> (head dim, position dim) of its activation [batch, ...]; head dim None: no head axis
 _HEAD_HOOKS = {"attn.hook_z": (2, 1), "attn.hook_q": (2, 1), "attn.hook_result": (2, 1),
                "attn.hook_pattern": (1, 2), "attn.hook_attn_scores": (1, 2)}
@@ -69,39 +94,122 @@ def hook_layout(hook: Any, over: tuple[str, ...]) -> HookLayout:
 
 @dataclass(frozen=True)
 class Measure:
-    """A per-prompt scalar: a gain summary (``layer``: a block, ``None``: total amplification)
-    or a function of the logits."""
+    """A per-prompt scalar (:data:`MEASURE_DEFINITIONS`): ``kind`` ``"gain"`` (``layer``: a block's
+    gain, ``None``: total amplification), ``"attribution_total"``, ``"attribution_head"`` (``head``
+    ``None``: the sum over heads), ``"sheaf_trace"`` (likewise), or ``"logits"`` (``fn`` of the logits)."""
 
     label: str
     layer: int | None = None
     fn: Callable[[Tensor], Tensor] | None = None
+    kind: str = "gain"
+    head: int | None = None
+    definition: str = ""
 
     @property
     def needs_logits(self) -> bool:
         return self.fn is not None
 
+    def min_tokens(self, token_scope: str) -> int:
+        """Real tokens each prompt needs (``all_but_first`` drops position 0 of the scoped means)."""
+        return 2 if token_scope == "all_but_first" and self.kind in ("gain", "attribution_total",
+                                                                      "attribution_head") else 1
 
-def parse_measure(measure: Any, n_layers: int) -> Measure:
+    def scope(self, token_scope: str) -> str:
+        """The token scope the numbers are in (checked): the run's for gain and attribution
+        measures (the attribution's term scopes only), all real tokens for the sheaf trace."""
+        if self.kind in ("attribution_total", "attribution_head"):
+            return _attribution_scope(token_scope)
+        return {"logits": "n/a", "sheaf_trace": _SHEAF_SCOPE}.get(self.kind, token_scope)
+
+    def reductions(self, token_scope: str) -> list[Any]:
+        """The in-pass reductions the measure reads (only this measure's layer where it has one)."""
+        if self.kind == "gain":
+            return [residual_norms]
+        if self.kind in ("attribution_total", "attribution_head"):
+            return [_one_layer(attribution_terms(token_scope), self.layer)]
+        if self.kind == "sheaf_trace":
+            return [_one_layer(attention_diagonal, self.layer)]
+        return []
+
+
+def _layer_of(measure: str, tail: str, n_layers: int) -> int:
+    try:
+        layer = int(tail)
+    except ValueError:
+        raise ThermoLensInputError(f"measure {measure!r}: the block must be an int, e.g. "
+                                   f"'{measure.split(':', 1)[0]}:2'") from None
+    if not -n_layers <= layer < n_layers:
+        raise ThermoLensInputError(f"measure {measure!r}: block {layer} out of range 0..{n_layers - 1}")
+    return layer % n_layers
+
+
+def parse_measure(measure: Any, n_layers: int, n_heads: int | None = None) -> Measure:
+    """The :class:`Measure` named by ``measure`` (:data:`MEASURE_DEFINITIONS`) or a function of the logits."""
     if callable(measure):
         return Measure(f"logits:{getattr(measure, '__qualname__', None) or getattr(measure, '__name__', repr(measure))}",
-                       fn=measure)
-    known = f"choose one of {', '.join(map(repr, GAIN_MEASURES))}, or a function of the logits [batch, pos, d_vocab] -> [batch]"
+                       fn=measure, kind="logits",
+                       definition="a function of the logits [prompt, pos, d_vocab] -> [prompt], called once per "
+                                  "condition with all prompts in the caller's order")
+    known = (f"choose one of {', '.join(map(repr, MEASURE_DEFINITIONS))} (thermo_lens.sweeps.MEASURE_DEFINITIONS), "
+             "or a function of the logits [batch, pos, d_vocab] -> [batch]")
     if not isinstance(measure, str):
         raise ThermoLensInputError(f"unknown measure {measure!r}; {known}")
     if measure == "total_amplification":
-        return Measure(measure)
+        return Measure(measure, definition=MEASURE_DEFINITIONS[measure])
     if measure == "last_block_gain":
-        return Measure(measure, layer=n_layers - 1)
-    if measure.startswith("block_gain:"):
-        tail = measure.split(":", 1)[1].strip()
-        try:
-            layer = int(tail)
-        except ValueError:
-            raise ThermoLensInputError(f"measure {measure!r}: the block must be an int, e.g. 'block_gain:2'") from None
-        if not -n_layers <= layer < n_layers:
-            raise ThermoLensInputError(f"measure {measure!r}: block {layer} out of range 0..{n_layers - 1}")
-        return Measure(f"block_gain:{layer % n_layers}", layer=layer % n_layers)
+        return Measure(measure, layer=n_layers - 1, definition=MEASURE_DEFINITIONS[measure])
+    name, _, tail = measure.partition(":")
+    if name == "block_gain" and tail:
+        layer = _layer_of(measure, tail.strip(), n_layers)
+        return Measure(f"block_gain:{layer}", layer=layer, definition=MEASURE_DEFINITIONS["block_gain:<layer>"])
+    if name in ("attribution_total", "attribution_head", "sheaf_trace") and tail:
+        where, dot, head_text = tail.strip().partition(".")
+        if dot and name == "attribution_total":
+            raise ThermoLensInputError(f"measure {measure!r}: the total term is a block's, not a head's; use "
+                                       f"'attribution_total:{where}' or 'attribution_head:{where}.{head_text}'")
+        layer = _layer_of(measure, where, n_layers)
+        head = None
+        if dot:
+            try:
+                head = int(head_text)
+            except ValueError:
+                raise ThermoLensInputError(f"measure {measure!r}: the head must be an int, e.g. '{name}:{layer}.0'") \
+                    from None
+            if n_heads is not None and not -n_heads <= head < n_heads:
+                raise ThermoLensInputError(f"measure {measure!r}: head {head} out of range 0..{n_heads - 1}")
+            head = head % n_heads if n_heads is not None else head
+        key = f"{name}:<layer>" + (".<head>" if dot else "")
+        return Measure(f"{name}:{layer}" + (f".{head}" if dot else ""), layer=layer, kind=name, head=head,
+                       definition=MEASURE_DEFINITIONS[key])
     raise ThermoLensInputError(f"unknown measure {measure!r}; {known}")
+
+
+class _OneLayer(Recorder):
+    """A view of a :class:`Recorder` for a reduction that registers every layer: only the hooks of
+    ``layer`` (keys ``(name, layer)``) are added, so the pass reduces one block's activations. It
+    shares the recorder's state (its instance dict): what the kept hooks record is the recorder's."""
+
+    def __init__(self, rec: Recorder, layer: int) -> None:  # no super().__init__: it would reset the shared state
+        self.__dict__ = rec.__dict__
+        self._only = layer
+
+    def add(self, hook_name: str, key: tuple[str, int], fn: Any) -> None:
+        if key[1] == self._only:
+            super().add(hook_name, key, fn)
+
+
+def _one_layer(reduction: Any, layer: int | None) -> Any:
+    assert layer is not None
+
+    def one(view: ModelView, rec: Recorder) -> None:
+        reduction(view, _OneLayer(rec, layer))
+    return one
+
+
+def _attribution_scope(token_scope: str) -> str:
+    from thermo_lens.attribution.terms import _check_scope
+
+    return _check_scope(token_scope)
 
 
 def _as_heads(x: Tensor, layout: HookLayout, n_heads: int) -> Tensor:
@@ -111,11 +219,43 @@ def _as_heads(x: Tensor, layout: HookLayout, n_heads: int) -> Tensor:
     return x
 
 
-def _gain_values(got: Collected, measure: Measure, token_scope: str) -> Tensor:
-    g = gain_from_collected(got, token_scope)
-    if measure.layer is None:
-        return torch.as_tensor(g.summaries["total_amplification"].values).double()
-    return g.block_gain[:, measure.layer].double()
+def measure_values(got: Collected, measure: Measure, token_scope: str,
+                   row_name: Callable[[int], str] = lambda r: f"prompt {r}") -> Tensor:
+    """``[row]`` float64: the measure of every row of a pass that ran ``measure.reductions``
+    (``row_name``: how an error names a row). The attribution measures check their block's
+    closure as :func:`thermo_lens.gain_attribution` does."""
+    if measure.kind == "gain":
+        g = gain_from_collected(got, token_scope)
+        if measure.layer is None:
+            return torch.as_tensor(g.summaries["total_amplification"].values).double()
+        return g.block_gain[:, measure.layer].double()
+    if measure.kind == "sheaf_trace":
+        view = got.view
+        mass = got.stack("attn_mass")[0].double()  # [row, head]
+        if getattr(view.layout, "attention_sinks", False):  # as sheaf_traces: sum_ij A_ij - sum_i A_ii
+            off = mass - got.reduce("attn_diag", lambda d: torch.nansum(d.double(), dim=-1))[0]
+        else:
+            off = got.reduce("attn_diag", lambda d: torch.nansum(1.0 - d.double(), dim=-1))[0]
+        trace = off * _w_v_frob_sq(view.W_V(), view)[measure.layer][None, :]
+        return trace.sum(-1) if measure.head is None else trace[:, measure.head]
+    # the attribution terms of one block
+    from thermo_lens.attribution.terms import _CLOSURE_RTOL, _CLOSURE_RTOL_HALF
+
+    closure, scale = got.stack("attr_closure")[0], got.stack("attr_scale")[0]
+    rel = closure / scale.clamp_min(torch.finfo(torch.float32).tiny)
+    rtol = _CLOSURE_RTOL if got.view.dtype in (torch.float32, torch.float64) else _CLOSURE_RTOL_HALF
+    if bool((rel > rtol).any()):
+        r = int((rel > rtol).nonzero()[0])
+        raise ThermoLensInputError(
+            f"measure {measure.label}: block {measure.layer}'s output is not its input plus its heads, MLP and biases "
+            f"under {row_name(r)} (unexplained {float(rel[r]):.2e} of ||x_out||^2 + ||x_in||^2): a condition edits "
+            f"an activation between the block's components and its output (e.g. blocks.{measure.layer}.hook_resid_post"
+            " or hook_attn_out), which the attribution cannot split; sweep attn.hook_z, hook_pattern or hook_resid_pre, "
+            "or choose a measure of another block")
+    if measure.kind == "attribution_total":
+        return got.stack("attr_total")[0].double()
+    head = got.stack("attr_head")[0].double()  # [row, head]
+    return head.sum(-1) if measure.head is None else head[:, measure.head]
 
 
 def capture(view: ModelView, ps: PromptList, layout: HookLayout, layers: Sequence[int], settings: RunSettings, *,
@@ -137,7 +277,7 @@ def capture(view: ModelView, ps: PromptList, layout: HookLayout, layers: Sequenc
             for b, i in enumerate(batch.prompt_index.tolist()):
                 logits_out[i] = vals[b]
     elif measure is not None:
-        reductions.append(residual_norms)
+        reductions += measure.reductions(token_scope)
     # a logit measure sees all prompts at once (as in the sweep's passes): then one batch
     size = len(ps) if on_logits is not None else max(int(rows_per_pass), 1)
     run = RunSettings.resolve(settings, batch_size=size, sort_by_length=False, progress=False)
@@ -150,7 +290,7 @@ def capture(view: ModelView, ps: PromptList, layout: HookLayout, layers: Sequenc
     values = None
     if measure is not None:
         values = (torch.stack([logits_out[i] for i in range(len(ps))]) if measure.needs_logits
-                  else _gain_values(got, measure, token_scope))
+                  else measure_values(got, measure, token_scope))
     return acts, values
 
 
@@ -225,11 +365,14 @@ def run_conditions(view: ModelView, ps: PromptList, layout: HookLayout, conditio
                 values[c] = _call_measure(measure, logits[start:start + P], P)
     internal = [(layout.name(l), edit(l)) for l in sorted(by_layer)]
     run = RunSettings.resolve(settings, batch_size=per_pass * P, sort_by_length=False, progress=False)
-    got = collect(view, rep, [] if measure.needs_logits else [residual_norms], run, min_tokens=min_tokens,
+    got = collect(view, rep, measure.reductions(token_scope), run, min_tokens=min_tokens,
                   internal_hooks=internal, row_prompt=list(range(P)) * copies,
                   on_batch=lambda batch: state.__setitem__("batch", batch), on_logits=on_logits)
     if not measure.needs_logits:
-        values = _gain_values(got, measure, token_scope).reshape(copies, P)
+        def row_name(r: int) -> str:
+            c, p = divmod(r, P)
+            return f"prompt {p} " + ("without a condition" if c == 0 else f"with condition {conditions[c - 1]}")
+        values = measure_values(got, measure, token_scope, row_name).reshape(copies, P)
     return values, got.provenance().select(torch.arange(P))
 
 
