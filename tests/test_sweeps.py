@@ -343,3 +343,34 @@ def test_attribution_and_sheaf_measure_errors(bridge):
     # a condition the attribution cannot split is named, not a deep traceback
     with pytest.raises(ThermoLensInputError, match="hook_resid_post"):
         ablation_sweep(m, corr, "hook_resid_post", over="pos", measure="attribution_total:0", layers=[0])
+
+
+def test_start_at_layer_falls_back_and_says_why(bridge, monkeypatch):
+    """Hooks already on the model run in every block: full passes (recorded); a host whose
+    start-at-layer pass gives other numbers fails the check and the sweep runs full passes."""
+    from thermo_lens.sweeps import start
+
+    m = bridge("gpt2")
+    clean, corr = _pairs(n=2, length=5, seed=12)
+    ref = patch_sweep(m, clean, corr, "attn.hook_z", measure=_logit_diff, layers=[1, 2], start_at_layer=False)
+    fast = patch_sweep(m, clean, corr, "attn.hook_z", measure=_logit_diff, layers=[1, 2])
+    assert "starts at its layer" in fast.passes and "starts at its layer" in repr(fast)
+    np.testing.assert_allclose(fast.per_prompt.numpy(), ref.per_prompt.numpy(), atol=TOL)
+
+    def scale(x, hook):
+        return x * 1.0
+    with m.hooks(fwd_hooks=[("blocks.0.hook_resid_post", scale)]):
+        on = patch_sweep(m, clean, corr, "attn.hook_z", measure=_logit_diff, layers=[1, 2])
+    assert "every pass from the embedding (hooks are already on the model" in on.passes
+    np.testing.assert_allclose(on.per_prompt.numpy(), ref.per_prompt.numpy(), atol=TOL)
+    run = start.StartView.run
+
+    def twice(self, tokens, attention_mask, fwd_hooks=(), **kw):  # a host adding the embedding again
+        self._residual = self._residual * 1.5
+        return run(self, tokens, attention_mask, fwd_hooks, **kw)
+    monkeypatch.setattr(start.StartView, "run", twice)
+    bad = patch_sweep(m, clean, corr, "attn.hook_z", measure="total_amplification", layers=[0, 1])
+    assert "the check failed" in bad.passes
+    good = patch_sweep(m, clean, corr, "attn.hook_z", measure="total_amplification", layers=[0, 1],
+                       start_at_layer=False)
+    np.testing.assert_allclose(bad.per_prompt.numpy(), good.per_prompt.numpy(), atol=TOL)

@@ -2,6 +2,7 @@
 
 * :mod:`thermo_lens.sweeps.api`: the entry points, cells and value sources;
 * :mod:`thermo_lens.sweeps.engine`: hook layouts, measures, many conditions per forward pass;
+* :mod:`thermo_lens.sweeps.start`: passes that start at the cell's layer from the unpatched residual;
 * :mod:`thermo_lens.sweeps.result`: per-prompt effects, paired CIs, Holm, fraction restored.
 """
 

@@ -104,7 +104,7 @@ def _equal(lengths: Sequence[int], why: str) -> int:
 def _sweep(view: ModelView, ps: Any, hook: Any, over: Any, measure: Any, *, layers: Any, heads: Any,
            positions: Any, token_scope: str, level: float, settings: RunSettings, rows: int,
            sources_for: Callable[[HookLayout, list[int], int, list[int]], tuple[Any, Tensor | None, str]],
-           kind: str, method: str) -> SweepResult:
+           kind: str, method: str, start_at_layer: bool) -> SweepResult:
     """Shared body: cells, conditions, one multi-condition run, the result."""
     ov = _over(over)
     layout = hook_layout(hook, ov)
@@ -129,8 +129,9 @@ def _sweep(view: ModelView, ps: Any, hook: Any, over: Any, measure: Any, *, laye
         labels, per_pos = [], [_resolve(positions, lengths, "the")]
     sources, clean_values, reference = sources_for(layout, lays, min_tokens, lengths)
     conditions = [Condition(l, h, tuple(pp)) for l in lays for h in hs for pp in per_pos]
-    values, provenance = run_conditions(view, ps, layout, conditions, sources, settings, rows, measure=m,
-                                        token_scope=token_scope, min_tokens=min_tokens)
+    values, provenance, passes = run_conditions(view, ps, layout, conditions, sources, settings, rows, measure=m,
+                                                token_scope=token_scope, min_tokens=min_tokens,
+                                                start_at_layer=start_at_layer)
     P = len(ps)
     shape = [len(lays)] + ([len(hs)] if "head" in ov else []) + ([len(labels)] if "pos" in ov else [])
     per_prompt = (values[1:] - values[0]).reshape(*shape, P).movedim(-1, 0)
@@ -141,7 +142,7 @@ def _sweep(view: ModelView, ps: Any, hook: Any, over: Any, measure: Any, *, laye
         positions=tuple(int(q) for q in labels), token_scope=scope, measure_definition=m.definition,
         patched_positions="the swept position" if "pos" in ov else ("all" if positions is None else str(list(
             [positions] if isinstance(positions, (int, np.integer)) else positions))),
-        reference=reference, provenance=provenance)
+        reference=reference, provenance=provenance, passes=passes)
 
 
 def _rows(settings: RunSettings | None, run: dict[str, Any]) -> int:
@@ -163,6 +164,7 @@ def patch_sweep(
     positions: Sequence[int] | None = None,
     token_scope: TokenScope = DEFAULT_SCOPE,
     level: float = 0.95,
+    start_at_layer: bool = True,
     settings: RunSettings | None = None,
     **run: Unpack[RunOptions],
 ) -> SweepResult:
@@ -199,6 +201,9 @@ def patch_sweep(
             ``None``: every token). Negative from each prompt's end.
         token_scope: the gain measures' token scope (default ``"all_but_first"``).
         level: confidence level of the CIs (default ``0.95``).
+        start_at_layer: where the host supports it (default ``True``), each cell's pass starts at its
+            layer from the corrupted run's residual there (blocks below it are the same with or without
+            the patch; :mod:`thermo_lens.sweeps.start`); the result's ``passes`` says how they ran.
         settings, **run: run options (:class:`thermo_lens.settings.RunOptions`); ``batch_size`` bounds
             the rows per forward pass (default here ``64``; at least one copy of the prompts runs per pass).
 
@@ -245,7 +250,7 @@ def patch_sweep(
 
     return _sweep(view, ps, hook, over, measure, layers=layers, heads=heads, positions=positions,
                   token_scope=token_scope, level=level, settings=settings, rows=rows, sources_for=sources,
-                  kind="patch", method="patch")
+                  kind="patch", method="patch", start_at_layer=start_at_layer)
 
 
 @validates_own_inputs
@@ -264,6 +269,7 @@ def ablation_sweep(
     positions: Sequence[int] | None = None,
     token_scope: TokenScope = DEFAULT_SCOPE,
     level: float = 0.95,
+    start_at_layer: bool = True,
     settings: RunSettings | None = None,
     **run: Unpack[RunOptions],
 ) -> SweepResult:
@@ -290,6 +296,7 @@ def ablation_sweep(
         positions: as for :func:`patch_sweep` (default ``None``).
         token_scope: the gain measures' token scope (default ``"all_but_first"``).
         level: confidence level of the CIs (default ``0.95``).
+        start_at_layer: as for :func:`patch_sweep` (default ``True``; the residual is the prompts' own).
         settings, **run: run options; ``batch_size`` bounds the rows per pass (default here ``64``).
 
     Returns:
@@ -340,4 +347,4 @@ def ablation_sweep(
 
     return _sweep(view, ps, hook, over, measure, layers=layers, heads=heads, positions=positions,
                   token_scope=token_scope, level=level, settings=settings, rows=rows, sources_for=sources,
-                  kind="ablation", method=method)
+                  kind="ablation", method=method, start_at_layer=start_at_layer)

@@ -6,10 +6,18 @@ without any condition first: the baseline), and a hook at each swept layer edits
 of the conditions at that layer. The rows of a pass are in caller order and right-padded, so each
 row equals its own single-condition run up to float rounding. Passes end after the last block
 unless the measure reads the logits.
+
+Where the host supports it (:mod:`thermo_lens.sweeps.start`), the conditions run grouped by the
+layer their pass starts at: one unpatched pass keeps ``x_l`` of every start layer ``l`` (and the
+residual norms of every state), then each group's stacked passes start at block ``l`` from it, since
+blocks below a cell's layer compute what they compute without the cell. A gain measure reads the
+norms of the states before ``l`` from the unpatched pass; cells after the last block a measure reads
+(:meth:`Measure.last_layer_read`) take the unpatched value without a pass.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,6 +33,7 @@ from thermo_lens.passes import Collected, Recorder, collect
 from thermo_lens.settings import RunSettings
 from thermo_lens.sheaf.traces import _w_v_frob_sq, attention_diagonal
 from thermo_lens.attribution.terms import attribution_terms
+from thermo_lens.sweeps.start import BLOCK_HOOK, StartView, start_support
 from thermo_lens.tokens import TokenBatch
 
 __all__ = ["HookLayout", "hook_layout", "Measure", "parse_measure", "measure_values", "capture", "run_conditions",
@@ -121,6 +130,21 @@ class Measure:
             return _attribution_scope(token_scope)
         return {"logits": "n/a", "sheaf_trace": _SHEAF_SCOPE}.get(self.kind, token_scope)
 
+    def last_layer_read(self, n_layers: int) -> int:
+        """The deepest block whose hook points the measure reads: a condition at a later layer
+        leaves the measure as it was without it."""
+        if self.kind == "logits" or self.layer is None:
+            return n_layers - 1
+        if self.kind == "sheaf_trace":
+            return self.layer
+        return min(self.layer + 1, n_layers - 1)  # x_{layer+1} is read where block layer+1 reads it
+
+    def start_layer(self, layer: int) -> int:
+        """Where the pass of a condition at ``layer`` starts: its layer; an attribution's block, if
+        earlier (it reads that block's components; a gain reads earlier norms from the unpatched run)."""
+        return min(layer, self.layer) if self.kind in ("attribution_total", "attribution_head") and \
+            self.layer is not None else layer
+
     def reductions(self, token_scope: str) -> list[Any]:
         """The in-pass reductions the measure reads (only this measure's layer where it has one)."""
         if self.kind == "gain":
@@ -184,26 +208,28 @@ def parse_measure(measure: Any, n_layers: int, n_heads: int | None = None) -> Me
     raise ThermoLensInputError(f"unknown measure {measure!r}; {known}")
 
 
-class _OneLayer(Recorder):
-    """A view of a :class:`Recorder` for a reduction that registers every layer: only the hooks of
-    ``layer`` (keys ``(name, layer)``) are added, so the pass reduces one block's activations. It
-    shares the recorder's state (its instance dict): what the kept hooks record is the recorder's."""
+def _only(reduction: Any, keep: Callable[[tuple[str, int]], bool]) -> Any:
+    """``reduction`` registering only the hooks whose key ``(name, layer)`` passes ``keep`` (e.g. one
+    block's), on a view of the recorder that shares its state (its instance dict): what the kept
+    hooks record is the recorder's."""
+    class _Some(Recorder):
+        def __init__(self) -> None:  # no Recorder.__init__: the state is the recorder's (shared below)
+            pass
 
-    def __init__(self, rec: Recorder, layer: int) -> None:  # no super().__init__: it would reset the shared state
-        self.__dict__ = rec.__dict__
-        self._only = layer
+        def add(self, hook_name: str, key: tuple[str, int], fn: Any) -> None:
+            if keep(key):
+                super().add(hook_name, key, fn)
 
-    def add(self, hook_name: str, key: tuple[str, int], fn: Any) -> None:
-        if key[1] == self._only:
-            super().add(hook_name, key, fn)
+    def some(view: ModelView, rec: Recorder) -> None:
+        sub = _Some()
+        sub.__dict__ = rec.__dict__
+        reduction(view, sub)
+    return some
 
 
 def _one_layer(reduction: Any, layer: int | None) -> Any:
     assert layer is not None
-
-    def one(view: ModelView, rec: Recorder) -> None:
-        reduction(view, _OneLayer(rec, layer))
-    return one
+    return _only(reduction, lambda key: key[1] == layer)
 
 
 def _attribution_scope(token_scope: str) -> str:
@@ -325,19 +351,40 @@ class Condition:
 
 def run_conditions(view: ModelView, ps: PromptList, layout: HookLayout, conditions: Sequence[Condition],
                    sources: dict[int, list[Tensor]] | None, settings: RunSettings, rows_per_pass: int, *,
-                   measure: Measure, token_scope: str, min_tokens: int) -> tuple[Tensor, Any]:
+                   measure: Measure, token_scope: str, min_tokens: int,
+                   start_at_layer: bool = True) -> tuple[Tensor, Any, str]:
     """The measure of every prompt under every condition: ``[1 + n_conditions, prompt]`` (row 0:
-    no condition), and the provenance of the baseline copy. ``sources[layer][p]``: the values
-    written into prompt ``p`` (its real tokens; ``None``: zeros)."""
+    no condition), the provenance of the baseline copy, and how the passes ran.
+    ``sources[layer][p]``: the values written into prompt ``p`` (its real tokens; ``None``: zeros).
+
+    Where the host supports it (:func:`thermo_lens.sweeps.start.start_support`) and
+    ``start_at_layer``, each cell's pass starts at its layer from the unpatched run's residual
+    (:func:`_from_layers`); else every pass runs from the embedding, conditions stacked."""
+    why = "start_at_layer=False" if not start_at_layer else start_support(view, settings.fwd_hooks)
+    if why is None:
+        done, why = _from_layers(view, ps, layout, conditions, sources, settings, rows_per_pass, measure=measure,
+                                 token_scope=token_scope, min_tokens=min_tokens)
+        if done is not None:
+            return done
+    values, got = _stacked(view, ps, layout, [None, *conditions], sources, settings, rows_per_pass,
+                           measure.reductions(token_scope), measure=measure, token_scope=token_scope,
+                           min_tokens=min_tokens)
+    return values, got.provenance().select(torch.arange(len(ps))), f"every pass from the embedding ({why})"
+
+
+def _stacked(view: ModelView, ps: PromptList, layout: HookLayout, copies: Sequence[Condition | None],
+             sources: dict[int, list[Tensor]] | None, settings: RunSettings, rows_per_pass: int,
+             reductions: list[Any], *, measure: Measure, token_scope: str, min_tokens: int,
+             state: dict[str, Any] | None = None) -> tuple[Tensor, Collected]:
+    """One run of ``len(copies)`` copies of the prompts stacked along the batch (whole copies per
+    pass, caller's order), copy ``c`` under condition ``copies[c]`` (None: none): the measure
+    ``[copy, prompt]`` and the pass's :class:`Collected`. ``state["batch"]``: the batch being run."""
     P = len(ps)
-    copies = len(conditions) + 1
+    n = len(copies)
     per_pass = max(1, rows_per_pass // P)
-    rep = PromptList(texts=ps.texts * copies, categories=ps.categories * copies, name=ps.name,
-                     token_ids=None if ps.token_ids is None else ps.token_ids * copies, padding=ps.padding)
-    state: dict[str, Any] = {"batch": None}
-    by_layer: dict[int, list[int]] = {}
-    for c, cond in enumerate(conditions):
-        by_layer.setdefault(cond.layer, []).append(c)
+    rep = PromptList(texts=ps.texts * n, categories=ps.categories * n, name=ps.name,
+                     token_ids=None if ps.token_ids is None else ps.token_ids * n, padding=ps.padding)
+    state = {"batch": None} if state is None else state
 
     def edit(layer: int) -> Callable:
         def hook(x: Tensor, hook: Any = None) -> Tensor:
@@ -346,34 +393,124 @@ def run_conditions(view: ModelView, ps: PromptList, layout: HookLayout, conditio
             src_l = None if sources is None else sources[layer]
             for b, row in enumerate(batch.prompt_index.tolist()):
                 c, p = divmod(row, P)
-                if c == 0:
-                    continue
-                cond = conditions[c - 1]
-                if cond.layer != layer:
+                cond = copies[c]
+                if cond is None or cond.layer != layer:
                     continue
                 _write(x4, b, layout, cond.head, cond.positions[p], None if src_l is None else src_l[p])
             return x
         return hook
 
-    values = torch.full((copies, P), float("nan"), dtype=torch.float64)
+    values = torch.full((n, P), float("nan"), dtype=torch.float64)
     on_logits = None
     if measure.needs_logits:
         def on_logits(logits: Tensor, batch: TokenBatch) -> None:
             rows = batch.prompt_index.tolist()
             for start in range(0, len(rows), P):  # whole copies per pass: the function sees [prompt, ...]
-                c = rows[start] // P
-                values[c] = _call_measure(measure, logits[start:start + P], P)
-    internal = [(layout.name(l), edit(l)) for l in sorted(by_layer)]
+                values[rows[start] // P] = _call_measure(measure, logits[start:start + P], P)
+    layers = sorted({c.layer for c in copies if c is not None})
+    internal = [(layout.name(l), edit(l)) for l in layers]
     run = RunSettings.resolve(settings, batch_size=per_pass * P, sort_by_length=False, progress=False)
-    got = collect(view, rep, measure.reductions(token_scope), run, min_tokens=min_tokens,
-                  internal_hooks=internal, row_prompt=list(range(P)) * copies,
+    got = collect(view, rep, reductions, run, min_tokens=min_tokens,
+                  internal_hooks=internal, row_prompt=list(range(P)) * n,
                   on_batch=lambda batch: state.__setitem__("batch", batch), on_logits=on_logits)
     if not measure.needs_logits:
         def row_name(r: int) -> str:
             c, p = divmod(r, P)
-            return f"prompt {p} " + ("without a condition" if c == 0 else f"with condition {conditions[c - 1]}")
-        values = measure_values(got, measure, token_scope, row_name).reshape(copies, P)
-    return values, got.provenance().select(torch.arange(P))
+            return f"prompt {p} " + ("without a condition" if copies[c] is None else f"with condition {copies[c]}")
+        values = measure_values(got, measure, token_scope, row_name).reshape(n, P)
+    return values, got
+
+
+#: The start-at-layer check: the unpatched prompts from the deepest start layer must give the full
+#: pass's measure to this relative tolerance (float32 rounding is ~1e-7; a wrong mask, position or
+#: rotary embedding changes the numbers at the percent level).
+_START_RTOL = 1e-4
+
+
+def _from_layers(view: ModelView, ps: PromptList, layout: HookLayout, conditions: Sequence[Condition],
+                 sources: dict[int, list[Tensor]] | None, settings: RunSettings, rows_per_pass: int, *,
+                 measure: Measure, token_scope: str,
+                 min_tokens: int) -> tuple[tuple[Tensor, Any, str] | None, str]:
+    """:func:`run_conditions` with each cell's pass starting at its layer (or at the measure's block,
+    if earlier) from the unpatched run's residual there; cells after the last block the measure reads
+    take the unpatched value. ``(None, why)`` when the host's start-at-layer pass fails the check."""
+    P, L = len(ps), view.n_layers
+    last = measure.last_layer_read(L)
+    start_of = {i: measure.start_layer(c.layer) for i, c in enumerate(conditions) if c.layer <= last}
+    starts = sorted(set(start_of.values()))
+    names = view.resid_hook_names
+    kept: dict[int, Tensor] = {}
+
+    def keep_starts(view_: ModelView, rec: Recorder) -> None:
+        for s in starts:
+            def fn(x: Tensor, batch: TokenBatch, _s: int = s) -> None:
+                kept[_s] = x.detach().clone()  # one batch of every prompt, caller's order
+            rec.add(names[s], ("sweep_start", s), fn)
+    base, got = _stacked(view, ps, layout, [None], None, settings, max(rows_per_pass, P),
+                         measure.reductions(token_scope) + [keep_starts], measure=measure, token_scope=token_scope,
+                         min_tokens=min_tokens)
+    values = base[0].repeat(1 + len(conditions), 1)
+    base_norms = got.stack("resid_norm") if measure.kind == "gain" else None  # [L+1, prompt, pos]
+    user = [(name, fn) for name, fn in settings.fwd_hooks]
+    for s in sorted(starts, reverse=True):  # the deepest first: it carries the check
+        group = [i for i, st in start_of.items() if st == s]
+        check = s == starts[-1]
+        copies: list[Condition | None] = ([None] if check else []) + [conditions[i] for i in group]
+        state: dict[str, Any] = {"batch": None}
+        sv = StartView(view, s, kept[s], functools.partial(_rows_of, state, P))
+        later = [(n, f) for n, f in user if _block_of(n) >= s]
+        run = RunSettings.resolve(settings, fwd_hooks=later)
+        try:
+            vals, _ = _stacked(sv, ps, layout, copies, sources, run, rows_per_pass,
+                               _start_reductions(measure, token_scope, s, names, base_norms, P), measure=measure,
+                               token_scope=token_scope, min_tokens=min_tokens, state=state)
+        except NotImplementedError as e:  # e.g. TransformerLens 3's bridge: start_at_layer "not supported"
+            return None, f"the host's start_at_layer raised NotImplementedError: {str(e)[:120]}"
+        if check:
+            gap = float((vals[0] - base[0]).abs().max())
+            size = float(base[0].abs().max())
+            if not gap <= _START_RTOL * max(size, 1e-12):
+                return None, (f"the check failed: the unpatched prompts from block {s} gave a measure {gap:.2e} away "
+                              f"from the full pass's (scale {size:.2e})")
+            vals = vals[1:]
+        for k, i in enumerate(group):
+            values[1 + i] = vals[k]
+    host = "the HF layer list cut to the later blocks" if view.backend == "bridge" else "start_at_layer"
+    mean_start = sum(start_of.values()) / max(len(start_of), 1)
+    how = (f"each cell's pass starts at its layer from the unpatched residual ({view.host.describe()}, {host}): "
+           f"{len(start_of)} of {len(conditions)} cells ran, from block {mean_start:.2g} of {L} on average"
+           + (f"; {len(conditions) - len(start_of)} after block {last} (the last the measure reads) take the "
+              "unpatched value" if len(start_of) < len(conditions) else ""))
+    return (values, got.provenance(), how), ""
+
+
+def _rows_of(state: dict[str, Any], P: int) -> Tensor:
+    """The prompt of each row of the batch being run (``P`` prompts per copy)."""
+    return state["batch"].prompt_index % P
+
+
+def _block_of(name: Any) -> int:
+    """The block of a per-block hook name (start_support checked every user hook is one)."""
+    m = BLOCK_HOOK.match(name) if isinstance(name, str) else None
+    assert m is not None, name
+    return int(m.group(1))
+
+
+def _start_reductions(measure: Measure, token_scope: str, s: int, names: Sequence[str], base_norms: Tensor | None,
+                      P: int) -> list[Any]:
+    """The measure's reductions for passes starting at block ``s``: a gain reads the residual norms
+    of ``x_s .. x_L`` in the pass and those of ``x_0 .. x_{s-1}`` (the same as without the
+    condition) from the unpatched pass, recorded at ``x_s``'s hook point."""
+    if measure.kind != "gain":
+        return measure.reductions(token_scope)
+    assert base_norms is not None
+
+    def earlier(view: ModelView, rec: Recorder) -> None:
+        for k in range(s):
+            def fn(x: Tensor, batch: TokenBatch, _k: int = k) -> Tensor:
+                return base_norms[_k].index_select(0, batch.prompt_index % P)[:, :x.shape[1]]
+            rec.add(names[s], ("resid_norm", k), fn)
+    return [_only(residual_norms, lambda key: key[1] >= s), earlier]
 
 
 def _write(x: Tensor, b: int, layout: HookLayout, head: int | None, pos: tuple[int, ...], src: Tensor | None) -> None:

@@ -61,6 +61,8 @@ class SweepResult(ProvenanceFields, Result):
         provenance: the (corrupted) prompts, BOS mode, model and user hooks of the run.
         level: confidence level of the CIs (default ``0.95``).
         measure_definition: what the measure is (:data:`thermo_lens.sweeps.MEASURE_DEFINITIONS`).
+        passes: how the passes ran: from each cell's layer (the host's start-at-layer, the unpatched
+            residual there) or every one from the embedding, and why (:mod:`thermo_lens.sweeps.start`).
     """
 
     kind: str
@@ -88,6 +90,7 @@ class SweepResult(ProvenanceFields, Result):
     provenance: Provenance
     level: float = 0.95
     measure_definition: str = ""
+    passes: str = ""
 
     @property
     def dims(self) -> tuple[str, ...]:
@@ -99,11 +102,12 @@ class SweepResult(ProvenanceFields, Result):
 
     def settings(self) -> dict[str, Any]:
         """The definition of every number: ``kind, method, hook, measure, token_scope, prepend_bos,
-        n_prompts, level, patched_positions, reference, measure_definition``."""
+        n_prompts, level, patched_positions, reference, measure_definition, passes``."""
         return {"kind": self.kind, "method": self.method, "hook": self.hook, "measure": self.measure,
                 "token_scope": self.token_scope, "prepend_bos": str(self.prepend_bos),
                 "n_prompts": self.n_prompts, "level": self.level, "patched_positions": self.patched_positions,
-                "reference": self.reference, "measure_definition": self.measure_definition}
+                "reference": self.reference, "measure_definition": self.measure_definition,
+                "passes": self.passes}
 
     def to_frame(self) -> pd.DataFrame:
         """One row per cell: ``layer`` (and ``head`` / ``pos``), ``effect, ci_low, ci_high, pvalue,
@@ -151,6 +155,8 @@ class SweepResult(ProvenanceFields, Result):
             lines.append(f"  measure: {self.measure_definition}")
         if self.reference:
             lines.append(f"  values from: {self.reference}")
+        if self.passes:
+            lines.append(f"  passes: {self.passes}")
         lines.append(f"  baseline mean {float(self.baseline.double().mean()):.4g}"
                      + (f"; clean mean {float(self.clean.double().mean()):.4g}" if self.kind == "patch" else ""))
         p = self.pvalue_adjusted.numpy()
