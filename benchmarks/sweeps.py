@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformer_lens.model_bridge import TransformerBridge
 
     import thermo_lens as tl
-    from thermo_lens.sweeps import patch_sweep
+    from thermo_lens.sweeps import LogitDifference, patch_sweep
 
     with tempfile.TemporaryDirectory() as tmp:
         path = build_checkpoint("gpt2", tmp, quick=args.quick, real_vocab=args.real_vocab)
@@ -100,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
             grid = patching.get_act_patch_attn_head_out_all_pos(model, corr, cache, lambda x: logit_diff(x).mean())
         return grid.double() - float(base)
 
-    def ours_logits() -> torch.Tensor:
-        return patch_sweep(model, clean, corr, "attn.hook_z", measure=logit_diff, batch_size=rows).effect
+    def ours_logits(start: bool = True) -> torch.Tensor:
+        return patch_sweep(model, clean, corr, "attn.hook_z", measure=logit_diff, batch_size=rows,
+                           start_at_layer=start).effect
 
     def loop_gain() -> torch.Tensor:
         """One run_with_hooks per cell: the patch hook and two norm hooks (G_L, all_but_first)."""
@@ -130,29 +131,43 @@ def main(argv: list[str] | None = None) -> int:
                 out[layer, head] = (gain_of([(f"blocks.{layer}.attn.hook_z", patch)]) - base).mean()
         return out
 
-    def ours_gain() -> torch.Tensor:
-        return patch_sweep(model, clean, corr, "attn.hook_z", measure="last_block_gain", batch_size=rows).effect
+    def ours_gain(start: bool = True) -> torch.Tensor:
+        return patch_sweep(model, clean, corr, "attn.hook_z", measure="last_block_gain", batch_size=rows,
+                           start_at_layer=start).effect
 
-    pairs = [] if args.skip_logits else [("logit difference", tl_logits, ours_logits)]
+    def ours_ld() -> torch.Tensor:
+        return patch_sweep(model, clean, corr, "attn.hook_z", measure=LogitDifference(5, 7), batch_size=rows).effect
+
+    def full(fn):  # the sweep with every pass from the embedding (start_at_layer=False)
+        return lambda: fn(False)
+
+    groups = [] if args.skip_logits else [("logit difference", tl_logits, {
+        "patch_sweep, logit function": ours_logits, "  every pass from the embedding": full(ours_logits),
+        "patch_sweep, LogitDifference": ours_ld})]
     if not args.skip_gain:
-        pairs.append(("gain (last_block_gain)", loop_gain, ours_gain))
+        groups.append(("gain (last_block_gain)", loop_gain, {
+            "patch_sweep": ours_gain, "  every pass from the embedding": full(ours_gain)}))
+    probe = patch_sweep(model, clean[:2], corr[:2], "attn.hook_z", measure=logit_diff, layers=[L - 1], heads=[0])
     print(f"GPT-2-small geometry (L={L}, H={H}, d_model={model.cfg.d_model}, d_vocab={model.cfg.d_vocab}), "
           f"{args.pairs} pairs x {args.tokens} tokens, {L * H} cells, sweep rows per pass {rows}, "
-          f"torch threads {torch.get_num_threads()}, thermo-lens {tl.__version__}")
-    # warm-up (imports, first-call allocations) outside the timings
-    patch_sweep(model, clean[:2], corr[:2], "attn.hook_z", measure=logit_diff, layers=[0], heads=[0])
-    for label, base_fn, ours_fn in pairs:
-        times: dict[str, list[float]] = {"baseline": [], "sweep": []}
+          f"torch threads {torch.get_num_threads()}, thermo-lens {tl.__version__}, load average "
+          f"{os.getloadavg()[0]:.2f}")
+    print(f"sweep passes: {probe.passes}")
+    for label, base_fn, ours in groups:
+        methods = {"baseline": base_fn, **ours}
+        times: dict[str, list[float]] = {k: [] for k in methods}
         values = {}
         for _ in range(repeats):
-            for key, fn in (("baseline", base_fn), ("sweep", ours_fn)):
+            for key, fn in methods.items():  # interleaved within each repeat
                 t0 = time.perf_counter()
                 values[key] = fn()
                 times[key].append(time.perf_counter() - t0)
-        tb, ts = statistics.median(times["baseline"]), statistics.median(times["sweep"])
-        diff = float((values["baseline"].double() - values["sweep"].double()).abs().max())
-        print(f"{label:<24} one pass per cell {tb:8.2f} s   patch_sweep {ts:8.2f} s   ratio {tb / ts:5.2f}x   "
-              f"max |cell difference| {diff:.2e}")
+        tb = statistics.median(times["baseline"])
+        print(f"{label}: one pass per cell {tb:.2f} s (load average {os.getloadavg()[0]:.2f})")
+        for key in ours:
+            ts = statistics.median(times[key])
+            diff = float((values["baseline"].double() - values[key].double()).abs().max())
+            print(f"  {key:<32} {ts:8.2f} s   ratio {tb / ts:5.2f}x   max |cell difference| {diff:.2e}")
         sys.stdout.flush()
     return 0
 

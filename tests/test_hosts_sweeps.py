@@ -11,7 +11,7 @@ import torch
 
 from test_hosts import host_model  # noqa: F401  (the session fixture)
 from test_sweeps import TOL, _gain_cell_ref, _logit_diff, _pairs
-from thermo_lens.sweeps import ablation_sweep, patch_sweep
+from thermo_lens.sweeps import LogitDifference, ablation_sweep, patch_sweep
 
 pytestmark = pytest.mark.hosts
 
@@ -23,6 +23,8 @@ def test_sweep_cells_on_each_host(host_model, host, arch):  # noqa: F811
     clean, corr = _pairs(n=3, length=5, seed=5)
     patching = pytest.importorskip("transformer_lens.patching")
     lg = patch_sweep(m, clean, corr, "attn.hook_z", measure=_logit_diff)
+    ld = patch_sweep(m, clean, corr, "attn.hook_z", measure=LogitDifference(5, 7))
+    np.testing.assert_allclose(ld.per_prompt.numpy(), lg.per_prompt.numpy(), atol=TOL)
     _, cache = m.run_with_cache(clean)
     with torch.inference_mode():
         base = float(_logit_diff(m(corr)).mean())
@@ -47,7 +49,7 @@ def test_start_at_layer_cells_equal_full_passes(host_model, host, arch):  # noqa
     mask[1, 4:] = 0
     mask[2, 5:] = 0
     corr_p, clean_p = {"input_ids": corr, "attention_mask": mask}, {"input_ids": clean, "attention_mask": mask}
-    for measure in ("total_amplification", "attribution_head:1", _logit_diff):
+    for measure in ("total_amplification", "attribution_head:1", _logit_diff, LogitDifference(5, 7)):
         kw = dict(measure=measure, positions=[-1, 1], batch_size=7)
         fast = patch_sweep(m, clean_p, corr_p, "attn.hook_z", **kw)
         full = patch_sweep(m, clean_p, corr_p, "attn.hook_z", start_at_layer=False, **kw)

@@ -272,8 +272,8 @@ def test_sweep_benchmark_runs_quick():
                           "--tokens", "5"], capture_output=True, text=True, timeout=300, cwd=root, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     diffs = [float(x) for x in re.findall(r"max \|cell difference\| ([0-9.e+-]+)", out.stdout)]
-    assert len(diffs) == 2 and max(diffs) < 1e-5, out.stdout
-    assert out.stdout.count("ratio") == 2
+    assert len(diffs) == 5 and max(diffs) < 1e-5, out.stdout  # 3 logit-difference sweeps, 2 gain sweeps
+    assert out.stdout.count("ratio") == 5 and "starts at its layer" in out.stdout
 
 
 def test_pattern_head_and_query_position_cells_equal_hand_written_hook(bridge):
@@ -374,3 +374,47 @@ def test_start_at_layer_falls_back_and_says_why(bridge, monkeypatch):
     good = patch_sweep(m, clean, corr, "attn.hook_z", measure="total_amplification", layers=[0, 1],
                        start_at_layer=False)
     np.testing.assert_allclose(bad.per_prompt.numpy(), good.per_prompt.numpy(), atol=TOL)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama_gqa"])
+def test_logit_difference_from_the_final_residual_equals_full_logits(bridge, arch):
+    """LogitDifference (final norm + two W_U columns) gives the cells of the same difference of the
+    full logits, and of transformer_lens.patching; per-prompt ids and positions of padded prompts."""
+    from thermo_lens.sweeps import LogitDifference
+
+    m = bridge(arch)
+    clean, corr = _pairs(n=3, length=5, seed=13)
+    ld = LogitDifference(5, 7)
+    s = patch_sweep(m, clean, corr, "attn.hook_z", measure=ld, layers=[0, 1])
+    ref = patch_sweep(m, clean, corr, "attn.hook_z", measure=_logit_diff, layers=[0, 1])
+    np.testing.assert_allclose(s.per_prompt.numpy(), ref.per_prompt.numpy(), atol=TOL)
+    np.testing.assert_allclose(s.clean.numpy(), ref.clean.numpy(), atol=TOL)
+    assert s.measure == "logit_difference:5-7@-1" and "unembedding" in s.measure_definition
+    with torch.inference_mode():
+        np.testing.assert_allclose(s.baseline.numpy(), ld(m(corr)).double().numpy(), atol=TOL)
+    # one id per prompt, the second position, prompts of different lengths (right-padded)
+    mask = torch.ones(3, 5, dtype=torch.long)
+    mask[0, 3:] = 0
+    per = LogitDifference([1, 2, 3], [9, 8, 7], pos=-2)
+    z = ablation_sweep(m, {"input_ids": corr, "attention_mask": mask}, "attn.hook_z", measure=per, layers=[1],
+                       heads=[0])
+    with torch.inference_mode():
+        base = m(corr[1:])[:, -2]
+        first = m(corr[:1, :3])[:, -2]
+
+    def zero(x):
+        _heads4(x, m.cfg.n_heads)[:, :, 0] = 0.0
+    with torch.inference_mode():
+        abl = _patched_logits(m, corr[1:], "blocks.1.attn.hook_z", zero)[:, -2]
+        abl0 = _patched_logits(m, corr[:1, :3], "blocks.1.attn.hook_z", zero)[:, -2]
+    want = torch.cat([abl0[:, 1] - abl0[:, 9] - (first[:, 1] - first[:, 9]),
+                      abl[0, 2:3] - abl[0, 8:9] - (base[0, 2:3] - base[0, 8:9]),
+                      abl[1, 3:4] - abl[1, 7:8] - (base[1, 3:4] - base[1, 7:8])])
+    np.testing.assert_allclose(z.per_prompt[:, 0, 0].numpy(), want.double().numpy(), atol=TOL)
+    for bad, words in ((LogitDifference([1, 2], 3), "2 answer ids for 3 prompts"),
+                       (LogitDifference(1, 2, pos=9), "beyond prompt 0"),
+                       (LogitDifference(10**7, 2), "beyond the vocabulary")):
+        with pytest.raises(ThermoLensInputError, match=words):
+            patch_sweep(m, clean, corr, "attn.hook_z", measure=bad, layers=[0])
+    with pytest.raises(ThermoLensInputError, match="token ids >= 0"):
+        LogitDifference([-1], 1)

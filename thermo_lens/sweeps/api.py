@@ -115,6 +115,12 @@ def _sweep(view: ModelView, ps: Any, hook: Any, over: Any, measure: Any, *, laye
         raise ThermoLensInputError(f"level must be a confidence level in (0, 1), got {level!r}")
     min_tokens = m.min_tokens(token_scope)
     lengths = _lengths(view, ps, settings, min_tokens)
+    if m.kind == "logit_difference":
+        m.source.check(len(ps), lengths, view.d_vocab)
+        if any(not isinstance(n, str) or not n.startswith("blocks.") for n, _ in settings.fwd_hooks):
+            raise ThermoLensInputError(
+                "LogitDifference reads the final residual and applies the model's final norm itself, so user hooks "
+                "past the blocks would not see the pass; with such hooks use a function of the logits as the measure")
     lays = _index_list("layers", layers, view.n_layers)
     attached.check_hook_names(view.model, [layout.name(l) for l in lays], view.name)
     hs: list[int | None] = list(_index_list("heads", heads, view.n_heads)) if "head" in ov else [None]
@@ -192,8 +198,10 @@ def patch_sweep(
             ``"attribution_head:<layer>"`` (sum over heads), ``"attribution_head:<layer>.<head>"`` (the
             terms of :func:`thermo_lens.gain_attribution`, in ``token_scope``), ``"sheaf_trace:<layer>"``
             (sum over heads), ``"sheaf_trace:<layer>.<head>"`` (:func:`thermo_lens.sheaf_traces`, all real
-            tokens), or a function of the logits ``[prompt, pos, d_vocab] -> [prompt]`` (called once per
-            condition with all prompts in your order, e.g. a logit difference; the passes then run to the logits).
+            tokens), a :class:`thermo_lens.sweeps.LogitDifference` (a logit difference from the final
+            residual: two unembedding columns, the passes end after the last block), or a function of the
+            logits ``[prompt, pos, d_vocab] -> [prompt]`` (called once per condition with all prompts in
+            your order, e.g. a logit difference; the passes then run to the logits).
         layers: layers to sweep (default ``None``: all).
         heads: heads to sweep (default ``None``: all).
         positions: with ``"pos"`` in ``over``, the swept positions (default ``None``: every position,
@@ -223,8 +231,12 @@ def patch_sweep(
         raise ThermoLensInputError(f"clean and corrupted must be pairs: got {len(cps)} clean and {len(ps)} corrupted "
                                    "prompts (pass one clean prompt per corrupted prompt, in the same order)")
 
+    m = parse_measure(measure, view.n_layers, view.n_heads)
+
     def sources(layout: HookLayout, lays: list[int], min_tokens: int, lengths: list[int]) -> tuple[Any, Tensor | None, str]:
         cl = _lengths(view, cps, settings, min_tokens)
+        if m.kind == "logit_difference":
+            m.source.check(len(cps), cl, view.d_vocab)
         bad = [i for i, (a, b) in enumerate(zip(cl, lengths)) if a != b]
         square = layout.pos_dim != 1  # [head, query, key]: the keys must align too
         if bad and (positions is None or square):
@@ -235,7 +247,7 @@ def patch_sweep(
                 + ("Rephrase the prompts so each pair tokenizes to the same length" if square else
                    "Rephrase the prompts so each pair tokenizes to the same length, or pass positions=[...] "
                    "(negative from each prompt's end: -1 patches the clean last token into the corrupted last token)"))
-        acts, clean_values = capture(view, cps, layout, lays, settings, measure=parse_measure(measure, view.n_layers, view.n_heads),
+        acts, clean_values = capture(view, cps, layout, lays, settings, measure=m,
                                      token_scope=token_scope, min_tokens=min_tokens, rows_per_pass=rows)
         if bad:  # pairs of different lengths: clean position q goes to corrupted position q (each from its end)
             at_clean, at_corr = _resolve(positions, cl, "clean"), _resolve(positions, lengths, "corrupted")

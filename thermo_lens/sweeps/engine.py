@@ -33,6 +33,7 @@ from thermo_lens.passes import Collected, Recorder, collect
 from thermo_lens.settings import RunSettings
 from thermo_lens.sheaf.traces import _w_v_frob_sq, attention_diagonal
 from thermo_lens.attribution.terms import attribution_terms
+from thermo_lens.sweeps.logits import LogitDifference
 from thermo_lens.sweeps.start import BLOCK_HOOK, StartView, start_support
 from thermo_lens.tokens import TokenBatch
 
@@ -60,6 +61,9 @@ MEASURE_DEFINITIONS: dict[str, str] = {
                            "(formula 'off_diagonal_mass'), over all real tokens whatever the token_scope",
     "sheaf_trace:<layer>.<head>": "sheaf_traces' trace[:, layer, head]: (n - sum_i A_ii) ||W_V^h||_F^2 (formula "
                                   "'off_diagonal_mass'; under GQA the head's KV head's W_V), over all real tokens",
+    "LogitDifference(answer, wrong, pos)": "logits[p, pos, answer_p] - logits[p, pos, wrong_p] at a position of each "
+                                           "prompt's real tokens, from the final residual: the model's final norm and "
+                                           "the two unembedding columns (thermo_lens.sweeps.LogitDifference)",
 }
 _SHEAF_SCOPE = "all real tokens (sheaf trace: every query position of each prompt)"
 
@@ -113,6 +117,7 @@ class Measure:
     kind: str = "gain"
     head: int | None = None
     definition: str = ""
+    source: Any = None  # the LogitDifference of kind "logit_difference"
 
     @property
     def needs_logits(self) -> bool:
@@ -128,12 +133,14 @@ class Measure:
         measures (the attribution's term scopes only), all real tokens for the sheaf trace."""
         if self.kind in ("attribution_total", "attribution_head"):
             return _attribution_scope(token_scope)
+        if self.kind == "logit_difference":
+            return f"position {self.source.pos} of each prompt's real tokens"
         return {"logits": "n/a", "sheaf_trace": _SHEAF_SCOPE}.get(self.kind, token_scope)
 
     def last_layer_read(self, n_layers: int) -> int:
         """The deepest block whose hook points the measure reads: a condition at a later layer
         leaves the measure as it was without it."""
-        if self.kind == "logits" or self.layer is None:
+        if self.kind in ("logits", "logit_difference") or self.layer is None:
             return n_layers - 1
         if self.kind == "sheaf_trace":
             return self.layer
@@ -145,8 +152,11 @@ class Measure:
         return min(layer, self.layer) if self.kind in ("attribution_total", "attribution_head") and \
             self.layer is not None else layer
 
-    def reductions(self, token_scope: str) -> list[Any]:
-        """The in-pass reductions the measure reads (only this measure's layer where it has one)."""
+    def reductions(self, token_scope: str, n_prompts: int = 1) -> list[Any]:
+        """The in-pass reductions the measure reads (only this measure's layer where it has one;
+        ``n_prompts``: the prompts whose copies a pass stacks, for per-prompt token ids)."""
+        if self.kind == "logit_difference":
+            return [self.source.reduction(n_prompts)]
         if self.kind == "gain":
             return [residual_norms]
         if self.kind in ("attribution_total", "attribution_head"):
@@ -169,12 +179,16 @@ def _layer_of(measure: str, tail: str, n_layers: int) -> int:
 
 def parse_measure(measure: Any, n_layers: int, n_heads: int | None = None) -> Measure:
     """The :class:`Measure` named by ``measure`` (:data:`MEASURE_DEFINITIONS`) or a function of the logits."""
+    if isinstance(measure, LogitDifference):
+        return Measure(measure.label, kind="logit_difference", source=measure,
+                       definition=MEASURE_DEFINITIONS["LogitDifference(answer, wrong, pos)"])
     if callable(measure):
         return Measure(f"logits:{getattr(measure, '__qualname__', None) or getattr(measure, '__name__', repr(measure))}",
                        fn=measure, kind="logits",
                        definition="a function of the logits [prompt, pos, d_vocab] -> [prompt], called once per "
                                   "condition with all prompts in the caller's order")
-    known = (f"choose one of {', '.join(map(repr, MEASURE_DEFINITIONS))} (thermo_lens.sweeps.MEASURE_DEFINITIONS), "
+    known = (f"choose one of {', '.join(map(repr, list(MEASURE_DEFINITIONS)[:-1]))} "
+             "(thermo_lens.sweeps.MEASURE_DEFINITIONS), a thermo_lens.sweeps.LogitDifference, "
              "or a function of the logits [batch, pos, d_vocab] -> [batch]")
     if not isinstance(measure, str):
         raise ThermoLensInputError(f"unknown measure {measure!r}; {known}")
@@ -250,6 +264,8 @@ def measure_values(got: Collected, measure: Measure, token_scope: str,
     """``[row]`` float64: the measure of every row of a pass that ran ``measure.reductions``
     (``row_name``: how an error names a row). The attribution measures check their block's
     closure as :func:`thermo_lens.gain_attribution` does."""
+    if measure.kind == "logit_difference":
+        return got.stack("logit_difference")[0].double()
     if measure.kind == "gain":
         g = gain_from_collected(got, token_scope)
         if measure.layer is None:
@@ -303,7 +319,7 @@ def capture(view: ModelView, ps: PromptList, layout: HookLayout, layers: Sequenc
             for b, i in enumerate(batch.prompt_index.tolist()):
                 logits_out[i] = vals[b]
     elif measure is not None:
-        reductions += measure.reductions(token_scope)
+        reductions += measure.reductions(token_scope, len(ps))
     # a logit measure sees all prompts at once (as in the sweep's passes): then one batch
     size = len(ps) if on_logits is not None else max(int(rows_per_pass), 1)
     run = RunSettings.resolve(settings, batch_size=size, sort_by_length=False, progress=False)
@@ -367,7 +383,7 @@ def run_conditions(view: ModelView, ps: PromptList, layout: HookLayout, conditio
         if done is not None:
             return done
     values, got = _stacked(view, ps, layout, [None, *conditions], sources, settings, rows_per_pass,
-                           measure.reductions(token_scope), measure=measure, token_scope=token_scope,
+                           measure.reductions(token_scope, len(ps)), measure=measure, token_scope=token_scope,
                            min_tokens=min_tokens)
     return values, got.provenance().select(torch.arange(len(ps))), f"every pass from the embedding ({why})"
 
@@ -447,7 +463,7 @@ def _from_layers(view: ModelView, ps: PromptList, layout: HookLayout, conditions
                 kept[_s] = x.detach().clone()  # one batch of every prompt, caller's order
             rec.add(names[s], ("sweep_start", s), fn)
     base, got = _stacked(view, ps, layout, [None], None, settings, max(rows_per_pass, P),
-                         measure.reductions(token_scope) + [keep_starts], measure=measure, token_scope=token_scope,
+                         measure.reductions(token_scope, P) + [keep_starts], measure=measure, token_scope=token_scope,
                          min_tokens=min_tokens)
     values = base[0].repeat(1 + len(conditions), 1)
     base_norms = got.stack("resid_norm") if measure.kind == "gain" else None  # [L+1, prompt, pos]
@@ -502,7 +518,7 @@ def _start_reductions(measure: Measure, token_scope: str, s: int, names: Sequenc
     of ``x_s .. x_L`` in the pass and those of ``x_0 .. x_{s-1}`` (the same as without the
     condition) from the unpatched pass, recorded at ``x_s``'s hook point."""
     if measure.kind != "gain":
-        return measure.reductions(token_scope)
+        return measure.reductions(token_scope, P)
     assert base_norms is not None
 
     def earlier(view: ModelView, rec: Recorder) -> None:
