@@ -100,15 +100,15 @@ class StartView(ModelView):
         self.start_layer = int(layer)
         self._residual = residual  # [prompt, pos, d_model] on the model's device
         self._rows = rows
+        self._hf_layers = _layer_list(view.model) if self.backend == "bridge" else None
 
     @contextlib.contextmanager
     def _only_later_blocks(self) -> Iterator[None]:
         if self.backend != "bridge":
             yield
             return
-        found = _layer_list(self.model)
-        assert found is not None, "start_support checked the layer list"
-        parent, attr = found
+        assert self._hf_layers is not None, "start_support checked the layer list"
+        parent, attr = self._hf_layers
         full = getattr(parent, attr)
         setattr(parent, attr, torch.nn.ModuleList(list(full)[self.start_layer:]))
         try:
