@@ -22,6 +22,9 @@ them). User hooks of blocks below the start ran in the unpatched pass that ``x_l
 of later blocks run in every pass. Every sweep also checks the host once: the unpatched prompts run
 from the deepest start layer, and the measure must equal the full pass's (float32 rounding), else the
 sweep falls back to full passes.
+
+Memory: the unpatched pass keeps ``x_l`` of every start layer for every prompt (``[prompt, pos,
+d_model]`` per layer, on the model's device) until the sweep ends, besides the passes' own batches.
 """
 
 from __future__ import annotations
