@@ -3,13 +3,15 @@ TransformerBridge (3.x / 4.x), against ``transformer_lens.patching`` and single-
 
 from __future__ import annotations
 
+from importlib.metadata import version
+
 import numpy as np
 import pytest
 import torch
 
 from test_hosts import host_model  # noqa: F401  (the session fixture)
 from test_sweeps import TOL, _gain_cell_ref, _logit_diff, _pairs
-from thermo_lens.sweeps import ablation_sweep, patch_sweep
+from thermo_lens.sweeps import LogitDifference, ablation_sweep, patch_sweep
 
 pytestmark = pytest.mark.hosts
 
@@ -21,6 +23,8 @@ def test_sweep_cells_on_each_host(host_model, host, arch):  # noqa: F811
     clean, corr = _pairs(n=3, length=5, seed=5)
     patching = pytest.importorskip("transformer_lens.patching")
     lg = patch_sweep(m, clean, corr, "attn.hook_z", measure=_logit_diff)
+    ld = patch_sweep(m, clean, corr, "attn.hook_z", measure=LogitDifference(5, 7))
+    np.testing.assert_allclose(ld.per_prompt.numpy(), lg.per_prompt.numpy(), atol=TOL)
     _, cache = m.run_with_cache(clean)
     with torch.inference_mode():
         base = float(_logit_diff(m(corr)).mean())
@@ -32,3 +36,38 @@ def test_sweep_cells_on_each_host(host_model, host, arch):  # noqa: F811
         np.testing.assert_allclose(g.per_prompt[:, 0, head].numpy(), ref, atol=TOL)
     z = ablation_sweep(m, corr, "hook_pattern", method="zero", measure=_logit_diff, layers=[0])
     assert tuple(z.per_prompt.shape) == (3, 1, m.cfg.n_heads) and bool(torch.isfinite(z.per_prompt).all())
+
+
+@pytest.mark.parametrize("host", ["HookedTransformer", "TransformerBridge"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama_gqa"])
+def test_start_at_layer_cells_equal_full_passes(host_model, host, arch):  # noqa: F811
+    """Passes that start at the cell's layer give the full passes' cells (prompts of different
+    lengths: padding, masks and rotary positions of a pass that starts at a block)."""
+    m = host_model(host, arch)
+    clean, corr = _pairs(n=3, length=6, seed=11)
+    mask = torch.ones(3, 6, dtype=torch.long)
+    mask[1, 4:] = 0
+    mask[2, 5:] = 0
+    corr_p, clean_p = {"input_ids": corr, "attention_mask": mask}, {"input_ids": clean, "attention_mask": mask}
+    for measure in ("total_amplification", "attribution_head:1", _logit_diff, LogitDifference(5, 7)):
+        kw = dict(measure=measure, positions=[-1, 1], batch_size=7)
+        fast = patch_sweep(m, clean_p, corr_p, "attn.hook_z", **kw)
+        full = patch_sweep(m, clean_p, corr_p, "attn.hook_z", start_at_layer=False, **kw)
+        np.testing.assert_allclose(fast.per_prompt.numpy(), full.per_prompt.numpy(), atol=TOL)
+        np.testing.assert_allclose(fast.baseline.numpy(), full.baseline.numpy(), atol=TOL)
+        assert "every pass from the embedding (start_at_layer=False)" in full.passes
+        # HookedTransformer (2.x / 3.x) and TransformerLens 4's bridge start at a layer; 3.x's bridge refuses
+        if host == "HookedTransformer" or int(version("transformer_lens").split(".")[0]) >= 4:
+            assert "starts at its layer" in fast.passes, fast.passes
+        else:
+            assert "NotImplementedError" in fast.passes, fast.passes
+    # the swept hook is the residual the pass starts from; x_2 of a cell at layer 2 is block 1's output
+    r = patch_sweep(m, clean_p, corr_p, "hook_resid_pre", over="pos", positions=[0, -1], measure="block_gain:1")
+    rf = patch_sweep(m, clean_p, corr_p, "hook_resid_pre", over="pos", positions=[0, -1], measure="block_gain:1",
+                     start_at_layer=False)
+    np.testing.assert_allclose(r.per_prompt.numpy(), rf.per_prompt.numpy(), atol=TOL)
+    assert bool((r.per_prompt[:, 2].abs() > 1e-4).any())  # a patch at x_2 changes block 1's gain
+    z = ablation_sweep(m, corr_p, "attn.hook_z", over=("head", "pos"), positions=[0, -1], measure="block_gain:1")
+    zf = ablation_sweep(m, corr_p, "attn.hook_z", over=("head", "pos"), positions=[0, -1], measure="block_gain:1",
+                        start_at_layer=False)
+    np.testing.assert_allclose(z.per_prompt.numpy(), zf.per_prompt.numpy(), atol=TOL)

@@ -272,8 +272,8 @@ def test_sweep_benchmark_runs_quick():
                           "--tokens", "5"], capture_output=True, text=True, timeout=300, cwd=root, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     diffs = [float(x) for x in re.findall(r"max \|cell difference\| ([0-9.e+-]+)", out.stdout)]
-    assert len(diffs) == 2 and max(diffs) < 1e-5, out.stdout
-    assert out.stdout.count("ratio") == 2
+    assert len(diffs) == 5 and max(diffs) < 1e-5, out.stdout  # 3 logit-difference sweeps, 2 gain sweeps
+    assert out.stdout.count("ratio") == 5 and "starts at its layer" in out.stdout
 
 
 def test_pattern_head_and_query_position_cells_equal_hand_written_hook(bridge):
@@ -289,3 +289,132 @@ def test_pattern_head_and_query_position_cells_equal_hand_written_hook(bridge):
             x[:, h, q, :] = 0.0
         ref = _logit_diff(_patched_logits(m, prompts, "blocks.0.attn.hook_pattern", zero)).double() - base
         np.testing.assert_allclose(z.per_prompt[:, 0, h, k].numpy(), ref.numpy(), atol=TOL)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama_gqa"])
+def test_attribution_and_sheaf_measures_equal_the_library(bridge, arch):
+    """The unpatched row is gain_attribution's / sheaf_traces' own per-prompt number; a patched cell
+    is the library's number under a hand-written patch hook."""
+    m = bridge(arch)
+    H = m.cfg.n_heads
+    clean, corr = _pairs(n=3, length=5, seed=8)
+    with torch.inference_mode():
+        _, cache = m.run_with_cache(clean, names_filter=lambda n: n == "blocks.0.attn.hook_z")
+    src = _heads4(cache["blocks.0.attn.hook_z"], H).clone()
+
+    def patch(z, hook):  # head 1 of layer 0 from the clean run, every position
+        _heads4(z, H)[:, :, 1] = src[:, :, 1]
+        return z
+    hooked = [("blocks.0.attn.hook_z", patch)]
+    a0, a1 = tl.gain_attribution(m, corr), tl.gain_attribution(m, corr, fwd_hooks=hooked)
+    t0, t1 = tl.sheaf_traces(m, corr), tl.sheaf_traces(m, corr, fwd_hooks=hooked)
+    c0 = tl.gain_attribution(m, clean)
+    refs = {"attribution_total:1": (a0.total[:, 1], a1.total[:, 1], c0.total[:, 1]),
+            f"attribution_head:{1 - m.cfg.n_layers}": (a0.head[:, 1].sum(-1), a1.head[:, 1].sum(-1), None),
+            f"attribution_head:1.{H - 1}": (a0.head[:, 1, H - 1], a1.head[:, 1, H - 1], None),
+            "sheaf_trace:1": (t0.layer_trace[:, 1], t1.layer_trace[:, 1], None),
+            "sheaf_trace:1.0": (t0.trace[:, 1, 0], t1.trace[:, 1, 0], None)}
+    for measure, (before, after, on_clean) in refs.items():
+        s = patch_sweep(m, clean, corr, "attn.hook_z", measure=measure, layers=[0], batch_size=6)
+        scale = float(before.abs().max())
+        np.testing.assert_allclose(s.baseline.numpy(), before.double().numpy(), atol=TOL * scale, rtol=1e-5)
+        np.testing.assert_allclose(s.per_prompt[:, 0, 1].numpy(), (after - before).double().numpy(),
+                                   atol=TOL * scale, rtol=1e-5)
+        if on_clean is not None:
+            np.testing.assert_allclose(s.clean.numpy(), on_clean.double().numpy(), atol=TOL * scale, rtol=1e-5)
+        assert s.measure == measure.replace(str(1 - m.cfg.n_layers), "1") and s.measure_definition
+    s = patch_sweep(m, clean, corr, "attn.hook_z", measure="sheaf_trace:1", layers=[0], token_scope="last")
+    assert "all real tokens" in s.token_scope and "off_diagonal_mass" in s.measure_definition
+    s = patch_sweep(m, clean, corr, "attn.hook_z", measure="attribution_total:1", layers=[0], token_scope="last")
+    np.testing.assert_allclose(s.baseline.numpy(), tl.gain_attribution(m, corr, token_scope="last").total[:, 1]
+                               .double().numpy(), rtol=1e-5)
+
+
+def test_attribution_and_sheaf_measure_errors(bridge):
+    m = bridge("gpt2")
+    clean, corr = _pairs(n=2, length=4, seed=9)
+    for measure, words in (("attribution_total:9", "out of range"), ("attribution_head:1.9", "head 9 out of range"),
+                           ("attribution_total:1.0", "not a head's"), ("sheaf_trace:x", "must be an int"),
+                           ("sheaf:1", "attribution_head:<layer>.<head>")):
+        with pytest.raises(ThermoLensInputError, match=words):
+            patch_sweep(m, clean, corr, "attn.hook_z", measure=measure, layers=[0])
+    with pytest.raises(ThermoLensInputError, match="frobenius"):
+        patch_sweep(m, clean, corr, "attn.hook_z", measure="attribution_total:1", token_scope="frobenius")
+    # a condition the attribution cannot split is named, not a deep traceback
+    with pytest.raises(ThermoLensInputError, match="hook_resid_post"):
+        ablation_sweep(m, corr, "hook_resid_post", over="pos", measure="attribution_total:0", layers=[0])
+
+
+def test_start_at_layer_falls_back_and_says_why(bridge, monkeypatch):
+    """Hooks already on the model run in every block: full passes (recorded); a host whose
+    start-at-layer pass gives other numbers fails the check and the sweep runs full passes."""
+    from thermo_lens.sweeps import start
+
+    m = bridge("gpt2")
+    clean, corr = _pairs(n=2, length=5, seed=12)
+    ref = patch_sweep(m, clean, corr, "attn.hook_z", measure=_logit_diff, layers=[1, 2], start_at_layer=False)
+    fast = patch_sweep(m, clean, corr, "attn.hook_z", measure=_logit_diff, layers=[1, 2])
+    assert "starts at its layer" in fast.passes and "starts at its layer" in repr(fast)
+    np.testing.assert_allclose(fast.per_prompt.numpy(), ref.per_prompt.numpy(), atol=TOL)
+
+    def scale(x, hook):
+        return x * 1.0
+    with m.hooks(fwd_hooks=[("blocks.0.hook_resid_post", scale)]):
+        on = patch_sweep(m, clean, corr, "attn.hook_z", measure=_logit_diff, layers=[1, 2])
+    assert "every pass from the embedding (hooks are already on the model" in on.passes
+    np.testing.assert_allclose(on.per_prompt.numpy(), ref.per_prompt.numpy(), atol=TOL)
+    run = start.StartView.run
+
+    def twice(self, tokens, attention_mask, fwd_hooks=(), **kw):  # a host adding the embedding again
+        self._residual = self._residual * 1.5
+        return run(self, tokens, attention_mask, fwd_hooks, **kw)
+    monkeypatch.setattr(start.StartView, "run", twice)
+    bad = patch_sweep(m, clean, corr, "attn.hook_z", measure="total_amplification", layers=[0, 1])
+    assert "the check failed" in bad.passes
+    good = patch_sweep(m, clean, corr, "attn.hook_z", measure="total_amplification", layers=[0, 1],
+                       start_at_layer=False)
+    np.testing.assert_allclose(bad.per_prompt.numpy(), good.per_prompt.numpy(), atol=TOL)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama_gqa"])
+def test_logit_difference_from_the_final_residual_equals_full_logits(bridge, arch):
+    """LogitDifference (final norm + two W_U columns) gives the cells of the same difference of the
+    full logits, and of transformer_lens.patching; per-prompt ids and positions of padded prompts."""
+    from thermo_lens.sweeps import LogitDifference
+
+    m = bridge(arch)
+    clean, corr = _pairs(n=3, length=5, seed=13)
+    ld = LogitDifference(5, 7)
+    s = patch_sweep(m, clean, corr, "attn.hook_z", measure=ld, layers=[0, 1])
+    ref = patch_sweep(m, clean, corr, "attn.hook_z", measure=_logit_diff, layers=[0, 1])
+    np.testing.assert_allclose(s.per_prompt.numpy(), ref.per_prompt.numpy(), atol=TOL)
+    np.testing.assert_allclose(s.clean.numpy(), ref.clean.numpy(), atol=TOL)
+    assert s.measure == "logit_difference:5-7@-1" and "unembedding" in s.measure_definition
+    with torch.inference_mode():
+        np.testing.assert_allclose(s.baseline.numpy(), ld(m(corr)).double().numpy(), atol=TOL)
+    # one id per prompt, the second position, prompts of different lengths (right-padded)
+    mask = torch.ones(3, 5, dtype=torch.long)
+    mask[0, 3:] = 0
+    per = LogitDifference([1, 2, 3], [9, 8, 7], pos=-2)
+    z = ablation_sweep(m, {"input_ids": corr, "attention_mask": mask}, "attn.hook_z", measure=per, layers=[1],
+                       heads=[0])
+    with torch.inference_mode():
+        base = m(corr[1:])[:, -2]
+        first = m(corr[:1, :3])[:, -2]
+
+    def zero(x):
+        _heads4(x, m.cfg.n_heads)[:, :, 0] = 0.0
+    with torch.inference_mode():
+        abl = _patched_logits(m, corr[1:], "blocks.1.attn.hook_z", zero)[:, -2]
+        abl0 = _patched_logits(m, corr[:1, :3], "blocks.1.attn.hook_z", zero)[:, -2]
+    want = torch.cat([abl0[:, 1] - abl0[:, 9] - (first[:, 1] - first[:, 9]),
+                      abl[0, 2:3] - abl[0, 8:9] - (base[0, 2:3] - base[0, 8:9]),
+                      abl[1, 3:4] - abl[1, 7:8] - (base[1, 3:4] - base[1, 7:8])])
+    np.testing.assert_allclose(z.per_prompt[:, 0, 0].numpy(), want.double().numpy(), atol=TOL)
+    for bad, words in ((LogitDifference([1, 2], 3), "2 answer ids for 3 prompts"),
+                       (LogitDifference(1, 2, pos=9), "beyond prompt 0"),
+                       (LogitDifference(10**7, 2), "beyond the vocabulary")):
+        with pytest.raises(ThermoLensInputError, match=words):
+            patch_sweep(m, clean, corr, "attn.hook_z", measure=bad, layers=[0])
+    with pytest.raises(ThermoLensInputError, match="token ids >= 0"):
+        LogitDifference([-1], 1)

@@ -104,16 +104,23 @@ def _equal(lengths: Sequence[int], why: str) -> int:
 def _sweep(view: ModelView, ps: Any, hook: Any, over: Any, measure: Any, *, layers: Any, heads: Any,
            positions: Any, token_scope: str, level: float, settings: RunSettings, rows: int,
            sources_for: Callable[[HookLayout, list[int], int, list[int]], tuple[Any, Tensor | None, str]],
-           kind: str, method: str) -> SweepResult:
+           kind: str, method: str, start_at_layer: bool) -> SweepResult:
     """Shared body: cells, conditions, one multi-condition run, the result."""
     ov = _over(over)
     layout = hook_layout(hook, ov)
-    m = parse_measure(measure, view.n_layers)
+    m = parse_measure(measure, view.n_layers, view.n_heads)
     validate.token_scope(token_scope)
+    scope = m.scope(token_scope)
     if not isinstance(level, (int, float)) or not 0 < level < 1:
         raise ThermoLensInputError(f"level must be a confidence level in (0, 1), got {level!r}")
-    min_tokens = 2 if token_scope == "all_but_first" and not m.needs_logits else 1
+    min_tokens = m.min_tokens(token_scope)
     lengths = _lengths(view, ps, settings, min_tokens)
+    if m.kind == "logit_difference":
+        m.source.check(len(ps), lengths, view.d_vocab)
+        if any(not isinstance(n, str) or not n.startswith("blocks.") for n, _ in settings.fwd_hooks):
+            raise ThermoLensInputError(
+                "LogitDifference reads the final residual and applies the model's final norm itself, so user hooks "
+                "past the blocks would not see the pass; with such hooks use a function of the logits as the measure")
     lays = _index_list("layers", layers, view.n_layers)
     attached.check_hook_names(view.model, [layout.name(l) for l in lays], view.name)
     hs: list[int | None] = list(_index_list("heads", heads, view.n_heads)) if "head" in ov else [None]
@@ -128,8 +135,9 @@ def _sweep(view: ModelView, ps: Any, hook: Any, over: Any, measure: Any, *, laye
         labels, per_pos = [], [_resolve(positions, lengths, "the")]
     sources, clean_values, reference = sources_for(layout, lays, min_tokens, lengths)
     conditions = [Condition(l, h, tuple(pp)) for l in lays for h in hs for pp in per_pos]
-    values, provenance = run_conditions(view, ps, layout, conditions, sources, settings, rows, measure=m,
-                                        token_scope=token_scope, min_tokens=min_tokens)
+    values, provenance, passes = run_conditions(view, ps, layout, conditions, sources, settings, rows, measure=m,
+                                                token_scope=token_scope, min_tokens=min_tokens,
+                                                start_at_layer=start_at_layer)
     P = len(ps)
     shape = [len(lays)] + ([len(hs)] if "head" in ov else []) + ([len(labels)] if "pos" in ov else [])
     per_prompt = (values[1:] - values[0]).reshape(*shape, P).movedim(-1, 0)
@@ -137,10 +145,10 @@ def _sweep(view: ModelView, ps: Any, hook: Any, over: Any, measure: Any, *, laye
         per_prompt=per_prompt, baseline=values[0], clean=clean_values, level=float(level), kind=kind, method=method,
         hook=layout.suffix, over=ov, measure=m.label, layers=tuple(lays),
         heads=tuple(int(h) for h in hs if h is not None) if "head" in ov else (),
-        positions=tuple(int(q) for q in labels), token_scope="n/a" if m.needs_logits else token_scope,
+        positions=tuple(int(q) for q in labels), token_scope=scope, measure_definition=m.definition,
         patched_positions="the swept position" if "pos" in ov else ("all" if positions is None else str(list(
             [positions] if isinstance(positions, (int, np.integer)) else positions))),
-        reference=reference, provenance=provenance)
+        reference=reference, provenance=provenance, passes=passes)
 
 
 def _rows(settings: RunSettings | None, run: dict[str, Any]) -> int:
@@ -162,6 +170,7 @@ def patch_sweep(
     positions: Sequence[int] | None = None,
     token_scope: TokenScope = DEFAULT_SCOPE,
     level: float = 0.95,
+    start_at_layer: bool = True,
     settings: RunSettings | None = None,
     **run: Unpack[RunOptions],
 ) -> SweepResult:
@@ -183,10 +192,16 @@ def patch_sweep(
             ``"attn.hook_q"``, ``"attn.hook_result"`` (heads), ``"hook_resid_pre"``,
             ``"hook_resid_post"`` ... (positions).
         over: the cell axes after ``layer``: ``"head"`` (the default), ``"pos"`` or ``("head", "pos")``.
-        measure: the per-prompt scalar: ``"total_amplification"`` (the default), ``"last_block_gain"``,
-            ``"block_gain:<layer>"`` (in ``token_scope``, as :func:`thermo_lens.residual_gain`), or a
-            function of the logits ``[prompt, pos, d_vocab] -> [prompt]`` (called once per condition
-            with all prompts in your order, e.g. a logit difference; the passes then run to the logits).
+        measure: the per-prompt scalar (:data:`thermo_lens.sweeps.MEASURE_DEFINITIONS`):
+            ``"total_amplification"`` (the default), ``"last_block_gain"``, ``"block_gain:<layer>"`` (in
+            ``token_scope``, as :func:`thermo_lens.residual_gain`), ``"attribution_total:<layer>"``,
+            ``"attribution_head:<layer>"`` (sum over heads), ``"attribution_head:<layer>.<head>"`` (the
+            terms of :func:`thermo_lens.gain_attribution`, in ``token_scope``), ``"sheaf_trace:<layer>"``
+            (sum over heads), ``"sheaf_trace:<layer>.<head>"`` (:func:`thermo_lens.sheaf_traces`, all real
+            tokens), a :class:`thermo_lens.sweeps.LogitDifference` (a logit difference from the final
+            residual: two unembedding columns, the passes end after the last block), or a function of the
+            logits ``[prompt, pos, d_vocab] -> [prompt]`` (called once per condition with all prompts in
+            your order, e.g. a logit difference; the passes then run to the logits).
         layers: layers to sweep (default ``None``: all).
         heads: heads to sweep (default ``None``: all).
         positions: with ``"pos"`` in ``over``, the swept positions (default ``None``: every position,
@@ -194,6 +209,9 @@ def patch_sweep(
             ``None``: every token). Negative from each prompt's end.
         token_scope: the gain measures' token scope (default ``"all_but_first"``).
         level: confidence level of the CIs (default ``0.95``).
+        start_at_layer: where the host supports it (default ``True``), each cell's pass starts at its
+            layer from the corrupted run's residual there (blocks below it are the same with or without
+            the patch; :mod:`thermo_lens.sweeps.start`); the result's ``passes`` says how they ran.
         settings, **run: run options (:class:`thermo_lens.settings.RunOptions`); ``batch_size`` bounds
             the rows per forward pass (default here ``64``; at least one copy of the prompts runs per pass).
 
@@ -213,8 +231,12 @@ def patch_sweep(
         raise ThermoLensInputError(f"clean and corrupted must be pairs: got {len(cps)} clean and {len(ps)} corrupted "
                                    "prompts (pass one clean prompt per corrupted prompt, in the same order)")
 
+    m = parse_measure(measure, view.n_layers, view.n_heads)
+
     def sources(layout: HookLayout, lays: list[int], min_tokens: int, lengths: list[int]) -> tuple[Any, Tensor | None, str]:
         cl = _lengths(view, cps, settings, min_tokens)
+        if m.kind == "logit_difference":
+            m.source.check(len(cps), cl, view.d_vocab)
         bad = [i for i, (a, b) in enumerate(zip(cl, lengths)) if a != b]
         square = layout.pos_dim != 1  # [head, query, key]: the keys must align too
         if bad and (positions is None or square):
@@ -225,7 +247,7 @@ def patch_sweep(
                 + ("Rephrase the prompts so each pair tokenizes to the same length" if square else
                    "Rephrase the prompts so each pair tokenizes to the same length, or pass positions=[...] "
                    "(negative from each prompt's end: -1 patches the clean last token into the corrupted last token)"))
-        acts, clean_values = capture(view, cps, layout, lays, settings, measure=parse_measure(measure, view.n_layers),
+        acts, clean_values = capture(view, cps, layout, lays, settings, measure=m,
                                      token_scope=token_scope, min_tokens=min_tokens, rows_per_pass=rows)
         if bad:  # pairs of different lengths: clean position q goes to corrupted position q (each from its end)
             at_clean, at_corr = _resolve(positions, cl, "clean"), _resolve(positions, lengths, "corrupted")
@@ -240,7 +262,7 @@ def patch_sweep(
 
     return _sweep(view, ps, hook, over, measure, layers=layers, heads=heads, positions=positions,
                   token_scope=token_scope, level=level, settings=settings, rows=rows, sources_for=sources,
-                  kind="patch", method="patch")
+                  kind="patch", method="patch", start_at_layer=start_at_layer)
 
 
 @validates_own_inputs
@@ -259,6 +281,7 @@ def ablation_sweep(
     positions: Sequence[int] | None = None,
     token_scope: TokenScope = DEFAULT_SCOPE,
     level: float = 0.95,
+    start_at_layer: bool = True,
     settings: RunSettings | None = None,
     **run: Unpack[RunOptions],
 ) -> SweepResult:
@@ -285,6 +308,7 @@ def ablation_sweep(
         positions: as for :func:`patch_sweep` (default ``None``).
         token_scope: the gain measures' token scope (default ``"all_but_first"``).
         level: confidence level of the CIs (default ``0.95``).
+        start_at_layer: as for :func:`patch_sweep` (default ``True``; the residual is the prompts' own).
         settings, **run: run options; ``batch_size`` bounds the rows per pass (default here ``64``).
 
     Returns:
@@ -335,4 +359,4 @@ def ablation_sweep(
 
     return _sweep(view, ps, hook, over, measure, layers=layers, heads=heads, positions=positions,
                   token_scope=token_scope, level=level, settings=settings, rows=rows, sources_for=sources,
-                  kind="ablation", method=method)
+                  kind="ablation", method=method, start_at_layer=start_at_layer)

@@ -6,10 +6,18 @@ without any condition first: the baseline), and a hook at each swept layer edits
 of the conditions at that layer. The rows of a pass are in caller order and right-padded, so each
 row equals its own single-condition run up to float rounding. Passes end after the last block
 unless the measure reads the logits.
+
+Where the host supports it (:mod:`thermo_lens.sweeps.start`), the conditions run grouped by the
+layer their pass starts at: one unpatched pass keeps ``x_l`` of every start layer ``l`` (and the
+residual norms of every state), then each group's stacked passes start at block ``l`` from it, since
+blocks below a cell's layer compute what they compute without the cell. A gain measure reads the
+norms of the states before ``l`` from the unpatched pass; cells after the last block a measure reads
+(:meth:`Measure.last_layer_read`) take the unpatched value without a pass.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,12 +31,42 @@ from thermo_lens.inputs import PromptList
 from thermo_lens.model import ModelView
 from thermo_lens.passes import Collected, Recorder, collect
 from thermo_lens.settings import RunSettings
+from thermo_lens.sheaf.traces import _w_v_frob_sq, attention_diagonal
+from thermo_lens.attribution.terms import attribution_terms
+from thermo_lens.sweeps.logits import LogitDifference
+from thermo_lens.sweeps.start import BLOCK_HOOK, StartView, start_support
 from thermo_lens.tokens import TokenBatch
 
-__all__ = ["HookLayout", "hook_layout", "Measure", "parse_measure", "capture", "run_conditions", "GAIN_MEASURES"]
+__all__ = ["HookLayout", "hook_layout", "Measure", "parse_measure", "measure_values", "capture", "run_conditions",
+           "GAIN_MEASURES", "MEASURE_DEFINITIONS"]
 
 #: Gain measures by name (per prompt, in the run's token scope, as in :func:`thermo_lens.residual_gain`).
 GAIN_MEASURES = ("total_amplification", "last_block_gain", "block_gain:<layer>")
+#: Every per-prompt measure a sweep takes by name, with its definition (``<layer>`` 0-based, negative
+#: from the end; ``<head>`` a query head). Each is a number of one prompt computed in the same stacked
+#: passes as the sweep's conditions, normalised as the library's own result of that name.
+MEASURE_DEFINITIONS: dict[str, str] = {
+    "total_amplification": "the total amplification ||x_L|| / ||x_0|| of residual_gain, in the run's token_scope",
+    "last_block_gain": "the last block's gain ||x_L|| / ||x_{L-1}|| of residual_gain, in the run's token_scope",
+    "block_gain:<layer>": "block <layer>'s gain ||x_{layer+1}|| / ||x_layer|| of residual_gain (block_gain[:, layer]), "
+                          "in the run's token_scope",
+    "attribution_total:<layer>": "gain_attribution's total[:, layer]: the mean over the token_scope's tokens of "
+                                 "||x_out||^2 - ||x_in||^2 of block <layer> (its squared-norm change)",
+    "attribution_head:<layer>": "gain_attribution's head[:, layer].sum(-1): the attention's share of block <layer>'s "
+                                "squared-norm change, sum over heads of <z_h W_O^h, u_attn>, mean over the "
+                                "token_scope's tokens (a Shapley-style share, not an ablation effect)",
+    "attribution_head:<layer>.<head>": "gain_attribution's head[:, layer, head]: head <head>'s share <z_h W_O^h, u_attn> "
+                                       "of block <layer>'s squared-norm change, mean over the token_scope's tokens",
+    "sheaf_trace:<layer>": "sheaf_traces' layer_trace[:, layer]: sum over heads of (n - sum_i A_ii) ||W_V^h||_F^2 "
+                           "(formula 'off_diagonal_mass'), over all real tokens whatever the token_scope",
+    "sheaf_trace:<layer>.<head>": "sheaf_traces' trace[:, layer, head]: (n - sum_i A_ii) ||W_V^h||_F^2 (formula "
+                                  "'off_diagonal_mass'; under GQA the head's KV head's W_V), over all real tokens",
+    "LogitDifference(answer, wrong, pos)": "logits[p, pos, answer_p] - logits[p, pos, wrong_p] at a position of each "
+                                           "prompt's real tokens, from the final residual: the model's final norm and "
+                                           "the two unembedding columns (thermo_lens.sweeps.LogitDifference)",
+}
+_SHEAF_SCOPE = "all real tokens (sheaf trace: every query position of each prompt)"
+
 # per-layer hook -> (head dim, position dim) of its activation [batch, ...]; head dim None: no head axis
 _HEAD_HOOKS = {"attn.hook_z": (2, 1), "attn.hook_q": (2, 1), "attn.hook_result": (2, 1),
                "attn.hook_pattern": (1, 2), "attn.hook_attn_scores": (1, 2)}
@@ -69,39 +107,149 @@ def hook_layout(hook: Any, over: tuple[str, ...]) -> HookLayout:
 
 @dataclass(frozen=True)
 class Measure:
-    """A per-prompt scalar: a gain summary (``layer``: a block, ``None``: total amplification)
-    or a function of the logits."""
+    """A per-prompt scalar (:data:`MEASURE_DEFINITIONS`): ``kind`` ``"gain"`` (``layer``: a block's
+    gain, ``None``: total amplification), ``"attribution_total"``, ``"attribution_head"`` (``head``
+    ``None``: the sum over heads), ``"sheaf_trace"`` (likewise), or ``"logits"`` (``fn`` of the logits)."""
 
     label: str
     layer: int | None = None
     fn: Callable[[Tensor], Tensor] | None = None
+    kind: str = "gain"
+    head: int | None = None
+    definition: str = ""
+    source: Any = None  # the LogitDifference of kind "logit_difference"
 
     @property
     def needs_logits(self) -> bool:
         return self.fn is not None
 
+    def min_tokens(self, token_scope: str) -> int:
+        """Real tokens each prompt needs (``all_but_first`` drops position 0 of the scoped means)."""
+        return 2 if token_scope == "all_but_first" and self.kind in ("gain", "attribution_total",
+                                                                      "attribution_head") else 1
 
-def parse_measure(measure: Any, n_layers: int) -> Measure:
+    def scope(self, token_scope: str) -> str:
+        """The token scope the numbers are in (checked): the run's for gain and attribution
+        measures (the attribution's term scopes only), all real tokens for the sheaf trace."""
+        if self.kind in ("attribution_total", "attribution_head"):
+            return _attribution_scope(token_scope)
+        if self.kind == "logit_difference":
+            return f"position {self.source.pos} of each prompt's real tokens"
+        return {"logits": "n/a", "sheaf_trace": _SHEAF_SCOPE}.get(self.kind, token_scope)
+
+    def last_layer_read(self, n_layers: int) -> int:
+        """The deepest block whose hook points the measure reads: a condition at a later layer
+        leaves the measure as it was without it."""
+        if self.kind in ("logits", "logit_difference") or self.layer is None:
+            return n_layers - 1
+        if self.kind == "sheaf_trace":
+            return self.layer
+        return min(self.layer + 1, n_layers - 1)  # x_{layer+1} is read where block layer+1 reads it
+
+    def start_layer(self, layer: int) -> int:
+        """Where the pass of a condition at ``layer`` starts: its layer; an attribution's block, if
+        earlier (it reads that block's components; a gain reads earlier norms from the unpatched run)."""
+        return min(layer, self.layer) if self.kind in ("attribution_total", "attribution_head") and \
+            self.layer is not None else layer
+
+    def reductions(self, token_scope: str, n_prompts: int = 1) -> list[Any]:
+        """The in-pass reductions the measure reads (only this measure's layer where it has one;
+        ``n_prompts``: the prompts whose copies a pass stacks, for per-prompt token ids)."""
+        if self.kind == "logit_difference":
+            return [self.source.reduction(n_prompts)]
+        if self.kind == "gain":
+            return [residual_norms]
+        if self.kind in ("attribution_total", "attribution_head"):
+            return [_one_layer(attribution_terms(token_scope), self.layer)]
+        if self.kind == "sheaf_trace":
+            return [_one_layer(attention_diagonal, self.layer)]
+        return []
+
+
+def _layer_of(measure: str, tail: str, n_layers: int) -> int:
+    try:
+        layer = int(tail)
+    except ValueError:
+        raise ThermoLensInputError(f"measure {measure!r}: the block must be an int, e.g. "
+                                   f"'{measure.split(':', 1)[0]}:2'") from None
+    if not -n_layers <= layer < n_layers:
+        raise ThermoLensInputError(f"measure {measure!r}: block {layer} out of range 0..{n_layers - 1}")
+    return layer % n_layers
+
+
+def parse_measure(measure: Any, n_layers: int, n_heads: int | None = None) -> Measure:
+    """The :class:`Measure` named by ``measure`` (:data:`MEASURE_DEFINITIONS`) or a function of the logits."""
+    if isinstance(measure, LogitDifference):
+        return Measure(measure.label, kind="logit_difference", source=measure,
+                       definition=MEASURE_DEFINITIONS["LogitDifference(answer, wrong, pos)"])
     if callable(measure):
         return Measure(f"logits:{getattr(measure, '__qualname__', None) or getattr(measure, '__name__', repr(measure))}",
-                       fn=measure)
-    known = f"choose one of {', '.join(map(repr, GAIN_MEASURES))}, or a function of the logits [batch, pos, d_vocab] -> [batch]"
+                       fn=measure, kind="logits",
+                       definition="a function of the logits [prompt, pos, d_vocab] -> [prompt], called once per "
+                                  "condition with all prompts in the caller's order")
+    known = (f"choose one of {', '.join(map(repr, list(MEASURE_DEFINITIONS)[:-1]))} "
+             "(thermo_lens.sweeps.MEASURE_DEFINITIONS), a thermo_lens.sweeps.LogitDifference, "
+             "or a function of the logits [batch, pos, d_vocab] -> [batch]")
     if not isinstance(measure, str):
         raise ThermoLensInputError(f"unknown measure {measure!r}; {known}")
     if measure == "total_amplification":
-        return Measure(measure)
+        return Measure(measure, definition=MEASURE_DEFINITIONS[measure])
     if measure == "last_block_gain":
-        return Measure(measure, layer=n_layers - 1)
-    if measure.startswith("block_gain:"):
-        tail = measure.split(":", 1)[1].strip()
-        try:
-            layer = int(tail)
-        except ValueError:
-            raise ThermoLensInputError(f"measure {measure!r}: the block must be an int, e.g. 'block_gain:2'") from None
-        if not -n_layers <= layer < n_layers:
-            raise ThermoLensInputError(f"measure {measure!r}: block {layer} out of range 0..{n_layers - 1}")
-        return Measure(f"block_gain:{layer % n_layers}", layer=layer % n_layers)
+        return Measure(measure, layer=n_layers - 1, definition=MEASURE_DEFINITIONS[measure])
+    name, _, tail = measure.partition(":")
+    if name == "block_gain" and tail:
+        layer = _layer_of(measure, tail.strip(), n_layers)
+        return Measure(f"block_gain:{layer}", layer=layer, definition=MEASURE_DEFINITIONS["block_gain:<layer>"])
+    if name in ("attribution_total", "attribution_head", "sheaf_trace") and tail:
+        where, dot, head_text = tail.strip().partition(".")
+        if dot and name == "attribution_total":
+            raise ThermoLensInputError(f"measure {measure!r}: the total term is a block's, not a head's; use "
+                                       f"'attribution_total:{where}' or 'attribution_head:{where}.{head_text}'")
+        layer = _layer_of(measure, where, n_layers)
+        head = None
+        if dot:
+            try:
+                head = int(head_text)
+            except ValueError:
+                raise ThermoLensInputError(f"measure {measure!r}: the head must be an int, e.g. '{name}:{layer}.0'") \
+                    from None
+            if n_heads is not None and not -n_heads <= head < n_heads:
+                raise ThermoLensInputError(f"measure {measure!r}: head {head} out of range 0..{n_heads - 1}")
+            head = head % n_heads if n_heads is not None else head
+        key = f"{name}:<layer>" + (".<head>" if dot else "")
+        return Measure(f"{name}:{layer}" + (f".{head}" if dot else ""), layer=layer, kind=name, head=head,
+                       definition=MEASURE_DEFINITIONS[key])
     raise ThermoLensInputError(f"unknown measure {measure!r}; {known}")
+
+
+def _only(reduction: Any, keep: Callable[[tuple[str, int]], bool]) -> Any:
+    """``reduction`` registering only the hooks whose key ``(name, layer)`` passes ``keep`` (e.g. one
+    block's), on a view of the recorder that shares its state (its instance dict): what the kept
+    hooks record is the recorder's."""
+    class _Some(Recorder):
+        def __init__(self) -> None:  # no Recorder.__init__: the state is the recorder's (shared below)
+            pass
+
+        def add(self, hook_name: str, key: tuple[str, int], fn: Any) -> None:
+            if keep(key):
+                super().add(hook_name, key, fn)
+
+    def some(view: ModelView, rec: Recorder) -> None:
+        sub = _Some()
+        sub.__dict__ = rec.__dict__
+        reduction(view, sub)
+    return some
+
+
+def _one_layer(reduction: Any, layer: int | None) -> Any:
+    assert layer is not None
+    return _only(reduction, lambda key: key[1] == layer)
+
+
+def _attribution_scope(token_scope: str) -> str:
+    from thermo_lens.attribution.terms import _check_scope
+
+    return _check_scope(token_scope)
 
 
 def _as_heads(x: Tensor, layout: HookLayout, n_heads: int) -> Tensor:
@@ -111,11 +259,45 @@ def _as_heads(x: Tensor, layout: HookLayout, n_heads: int) -> Tensor:
     return x
 
 
-def _gain_values(got: Collected, measure: Measure, token_scope: str) -> Tensor:
-    g = gain_from_collected(got, token_scope)
-    if measure.layer is None:
-        return torch.as_tensor(g.summaries["total_amplification"].values).double()
-    return g.block_gain[:, measure.layer].double()
+def measure_values(got: Collected, measure: Measure, token_scope: str,
+                   row_name: Callable[[int], str] = lambda r: f"prompt {r}") -> Tensor:
+    """``[row]`` float64: the measure of every row of a pass that ran ``measure.reductions``
+    (``row_name``: how an error names a row). The attribution measures check their block's
+    closure as :func:`thermo_lens.gain_attribution` does."""
+    if measure.kind == "logit_difference":
+        return got.stack("logit_difference")[0].double()
+    if measure.kind == "gain":
+        g = gain_from_collected(got, token_scope)
+        if measure.layer is None:
+            return torch.as_tensor(g.summaries["total_amplification"].values).double()
+        return g.block_gain[:, measure.layer].double()
+    if measure.kind == "sheaf_trace":
+        view = got.view
+        mass = got.stack("attn_mass")[0].double()  # [row, head]
+        if getattr(view.layout, "attention_sinks", False):  # as sheaf_traces: sum_ij A_ij - sum_i A_ii
+            off = mass - got.reduce("attn_diag", lambda d: torch.nansum(d.double(), dim=-1))[0]
+        else:
+            off = got.reduce("attn_diag", lambda d: torch.nansum(1.0 - d.double(), dim=-1))[0]
+        trace = off * _w_v_frob_sq(view.W_V(), view)[measure.layer][None, :]
+        return trace.sum(-1) if measure.head is None else trace[:, measure.head]
+    # the attribution terms of one block
+    from thermo_lens.attribution.terms import _CLOSURE_RTOL, _CLOSURE_RTOL_HALF
+
+    closure, scale = got.stack("attr_closure")[0], got.stack("attr_scale")[0]
+    rel = closure / scale.clamp_min(torch.finfo(torch.float32).tiny)
+    rtol = _CLOSURE_RTOL if got.view.dtype in (torch.float32, torch.float64) else _CLOSURE_RTOL_HALF
+    if bool((rel > rtol).any()):
+        r = int((rel > rtol).nonzero()[0])
+        raise ThermoLensInputError(
+            f"measure {measure.label}: block {measure.layer}'s output is not its input plus its heads, MLP and biases "
+            f"under {row_name(r)} (unexplained {float(rel[r]):.2e} of ||x_out||^2 + ||x_in||^2): a condition edits "
+            f"an activation between the block's components and its output (e.g. blocks.{measure.layer}.hook_resid_post"
+            " or hook_attn_out), which the attribution cannot split; sweep attn.hook_z, hook_pattern or hook_resid_pre, "
+            "or choose a measure of another block")
+    if measure.kind == "attribution_total":
+        return got.stack("attr_total")[0].double()
+    head = got.stack("attr_head")[0].double()  # [row, head]
+    return head.sum(-1) if measure.head is None else head[:, measure.head]
 
 
 def capture(view: ModelView, ps: PromptList, layout: HookLayout, layers: Sequence[int], settings: RunSettings, *,
@@ -137,7 +319,7 @@ def capture(view: ModelView, ps: PromptList, layout: HookLayout, layers: Sequenc
             for b, i in enumerate(batch.prompt_index.tolist()):
                 logits_out[i] = vals[b]
     elif measure is not None:
-        reductions.append(residual_norms)
+        reductions += measure.reductions(token_scope, len(ps))
     # a logit measure sees all prompts at once (as in the sweep's passes): then one batch
     size = len(ps) if on_logits is not None else max(int(rows_per_pass), 1)
     run = RunSettings.resolve(settings, batch_size=size, sort_by_length=False, progress=False)
@@ -150,7 +332,7 @@ def capture(view: ModelView, ps: PromptList, layout: HookLayout, layers: Sequenc
     values = None
     if measure is not None:
         values = (torch.stack([logits_out[i] for i in range(len(ps))]) if measure.needs_logits
-                  else _gain_values(got, measure, token_scope))
+                  else measure_values(got, measure, token_scope))
     return acts, values
 
 
@@ -185,19 +367,40 @@ class Condition:
 
 def run_conditions(view: ModelView, ps: PromptList, layout: HookLayout, conditions: Sequence[Condition],
                    sources: dict[int, list[Tensor]] | None, settings: RunSettings, rows_per_pass: int, *,
-                   measure: Measure, token_scope: str, min_tokens: int) -> tuple[Tensor, Any]:
+                   measure: Measure, token_scope: str, min_tokens: int,
+                   start_at_layer: bool = True) -> tuple[Tensor, Any, str]:
     """The measure of every prompt under every condition: ``[1 + n_conditions, prompt]`` (row 0:
-    no condition), and the provenance of the baseline copy. ``sources[layer][p]``: the values
-    written into prompt ``p`` (its real tokens; ``None``: zeros)."""
+    no condition), the provenance of the baseline copy, and how the passes ran.
+    ``sources[layer][p]``: the values written into prompt ``p`` (its real tokens; ``None``: zeros).
+
+    Where the host supports it (:func:`thermo_lens.sweeps.start.start_support`) and
+    ``start_at_layer``, each cell's pass starts at its layer from the unpatched run's residual
+    (:func:`_from_layers`); else every pass runs from the embedding, conditions stacked."""
+    why = "start_at_layer=False" if not start_at_layer else start_support(view, settings.fwd_hooks)
+    if why is None:
+        done, why = _from_layers(view, ps, layout, conditions, sources, settings, rows_per_pass, measure=measure,
+                                 token_scope=token_scope, min_tokens=min_tokens)
+        if done is not None:
+            return done
+    values, got = _stacked(view, ps, layout, [None, *conditions], sources, settings, rows_per_pass,
+                           measure.reductions(token_scope, len(ps)), measure=measure, token_scope=token_scope,
+                           min_tokens=min_tokens)
+    return values, got.provenance().select(torch.arange(len(ps))), f"every pass from the embedding ({why})"
+
+
+def _stacked(view: ModelView, ps: PromptList, layout: HookLayout, copies: Sequence[Condition | None],
+             sources: dict[int, list[Tensor]] | None, settings: RunSettings, rows_per_pass: int,
+             reductions: list[Any], *, measure: Measure, token_scope: str, min_tokens: int,
+             state: dict[str, Any] | None = None) -> tuple[Tensor, Collected]:
+    """One run of ``len(copies)`` copies of the prompts stacked along the batch (whole copies per
+    pass, caller's order), copy ``c`` under condition ``copies[c]`` (None: none): the measure
+    ``[copy, prompt]`` and the pass's :class:`Collected`. ``state["batch"]``: the batch being run."""
     P = len(ps)
-    copies = len(conditions) + 1
+    n = len(copies)
     per_pass = max(1, rows_per_pass // P)
-    rep = PromptList(texts=ps.texts * copies, categories=ps.categories * copies, name=ps.name,
-                     token_ids=None if ps.token_ids is None else ps.token_ids * copies, padding=ps.padding)
-    state: dict[str, Any] = {"batch": None}
-    by_layer: dict[int, list[int]] = {}
-    for c, cond in enumerate(conditions):
-        by_layer.setdefault(cond.layer, []).append(c)
+    rep = PromptList(texts=ps.texts * n, categories=ps.categories * n, name=ps.name,
+                     token_ids=None if ps.token_ids is None else ps.token_ids * n, padding=ps.padding)
+    state = {"batch": None} if state is None else state
 
     def edit(layer: int) -> Callable:
         def hook(x: Tensor, hook: Any = None) -> Tensor:
@@ -206,31 +409,124 @@ def run_conditions(view: ModelView, ps: PromptList, layout: HookLayout, conditio
             src_l = None if sources is None else sources[layer]
             for b, row in enumerate(batch.prompt_index.tolist()):
                 c, p = divmod(row, P)
-                if c == 0:
-                    continue
-                cond = conditions[c - 1]
-                if cond.layer != layer:
+                cond = copies[c]
+                if cond is None or cond.layer != layer:
                     continue
                 _write(x4, b, layout, cond.head, cond.positions[p], None if src_l is None else src_l[p])
             return x
         return hook
 
-    values = torch.full((copies, P), float("nan"), dtype=torch.float64)
+    values = torch.full((n, P), float("nan"), dtype=torch.float64)
     on_logits = None
     if measure.needs_logits:
         def on_logits(logits: Tensor, batch: TokenBatch) -> None:
             rows = batch.prompt_index.tolist()
             for start in range(0, len(rows), P):  # whole copies per pass: the function sees [prompt, ...]
-                c = rows[start] // P
-                values[c] = _call_measure(measure, logits[start:start + P], P)
-    internal = [(layout.name(l), edit(l)) for l in sorted(by_layer)]
+                values[rows[start] // P] = _call_measure(measure, logits[start:start + P], P)
+    layers = sorted({c.layer for c in copies if c is not None})
+    internal = [(layout.name(l), edit(l)) for l in layers]
     run = RunSettings.resolve(settings, batch_size=per_pass * P, sort_by_length=False, progress=False)
-    got = collect(view, rep, [] if measure.needs_logits else [residual_norms], run, min_tokens=min_tokens,
-                  internal_hooks=internal, row_prompt=list(range(P)) * copies,
+    got = collect(view, rep, reductions, run, min_tokens=min_tokens,
+                  internal_hooks=internal, row_prompt=list(range(P)) * n,
                   on_batch=lambda batch: state.__setitem__("batch", batch), on_logits=on_logits)
     if not measure.needs_logits:
-        values = _gain_values(got, measure, token_scope).reshape(copies, P)
-    return values, got.provenance().select(torch.arange(P))
+        def row_name(r: int) -> str:
+            c, p = divmod(r, P)
+            return f"prompt {p} " + ("without a condition" if copies[c] is None else f"with condition {copies[c]}")
+        values = measure_values(got, measure, token_scope, row_name).reshape(n, P)
+    return values, got
+
+
+#: The start-at-layer check: the unpatched prompts from the deepest start layer must give the full
+#: pass's measure to this relative tolerance (float32 rounding is ~1e-7; a wrong mask, position or
+#: rotary embedding changes the numbers at the percent level).
+_START_RTOL = 1e-4
+
+
+def _from_layers(view: ModelView, ps: PromptList, layout: HookLayout, conditions: Sequence[Condition],
+                 sources: dict[int, list[Tensor]] | None, settings: RunSettings, rows_per_pass: int, *,
+                 measure: Measure, token_scope: str,
+                 min_tokens: int) -> tuple[tuple[Tensor, Any, str] | None, str]:
+    """:func:`run_conditions` with each cell's pass starting at its layer (or at the measure's block,
+    if earlier) from the unpatched run's residual there; cells after the last block the measure reads
+    take the unpatched value. ``(None, why)`` when the host's start-at-layer pass fails the check."""
+    P, L = len(ps), view.n_layers
+    last = measure.last_layer_read(L)
+    start_of = {i: measure.start_layer(c.layer) for i, c in enumerate(conditions) if c.layer <= last}
+    starts = sorted(set(start_of.values()))
+    names = view.resid_hook_names
+    kept: dict[int, Tensor] = {}
+
+    def keep_starts(view_: ModelView, rec: Recorder) -> None:
+        for s in starts:
+            def fn(x: Tensor, batch: TokenBatch, _s: int = s) -> None:
+                kept[_s] = x.detach().clone()  # one batch of every prompt, caller's order
+            rec.add(names[s], ("sweep_start", s), fn)
+    base, got = _stacked(view, ps, layout, [None], None, settings, max(rows_per_pass, P),
+                         measure.reductions(token_scope, P) + [keep_starts], measure=measure, token_scope=token_scope,
+                         min_tokens=min_tokens)
+    values = base[0].repeat(1 + len(conditions), 1)
+    base_norms = got.stack("resid_norm") if measure.kind == "gain" else None  # [L+1, prompt, pos]
+    user = [(name, fn) for name, fn in settings.fwd_hooks]
+    for s in sorted(starts, reverse=True):  # the deepest first: it carries the check
+        group = [i for i, st in start_of.items() if st == s]
+        check = s == starts[-1]
+        copies: list[Condition | None] = ([None] if check else []) + [conditions[i] for i in group]
+        state: dict[str, Any] = {"batch": None}
+        sv = StartView(view, s, kept[s], functools.partial(_rows_of, state, P))
+        later = [(n, f) for n, f in user if _block_of(n) >= s]
+        run = RunSettings.resolve(settings, fwd_hooks=later)
+        try:
+            vals, _ = _stacked(sv, ps, layout, copies, sources, run, rows_per_pass,
+                               _start_reductions(measure, token_scope, s, names, base_norms, P), measure=measure,
+                               token_scope=token_scope, min_tokens=min_tokens, state=state)
+        except NotImplementedError as e:  # e.g. TransformerLens 3's bridge: start_at_layer "not supported"
+            return None, f"the host's start_at_layer raised NotImplementedError: {str(e)[:120]}"
+        if check:
+            gap = float((vals[0] - base[0]).abs().max())
+            size = float(base[0].abs().max())
+            if not gap <= _START_RTOL * max(size, 1e-12):
+                return None, (f"the check failed: the unpatched prompts from block {s} gave a measure {gap:.2e} away "
+                              f"from the full pass's (scale {size:.2e})")
+            vals = vals[1:]
+        for k, i in enumerate(group):
+            values[1 + i] = vals[k]
+    host = "the HF layer list cut to the later blocks" if view.backend == "bridge" else "start_at_layer"
+    mean_start = sum(start_of.values()) / max(len(start_of), 1)
+    how = (f"each cell's pass starts at its layer from the unpatched residual ({view.host.describe()}, {host}): "
+           f"{len(start_of)} of {len(conditions)} cells ran, from block {mean_start:.2g} of {L} on average"
+           + (f"; {len(conditions) - len(start_of)} after block {last} (the last the measure reads) take the "
+              "unpatched value" if len(start_of) < len(conditions) else ""))
+    return (values, got.provenance(), how), ""
+
+
+def _rows_of(state: dict[str, Any], P: int) -> Tensor:
+    """The prompt of each row of the batch being run (``P`` prompts per copy)."""
+    return state["batch"].prompt_index % P
+
+
+def _block_of(name: Any) -> int:
+    """The block of a per-block hook name (start_support checked every user hook is one)."""
+    m = BLOCK_HOOK.match(name) if isinstance(name, str) else None
+    assert m is not None, name
+    return int(m.group(1))
+
+
+def _start_reductions(measure: Measure, token_scope: str, s: int, names: Sequence[str], base_norms: Tensor | None,
+                      P: int) -> list[Any]:
+    """The measure's reductions for passes starting at block ``s``: a gain reads the residual norms
+    of ``x_s .. x_L`` in the pass and those of ``x_0 .. x_{s-1}`` (the same as without the
+    condition) from the unpatched pass, recorded at ``x_s``'s hook point."""
+    if measure.kind != "gain":
+        return measure.reductions(token_scope, P)
+    assert base_norms is not None
+
+    def earlier(view: ModelView, rec: Recorder) -> None:
+        for k in range(s):
+            def fn(x: Tensor, batch: TokenBatch, _k: int = k) -> Tensor:
+                return base_norms[_k].index_select(0, batch.prompt_index % P)[:, :x.shape[1]]
+            rec.add(names[s], ("resid_norm", k), fn)
+    return [_only(residual_norms, lambda key: key[1] >= s), earlier]
 
 
 def _write(x: Tensor, b: int, layout: HookLayout, head: int | None, pos: tuple[int, ...], src: Tensor | None) -> None:

@@ -41,7 +41,8 @@ class SweepResult(ProvenanceFields, Result):
         hook: the per-layer hook point (``"attn.hook_z"``: ``blocks.{layer}.attn.hook_z``).
         over: the sweep's cell axes after ``layer``: ``("head",)``, ``("pos",)`` or ``("head", "pos")``.
         measure: the per-prompt measure (``"total_amplification"``, ``"last_block_gain"``,
-            ``"block_gain:<layer>"``, or ``"logits:<function name>"``).
+            ``"block_gain:<layer>"``, ``"attribution_total:<layer>"``, ``"attribution_head:<layer>[.<head>]"``,
+            ``"sheaf_trace:<layer>[.<head>]"``, or ``"logits:<function name>"``).
         layers, heads, positions: the labels of the cell axes (``positions`` as given: negative
             from each prompt's end; empty where the axis is not swept).
         per_prompt: ``[prompt, layer, head]`` / ``[prompt, layer, pos]`` / ``[prompt, layer, head, pos]``
@@ -52,12 +53,16 @@ class SweepResult(ProvenanceFields, Result):
             prompt axis): mean effect, its ``level`` t-CI, paired t-test p, Holm over the cells.
         fraction, fraction_low, fraction_high: patching: the fraction of the clean-corrupted
             difference each cell restores and its delta-method t-CI (empty for ablation).
-        token_scope: the gain measures' token scope (``"n/a"`` for a logit measure).
+        token_scope: the measure's token scope (``"n/a"`` for a logit measure; all real tokens for a
+            sheaf trace).
         patched_positions: what each condition replaces besides its cell: ``"all"`` or a position list.
         reference: where ablation values come from (mean: the reference prompts; resample: the
             source prompt of each prompt and the seed); ``""`` otherwise.
         provenance: the (corrupted) prompts, BOS mode, model and user hooks of the run.
         level: confidence level of the CIs (default ``0.95``).
+        measure_definition: what the measure is (:data:`thermo_lens.sweeps.MEASURE_DEFINITIONS`).
+        passes: how the passes ran: from each cell's layer (the host's start-at-layer, the unpatched
+            residual there) or every one from the embedding, and why (:mod:`thermo_lens.sweeps.start`).
     """
 
     kind: str
@@ -84,6 +89,8 @@ class SweepResult(ProvenanceFields, Result):
     reference: str
     provenance: Provenance
     level: float = 0.95
+    measure_definition: str = ""
+    passes: str = ""
 
     @property
     def dims(self) -> tuple[str, ...]:
@@ -95,11 +102,12 @@ class SweepResult(ProvenanceFields, Result):
 
     def settings(self) -> dict[str, Any]:
         """The definition of every number: ``kind, method, hook, measure, token_scope, prepend_bos,
-        n_prompts, level, patched_positions, reference``."""
+        n_prompts, level, patched_positions, reference, measure_definition, passes``."""
         return {"kind": self.kind, "method": self.method, "hook": self.hook, "measure": self.measure,
                 "token_scope": self.token_scope, "prepend_bos": str(self.prepend_bos),
                 "n_prompts": self.n_prompts, "level": self.level, "patched_positions": self.patched_positions,
-                "reference": self.reference}
+                "reference": self.reference, "measure_definition": self.measure_definition,
+                "passes": self.passes}
 
     def to_frame(self) -> pd.DataFrame:
         """One row per cell: ``layer`` (and ``head`` / ``pos``), ``effect, ci_low, ci_high, pvalue,
@@ -143,8 +151,12 @@ class SweepResult(ProvenanceFields, Result):
                  f"{self.n_prompts} prompts, per_prompt [{dims}] {tuple(self.per_prompt.shape)})",
                  f"  effect = measure under the condition - measure without it; {100 * self.level:g}% paired t-CI, "
                  f"two-sided paired t-test, Holm over the {self.effect.numel()} cells"]
+        if self.measure_definition:
+            lines.append(f"  measure: {self.measure_definition}")
         if self.reference:
             lines.append(f"  values from: {self.reference}")
+        if self.passes:
+            lines.append(f"  passes: {self.passes}")
         lines.append(f"  baseline mean {float(self.baseline.double().mean()):.4g}"
                      + (f"; clean mean {float(self.clean.double().mean()):.4g}" if self.kind == "patch" else ""))
         p = self.pvalue_adjusted.numpy()
