@@ -49,13 +49,20 @@ def test_start_at_layer_cells_equal_full_passes(host_model, host, arch):  # noqa
     mask[1, 4:] = 0
     mask[2, 5:] = 0
     corr_p, clean_p = {"input_ids": corr, "attention_mask": mask}, {"input_ids": clean, "attention_mask": mask}
-    for measure in ("total_amplification", "attribution_head:1", _logit_diff, LogitDifference(5, 7)):
+    # (a function of the logits is refused on prompts of different lengths: it cannot see the padding)
+    for measure in ("total_amplification", "attribution_head:1", LogitDifference(5, 7)):
         kw = dict(measure=measure, positions=[-1, 1], batch_size=7)
         fast = patch_sweep(m, clean_p, corr_p, "attn.hook_z", **kw)
         full = patch_sweep(m, clean_p, corr_p, "attn.hook_z", start_at_layer=False, **kw)
         np.testing.assert_allclose(fast.per_prompt.numpy(), full.per_prompt.numpy(), atol=TOL)
         np.testing.assert_allclose(fast.baseline.numpy(), full.baseline.numpy(), atol=TOL)
         assert "every pass from the embedding (start_at_layer=False)" in full.passes
+        if isinstance(measure, LogitDifference):  # the same cells as the full logits of each prompt alone
+            for p in range(3):
+                n = int(mask[p].sum())
+                one = patch_sweep(m, clean[p:p + 1, :n], corr[p:p + 1, :n], "attn.hook_z", measure=_logit_diff,
+                                  positions=[-1, 1], start_at_layer=False)
+                np.testing.assert_allclose(fast.per_prompt[p].numpy(), one.per_prompt[0].numpy(), atol=TOL)
         # HookedTransformer (2.x / 3.x) and TransformerLens 4's bridge start at a layer; 3.x's bridge refuses
         if host == "HookedTransformer" or int(version("transformer_lens").split(".")[0]) >= 4:
             assert "starts at its layer" in fast.passes, fast.passes

@@ -165,6 +165,13 @@ def test_bad_input_is_a_clear_error(bridge):
          "same token length"),
         (lambda: ablation_sweep(m, ["The cat", "The capital of France is"], "hook_resid_post", over="pos"),
          "same token length"),
+        # a misspelt hook is named as unknown, not as a hook without a head axis
+        (lambda: patch_sweep(m, clean, corr, "attn.hook_zz"), r"(?s)attn\.hook_zz.*attn\.hook_z"),
+        # a function of the logits cannot tell a shorter prompt's padding from its tokens
+        (lambda: ablation_sweep(m, ["The cat", "The capital of France is"], "attn.hook_z", measure=_logit_diff),
+         "LogitDifference"),
+        (lambda: patch_sweep(m, ["The cat", "The capital of France is"], ["The dog", "The capital of Spain is"],
+                             "attn.hook_z", measure=_logit_diff), "padding"),
     ]
     for call, words in cases:
         with pytest.raises(ThermoLensInputError, match=words):

@@ -101,12 +101,26 @@ def _equal(lengths: Sequence[int], why: str) -> int:
     return lengths[0]
 
 
+def _check_logit_function_lengths(m: Any, lengths: Sequence[int], what: str) -> None:
+    """A function of the logits gets a condition's prompts right-padded to one length, and cannot
+    tell padding from tokens: with prompts of several lengths, ``logits[:, -1]`` (the usual metric)
+    would read a pad of every shorter prompt. Refused instead of computed."""
+    if m.kind == "logits" and len(set(lengths)) > 1:
+        raise ThermoLensInputError(
+            f"{what} have different token lengths ({min(lengths)} to {max(lengths)}): a function of the logits "
+            "gets them right-padded to one length [prompt, pos, d_vocab] without the padding mask, so "
+            "logits[:, -1] would read padding for the shorter prompts. Use thermo_lens.sweeps.LogitDifference("
+            "answer, wrong, pos=-1), which reads each prompt's own token at pos, or prompts of one token length")
+
+
 def _sweep(view: ModelView, ps: Any, hook: Any, over: Any, measure: Any, *, layers: Any, heads: Any,
            positions: Any, token_scope: str, level: float, settings: RunSettings, rows: int,
            sources_for: Callable[[HookLayout, list[int], int, list[int]], tuple[Any, Tensor | None, str]],
            kind: str, method: str, start_at_layer: bool) -> SweepResult:
     """Shared body: cells, conditions, one multi-condition run, the result."""
     ov = _over(over)
+    # A misspelt hook is named as such (with the closest names) before the head-axis check.
+    attached.check_hook_names(view.model, [hook_layout(hook, ("pos",)).name(0)], view.name)
     layout = hook_layout(hook, ov)
     m = parse_measure(measure, view.n_layers, view.n_heads)
     validate.token_scope(token_scope)
@@ -115,6 +129,7 @@ def _sweep(view: ModelView, ps: Any, hook: Any, over: Any, measure: Any, *, laye
         raise ThermoLensInputError(f"level must be a confidence level in (0, 1), got {level!r}")
     min_tokens = m.min_tokens(token_scope)
     lengths = _lengths(view, ps, settings, min_tokens)
+    _check_logit_function_lengths(m, lengths, "the prompts")
     if m.kind == "logit_difference":
         m.source.check(len(ps), lengths, view.d_vocab)
         if any(not isinstance(n, str) or not n.startswith("blocks.") for n, _ in settings.fwd_hooks):
@@ -235,6 +250,7 @@ def patch_sweep(
 
     def sources(layout: HookLayout, lays: list[int], min_tokens: int, lengths: list[int]) -> tuple[Any, Tensor | None, str]:
         cl = _lengths(view, cps, settings, min_tokens)
+        _check_logit_function_lengths(m, cl, "the clean prompts")
         if m.kind == "logit_difference":
             m.source.check(len(cps), cl, view.d_vocab)
         bad = [i for i, (a, b) in enumerate(zip(cl, lengths)) if a != b]
