@@ -482,9 +482,11 @@ class ModelView:
     # ------------------------------------------------------------------ running
     def run(self, tokens: Int[Tensor, "batch pos"], attention_mask: Bool[Tensor, "batch pos"],
             fwd_hooks: Sequence[tuple[str | Callable, Callable]] = (), *, stop_after: str | None = None,
-            return_logits: bool = False) -> Tensor | None:
+            return_logits: bool = False, device: torch.device | None = None) -> Tensor | None:
         """One forward pass of ``tokens`` with ``fwd_hooks``; logits are discarded unless
         ``return_logits`` (then returned, ``[batch, pos, d_vocab]``; ``stop_after`` must be ``None``).
+        ``device``: where the tokens go, default :attr:`device` (a pass of many batches looks it up
+        once and passes it: for a dispatched model the lookup walks every module).
 
         The attention mask is passed so padded positions are masked for bidirectional models;
         right padding makes it a no-op on real tokens of causal models.
@@ -498,8 +500,9 @@ class ModelView:
         ``return_type=None``. Only for passes whose hooks all fire before that point.
         """
         attached.check_saes(self.model, self.name, self.d_model)
-        tokens = tokens.to(self.device)
-        mask = attention_mask.to(device=self.device, dtype=torch.long)
+        device = self.device if device is None else device
+        tokens = tokens.to(device)
+        mask = attention_mask.to(device=device, dtype=torch.long)
         hooks = list(fwd_hooks)
         if stop_after is not None:
             hooks.append((stop_after, _stop_forward))

@@ -24,6 +24,8 @@ cached activations replayed through the reductions' hooks in forward order): no 
 
 from __future__ import annotations
 
+import copy
+import functools
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -62,7 +64,12 @@ class Recorder:
         self._fired: set[tuple[str, int]] = set()  # keys whose hook ran (some record nothing)
         self._batch: TokenBatch | None = None
         self._per_batch: dict[Any, Any] = {}  # values derived from the current batch (built once)
+        self._per_pass: dict[Any, Any] = {}  # values shared by the reductions for the whole pass
         self.nonfinite: list[str] = []  # hook names where a real token had NaN/inf
+        #: Whether hooks other than the reductions' may run in the pass (user ``fwd_hooks``, thermo-lens'
+        #: intervention hooks, hooks already on the model): they may change an activation between two
+        #: reads. :func:`collect` sets it False for a pass that runs the reductions' hooks alone.
+        self.foreign_hooks = True
 
     def add(self, hook_name: str, key: tuple[str, int], fn: Reduce) -> None:
         self._reductions.append((hook_name, key, fn))
@@ -99,6 +106,13 @@ class Recorder:
         if key not in self._per_batch:
             self._per_batch[key] = build(self._batch)
         return self._per_batch[key]
+
+    def per_pass(self, key: Any, build: Callable[[], Any]) -> Any:
+        """``build()`` once for the whole pass under ``key``, shared by every reduction that asks
+        (e.g. the model's ``W_O``, read by the attribution and by the head write norms)."""
+        if key not in self._per_pass:
+            self._per_pass[key] = build()
+        return self._per_pass[key]
 
     def silent_hooks(self) -> list[str]:
         """Hook names whose reductions have recorded nothing (the host never ran those hooks)."""
@@ -356,11 +370,17 @@ class Collected:
         width = int(self.lengths.max())
         return torch.arange(width)[None, :] < self.lengths[:, None]
 
+    @functools.cached_property
+    def _model_metadata(self) -> dict[str, Any]:
+        # Read once per pass (finding a dispatched model's device walks every module); each result
+        # gets its own copy.
+        return self.view.metadata()
+
     def provenance(self) -> Provenance:
         """The :class:`thermo_lens.provenance.Provenance` every result of this pass records."""
         return Provenance(prompts=tuple(self.prompts), lengths=self.lengths.to(torch.long).clone(),
                           truncated=tuple(bool(t) for t in self.truncated), prepend_bos=self.prepend_bos,
-                          model=self.view.metadata(), hooks=tuple(self.hooks), prompt_set=self.prompt_set,
+                          model=copy.deepcopy(self._model_metadata), hooks=tuple(self.hooks), prompt_set=self.prompt_set,
                           categories=tuple(self.categories), padding=self.padding, batch_plan=self.batch_plan,
                           origin=self.origin)
 
@@ -445,6 +465,9 @@ def collect(
     tokenized = [everything.select(rows) for rows in plan]
     hidden = attached_records(attached.attached_hooks(view.model))  # before any hook of ours is registered
     rec = Recorder()
+    # Nothing but the reductions' own hooks runs in this pass: no activation changes between two of
+    # their reads (the attribution then needs no copy of a block's output to find a splice).
+    rec.foreign_hooks = bool(settings.fwd_hooks or internal_hooks or hidden)
     for r in reductions:
         r(view, rec)
     current = _Current()
@@ -455,6 +478,8 @@ def collect(
     # Hooks already on the model do not extend the pass: past the last block read they cannot change
     # a measured state (they are recorded all the same).
     stop_after = None if on_logits is not None else view.last_hook_needed([name for name, _ in hooks])
+    # Looked up once per pass: finding a dispatched model's execution device walks every module.
+    device = view.device
     show = settings.progress if settings.progress is not None else len(tokenized) > 1
     # Counted in prompts, not batches: the bar's rate is prompts/s and its ETA holds for length-bucketed
     # batches of different sizes (a long run of thousands of prompts).
@@ -468,7 +493,7 @@ def collect(
                     on_batch(batch)
                 with rec.batch(batch):
                     logits = view.run(batch.tokens, batch.mask, hooks, stop_after=stop_after,
-                                      return_logits=on_logits is not None)
+                                      return_logits=on_logits is not None, device=device)
                 if on_logits is not None:
                     assert logits is not None, "ModelView.run(return_logits=True) returned no logits"
                     on_logits(logits, batch)
@@ -476,10 +501,11 @@ def collect(
                 current.info = None
                 if on_batch is not None:
                     on_batch(None)
-            if k % _TRIM_EVERY == _TRIM_EVERY - 1 and view.device.type == "cpu":
+            if k % _TRIM_EVERY == _TRIM_EVERY - 1 and device.type == "cpu":
                 _release_freed_memory()
             _check_pass(view, rec, batch)
             bar.update(len(batch.prompt_index))
+    rec._per_pass.clear()  # e.g. a copy of W_O: not kept with the results
     never = [i for i in range(len(settings.fwd_hooks)) if i not in current.fired]
     if never:
         name, fn = settings.fwd_hooks[never[0]]
@@ -719,6 +745,7 @@ def collect_cached(
         for i in order:
             name, fn = hooks[i]
             fn(_relayout(acts[present[name]], name, starts, width))
+    rec._per_pass.clear()
     _check_pass(view, rec, batch)
     sae = attached_records(h for h in attached.attached_hooks(view.model) if h.attached == "sae")
     return Collected(
