@@ -128,15 +128,16 @@ def _clear_cache() -> None:
 
 def _attribution_matmuls(view, same):
     """The ``s W_O^T`` products of the exact attribution (scope ``all_but_first``: the real tokens
-    after position 0), on random inputs of the same shapes: its irreducible work."""
+    after position 0), on random inputs of the same shapes, each layer with its own ``W_O`` (as in
+    the pass: a small batch's product reads its layer's matrix from memory): its irreducible work."""
     gen = torch.Generator().manual_seed(0)
-    W = torch.randn(view.n_heads * view.d_head, view.d_model, generator=gen)
+    W = torch.randn(view.n_layers, view.n_heads * view.d_head, view.d_model, generator=gen)
     inputs = [torch.randn(int((b.lengths - 1).clamp_min(0).sum()), view.d_model, generator=gen) for b in same]
 
     def go() -> None:
         for s in inputs:
-            for _ in range(view.n_layers):
-                s @ W.mT
+            for l in range(view.n_layers):
+                s @ W[l].mT
     return go
 
 

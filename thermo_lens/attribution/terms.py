@@ -22,7 +22,7 @@ from thermo_lens.model import ModelView
 from thermo_lens.passes import Recorder, Reduction
 from thermo_lens.tokens import TERM_SCOPES, TokenBatch, scope_mask
 
-__all__ = ["attribution_terms", "sae_sites", "ATTRIBUTION_SCOPES", "ATTRIBUTION_DEFINITIONS"]
+__all__ = ["attribution_terms", "sae_sites", "ATTRIBUTION_SCOPES", "ATTRIBUTION_DEFINITIONS", "TERM_COLUMNS"]
 
 #: Token scopes of the attribution (means over the scope's real tokens of per-token terms).
 ATTRIBUTION_SCOPES = TERM_SCOPES
@@ -47,6 +47,9 @@ ATTRIBUTION_DEFINITIONS: dict[str, str] = {
     "total": "||x_out||^2 - ||x_in||^2, x_in = x_layer, x_out = x_{layer+1} (the gain's residual states)",
     "closure": "total - (sum_h head + mlp + bias + norm + sae + splice): float32 rounding (checked)",
 }
+
+#: The per-block columns of ``("attr_terms", l)`` after the heads' (then the experts', if any).
+TERM_COLUMNS = ("mlp", "bias", "norm", "sae", "sae_error", "splice", "scale", "closure", "total")
 
 _CLOSURE_RTOL = 1e-3  # float32 / float64 models: the closure is ~1e-7 of the scale in practice
 _CLOSURE_RTOL_HALF = 5e-2  # bfloat16 / float16 models (see attribution_from_collected)
@@ -199,11 +202,13 @@ def _plan(view: ModelView, rec: Recorder | None = None) -> list[_BlockPlan]:
     return plans
 
 
-def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_out: Tensor | None = None) -> Tensor:
+def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_out: Tensor | None = None,
+                 sq_norms: Any = _sq_norms) -> Tensor:
     """``[n, head + 9 (+ expert)]`` per-token terms of one block from its scoped activations
     (``take(key)`` -> ``[n, ...]`` float32): heads, then mlp, bias, norm, sae, sae_error, splice,
     scale, closure, total, then the experts' terms. ``y_out``: the block's output as it wrote it
-    (:attr:`_BlockPlan.splice`), None where ``x_out`` is it."""
+    (:attr:`_BlockPlan.splice`), None where ``x_out`` is it. ``sq_norms``: per-row ``||x||^2``
+    (the pass shares block ``l``'s ``||x_out||^2`` with block ``l + 1``, whose ``x_in`` it is)."""
     layout: BlockLayout = view.layout
     H, dev = view.n_heads, x_out.device
     x_in, z, mlp_out = take("x_in"), take("z"), take("mlp_out")
@@ -259,7 +264,7 @@ def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_
     # does not read y_out at all)
     splice = _vec_dot(x_out - y_out, s) if y_out is not None else zero
     total = _vec_dot(x_out - x_in, s)  # = ||x_out||^2 - ||x_in||^2 without cancellation
-    scale = _sq_norms(x_out) + _sq_norms(x_in)  # the size the closure is compared with
+    scale = sq_norms(x_out) + sq_norms(x_in)  # the size the closure is compared with
     # Per token |total - components| (its scoped mean: a cancellation across tokens must not
     # hide a block that does not close).
     closure = total - head.sum(-1) - mlp
@@ -276,12 +281,11 @@ def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_
 @functools.lru_cache(maxsize=None)
 def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
     """Reduction (for :func:`thermo_lens.passes.collect`) recording the scoped means, per block
-    ``l``: ``("attr_head", l)`` ``[batch, head]``, ``("attr_mlp", l)``, ``("attr_bias", l)``,
-    ``("attr_norm", l)``, ``("attr_sae", l)``, ``("attr_sae_error", l)``, ``("attr_splice", l)``,
-    ``("attr_total", l)``,
-    ``("attr_closure", l)`` and ``("attr_scale", l)`` (the scoped mean of
-    ``||x_out||^2 + ||x_in||^2``, the size the closure is compared with), each ``[batch]``
-    float64, and for a mixture of experts ``("attr_expert", l)`` ``[batch, expert]``."""
+    ``l``, as one float64 tensor ``("attr_terms", l)`` ``[batch, head + 9 (+ expert)]``: the heads'
+    terms, then mlp, bias, norm, sae, sae_error, splice, scale (the scoped mean of
+    ``||x_out||^2 + ||x_in||^2``, the size the closure is compared with), closure and total, then
+    for a mixture of experts each expert's term (:data:`TERM_COLUMNS`;
+    :func:`~thermo_lens.attribution.attribution_from_collected` splits it)."""
     _check_scope(token_scope)
 
     def scoped_rows(batch: TokenBatch, dev: torch.device) -> tuple[Tensor, Tensor, Tensor]:
@@ -297,7 +301,7 @@ def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
         why = _not_splittable(view)
         if why:
             raise ThermoLensInputError(why)
-        H, names = view.n_heads, view.resid_hook_names
+        names = view.resid_hook_names
         for plan in _plan(view, rec):
             state: dict[str, Tensor] = {}
 
@@ -323,24 +327,35 @@ def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
                 # the same rows, a fraction of advanced indexing's overhead. The rows are found once
                 # per batch and shared by every layer (the Recorder drops them when the batch ends).
                 rows, prompt_of, n = rec.per_batch(("attr_rows", str(dev)), functools.partial(scoped_rows, dev=dev))
+                # Block l's x_out is block l + 1's x_in, read at the same hook point (after every other hook
+                # there): its scoped rows and their squared norms are found once and shared (dropped with
+                # the batch).
+                shared: dict[Any, Any] = rec.per_batch(("attr_shared", str(dev)), lambda batch: {})
 
-                def take(key: str, raw: bool = False) -> Tensor:
-                    t = _state.pop(key).reshape(B * T, -1).index_select(0, rows)
+                def take(what: str, raw: bool = False) -> Tensor:
+                    x = _state.pop(what)
+                    if what == "x_in" and names[_plan.layer] in shared:
+                        return shared[names[_plan.layer]]
+                    t = x.reshape(B * T, -1).index_select(0, rows)
                     return t if raw else t.float()
 
+                def sq_norms(x: Tensor) -> Tensor:
+                    got = shared.get(("sq", id(x)))
+                    if got is not None and got[0] is x:  # (the same tensor, not a later one at its address)
+                        return got[1]
+                    out = _sq_norms(x)
+                    shared[("sq", id(x))] = (x, out)
+                    return out
+
+                x_rows = x_out.reshape(B * T, -1).index_select(0, rows).float()
+                shared[names[_plan.layer + 1]] = x_rows
                 y_out = _state.pop("y_out", None)  # already the scoped rows (a copy, see keep_output)
-                terms = _block_terms(view, _plan, take, x_out.reshape(B * T, -1).index_select(0, rows).float(),
-                                     None if y_out is None else y_out.float())
+                terms = _block_terms(view, _plan, take, x_rows, None if y_out is None else y_out.float(), sq_norms)
                 _state.clear()
-                # Every per-token term, then one float64 per-prompt sum over the scoped rows.
-                means = torch.zeros(B, terms.shape[1], dtype=torch.float64, device=dev).index_add_(
+                # Every per-token term, then one float64 per-prompt sum over the scoped rows: recorded as
+                # one [batch, term] tensor per block (attribution_from_collected splits it).
+                return torch.zeros(B, terms.shape[1], dtype=torch.float64, device=dev).index_add_(
                     0, prompt_of, terms.double()) / n
-                rec.put(("attr_head", _plan.layer), means[:, :H])
-                for k, key in enumerate(("mlp", "bias", "norm", "sae", "sae_error", "splice", "scale", "closure")):
-                    rec.put((f"attr_{key}", _plan.layer), means[:, H + k])
-                if terms.shape[1] > H + 9:
-                    rec.put(("attr_expert", _plan.layer), means[:, H + 9:])
-                return means[:, H + 8]
 
             def keep_output(x: Tensor, batch: TokenBatch, _state: dict = state) -> None:
                 # A copy of the scoped rows, now: a hook between the blocks may edit this very tensor in
@@ -354,7 +369,7 @@ def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
 
             for hook, key in plan.reads:
                 rec.add(hook, ("_attr_" + key, plan.layer), functools.partial(keep, _key=key))
-            rec.add(names[plan.layer + 1], ("attr_total", plan.layer), finish)
+            rec.add(names[plan.layer + 1], ("attr_terms", plan.layer), finish)
 
     return reduction
 
