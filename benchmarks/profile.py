@@ -11,10 +11,16 @@ Models:
 * ``GPT-2-small geometry``: GPT-2, 12 layers x d_model 768, 12 heads.
 * ``deeper-narrower``: GPT-2, 24 layers x d_model 512, 8 heads.
 * ``GQA``: LLaMA, 12 layers x d_model 768, 12 query heads / 4 KV heads.
+* ``1B-class``: LLaMA-3.2-1B geometry, 16 layers x d_model 2048, 32 query heads / 8 KV heads of 64,
+  MLP 8192, vocabulary 128,256 (tied embeddings), float32: 1.24B parameters, 5 GB. A full forward
+  costs about 2.4 GFLOP per token, so this row runs the first ``--prompts-1b`` prompts (default 5)
+  with 2 repeats and without the "best bare" forwards (its ratios to "best bare" are to the same
+  batches): about three minutes on one thread, including building the checkpoint.
 
 Embedding and unembedding have the real models' vocabulary sizes (50,257 for the GPT-2 ones,
-32,000 for LLaMA; the byte-level tokenizer uses only the first ids), so a full forward pays the
-real ``d_model x d_vocab`` unembedding per token (``--quick``: the tokenizer's own vocabulary).
+32,000 for the LLaMA GQA row, 128,256 for the 1B-class row; the byte-level tokenizer uses only the
+first ids), so a full forward pays the real ``d_model x d_vocab`` unembedding per token
+(``--quick``: the tokenizer's own vocabulary).
 
 ``min/min (CPU)``: the fastest repeat of a method over the fastest bare repeat: on a shared
 machine, noise only ever adds time, so this ratio is the least disturbed by other processes
@@ -174,7 +180,8 @@ def _in_pass_shares(bridge, prompts, args, bare_cpu: float, floor_cpu: float) ->
         passes.Recorder.add = orig
     family = {"attr": "gain attribution (attr_*)", "resid_norm": "residual norms (gain)",
               "block_in_norm": "block input norms (gain)", "anisotropy": "anisotropy",
-              "attn_diag": "attention diagonal (sheaf)", "attn_mass": "attention mass (sheaf)"}
+              "attn_diag": "attention diagonal (sheaf)", "attn_off_diag": "attention diagonal (sheaf)",
+              "attn_mass": "attention mass (sheaf)"}
     grouped: dict[str, float] = defaultdict(float)
     for k, v in spent.items():
         grouped[next((lab for pre, lab in family.items() if k.lstrip("_").startswith(pre)), k)] += v / runs
@@ -190,7 +197,10 @@ def _in_pass_shares(bridge, prompts, args, bare_cpu: float, floor_cpu: float) ->
           f"results; noisy: a difference of medians): {total / runs - inside - bare_cpu:+.3f} s")
 
 
-def bench_model(label: str, kind: str, prompts, args) -> dict[str, float]:
+def bench_model(label: str, kind: str, prompts, args, *, repeats: int | None = None,
+                light: bool = False) -> dict[str, float]:
+    """One model's rows. ``light`` (the 1B-class row): no ``bare, length-sorted`` / ``bare, one at
+    a time`` (the "best bare" ratios are then against ``bare, same batches``), ``repeats`` repeats."""
     from transformer_lens.model_bridge import TransformerBridge
 
     from thermo_lens.model import ModelView
@@ -226,8 +236,8 @@ def bench_model(label: str, kind: str, prompts, args) -> dict[str, float]:
         spectral_signature(bridge)
 
     methods = {"bare, same batches": run(same), "bare, to the last block": run(same, last_block),
-               "bare, length-sorted": run(sorted_batches),
-               "bare, one at a time": run(single), "profile (cold)": prof_cold,
+               **({} if light else {"bare, length-sorted": run(sorted_batches), "bare, one at a time": run(single)}),
+               "profile (cold)": prof_cold,
                "profile (warm)": prof_warm, "profile (warm, no attr.)": prof_warm_no_attr,
                "spectral alone (cold)": spectral_cold,
                "attribution matmul alone": _attribution_matmuls(view, same)}
@@ -235,7 +245,7 @@ def bench_model(label: str, kind: str, prompts, args) -> dict[str, float]:
         fn()
     times: dict[str, list[float]] = {k: [] for k in methods}
     walls: dict[str, list[float]] = {k: [] for k in methods}
-    for _ in range(args.repeats):
+    for _ in range(repeats or args.repeats):
         for name, fn in methods.items():
             gc.collect()
             t0, c0 = time.perf_counter(), time.process_time()
@@ -243,9 +253,12 @@ def bench_model(label: str, kind: str, prompts, args) -> dict[str, float]:
             times[name].append(time.process_time() - c0)
             walls[name].append(time.perf_counter() - t0)
     base = times["bare, same batches"]
-    best = [min(a, b) for a, b in zip(times["bare, length-sorted"], times["bare, one at a time"])]
-    best_name = ("length-sorted" if statistics.median(times["bare, length-sorted"])
-                 <= statistics.median(times["bare, one at a time"]) else "one at a time")
+    if light:
+        best, best_name = base, "same batches (the other bare forwards are not run for this row)"
+    else:
+        best = [min(a, b) for a, b in zip(times["bare, length-sorted"], times["bare, one at a time"])]
+        best_name = ("length-sorted" if statistics.median(times["bare, length-sorted"])
+                     <= statistics.median(times["bare, one at a time"]) else "one at a time")
 
     def ratio(name, ref):
         r = [t / b for t, b in zip(times[name], ref)]
@@ -254,7 +267,8 @@ def bench_model(label: str, kind: str, prompts, args) -> dict[str, float]:
     print(f"\n{label}: L={view.n_layers}, d_model={view.d_model}, heads={view.n_heads} "
           f"(KV {view.n_kv_heads}), d_head={view.d_head}; {len(prompts)} prompts, "
           f"{int(lengths.sum())} tokens; batches: {len(same)} ({100 * _padding(same):.1f}% padding) vs "
-          f"{len(sorted_batches)} length-sorted of {args.batch_size} ({100 * _padding(sorted_batches):.1f}%)")
+          f"{len(sorted_batches)} length-sorted of {args.batch_size} ({100 * _padding(sorted_batches):.1f}%)"
+          + (f"; {repeats or args.repeats} repeats" if light else ""))
     print(f"  {'method':<26}{'CPU s':>8}{'wall s':>8}{'vs same batches (CPU)':>28}{'vs best bare (CPU)':>26}"
           f"{'vs same (wall)':>16}{'min/min (CPU)':>15}")
     out = {}
@@ -363,8 +377,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stream-one", type=int, default=None, help=argparse.SUPPRESS)  # bench_stream's child
     ap.add_argument("--stream-sizes", default="250,1000,2000,10000",
                     help="prompt counts of the streaming part, comma-separated (default 250,1000,2000,10000)")
-    ap.add_argument("--only", choices=["gpt2", "deep", "gqa", "7b", "stream"], action="append",
+    ap.add_argument("--only", choices=["gpt2", "deep", "gqa", "1b", "7b", "stream"], action="append",
                     help="run only these parts (repeatable)")
+    ap.add_argument("--prompts-1b", type=int, default=5,
+                    help="prompts of the 1B-class row (default 5: about a minute per repeat on one thread)")
     args = ap.parse_args(argv)
     args.repeats = args.repeats or (1 if args.quick else 5)
     if args.threads:
@@ -380,10 +396,15 @@ def main(argv: list[str] | None = None) -> int:
     print("thermo-lens profile() benchmark; torch threads", torch.get_num_threads(), "; load average",
           ", ".join(f"{x:.1f}" for x in os.getloadavg()), f"on {os.cpu_count()} cores; "
           f"median of {args.repeats}, [min..max] of the per-repeat ratios")
-    parts = args.only or ["gpt2", "deep", "gqa", "7b", "stream"]
+    parts = args.only or ["gpt2", "deep", "gqa", "1b", "7b", "stream"]
     for key, label in (("gpt2", "GPT-2-small geometry"), ("deep", "deeper-narrower"), ("gqa", "GQA (LLaMA)")):
         if key in parts:
             bench_model(label, key, prompts, args)
+    if "1b" in parts:
+        n = len(prompts) if args.quick else args.prompts_1b
+        bench_model(f"1B-class (LLaMA-3.2-1B geometry; the first {n} of the prompts, "
+                    f"{1 if args.quick else 2} repeats)", "1b", prompts[:n], args,
+                    repeats=1 if args.quick else 2, light=True)
     if "7b" in parts:
         bench_spectral_7b(args)
     if "stream" in parts:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -38,6 +37,7 @@ from thermo_lens.errors import (ThermoLensHookError, ThermoLensInputError, Therm
                                 ThermoLensNumericsError)
 from thermo_lens.inputs import as_model_prompts
 from thermo_lens.model import ModelView, as_view
+from thermo_lens.packed import PackedParts, Slabs
 from thermo_lens.provenance import Provenance, attached_records, describe_hook
 from thermo_lens.settings import RunSettings
 from thermo_lens.tokens import HOST_BOS, MAX_PADDING, BatchInfo, TokenBatch, plan_batches, token_batch
@@ -60,7 +60,10 @@ class Recorder:
 
     def __init__(self) -> None:
         self._reductions: list[tuple[str, tuple[str, int], Reduce]] = []
-        self._parts: dict[tuple[str, int], list[Tensor]] = defaultdict(list)
+        # Each batch's results, packed into shared slabs as recorded (thermo_lens.packed: thousands of
+        # small tensors left between freed activations fragmented the heap, ~40 KB per prompt).
+        self._slabs = Slabs()
+        self._parts: dict[tuple[str, int], PackedParts] = {}
         self._fired: set[tuple[str, int]] = set()  # keys whose hook ran (some record nothing)
         self._batch: TokenBatch | None = None
         self._per_batch: dict[Any, Any] = {}  # values derived from the current batch (built once)
@@ -77,7 +80,13 @@ class Recorder:
     def put(self, key: tuple[str, int], value: Tensor) -> None:
         """Record ``value`` (first dimension: the batch) under ``key`` from inside a reduction
         that produces several results at one hook point."""
-        self._parts[key].append(value.to("cpu"))
+        self._part(key).append(value.to("cpu"))
+
+    def _part(self, key: tuple[str, int]) -> PackedParts:
+        parts = self._parts.get(key)
+        if parts is None:
+            parts = self._parts[key] = PackedParts(self._slabs)
+        return parts
 
     def fwd_hooks(self) -> list[tuple[str, Callable]]:
         """``(hook_name, hook_fn)`` pairs for ``run_with_hooks``; the hooks return None."""
@@ -89,7 +98,7 @@ class Recorder:
                 self._fired.add(_key)
                 out = _fn(act.detach(), self._batch)
                 if out is not None:  # None: a reduction that only keeps transient state
-                    self._parts[_key].append(out.to("cpu"))
+                    self._part(_key).append(out.to("cpu"))
             hooks.append((hook_name, hook))
         return hooks
 
@@ -143,7 +152,7 @@ class Recorder:
         return torch.stack([torch.cat([fn(p) for p in self._parts[k]], dim=0) for k in keys])
 
     @staticmethod
-    def _cat(parts: list[Tensor]) -> Tensor:
+    def _cat(parts: Sequence[Tensor] | PackedParts) -> Tensor:
         # Batches differ in padded length: pad every non-batch dimension (the position ones;
         # heads etc. agree) with NaN up to the largest batch, then concatenate the batches.
         shape = [max(p.shape[d] for p in parts) for d in range(1, parts[0].ndim)]
