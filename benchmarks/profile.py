@@ -58,9 +58,10 @@ the overhead that does not suffer from run-to-run noise, since it is measured in
 
 Also: the spectral part alone at LLaMA-7B geometry (32 layers x 32 heads x 4096 x 128, random
 bfloat16 weights as a 7B checkpoint stores them, no forward; per-head norms + OV + whole-layer
-norms, from the stored weights block by block), and wall time / peak RSS growth of ``profile()`` on 250, 1,000 and
-2,000 prompts, each in a fresh process (streaming: the growth should not scale with the prompts
-beyond the per-prompt results).
+norms, from the stored weights block by block), and wall time / peak RSS growth of ``profile()`` on 250, 1,000,
+2,000 and 10,000 prompts (``--stream-sizes``), each in a fresh process (streaming: the growth should
+not scale with the prompts beyond the per-prompt results; each line also prints what the pass kept
+for the results, the recorder's slabs).
 
 Usage: ``python benchmarks/profile.py`` (several minutes on 2 cores) or ``--quick`` (tiny
 models, one repeat: a smoke test). ``--threads`` (default 1) sets the torch thread count.
@@ -338,15 +339,31 @@ def stream_one(n: int, args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = TransformerBridge.boot_transformers(str(build_checkpoint("small", tmp, args.quick)))
     prompts = [f"{base[i % len(base)]} ({i})" for i in range(n)]
+    from thermo_lens import measure
+
     profile(model, prompts[:8], progress=False)  # warm-up
+    kept: dict[str, int] = {}
+    real_collect = measure.collect
+
+    def collect(*a, **kw):  # what the pass keeps for the results: the recorder's slabs and large parts
+        c = real_collect(*a, **kw)
+        rec = c.recorder
+        kept["bytes"] = rec._slabs.nbytes + sum(t.numel() * t.element_size() for parts in rec._parts.values()
+                                                for t in parts if t.untyped_storage().nbytes() != rec._slabs.SIZE)
+        return c
+    measure.collect = collect
     gc.collect()
-    with PeakRSS() as mem:
-        t0 = time.perf_counter()
-        p = profile(model, prompts, batch_size=args.batch_size, progress=False)
-        t = time.perf_counter() - t0
+    try:
+        with PeakRSS() as mem:
+            t0 = time.perf_counter()
+            p = profile(model, prompts, batch_size=args.batch_size, progress=False)
+            t = time.perf_counter() - t0
+    finally:
+        measure.collect = real_collect
     per_prompt = sum(x.numel() * x.element_size() for x in (p.sheaf.trace, p.gain.block_gain))
     print(f"  {n:>5} prompts: wall {t:.2f} s, peak RSS growth {mem.growth / 2**20:.1f} MiB "
-          f"(per-prompt results {per_prompt / 2**20:.2f} MiB)", flush=True)
+          f"(per-prompt results {per_prompt / 2**20:.2f} MiB; the pass kept {kept.get('bytes', 0) / 2**20:.1f} MiB "
+          "for all results, per-token residual norms included)", flush=True)
 
 
 def bench_stream(args) -> None:

@@ -447,6 +447,13 @@ class ModelView:
         """Output weights per layer and query head, detached, on CPU, in ``dtype``."""
         return self._input_weights("W_O", dtype, layers)
 
+    def W_O_layers(self, dtype: torch.dtype = torch.float32) -> list[Tensor]:
+        """``W_O`` of every layer, ``[head, d_head, d_model]`` each, in ``dtype``: views of the stored
+        weights where the model keeps them in ``dtype`` (read them, never write to them), else copies
+        one layer at a time. For a pass that reads ``W_O`` (the attribution, head write norms): no
+        stacked copy of every layer (0.27 GB at 1B scale, 2 GiB at 7B)."""
+        return [self.stored_weights("W_O", l).to(dtype) for l in range(self.n_layers)]
+
     def output_biases(self, layer: int, dtype: torch.dtype = torch.float32) -> tuple[Tensor | None, Tensor | None]:
         """``(b_O, b_out)`` of block ``layer``: the attention output bias and the MLP output bias
         (``[d_model]``, detached, CPU), each None when the block has none (LLaMA, Gemma)."""

@@ -148,8 +148,8 @@ def _plan(view: ModelView, rec: Recorder | None = None) -> list[_BlockPlan]:
     and tells whether hooks other than the reductions' run: without them, no splice is read)."""
     layout: BlockLayout = view.layout
     L, H, d = view.n_layers, view.n_heads, view.d_model
-    W_O = view.W_O() if rec is None else rec.per_pass(("W_O", torch.float32), view.W_O)
-    W_flat = W_O.reshape(L, H * view.d_head, d)
+    W_O = view.W_O_layers() if rec is None else rec.per_pass(("W_O layers", torch.float32), view.W_O_layers)
+    W_flat = [w.reshape(H * view.d_head, d) for w in W_O]
     foreign_hooks = rec is None or rec.foreign_hooks
     sites, _ = sae_sites(view)
     wrappers = set(attached.sae_wrappers(view.model))
