@@ -80,7 +80,8 @@ def test_small_results_are_packed_into_a_few_slabs_and_read_back_exactly():
     slabs = Slabs()
     parts = PackedParts(slabs)
     given = [torch.randn(3, 4, dtype=torch.float64), torch.tensor([True, False, True]), torch.arange(5),
-             torch.randn(2, 3, 7)[:, 1], torch.empty(0, 4), torch.randn(300_000), torch.tensor(2.5)]
+             torch.randn(2, 3, 7)[:, 1], torch.empty(0, 4), torch.randn(300_000), torch.tensor(2.5),
+             torch.randn(1, 13, dtype=torch.float64)[:, 4]]  # one element of a strided view
     for t in given:
         parts.append(t)
     kept = [t.clone() for t in given]

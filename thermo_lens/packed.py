@@ -46,7 +46,10 @@ class Slabs:
         if off + nbytes > self.SIZE:
             self._slabs.append(torch.empty(self.SIZE, dtype=torch.uint8))
             off = 0
-        self._slabs[-1][off:off + nbytes].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
+        flat = t.detach().reshape(-1)
+        if flat.stride(0) != 1:  # (a strided view, or one element of a strided view)
+            flat = flat.clone(memory_format=torch.contiguous_format)
+        self._slabs[-1][off:off + nbytes].copy_(flat.view(torch.uint8))
         self._used = off + nbytes
         return (len(self._slabs) - 1, off, nbytes, t.dtype, tuple(t.shape))
 

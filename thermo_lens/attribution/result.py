@@ -274,14 +274,13 @@ def attribution_from_collected(collected: Collected, token_scope: str = "all_but
     """The :class:`GainAttribution` of a :func:`~thermo_lens.passes.collect` pass that ran
     :func:`attribution_terms` (pure; checks that every block closes)."""
     _check_scope(token_scope)
-    if "attr_terms" not in collected.recorder.names:
+    if "attr_head" not in collected.recorder.names:
         raise ThermoLensInputError("this collection has no attribution terms: run collect(..., [attribution_terms(scope)])")
+    head = collected.stack("attr_head").permute(1, 0, 2).contiguous()  # [P, L, H]
+    get = {k: collected.stack(f"attr_{k}").T.contiguous() for k in TERM_COLUMNS}
+    expert = (collected.stack("attr_expert").permute(1, 0, 2).contiguous()
+              if "attr_expert" in collected.recorder.names else None)
     view = collected.view
-    H, C = view.n_heads, len(TERM_COLUMNS)
-    terms = collected.stack("attr_terms").permute(1, 0, 2)  # [P, L, head + columns (+ expert)]
-    head = terms[..., :H].contiguous()  # [P, L, H]
-    get = {k: terms[..., H + i].contiguous() for i, k in enumerate(TERM_COLUMNS)}
-    expert = terms[..., H + C:].contiguous() if terms.shape[-1] > H + C else None
     rel = get["closure"] / get["scale"].clamp_min(torch.finfo(torch.float32).tiny)
     # The model adds its components in its own dtype: half-precision residual streams round each
     # addition to about 3 significant digits, so the identity closes only to that precision.

@@ -48,7 +48,8 @@ ATTRIBUTION_DEFINITIONS: dict[str, str] = {
     "closure": "total - (sum_h head + mlp + bias + norm + sae + splice): float32 rounding (checked)",
 }
 
-#: The per-block columns of ``("attr_terms", l)`` after the heads' (then the experts', if any).
+#: The per-token columns of a block's terms after the heads' (then the experts', if any), each recorded
+#: as ``("attr_<column>", l)``.
 TERM_COLUMNS = ("mlp", "bias", "norm", "sae", "sae_error", "splice", "scale", "closure", "total")
 
 _CLOSURE_RTOL = 1e-3  # float32 / float64 models: the closure is ~1e-7 of the scale in practice
@@ -281,11 +282,13 @@ def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_
 @functools.lru_cache(maxsize=None)
 def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
     """Reduction (for :func:`thermo_lens.passes.collect`) recording the scoped means, per block
-    ``l``, as one float64 tensor ``("attr_terms", l)`` ``[batch, head + 9 (+ expert)]``: the heads'
-    terms, then mlp, bias, norm, sae, sae_error, splice, scale (the scoped mean of
-    ``||x_out||^2 + ||x_in||^2``, the size the closure is compared with), closure and total, then
-    for a mixture of experts each expert's term (:data:`TERM_COLUMNS`;
-    :func:`~thermo_lens.attribution.attribution_from_collected` splits it)."""
+    ``l``: ``("attr_head", l)`` ``[batch, head]``, ``("attr_mlp", l)``, ``("attr_bias", l)``,
+    ``("attr_norm", l)``, ``("attr_sae", l)``, ``("attr_sae_error", l)``, ``("attr_splice", l)``,
+    ``("attr_total", l)``,
+    ``("attr_closure", l)`` and ``("attr_scale", l)`` (the scoped mean of
+    ``||x_out||^2 + ||x_in||^2``, the size the closure is compared with), each ``[batch]``
+    float64, and for a mixture of experts ``("attr_expert", l)`` ``[batch, expert]``
+    (:data:`TERM_COLUMNS`: the order of the per-token columns after the heads)."""
     _check_scope(token_scope)
 
     def scoped_rows(batch: TokenBatch, dev: torch.device) -> tuple[Tensor, Tensor, Tensor]:
@@ -352,10 +355,10 @@ def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
                 y_out = _state.pop("y_out", None)  # already the scoped rows (a copy, see keep_output)
                 terms = _block_terms(view, _plan, take, x_rows, None if y_out is None else y_out.float(), sq_norms)
                 _state.clear()
-                # Every per-token term, then one float64 per-prompt sum over the scoped rows: recorded as
-                # one [batch, term] tensor per block (attribution_from_collected splits it).
-                return torch.zeros(B, terms.shape[1], dtype=torch.float64, device=dev).index_add_(
+                # Every per-token term, then one float64 per-prompt sum over the scoped rows.
+                means = torch.zeros(B, terms.shape[1], dtype=torch.float64, device=dev).index_add_(
                     0, prompt_of, terms.double()) / n
+                return _record(rec, _plan.layer, means, view.n_heads)
 
             def keep_output(x: Tensor, batch: TokenBatch, _state: dict = state) -> None:
                 # A copy of the scoped rows, now: a hook between the blocks may edit this very tensor in
@@ -369,9 +372,21 @@ def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
 
             for hook, key in plan.reads:
                 rec.add(hook, ("_attr_" + key, plan.layer), functools.partial(keep, _key=key))
-            rec.add(names[plan.layer + 1], ("attr_terms", plan.layer), finish)
+            rec.add(names[plan.layer + 1], ("attr_total", plan.layer), finish)
 
     return reduction
+
+
+def _record(rec: Recorder, layer: int, means: Tensor, H: int) -> Tensor:
+    """Record block ``layer``'s ``[batch, head + columns (+ expert)]`` means under their keys; returns
+    the total (recorded by the hook as ``("attr_total", layer)``)."""
+    C = len(TERM_COLUMNS)
+    rec.put(("attr_head", layer), means[:, :H])
+    for k, column in enumerate(TERM_COLUMNS[:-1]):
+        rec.put((f"attr_{column}", layer), means[:, H + k])
+    if means.shape[1] > H + C:
+        rec.put(("attr_expert", layer), means[:, H + C:])
+    return means[:, H + C - 1]
 
 
 def _expert_terms(take: Any, experts: Any, E: int, v_m: Tensor) -> Tensor:
