@@ -20,9 +20,10 @@ Conventions (TransformerLens):
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -299,13 +300,29 @@ class ModelView:
     @property
     def device(self) -> torch.device:
         """Where the pass starts (tokens and masks go here): the execution device of a dispatched or
-        offloaded model (whose parameters may sit on ``meta``), else the first parameter's device."""
+        offloaded model (whose parameters may sit on ``meta``), else the first parameter's device.
+        Inside :meth:`pinned_device`, the device found when it was entered."""
+        pinned = getattr(self, "_pinned_device", None)
+        if pinned is not None:
+            return pinned
         dev = offload.execution_device(self.model)
         if dev is not None:
             return dev
         for p in self.model.parameters():
             return p.device
         return torch.device(getattr(self.model.cfg, "device", "cpu") or "cpu")
+
+    @contextlib.contextmanager
+    def pinned_device(self) -> Iterator[torch.device]:
+        """:attr:`device` looked up once for the duration (a pass of many batches: for a dispatched
+        model the lookup walks every module, 26 walks per GPT-2-small profile, 3% of its pass)."""
+        before: torch.device | None = getattr(self, "_pinned_device", None)
+        device = self.device
+        self._pinned_device: torch.device | None = device
+        try:
+            yield device
+        finally:
+            self._pinned_device = before
 
     @property
     def tokenizer(self) -> Any:
@@ -489,11 +506,9 @@ class ModelView:
     # ------------------------------------------------------------------ running
     def run(self, tokens: Int[Tensor, "batch pos"], attention_mask: Bool[Tensor, "batch pos"],
             fwd_hooks: Sequence[tuple[str | Callable, Callable]] = (), *, stop_after: str | None = None,
-            return_logits: bool = False, device: torch.device | None = None) -> Tensor | None:
+            return_logits: bool = False) -> Tensor | None:
         """One forward pass of ``tokens`` with ``fwd_hooks``; logits are discarded unless
         ``return_logits`` (then returned, ``[batch, pos, d_vocab]``; ``stop_after`` must be ``None``).
-        ``device``: where the tokens go, default :attr:`device` (a pass of many batches looks it up
-        once and passes it: for a dispatched model the lookup walks every module).
 
         The attention mask is passed so padded positions are masked for bidirectional models;
         right padding makes it a no-op on real tokens of causal models.
@@ -507,7 +522,7 @@ class ModelView:
         ``return_type=None``. Only for passes whose hooks all fire before that point.
         """
         attached.check_saes(self.model, self.name, self.d_model)
-        device = self.device if device is None else device
+        device = self.device
         tokens = tokens.to(device)
         mask = attention_mask.to(device=device, dtype=torch.long)
         hooks = list(fwd_hooks)

@@ -487,13 +487,12 @@ def collect(
     # Hooks already on the model do not extend the pass: past the last block read they cannot change
     # a measured state (they are recorded all the same).
     stop_after = None if on_logits is not None else view.last_hook_needed([name for name, _ in hooks])
-    # Looked up once per pass: finding a dispatched model's execution device walks every module.
-    device = view.device
     show = settings.progress if settings.progress is not None else len(tokenized) > 1
     # Counted in prompts, not batches: the bar's rate is prompts/s and its ETA holds for length-bucketed
     # batches of different sizes (a long run of thousands of prompts).
+    # The device is looked up once for the pass: finding a dispatched model's execution device walks every module.
     with tqdm(total=sum(len(b.prompt_index) for b in tokenized), desc=f"thermo-lens {view.name}", unit="prompt",
-              disable=not show, leave=False, smoothing=0.05) as bar:
+              disable=not show, leave=False, smoothing=0.05) as bar, view.pinned_device() as device:
         for k, batch in enumerate(tokenized):
             current.info = BatchInfo.of(batch, k, len(tokenized),
                                         None if user_index is None else user_index[batch.prompt_index])
@@ -502,7 +501,7 @@ def collect(
                     on_batch(batch)
                 with rec.batch(batch):
                     logits = view.run(batch.tokens, batch.mask, hooks, stop_after=stop_after,
-                                      return_logits=on_logits is not None, device=device)
+                                      return_logits=on_logits is not None)
                 if on_logits is not None:
                     assert logits is not None, "ModelView.run(return_logits=True) returned no logits"
                     on_logits(logits, batch)
