@@ -21,11 +21,15 @@ GEOMETRIES: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "small": ((6, 384, 6), (2, 64, 4)),
     "deep": ((24, 512, 8), (4, 32, 4)),  # deeper-narrower
     "gqa": ((12, 768, 12, 4), (2, 64, 4, 2)),  # LLaMA with grouped-query attention
+    "1b": ((16, 2048, 32, 8), (2, 64, 4, 2)),  # LLaMA-3.2-1B geometry (GQA, MLP 8192, tied embeddings)
 }
+
+#: kind -> the MLP's hidden size (full geometry; ``--quick``: 4 x d_model).
+INTERMEDIATE: dict[str, int] = {"gqa": 2048, "1b": 8192}
 
 
 #: kind -> the vocabulary size of the real model of that geometry (GPT-2: 50,257; LLaMA: 32,000).
-REAL_VOCAB: dict[str, int] = {"gpt2": 50257, "small": 50257, "deep": 50257, "gqa": 32000}
+REAL_VOCAB: dict[str, int] = {"gpt2": 50257, "small": 50257, "deep": 50257, "gqa": 32000, "1b": 128256}
 
 
 def build_checkpoint(kind: str, directory: Path | str, quick: bool = False, *, real_vocab: bool = False,
@@ -45,12 +49,12 @@ def build_checkpoint(kind: str, directory: Path | str, quick: bool = False, *, r
     geo = GEOMETRIES[kind][1 if quick else 0]
     vocab = REAL_VOCAB[kind] if real_vocab else len(tok)
     torch.manual_seed(0)
-    if kind == "gqa":
+    if kind in ("gqa", "1b"):
         n_layer, d, n_head, n_kv = geo
         cfg = transformers.LlamaConfig(
             hidden_size=d, num_hidden_layers=n_layer, num_attention_heads=n_head, num_key_value_heads=n_kv,
-            intermediate_size=4 * d if quick else 2048, max_position_embeddings=1024, vocab_size=vocab,
-            bos_token_id=0, eos_token_id=0, pad_token_id=0, **config)
+            intermediate_size=4 * d if quick else INTERMEDIATE[kind], max_position_embeddings=1024, vocab_size=vocab,
+            bos_token_id=0, eos_token_id=0, pad_token_id=0, tie_word_embeddings=kind == "1b", **config)
         model = transformers.LlamaForCausalLM(cfg)
     else:
         n_layer, d, n_head = geo

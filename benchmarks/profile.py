@@ -11,10 +11,16 @@ Models:
 * ``GPT-2-small geometry``: GPT-2, 12 layers x d_model 768, 12 heads.
 * ``deeper-narrower``: GPT-2, 24 layers x d_model 512, 8 heads.
 * ``GQA``: LLaMA, 12 layers x d_model 768, 12 query heads / 4 KV heads.
+* ``1B-class``: LLaMA-3.2-1B geometry, 16 layers x d_model 2048, 32 query heads / 8 KV heads of 64,
+  MLP 8192, vocabulary 128,256 (tied embeddings), float32: 1.24B parameters, 5 GB. A full forward
+  costs about 2.4 GFLOP per token, so this row runs the first ``--prompts-1b`` prompts (default 5)
+  with 2 repeats and without the "best bare" forwards (its ratios to "best bare" are to the same
+  batches): about three minutes on one thread, including building the checkpoint.
 
 Embedding and unembedding have the real models' vocabulary sizes (50,257 for the GPT-2 ones,
-32,000 for LLaMA; the byte-level tokenizer uses only the first ids), so a full forward pays the
-real ``d_model x d_vocab`` unembedding per token (``--quick``: the tokenizer's own vocabulary).
+32,000 for the LLaMA GQA row, 128,256 for the 1B-class row; the byte-level tokenizer uses only the
+first ids), so a full forward pays the real ``d_model x d_vocab`` unembedding per token
+(``--quick``: the tokenizer's own vocabulary).
 
 ``min/min (CPU)``: the fastest repeat of a method over the fastest bare repeat: on a shared
 machine, noise only ever adds time, so this ratio is the least disturbed by other processes
@@ -52,9 +58,10 @@ the overhead that does not suffer from run-to-run noise, since it is measured in
 
 Also: the spectral part alone at LLaMA-7B geometry (32 layers x 32 heads x 4096 x 128, random
 bfloat16 weights as a 7B checkpoint stores them, no forward; per-head norms + OV + whole-layer
-norms, from the stored weights block by block), and wall time / peak RSS growth of ``profile()`` on 250, 1,000 and
-2,000 prompts, each in a fresh process (streaming: the growth should not scale with the prompts
-beyond the per-prompt results).
+norms, from the stored weights block by block), and wall time / peak RSS growth of ``profile()`` on 250, 1,000,
+2,000 and 10,000 prompts (``--stream-sizes``), each in a fresh process (streaming: the growth should
+not scale with the prompts beyond the per-prompt results; each line also prints what the pass kept
+for the results, the recorder's slabs).
 
 Usage: ``python benchmarks/profile.py`` (several minutes on 2 cores) or ``--quick`` (tiny
 models, one repeat: a smoke test). ``--threads`` (default 1) sets the torch thread count.
@@ -128,22 +135,24 @@ def _clear_cache() -> None:
 
 def _attribution_matmuls(view, same):
     """The ``s W_O^T`` products of the exact attribution (scope ``all_but_first``: the real tokens
-    after position 0), on random inputs of the same shapes: its irreducible work."""
+    after position 0), on random inputs of the same shapes, each layer with its own ``W_O`` (as in
+    the pass: a small batch's product reads its layer's matrix from memory): its irreducible work."""
     gen = torch.Generator().manual_seed(0)
-    W = torch.randn(view.n_heads * view.d_head, view.d_model, generator=gen)
+    W = torch.randn(view.n_layers, view.n_heads * view.d_head, view.d_model, generator=gen)
     inputs = [torch.randn(int((b.lengths - 1).clamp_min(0).sum()), view.d_model, generator=gen) for b in same]
 
     def go() -> None:
         for s in inputs:
-            for _ in range(view.n_layers):
-                s @ W.mT
+            for l in range(view.n_layers):
+                s @ W[l].mT
     return go
 
 
-def _in_pass_shares(bridge, prompts, args, bare_cpu: float) -> None:
+def _in_pass_shares(bridge, prompts, args, bare_cpu: float, floor_cpu: float) -> None:
     """CPU time inside thermo-lens' hooks during a warm profile(), per reduction, against the bare
     pass to the last block (``bare_cpu``; the benchmark wraps :meth:`Recorder.add`; nothing in the
-    package is timed)."""
+    package is timed), and the attribution's hooks against their matmul floor (``floor_cpu``: the
+    median of ``attribution matmul alone``)."""
     from collections import defaultdict
 
     from thermo_lens import passes
@@ -172,7 +181,8 @@ def _in_pass_shares(bridge, prompts, args, bare_cpu: float) -> None:
         passes.Recorder.add = orig
     family = {"attr": "gain attribution (attr_*)", "resid_norm": "residual norms (gain)",
               "block_in_norm": "block input norms (gain)", "anisotropy": "anisotropy",
-              "attn_diag": "attention diagonal (sheaf)", "attn_mass": "attention mass (sheaf)"}
+              "attn_diag": "attention diagonal (sheaf)", "attn_off_diag": "attention diagonal (sheaf)",
+              "attn_mass": "attention mass (sheaf)"}
     grouped: dict[str, float] = defaultdict(float)
     for k, v in spent.items():
         grouped[next((lab for pre, lab in family.items() if k.lstrip("_").startswith(pre)), k)] += v / runs
@@ -181,11 +191,17 @@ def _in_pass_shares(bridge, prompts, args, bare_cpu: float) -> None:
           f"thermo-lens' hooks {inside:.3f} s = {100 * inside / bare_cpu:.1f}% of the bare pass to the last block")
     for lab, v in sorted(grouped.items(), key=lambda kv: -kv[1]):
         print(f"    {lab:<32}{v:>7.3f} s  {100 * v / bare_cpu:>5.1f}%")
+    attr = grouped.get(family["attr"], 0.0)
+    print(f"  the attribution's hooks against their matmul floor (s W_O^T alone, {floor_cpu:.3f} s = "
+          f"{100 * floor_cpu / bare_cpu:.1f}% of the bare pass to the last block): {attr / floor_cpu:.2f}x (target <= 1.3x)")
     print(f"    the rest of profile() beyond its hooks and that bare pass (tokenizing, hook dispatch, "
           f"results; noisy: a difference of medians): {total / runs - inside - bare_cpu:+.3f} s")
 
 
-def bench_model(label: str, kind: str, prompts, args) -> dict[str, float]:
+def bench_model(label: str, kind: str, prompts, args, *, repeats: int | None = None,
+                light: bool = False) -> dict[str, float]:
+    """One model's rows. ``light`` (the 1B-class row): no ``bare, length-sorted`` / ``bare, one at
+    a time`` (the "best bare" ratios are then against ``bare, same batches``), ``repeats`` repeats."""
     from transformer_lens.model_bridge import TransformerBridge
 
     from thermo_lens.model import ModelView
@@ -221,8 +237,8 @@ def bench_model(label: str, kind: str, prompts, args) -> dict[str, float]:
         spectral_signature(bridge)
 
     methods = {"bare, same batches": run(same), "bare, to the last block": run(same, last_block),
-               "bare, length-sorted": run(sorted_batches),
-               "bare, one at a time": run(single), "profile (cold)": prof_cold,
+               **({} if light else {"bare, length-sorted": run(sorted_batches), "bare, one at a time": run(single)}),
+               "profile (cold)": prof_cold,
                "profile (warm)": prof_warm, "profile (warm, no attr.)": prof_warm_no_attr,
                "spectral alone (cold)": spectral_cold,
                "attribution matmul alone": _attribution_matmuls(view, same)}
@@ -230,7 +246,7 @@ def bench_model(label: str, kind: str, prompts, args) -> dict[str, float]:
         fn()
     times: dict[str, list[float]] = {k: [] for k in methods}
     walls: dict[str, list[float]] = {k: [] for k in methods}
-    for _ in range(args.repeats):
+    for _ in range(repeats or args.repeats):
         for name, fn in methods.items():
             gc.collect()
             t0, c0 = time.perf_counter(), time.process_time()
@@ -238,9 +254,12 @@ def bench_model(label: str, kind: str, prompts, args) -> dict[str, float]:
             times[name].append(time.process_time() - c0)
             walls[name].append(time.perf_counter() - t0)
     base = times["bare, same batches"]
-    best = [min(a, b) for a, b in zip(times["bare, length-sorted"], times["bare, one at a time"])]
-    best_name = ("length-sorted" if statistics.median(times["bare, length-sorted"])
-                 <= statistics.median(times["bare, one at a time"]) else "one at a time")
+    if light:
+        best, best_name = base, "same batches (the other bare forwards are not run for this row)"
+    else:
+        best = [min(a, b) for a, b in zip(times["bare, length-sorted"], times["bare, one at a time"])]
+        best_name = ("length-sorted" if statistics.median(times["bare, length-sorted"])
+                     <= statistics.median(times["bare, one at a time"]) else "one at a time")
 
     def ratio(name, ref):
         r = [t / b for t, b in zip(times[name], ref)]
@@ -249,7 +268,8 @@ def bench_model(label: str, kind: str, prompts, args) -> dict[str, float]:
     print(f"\n{label}: L={view.n_layers}, d_model={view.d_model}, heads={view.n_heads} "
           f"(KV {view.n_kv_heads}), d_head={view.d_head}; {len(prompts)} prompts, "
           f"{int(lengths.sum())} tokens; batches: {len(same)} ({100 * _padding(same):.1f}% padding) vs "
-          f"{len(sorted_batches)} length-sorted of {args.batch_size} ({100 * _padding(sorted_batches):.1f}%)")
+          f"{len(sorted_batches)} length-sorted of {args.batch_size} ({100 * _padding(sorted_batches):.1f}%)"
+          + (f"; {repeats or args.repeats} repeats" if light else ""))
     print(f"  {'method':<26}{'CPU s':>8}{'wall s':>8}{'vs same batches (CPU)':>28}{'vs best bare (CPU)':>26}"
           f"{'vs same (wall)':>16}{'min/min (CPU)':>15}")
     out = {}
@@ -270,8 +290,8 @@ def bench_model(label: str, kind: str, prompts, args) -> dict[str, float]:
     print("  the measurements' own cost (profile() ends its pass after the last block; against a bare pass "
           "that ends there too): " + ", ".join(
               f"{name.removeprefix('profile ')} {statistics.median([t / b for t, b in zip(times[name], to_last)]):.3f}x"
-              for name in ("profile (cold)", "profile (warm)", "profile (warm, no attr.)")))
-    _in_pass_shares(bridge, prompts, args, statistics.median(to_last))
+              for name in ("profile (cold)", "profile (warm)", "profile (warm, no attr.)")) + " (target: warm <= 1.10x)")
+    _in_pass_shares(bridge, prompts, args, statistics.median(to_last), statistics.median(times["attribution matmul alone"]))
     return out
 
 
@@ -319,15 +339,31 @@ def stream_one(n: int, args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = TransformerBridge.boot_transformers(str(build_checkpoint("small", tmp, args.quick)))
     prompts = [f"{base[i % len(base)]} ({i})" for i in range(n)]
+    from thermo_lens import measure
+
     profile(model, prompts[:8], progress=False)  # warm-up
+    kept: dict[str, int] = {}
+    real_collect = measure.collect
+
+    def collect(*a, **kw):  # what the pass keeps for the results: the recorder's slabs and large parts
+        c = real_collect(*a, **kw)
+        rec = c.recorder
+        kept["bytes"] = rec._slabs.nbytes + sum(t.numel() * t.element_size() for parts in rec._parts.values()
+                                                for t in parts if t.untyped_storage().nbytes() != rec._slabs.SIZE)
+        return c
+    measure.collect = collect
     gc.collect()
-    with PeakRSS() as mem:
-        t0 = time.perf_counter()
-        p = profile(model, prompts, batch_size=args.batch_size, progress=False)
-        t = time.perf_counter() - t0
+    try:
+        with PeakRSS() as mem:
+            t0 = time.perf_counter()
+            p = profile(model, prompts, batch_size=args.batch_size, progress=False)
+            t = time.perf_counter() - t0
+    finally:
+        measure.collect = real_collect
     per_prompt = sum(x.numel() * x.element_size() for x in (p.sheaf.trace, p.gain.block_gain))
     print(f"  {n:>5} prompts: wall {t:.2f} s, peak RSS growth {mem.growth / 2**20:.1f} MiB "
-          f"(per-prompt results {per_prompt / 2**20:.2f} MiB)", flush=True)
+          f"(per-prompt results {per_prompt / 2**20:.2f} MiB; the pass kept {kept.get('bytes', 0) / 2**20:.1f} MiB "
+          "for all results, per-token residual norms included)", flush=True)
 
 
 def bench_stream(args) -> None:
@@ -358,8 +394,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stream-one", type=int, default=None, help=argparse.SUPPRESS)  # bench_stream's child
     ap.add_argument("--stream-sizes", default="250,1000,2000,10000",
                     help="prompt counts of the streaming part, comma-separated (default 250,1000,2000,10000)")
-    ap.add_argument("--only", choices=["gpt2", "deep", "gqa", "7b", "stream"], action="append",
+    ap.add_argument("--only", choices=["gpt2", "deep", "gqa", "1b", "7b", "stream"], action="append",
                     help="run only these parts (repeatable)")
+    ap.add_argument("--prompts-1b", type=int, default=5,
+                    help="prompts of the 1B-class row (default 5: about a minute per repeat on one thread)")
     args = ap.parse_args(argv)
     args.repeats = args.repeats or (1 if args.quick else 5)
     if args.threads:
@@ -375,10 +413,15 @@ def main(argv: list[str] | None = None) -> int:
     print("thermo-lens profile() benchmark; torch threads", torch.get_num_threads(), "; load average",
           ", ".join(f"{x:.1f}" for x in os.getloadavg()), f"on {os.cpu_count()} cores; "
           f"median of {args.repeats}, [min..max] of the per-repeat ratios")
-    parts = args.only or ["gpt2", "deep", "gqa", "7b", "stream"]
+    parts = args.only or ["gpt2", "deep", "gqa", "1b", "7b", "stream"]
     for key, label in (("gpt2", "GPT-2-small geometry"), ("deep", "deeper-narrower"), ("gqa", "GQA (LLaMA)")):
         if key in parts:
             bench_model(label, key, prompts, args)
+    if "1b" in parts:
+        n = len(prompts) if args.quick else args.prompts_1b
+        bench_model(f"1B-class (LLaMA-3.2-1B geometry; the first {n} of the prompts, "
+                    f"{1 if args.quick else 2} repeats)", "1b", prompts[:n], args,
+                    repeats=1 if args.quick else 2, light=True)
     if "7b" in parts:
         bench_spectral_7b(args)
     if "stream" in parts:

@@ -440,3 +440,30 @@ def test_hooked_transformer_sandwich_blocks_split_exactly(checkpoint_dir):
             mlp = (cache[f"blocks.{l}.hook_mlp_out"][p, :n].double() * s).sum(-1).mean()
             tol = float(a.scale[p, l]) * 1e-5
             assert abs(float(a.head[p, l].sum()) - float(attn)) < tol and abs(float(a.mlp[p, l]) - float(mlp)) < tol
+
+
+def test_a_pass_with_no_other_hooks_reads_no_splice_and_gives_the_same_terms(bridge):
+    """Without hooks other than the reductions' the stream cannot change between a block's output and
+    the next block's input: the pass keeps no copy of the output (no splice hook) and the terms are
+    exactly those of a pass that reads the splice (a do-nothing user hook makes it read it)."""
+    from thermo_lens.attribution.terms import TERM_COLUMNS, attribution_terms
+    from thermo_lens.passes import collect
+
+    model = bridge("gpt2")
+    seen = []
+
+    def noop(x, hook):
+        seen.append(hook.name)
+
+    plain = collect(model, PROMPTS, [attribution_terms()])
+    hooked = collect(model, PROMPTS, [attribution_terms()], fwd_hooks=[("blocks.0.hook_resid_post", noop)])
+    assert seen and not plain.recorder.foreign_hooks and hooked.recorder.foreign_hooks
+    assert not any(k[0] == "_attr_y_out" for _, k, _ in plain.recorder._reductions)
+    assert any(k[0] == "_attr_y_out" for _, k, _ in hooked.recorder._reductions)
+    for name in ("head",) + TERM_COLUMNS:
+        assert torch.equal(plain.stack(f"attr_{name}"), hooked.stack(f"attr_{name}")), name
+    assert not plain.stack("attr_splice").any() and not hooked.stack("attr_splice").any()
+    # One metadata read per pass, a copy per result: editing one result's record leaves the others alone.
+    first, second = plain.provenance(), plain.provenance()
+    first.model["name"] = "edited"
+    assert second.model["name"] != "edited" and plain.provenance().model == second.model

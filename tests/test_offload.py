@@ -123,3 +123,22 @@ def test_a_model_in_memory_is_untouched_and_empty_weights_are_refused():
     with pytest.raises(ThermoLensInputError, match="meta device and no offload hook"):
         with offload.materialised(empty, "layer 0's W_O"):
             pass
+
+
+def test_a_pass_looks_up_the_device_once(bridge, monkeypatch):
+    """Finding a dispatched model's execution device walks every module: a pass of many batches
+    does it once (ModelView.pinned_device), not per batch, and the pin ends with the pass."""
+    from thermo_lens.model import ModelView
+
+    view = ModelView(bridge("gpt2"))
+    calls = []
+    real = offload.execution_device
+    monkeypatch.setattr(offload, "execution_device", lambda m: calls.append(1) or real(m))
+    tl.residual_gain(view, PROMPTS * 4, batch_size=12, progress=False)  # one batch
+    one = len(calls)
+    g = tl.residual_gain(view, PROMPTS * 4, batch_size=2, progress=False)  # 6 batches
+    assert len(calls) == 2 * one <= 4 and g.block_gain.shape[0] == 12  # the pass's and the results' metadata
+    calls.clear()
+    with view.pinned_device() as dev:
+        assert view.device is dev and view.device is dev and len(calls) == 1
+    assert view.device == dev and len(calls) == 2  # looked up again once unpinned

@@ -72,3 +72,37 @@ def test_benchmark_script_runs_quick():
                          capture_output=True, text=True, timeout=120, cwd=root)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "attn_diag" in out.stdout and "x" in out.stdout
+
+
+def test_small_results_are_packed_into_a_few_slabs_and_read_back_exactly():
+    from thermo_lens.packed import PackedParts, Slabs
+
+    slabs = Slabs()
+    parts = PackedParts(slabs)
+    given = [torch.randn(3, 4, dtype=torch.float64), torch.tensor([True, False, True]), torch.arange(5),
+             torch.randn(2, 3, 7)[:, 1], torch.empty(0, 4), torch.randn(300_000), torch.tensor(2.5),
+             torch.randn(1, 13, dtype=torch.float64)[:, 4]]  # one element of a strided view
+    for t in given:
+        parts.append(t)
+    kept = [t.clone() for t in given]
+    for t in given:  # the stored values are copies (the batch's own tensors are freed or reused)
+        if t.is_floating_point() and t.numel() and t.numel() < 1000:
+            t.add_(1.0)
+    assert len(parts) == len(given) and len(slabs._slabs) == 1
+    for got, want in zip(parts, kept):
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+    assert torch.equal(parts[1], kept[1]) and [p.shape for p in parts[2:4]] == [(5,), (2, 7)]
+
+
+def test_a_pass_keeps_its_results_in_slabs_and_the_sheaf_sums_in_the_hook(tiny):
+    from thermo_lens.sheaf.traces import attention_diagonal_sums, traces_from_collected
+
+    prompts = SHORT + [LONG]
+    per_token = collect(tiny, prompts, [attention_diagonal], prepend_bos=True, batch_size=4, progress=False)
+    summed = collect(tiny, prompts, [residual_norms, attention_diagonal_sums], prepend_bos=True, batch_size=4,
+                     progress=False)
+    rec = summed.recorder
+    stored = [p for parts in rec._parts.values() for p in parts]
+    assert len(stored) > 100 and len({p.untyped_storage().data_ptr() for p in stored}) <= len(rec._slabs._slabs)
+    assert not any(k[0] == "attn_diag" for k in rec._parts)  # no per-token diagonal kept
+    assert torch.equal(traces_from_collected(summed).trace, traces_from_collected(per_token).trace)

@@ -76,6 +76,11 @@ def materialised(module: torch.nn.Module, what: str = "the weights") -> Iterator
         ThermoLensInputError: a parameter under ``module`` is on ``meta`` and no offload hook holds
             its values (a model built with ``init_empty_weights`` and never loaded).
     """
+    if not any(p.is_meta for p in module.parameters()):
+        # Nothing offloaded below (an offload hook keeps its module's parameters on meta) or already
+        # loaded by an enclosing read: one walk over the parameters instead of a hook lookup per module.
+        yield
+        return
     hooked = ((m, _offload_hook(m)) for m in module.modules() if id(m) not in _LOADED)
     offloaded = [(m, hook) for m, hook in hooked if hook is not None]
     if not offloaded:

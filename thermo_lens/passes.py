@@ -24,7 +24,8 @@ cached activations replayed through the reductions' hooks in forward order): no 
 
 from __future__ import annotations
 
-from collections import defaultdict
+import copy
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -36,6 +37,7 @@ from thermo_lens.errors import (ThermoLensHookError, ThermoLensInputError, Therm
                                 ThermoLensNumericsError)
 from thermo_lens.inputs import as_model_prompts
 from thermo_lens.model import ModelView, as_view
+from thermo_lens.packed import PackedParts, Slabs
 from thermo_lens.provenance import Provenance, attached_records, describe_hook
 from thermo_lens.settings import RunSettings
 from thermo_lens.tokens import HOST_BOS, MAX_PADDING, BatchInfo, TokenBatch, plan_batches, token_batch
@@ -58,11 +60,19 @@ class Recorder:
 
     def __init__(self) -> None:
         self._reductions: list[tuple[str, tuple[str, int], Reduce]] = []
-        self._parts: dict[tuple[str, int], list[Tensor]] = defaultdict(list)
+        # Each batch's results, packed into shared slabs as recorded (thermo_lens.packed: thousands of
+        # small tensors left between freed activations fragmented the heap, ~40 KB per prompt).
+        self._slabs = Slabs()
+        self._parts: dict[tuple[str, int], PackedParts] = {}
         self._fired: set[tuple[str, int]] = set()  # keys whose hook ran (some record nothing)
         self._batch: TokenBatch | None = None
         self._per_batch: dict[Any, Any] = {}  # values derived from the current batch (built once)
+        self._per_pass: dict[Any, Any] = {}  # values shared by the reductions for the whole pass
         self.nonfinite: list[str] = []  # hook names where a real token had NaN/inf
+        #: Whether hooks other than the reductions' may run in the pass (user ``fwd_hooks``, thermo-lens'
+        #: intervention hooks, hooks already on the model): they may change an activation between two
+        #: reads. :func:`collect` sets it False for a pass that runs the reductions' hooks alone.
+        self.foreign_hooks = True
 
     def add(self, hook_name: str, key: tuple[str, int], fn: Reduce) -> None:
         self._reductions.append((hook_name, key, fn))
@@ -70,7 +80,13 @@ class Recorder:
     def put(self, key: tuple[str, int], value: Tensor) -> None:
         """Record ``value`` (first dimension: the batch) under ``key`` from inside a reduction
         that produces several results at one hook point."""
-        self._parts[key].append(value.to("cpu"))
+        self._part(key).append(value.to("cpu"))
+
+    def _part(self, key: tuple[str, int]) -> PackedParts:
+        parts = self._parts.get(key)
+        if parts is None:
+            parts = self._parts[key] = PackedParts(self._slabs)
+        return parts
 
     def fwd_hooks(self) -> list[tuple[str, Callable]]:
         """``(hook_name, hook_fn)`` pairs for ``run_with_hooks``; the hooks return None."""
@@ -82,7 +98,7 @@ class Recorder:
                 self._fired.add(_key)
                 out = _fn(act.detach(), self._batch)
                 if out is not None:  # None: a reduction that only keeps transient state
-                    self._parts[_key].append(out.to("cpu"))
+                    self._part(_key).append(out.to("cpu"))
             hooks.append((hook_name, hook))
         return hooks
 
@@ -99,6 +115,13 @@ class Recorder:
         if key not in self._per_batch:
             self._per_batch[key] = build(self._batch)
         return self._per_batch[key]
+
+    def per_pass(self, key: Any, build: Callable[[], Any]) -> Any:
+        """``build()`` once for the whole pass under ``key``, shared by every reduction that asks
+        (e.g. the model's ``W_O``, read by the attribution and by the head write norms)."""
+        if key not in self._per_pass:
+            self._per_pass[key] = build()
+        return self._per_pass[key]
 
     def silent_hooks(self) -> list[str]:
         """Hook names whose reductions have recorded nothing (the host never ran those hooks)."""
@@ -129,7 +152,7 @@ class Recorder:
         return torch.stack([torch.cat([fn(p) for p in self._parts[k]], dim=0) for k in keys])
 
     @staticmethod
-    def _cat(parts: list[Tensor]) -> Tensor:
+    def _cat(parts: Sequence[Tensor] | PackedParts) -> Tensor:
         # Batches differ in padded length: pad every non-batch dimension (the position ones;
         # heads etc. agree) with NaN up to the largest batch, then concatenate the batches.
         shape = [max(p.shape[d] for p in parts) for d in range(1, parts[0].ndim)]
@@ -356,11 +379,17 @@ class Collected:
         width = int(self.lengths.max())
         return torch.arange(width)[None, :] < self.lengths[:, None]
 
+    @functools.cached_property
+    def _model_metadata(self) -> dict[str, Any]:
+        # Read once per pass (finding a dispatched model's device walks every module); each result
+        # gets its own copy.
+        return self.view.metadata()
+
     def provenance(self) -> Provenance:
         """The :class:`thermo_lens.provenance.Provenance` every result of this pass records."""
         return Provenance(prompts=tuple(self.prompts), lengths=self.lengths.to(torch.long).clone(),
                           truncated=tuple(bool(t) for t in self.truncated), prepend_bos=self.prepend_bos,
-                          model=self.view.metadata(), hooks=tuple(self.hooks), prompt_set=self.prompt_set,
+                          model=copy.deepcopy(self._model_metadata), hooks=tuple(self.hooks), prompt_set=self.prompt_set,
                           categories=tuple(self.categories), padding=self.padding, batch_plan=self.batch_plan,
                           origin=self.origin)
 
@@ -445,6 +474,9 @@ def collect(
     tokenized = [everything.select(rows) for rows in plan]
     hidden = attached_records(attached.attached_hooks(view.model))  # before any hook of ours is registered
     rec = Recorder()
+    # Nothing but the reductions' own hooks runs in this pass: no activation changes between two of
+    # their reads (the attribution then needs no copy of a block's output to find a splice).
+    rec.foreign_hooks = bool(settings.fwd_hooks or internal_hooks or hidden)
     for r in reductions:
         r(view, rec)
     current = _Current()
@@ -458,8 +490,9 @@ def collect(
     show = settings.progress if settings.progress is not None else len(tokenized) > 1
     # Counted in prompts, not batches: the bar's rate is prompts/s and its ETA holds for length-bucketed
     # batches of different sizes (a long run of thousands of prompts).
+    # The device is looked up once for the pass: finding a dispatched model's execution device walks every module.
     with tqdm(total=sum(len(b.prompt_index) for b in tokenized), desc=f"thermo-lens {view.name}", unit="prompt",
-              disable=not show, leave=False, smoothing=0.05) as bar:
+              disable=not show, leave=False, smoothing=0.05) as bar, view.pinned_device() as device:
         for k, batch in enumerate(tokenized):
             current.info = BatchInfo.of(batch, k, len(tokenized),
                                         None if user_index is None else user_index[batch.prompt_index])
@@ -476,10 +509,11 @@ def collect(
                 current.info = None
                 if on_batch is not None:
                     on_batch(None)
-            if k % _TRIM_EVERY == _TRIM_EVERY - 1 and view.device.type == "cpu":
+            if k % _TRIM_EVERY == _TRIM_EVERY - 1 and device.type == "cpu":
                 _release_freed_memory()
             _check_pass(view, rec, batch)
             bar.update(len(batch.prompt_index))
+    rec._per_pass.clear()  # e.g. a copy of W_O: not kept with the results
     never = [i for i in range(len(settings.fwd_hooks)) if i not in current.fired]
     if never:
         name, fn = settings.fwd_hooks[never[0]]
@@ -719,6 +753,7 @@ def collect_cached(
         for i in order:
             name, fn = hooks[i]
             fn(_relayout(acts[present[name]], name, starts, width))
+    rec._per_pass.clear()
     _check_pass(view, rec, batch)
     sae = attached_records(h for h in attached.attached_hooks(view.model) if h.attached == "sae")
     return Collected(

@@ -214,7 +214,7 @@ def profile(
     the blocks. Its cost, measured by ``benchmarks/profile.py``: below a bare
     ``run_with_hooks(return_type=None)`` of the same batches on ``TransformerBridge`` at GPT-2 /
     LLaMA vocabulary sizes (that bare pass computes the logits); against a bare pass that also ends
-    at the last block, the reductions add 3-6%, and the attribution 8-12% more
+    at the last block, the reductions add 3-7%, and the attribution 5-10% more
     (``attribution=False`` skips it). The first profile of a model adds the spectral signature
     (cached per weights fingerprint afterwards).
 

@@ -66,8 +66,8 @@ def write_norm_terms(token_scope: str = "all_but_first") -> Reduction:
     _check_scope(token_scope)
 
     def reduction(view: ModelView, rec: Recorder) -> None:
-        W_O = view.W_O()  # [layer, head, d_head, d_model] float32 (CPU)
-        gram = W_O @ W_O.mT  # [layer, head, d_head, d_head]: ||z W_O^h||^2 = z G_h z^T
+        W_O = rec.per_pass(("W_O layers", torch.float32), view.W_O_layers)  # [head, d_head, d_model] per layer
+        gram = torch.stack([w @ w.mT for w in W_O])  # [layer, head, d_head, d_head]: ||z W_O^h||^2 = z G_h z^T
         H, dh = view.n_heads, view.d_head
 
         def rows(batch: TokenBatch, dev: torch.device) -> tuple[Tensor, Tensor, Tensor]:

@@ -12,7 +12,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from thermo_lens import measure
-from thermo_lens.attribution.terms import (_CLOSURE_RTOL, _CLOSURE_RTOL_HALF, _check_scope, _not_splittable,
+from thermo_lens.attribution.terms import (_CLOSURE_RTOL, _CLOSURE_RTOL_HALF, TERM_COLUMNS, _check_scope, _not_splittable,
                                            attribution_terms, sae_sites)
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.inputs import Prompts
@@ -279,8 +279,7 @@ def attribution_from_collected(collected: Collected, token_scope: str = "all_but
     if "attr_head" not in collected.recorder.names:
         raise ThermoLensInputError("this collection has no attribution terms: run collect(..., [attribution_terms(scope)])")
     head = collected.stack("attr_head").permute(1, 0, 2).contiguous()  # [P, L, H]
-    get = {k: collected.stack(f"attr_{k}").T.contiguous()
-           for k in ("mlp", "bias", "norm", "sae", "sae_error", "splice", "total", "closure", "scale")}
+    get = {k: collected.stack(f"attr_{k}").T.contiguous() for k in TERM_COLUMNS}
     expert = (collected.stack("attr_expert").permute(1, 0, 2).contiguous()
               if "attr_expert" in collected.recorder.names else None)
     view = collected.view

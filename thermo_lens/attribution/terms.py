@@ -22,7 +22,7 @@ from thermo_lens.model import ModelView
 from thermo_lens.passes import Recorder, Reduction
 from thermo_lens.tokens import TERM_SCOPES, TokenBatch, scope_mask
 
-__all__ = ["attribution_terms", "sae_sites", "ATTRIBUTION_SCOPES", "ATTRIBUTION_DEFINITIONS"]
+__all__ = ["attribution_terms", "sae_sites", "ATTRIBUTION_SCOPES", "ATTRIBUTION_DEFINITIONS", "TERM_COLUMNS"]
 
 #: Token scopes of the attribution (means over the scope's real tokens of per-token terms).
 ATTRIBUTION_SCOPES = TERM_SCOPES
@@ -47,6 +47,10 @@ ATTRIBUTION_DEFINITIONS: dict[str, str] = {
     "total": "||x_out||^2 - ||x_in||^2, x_in = x_layer, x_out = x_{layer+1} (the gain's residual states)",
     "closure": "total - (sum_h head + mlp + bias + norm + sae + splice): float32 rounding (checked)",
 }
+
+#: The per-token columns of a block's terms after the heads' (then the experts', if any), each recorded
+#: as ``("attr_<column>", l)``.
+TERM_COLUMNS = ("mlp", "bias", "norm", "sae", "sae_error", "splice", "scale", "closure", "total")
 
 _CLOSURE_RTOL = 1e-3  # float32 / float64 models: the closure is ~1e-7 of the scale in practice
 _CLOSURE_RTOL_HALF = 5e-2  # bfloat16 / float16 models (see attribution_from_collected)
@@ -109,9 +113,14 @@ def sae_sites(view: ModelView) -> tuple[list[_SAESite], list[str]]:
 # ---------------------------------------------------------------------------- the reduction
 def _norm_T(site: NormSite, g: Tensor, r: Tensor, v: Tensor) -> Tensor:
     """The transpose of the frozen norm's linear part ``y -> r * g * P y`` applied to ``v``
-    ``[n, d]`` (``r`` ``[n, 1]``): ``P (r * g * v)``."""
-    w = v * (r * g)
-    return w - w.mean(-1, keepdim=True) if site.centered else w
+    ``[n, d]`` (``r`` ``[n, 1]``): ``P (r * g * v)`` (a new tensor; ``v`` is not changed)."""
+    w = (v * g).mul_(r)  # no [n, d] r * g temporary
+    return w.sub_(w.mean(-1, keepdim=True)) if site.centered else w
+
+
+def _sq_norms(x: Tensor) -> Tensor:
+    """``[n]`` per-row ``||x||^2`` (one fused reduction, no ``x * x`` temporary)."""
+    return torch.linalg.vector_norm(x, dim=-1).square()
 
 
 def _vec_dot(a: Tensor, b: Tensor) -> Tensor:
@@ -131,12 +140,18 @@ class _BlockPlan:
     sites: list[_SAESite]
     experts: Any = None
     splice: str | None = None  # where the block's output is read as written (the next block may read another)
+    has_b_O: bool = True  # whether b_O / b_out has a non-zero entry
+    has_b_out: bool = True
 
 
-def _plan(view: ModelView) -> list[_BlockPlan]:
+def _plan(view: ModelView, rec: Recorder | None = None) -> list[_BlockPlan]:
+    """Every block's plan; ``rec``: the recorder of the pass (shares ``W_O`` with other reductions,
+    and tells whether hooks other than the reductions' run: without them, no splice is read)."""
     layout: BlockLayout = view.layout
     L, H, d = view.n_layers, view.n_heads, view.d_model
-    W_flat = view.W_O().reshape(L, H * view.d_head, d)
+    W_O = view.W_O_layers() if rec is None else rec.per_pass(("W_O layers", torch.float32), view.W_O_layers)
+    W_flat = [w.reshape(H * view.d_head, d) for w in W_O]
+    foreign_hooks = rec is None or rec.foreign_hooks
     sites, _ = sae_sites(view)
     wrappers = set(attached.sae_wrappers(view.model))
     names = view.resid_hook_names
@@ -174,30 +189,35 @@ def _plan(view: ModelView) -> list[_BlockPlan]:
         # The block's output as it wrote it: x_out = x_{l+1} is read where block l+1 reads it, after any
         # hook between the two (e.g. a patch at blocks.{l+1}.hook_resid_pre); that change is the splice
         # term. Not for the last block (x_L is its output), nor where an SAE sits at x_{l+1}'s point (its
-        # sae term, read at the SAE's input and output, covers the change there).
+        # sae term, read at the SAE's input and output, covers the change there). Nor in a pass where no
+        # hook but the reductions' runs: nothing can change the stream between the two points (the
+        # term is then exactly 0, as it is with the copy: x_out and y_out are the same tensor).
         post = names[L].rsplit(".", 1)[-1]
-        splice = f"blocks.{l}.{post}" if l + 1 < L and names[l + 1] != f"blocks.{l}.{post}" and not any(
+        splice = f"blocks.{l}.{post}" if foreign_hooks and l + 1 < L and names[l + 1] != f"blocks.{l}.{post}" and not any(
             s.hook == names[l + 1] for s in mine) else None
         plans.append(_BlockPlan(
             layer=l, reads=reads, W_O=W_flat[l], b_O=zero if b_O is None else b_O,
             b_out=zero if b_out is None else b_out, norms={n.module: n.params(block) for n in layout.norm_sites},
-            sites=mine, experts=experts, splice=splice))
+            sites=mine, experts=experts, splice=splice, has_b_O=b_O is not None and bool(b_O.any()),
+            has_b_out=b_out is not None and bool(b_out.any())))
     return plans
 
 
-def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_out: Tensor | None = None) -> Tensor:
+def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_out: Tensor | None = None,
+                 sq_norms: Any = _sq_norms) -> Tensor:
     """``[n, head + 9 (+ expert)]`` per-token terms of one block from its scoped activations
     (``take(key)`` -> ``[n, ...]`` float32): heads, then mlp, bias, norm, sae, sae_error, splice,
     scale, closure, total, then the experts' terms. ``y_out``: the block's output as it wrote it
-    (:attr:`_BlockPlan.splice`), None where ``x_out`` is it."""
+    (:attr:`_BlockPlan.splice`), None where ``x_out`` is it. ``sq_norms``: per-row ``||x||^2``
+    (the pass shares block ``l``'s ``||x_out||^2`` with block ``l + 1``, whose ``x_in`` it is)."""
     layout: BlockLayout = view.layout
     H, dev = view.n_heads, x_out.device
     x_in, z, mlp_out = take("x_in"), take("z"), take("mlp_out")
     s = x_out + x_in  # [n, d_model]
     b_O, b_out = plan.b_O.to(dev), plan.b_out.to(dev)
     r = {m: 1.0 / take("scale:" + m).clamp_min(torch.finfo(torch.float32).tiny) for m in plan.norms}
-    zero = torch.zeros_like(s[:, 0])
-    bias = zero.clone()
+    zero = s.new_zeros(s.shape[0])
+    bias = zero
 
     def through(site: NormSite | None, v: Tensor) -> Tensor:
         """``v`` pulled back through ``site``'s frozen linear part (identity for None); the site's
@@ -212,33 +232,47 @@ def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_
 
     alpha = float(layout.multiplier)
     L1, L2 = layout.stream_norms if layout.stream_norms else (None, None)
+
+    def scaled(v: Tensor) -> Tensor:
+        return v if alpha == 1.0 else alpha * v
+
     u2 = through(L2, s)  # adjoint where the MLP's contribution enters the stream
-    v_m = alpha * through(layout.mlp_norm, u2)
+    v_m = scaled(through(layout.mlp_norm, u2))
     u1 = through(L1, u2)  # adjoint where the attention's contribution enters (and at x_in)
-    v_a = alpha * through(layout.attn_norm, u1)
+    v_a = scaled(through(layout.attn_norm, u1))
     if layout.mlp_norm is not None and layout.mlp_hook.endswith("hook_normalized"):
         mlp_out = mlp_out / r[layout.mlp_norm.module]  # HookedTransformer: M / scale
     # v_a W_O^T for every head at once: one [n, d_model] x [d_model, head*d_head] matmul.
     u = v_a @ plan.W_O.to(dev).mT
     head = _vec_dot(z.view(-1, H, view.d_head), u.view(-1, H, view.d_head))  # [n, head]
-    mlp = _vec_dot(mlp_out - b_out, v_m)
-    bias = bias + v_a @ b_O + v_m @ b_out
+    # The output bias is subtracted where there is one (an all-zero bias leaves mlp_out as it is).
+    mlp = _vec_dot(mlp_out - b_out if plan.has_b_out else mlp_out, v_m)
+    if v_a is v_m:  # pre-LN, no norm after the sublayers, multiplier 1: one product for both biases
+        if plan.has_b_O or plan.has_b_out:
+            bias = bias + v_a @ (b_O + b_out)
+    else:
+        bias = bias + v_a @ b_O + v_m @ b_out
     norm = _vec_dot(x_in, u1 - s) if layout.stream_norms else zero
     adjoint = {"start": u1, "mid": u2, "attn_out": u1, "mlp_out": u2, "end": s, "z": u}
-    sae, sae_err = zero.clone(), zero.clone()
+    sae, sae_err = zero, zero
     for i, site in enumerate(plan.sites):
         v = adjoint[site.where]
         sae = sae + _vec_dot(take(f"sae_out:{i}") - take(f"sae_in:{i}"), v)
         if site.error_term:
             sae_err = sae_err + _vec_dot(take(f"sae_err:{i}"), v)
     # x_out = y_out + (what hooks changed between the blocks): the change is its own component (exactly 0
-    # without such hooks: x_out and y_out are then the same tensor)
+    # without such hooks: x_out and y_out are then the same tensor, and a pass without foreign hooks
+    # does not read y_out at all)
     splice = _vec_dot(x_out - y_out, s) if y_out is not None else zero
     total = _vec_dot(x_out - x_in, s)  # = ||x_out||^2 - ||x_in||^2 without cancellation
-    scale = _vec_dot(x_out, x_out) + _vec_dot(x_in, x_in)
+    scale = sq_norms(x_out) + sq_norms(x_in)  # the size the closure is compared with
     # Per token |total - components| (its scoped mean: a cancellation across tokens must not
     # hide a block that does not close).
-    closure = (total - head.sum(-1) - mlp - bias - norm - sae - splice).abs()
+    closure = total - head.sum(-1) - mlp
+    for part in (bias, norm, sae, splice):
+        if part is not zero:  # (the absent components are exactly 0)
+            closure = closure - part
+    closure = closure.abs()
     parts = [head, torch.stack([mlp, bias, norm, sae, sae_err, splice, scale, closure, total], dim=1)]
     if layout.moe is not None:
         parts.append(_expert_terms(take, plan.experts, layout.moe.n_experts, v_m))
@@ -253,7 +287,8 @@ def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
     ``("attr_total", l)``,
     ``("attr_closure", l)`` and ``("attr_scale", l)`` (the scoped mean of
     ``||x_out||^2 + ||x_in||^2``, the size the closure is compared with), each ``[batch]``
-    float64, and for a mixture of experts ``("attr_expert", l)`` ``[batch, expert]``."""
+    float64, and for a mixture of experts ``("attr_expert", l)`` ``[batch, expert]``
+    (:data:`TERM_COLUMNS`: the order of the per-token columns after the heads)."""
     _check_scope(token_scope)
 
     def scoped_rows(batch: TokenBatch, dev: torch.device) -> tuple[Tensor, Tensor, Tensor]:
@@ -269,8 +304,8 @@ def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
         why = _not_splittable(view)
         if why:
             raise ThermoLensInputError(why)
-        H, names = view.n_heads, view.resid_hook_names
-        for plan in _plan(view):
+        names = view.resid_hook_names
+        for plan in _plan(view, rec):
             state: dict[str, Tensor] = {}
 
             def keep(x: Tensor, batch: TokenBatch, _key: str, _state: dict = state) -> None:
@@ -295,24 +330,35 @@ def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
                 # the same rows, a fraction of advanced indexing's overhead. The rows are found once
                 # per batch and shared by every layer (the Recorder drops them when the batch ends).
                 rows, prompt_of, n = rec.per_batch(("attr_rows", str(dev)), functools.partial(scoped_rows, dev=dev))
+                # Block l's x_out is block l + 1's x_in, read at the same hook point (after every other hook
+                # there): its scoped rows and their squared norms are found once and shared (dropped with
+                # the batch).
+                shared: dict[Any, Any] = rec.per_batch(("attr_shared", str(dev)), lambda batch: {})
 
-                def take(key: str, raw: bool = False) -> Tensor:
-                    t = _state.pop(key).reshape(B * T, -1).index_select(0, rows)
+                def take(what: str, raw: bool = False) -> Tensor:
+                    x = _state.pop(what)
+                    if what == "x_in" and names[_plan.layer] in shared:
+                        return shared[names[_plan.layer]]
+                    t = x.reshape(B * T, -1).index_select(0, rows)
                     return t if raw else t.float()
 
+                def sq_norms(x: Tensor) -> Tensor:
+                    got = shared.get(("sq", id(x)))
+                    if got is not None and got[0] is x:  # (the same tensor, not a later one at its address)
+                        return got[1]
+                    out = _sq_norms(x)
+                    shared[("sq", id(x))] = (x, out)
+                    return out
+
+                x_rows = x_out.reshape(B * T, -1).index_select(0, rows).float()
+                shared[names[_plan.layer + 1]] = x_rows
                 y_out = _state.pop("y_out", None)  # already the scoped rows (a copy, see keep_output)
-                terms = _block_terms(view, _plan, take, x_out.reshape(B * T, -1).index_select(0, rows).float(),
-                                     None if y_out is None else y_out.float())
+                terms = _block_terms(view, _plan, take, x_rows, None if y_out is None else y_out.float(), sq_norms)
                 _state.clear()
                 # Every per-token term, then one float64 per-prompt sum over the scoped rows.
                 means = torch.zeros(B, terms.shape[1], dtype=torch.float64, device=dev).index_add_(
                     0, prompt_of, terms.double()) / n
-                rec.put(("attr_head", _plan.layer), means[:, :H])
-                for k, key in enumerate(("mlp", "bias", "norm", "sae", "sae_error", "splice", "scale", "closure")):
-                    rec.put((f"attr_{key}", _plan.layer), means[:, H + k])
-                if terms.shape[1] > H + 9:
-                    rec.put(("attr_expert", _plan.layer), means[:, H + 9:])
-                return means[:, H + 8]
+                return _record(rec, _plan.layer, means, view.n_heads)
 
             def keep_output(x: Tensor, batch: TokenBatch, _state: dict = state) -> None:
                 # A copy of the scoped rows, now: a hook between the blocks may edit this very tensor in
@@ -329,6 +375,18 @@ def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
             rec.add(names[plan.layer + 1], ("attr_total", plan.layer), finish)
 
     return reduction
+
+
+def _record(rec: Recorder, layer: int, means: Tensor, H: int) -> Tensor:
+    """Record block ``layer``'s ``[batch, head + columns (+ expert)]`` means under their keys; returns
+    the total (recorded by the hook as ``("attr_total", layer)``)."""
+    C = len(TERM_COLUMNS)
+    rec.put(("attr_head", layer), means[:, :H])
+    for k, column in enumerate(TERM_COLUMNS[:-1]):
+        rec.put((f"attr_{column}", layer), means[:, H + k])
+    if means.shape[1] > H + C:
+        rec.put(("attr_expert", layer), means[:, H + C:])
+    return means[:, H + C - 1]
 
 
 def _expert_terms(take: Any, experts: Any, E: int, v_m: Tensor) -> Tensor:

@@ -54,6 +54,29 @@ for _name, _symbol, _formula, _shape, _unit in (
 _TOKEN_SCOPE = "all real tokens (every query position 0..n-1 of each prompt; padding excluded)"
 
 
+def _diagonal(a: Tensor, rec: Recorder, name: str) -> Tensor:
+    """``[batch, head, pos]`` float32 ``A_ii``, NaN on padded query positions (a real query's NaN/inf
+    marks ``name`` in ``rec.nonfinite``)."""
+    d = torch.diagonal(a, dim1=-2, dim2=-1).float()
+    mask = rec.mask(a.device)
+    if not (torch.isfinite(d) | ~mask[:, None, :]).all():  # a real query's A_ii is NaN/inf
+        rec.nonfinite.append(name)
+    return d.masked_fill(~mask[:, None, :], float("nan"))
+
+
+def _mass(rec: Recorder) -> Any:
+    def mass(a: Tensor, batch: TokenBatch) -> Tensor:
+        mask = rec.mask(a.device).to(a.dtype)
+        if a.dtype in (torch.float32, torch.float64):
+            # sum_i m_i sum_j A_ij m_j: a matrix-vector product per head, no [pos, pos] mask.
+            rows = torch.matmul(a, mask[:, None, :, None]).squeeze(-1)  # [batch, head, pos]
+            return (rows * mask[:, None, :]).sum(dim=-1, dtype=torch.float32)
+        # half precision: mask and reduce in float32 (a product would round each row sum)
+        pair = mask[:, None, :, None] * mask[:, None, None, :]
+        return (a * pair).sum(dim=(-1, -2), dtype=torch.float32)
+    return mass
+
+
 def attention_diagonal(view: ModelView, rec: Recorder) -> None:
     """Per layer, the attention pattern's diagonal ``A_ii`` and each head's total mass.
 
@@ -62,29 +85,37 @@ def attention_diagonal(view: ModelView, rec: Recorder) -> None:
     ``("attn_diag", l)``: ``[batch, head, pos]`` float32 (NaN on padded query positions) and
     ``("attn_mass", l)``: ``[batch, head]``, ``sum_{i,j real} A_ij`` (equals the number of real
     tokens for softmax attention: the reason the paper's printed trace formula is zero).
+    :func:`sheaf_traces` runs :func:`attention_diagonal_sums`, which keeps only the sums.
     """
     for l in range(view.n_layers):
         name = view.pattern_hook_name(l)
 
         def diag(a: Tensor, batch: TokenBatch, _name: str = name) -> Tensor:
-            d = torch.diagonal(a, dim1=-2, dim2=-1).float()  # [batch, head, pos]
-            mask = rec.mask(a.device)
-            if not (torch.isfinite(d) | ~mask[:, None, :]).all():  # a real query's A_ii is NaN/inf
-                rec.nonfinite.append(_name)
-            return d.masked_fill(~mask[:, None, :], float("nan"))
-
-        def mass(a: Tensor, batch: TokenBatch) -> Tensor:
-            mask = rec.mask(a.device).to(a.dtype)
-            if a.dtype in (torch.float32, torch.float64):
-                # sum_i m_i sum_j A_ij m_j: a matrix-vector product per head, no [pos, pos] mask.
-                rows = torch.matmul(a, mask[:, None, :, None]).squeeze(-1)  # [batch, head, pos]
-                return (rows * mask[:, None, :]).sum(dim=-1, dtype=torch.float32)
-            # half precision: mask and reduce in float32 (a product would round each row sum)
-            pair = mask[:, None, :, None] * mask[:, None, None, :]
-            return (a * pair).sum(dim=(-1, -2), dtype=torch.float32)
+            return _diagonal(a, rec, _name)
 
         rec.add(name, ("attn_diag", l), diag)
-        rec.add(name, ("attn_mass", l), mass)
+        rec.add(name, ("attn_mass", l), _mass(rec))
+
+
+def attention_diagonal_sums(view: ModelView, rec: Recorder) -> None:
+    """What the sheaf traces need of each attention pattern, reduced over the positions inside the
+    hook: no per-token array is kept (a pass over many prompts keeps a few numbers per prompt and
+    head). Records ``("attn_off_diag", l)``: ``[batch, head]`` float64, ``sum_i (1 - A_ii)`` over the
+    real query positions (with attention sinks, ``("attn_diag_sum", l)``, ``sum_i A_ii``, instead),
+    and ``("attn_mass", l)`` as :func:`attention_diagonal` does. The sums are those
+    :func:`traces_from_collected` forms from :func:`attention_diagonal`'s diagonal (float64, the
+    same order).
+    """
+    sinks = bool(getattr(view.layout, "attention_sinks", False))
+    for l in range(view.n_layers):
+        name = view.pattern_hook_name(l)
+
+        def diag_sum(a: Tensor, batch: TokenBatch, _name: str = name) -> Tensor:
+            d = _diagonal(a, rec, _name).double()
+            return torch.nansum(d if sinks else 1.0 - d, dim=-1)
+
+        rec.add(name, ("attn_diag_sum" if sinks else "attn_off_diag", l), diag_sum)
+        rec.add(name, ("attn_mass", l), _mass(rec))
 
 
 @dataclass(frozen=True, eq=False)
@@ -232,19 +263,25 @@ def traces_from_collected(
 def _traces(collected: Collected, formula: str, W_V: Tensor | None) -> SheafTraces:
     view = collected.view
     view.warn_if_processed("||W_V||_F^2 and every sheaf trace differ from the raw model's", stacklevel=3)
-    if not {"attn_diag", "attn_mass"} <= collected.recorder.names:
+    names = collected.recorder.names
+    sinks = bool(getattr(view.layout, "attention_sinks", False))
+    if "attn_mass" not in names or not names & {"attn_diag", "attn_off_diag", "attn_diag_sum"}:
         raise ThermoLensInputError(
             "this collection has no attention diagonal; run collect(...) with "
-            "thermo_lens.sheaf.traces.attention_diagonal among the reductions"
+            "thermo_lens.sheaf.traces.attention_diagonal_sums (or attention_diagonal) among the reductions"
         )
     mass = collected.stack("attn_mass").double()  # [L, P, H]
     n = collected.lengths.to(torch.float64)
-    # sum_i (1 - A_ii) per batch ([L, P, H]; exact 0 for a one-hot row): the [L, P, H, pos]
-    # diagonal is never padded to the longest prompt of the run, only within its batch.
-    if getattr(view.layout, "attention_sinks", False):
+    # sum_i (1 - A_ii) per prompt ([L, P, H]; exact 0 for a one-hot row): reduced in the hook
+    # (attention_diagonal_sums), or here batch by batch from the per-token diagonal (never padded to
+    # the longest prompt of the run, only within its batch).
+    if sinks:
         # Attention sinks (GPT-OSS) take part of each row's mass to a key that is no token: the
         # rows over the tokens sum to less than 1, so sum_{i != j} A_ij = sum_ij A_ij - sum_i A_ii.
-        off = mass - collected.reduce("attn_diag", lambda d: torch.nansum(d.double(), dim=-1))
+        off = mass - (collected.stack("attn_diag_sum") if "attn_diag_sum" in names
+                      else collected.reduce("attn_diag", lambda d: torch.nansum(d.double(), dim=-1)))
+    elif "attn_off_diag" in names:
+        off = collected.stack("attn_off_diag")
     else:
         off = collected.reduce("attn_diag", lambda d: torch.nansum(1.0 - d.double(), dim=-1))
     wv2 = _w_v_frob_sq(view.W_V() if W_V is None else W_V, view)  # [L, H]
@@ -274,7 +311,7 @@ register_measurement(Measurement(
             "off-diagonal attention mass times ||W_V||_F^2",
     options={"formula": Option("off_diagonal_mass", lambda v: _check_formula(v, stacklevel=4),
                                "'off_diagonal_mass' (the trace) or 'paper_printed' (the paper's eq. 4, identically 0)")},
-    reductions=lambda **options: [attention_diagonal], build=_build,
+    reductions=lambda **options: [attention_diagonal_sums], build=_build,
 ))
 
 

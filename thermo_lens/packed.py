@@ -1,0 +1,91 @@
+"""Packed storage for the small per-batch results a pass keeps (:class:`thermo_lens.passes.Recorder`).
+
+Why: a pass over thousands of prompts keeps a few dozen small tensors per batch (each reduction's
+``[batch, ...]`` result) while every batch allocates and frees activations of varying sizes. Each
+small tensor kept is a separate C-heap allocation placed between the freed activation blocks, so the
+allocator can neither return those pages nor reuse the gaps for the next, larger batch: the
+process' resident memory grew by about 40 KB per prompt (GPT-2 6 x 384; 469 MiB at 10,000 prompts)
+although the results themselves hold a few hundred bytes per prompt. Here each small result is
+copied into a shared 1 MiB slab as it is recorded and the original is freed with its batch: the
+heap keeps a few large blocks instead of tens of thousands of small ones.
+
+Reading a part gives a view into its slab (read it, never write to it in place).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor
+
+__all__ = ["Slabs", "PackedParts"]
+
+_ALIGN = 64
+
+
+class Slabs:
+    """Byte slabs that small CPU tensors are packed into, one after the other.
+
+    Tensors larger than a quarter of a slab (or empty, or not on the CPU) are kept as they are: a
+    large allocation does not fragment the heap.
+    """
+
+    SIZE = 1 << 20
+
+    def __init__(self) -> None:
+        self._slabs: list[Tensor] = []
+        self._used = self.SIZE  # the first put opens a slab
+
+    def put(self, t: Tensor) -> Any:
+        """Store ``t`` (copied into a slab when small); returns the handle :meth:`get` takes."""
+        nbytes = t.numel() * t.element_size()
+        if t.device.type != "cpu" or nbytes == 0 or nbytes > self.SIZE // 4:
+            return t
+        off = -(-self._used // _ALIGN) * _ALIGN
+        if off + nbytes > self.SIZE:
+            self._slabs.append(torch.empty(self.SIZE, dtype=torch.uint8))
+            off = 0
+        flat = t.detach().reshape(-1)
+        if flat.stride(0) != 1:  # (a strided view, or one element of a strided view)
+            flat = flat.clone(memory_format=torch.contiguous_format)
+        self._slabs[-1][off:off + nbytes].copy_(flat.view(torch.uint8))
+        self._used = off + nbytes
+        return (len(self._slabs) - 1, off, nbytes, t.dtype, tuple(t.shape))
+
+    def get(self, handle: Any) -> Tensor:
+        """The tensor stored under ``handle`` (a view into its slab)."""
+        if isinstance(handle, Tensor):
+            return handle
+        k, off, nbytes, dtype, shape = handle
+        return self._slabs[k][off:off + nbytes].view(dtype).view(shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the slabs."""
+        return len(self._slabs) * self.SIZE
+
+
+class PackedParts:
+    """A list of per-batch tensors (``append``, ``len``, iteration, indexing) stored in ``slabs``."""
+
+    def __init__(self, slabs: Slabs) -> None:
+        self._slabs = slabs
+        self._handles: list[Any] = []
+
+    def append(self, t: Tensor) -> None:
+        self._handles.append(self._slabs.put(t))
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    def __iter__(self) -> Iterator[Tensor]:
+        return (self._slabs.get(h) for h in self._handles)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._slabs.get(h) for h in self._handles[i]]
+        return self._slabs.get(self._handles[i])
+
+    def __repr__(self) -> str:
+        return f"PackedParts({len(self)} tensors)"
