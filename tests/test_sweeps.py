@@ -425,3 +425,40 @@ def test_logit_difference_from_the_final_residual_equals_full_logits(bridge, arc
             patch_sweep(m, clean, corr, "attn.hook_z", measure=bad, layers=[0])
     with pytest.raises(ThermoLensInputError, match="token ids >= 0"):
         LogitDifference([-1], 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["gemma3", "gpt_oss", "gemma2"])
+def test_start_at_layer_keeps_each_blocks_attention_kind(bridge, arch, monkeypatch):
+    """Sliding-window and full-attention blocks (config.layer_types, read by loop position): a pass
+    that starts at a full-attention block must not give it block 0's sliding window or local
+    rotary base. Prompts longer than the window (4); every layer's cells equal full passes; and a
+    host that shifted the kinds is caught by the check at that start layer and falls back."""
+    import contextlib
+
+    import thermo_lens.sweeps.start as start
+
+    m = bridge(arch)
+    prompts = ["The cat sat on the mat and looked at the dog", "Entropy always increases in a closed system"]
+    kw = dict(method="zero", measure="total_amplification")
+    fast = ablation_sweep(m, prompts, "attn.hook_z", **kw)
+    full = ablation_sweep(m, prompts, "attn.hook_z", start_at_layer=False, **kw)
+    if "NotImplementedError" in fast.passes:
+        pytest.skip("this TransformerLens' bridge has no start_at_layer (3.x)")
+    assert "starts at its layer" in fast.passes
+    np.testing.assert_allclose(fast.per_prompt.numpy(), full.per_prompt.numpy(), atol=TOL)
+
+    @contextlib.contextmanager
+    def list_only(self):  # the layer list cut, the per-layer kinds not: block 1 gets block 0's kind
+        parent, attr = self._hf_layers
+        whole = getattr(parent, attr)
+        setattr(parent, attr, torch.nn.ModuleList(list(whole)[self.start_layer:]))
+        try:
+            yield
+        finally:
+            setattr(parent, attr, whole)
+
+    monkeypatch.setattr(start.StartView, "_only_later_blocks", list_only)
+    shifted = ablation_sweep(m, prompts, "attn.hook_z", **kw)
+    assert "the check failed" in shifted.passes and "from block 1" in shifted.passes, shifted.passes
+    np.testing.assert_allclose(shifted.per_prompt.numpy(), full.per_prompt.numpy(), atol=TOL)

@@ -437,7 +437,7 @@ def _stacked(view: ModelView, ps: PromptList, layout: HookLayout, copies: Sequen
     return values, got
 
 
-#: The start-at-layer check: the unpatched prompts from the deepest start layer must give the full
+#: The start-at-layer check: the unpatched prompts from each start layer must give the full
 #: pass's measure to this relative tolerance (float32 rounding is ~1e-7; a wrong mask, position or
 #: rotary embedding changes the numbers at the percent level).
 _START_RTOL = 1e-4
@@ -468,10 +468,12 @@ def _from_layers(view: ModelView, ps: PromptList, layout: HookLayout, conditions
     values = base[0].repeat(1 + len(conditions), 1)
     base_norms = got.stack("resid_norm") if measure.kind == "gain" else None  # [L+1, prompt, pos]
     user = [(name, fn) for name, fn in settings.fwd_hooks]
-    for s in sorted(starts, reverse=True):  # the deepest first: it carries the check
+    for s in sorted(starts, reverse=True):
         group = [i for i, st in start_of.items() if st == s]
-        check = s == starts[-1]
-        copies: list[Condition | None] = ([None] if check else []) + [conditions[i] for i in group]
+        # Every start layer carries the check (one unpatched copy of the prompts, ~1/n_heads of a
+        # head sweep's rows): a host can be right from one block and wrong from another (a block
+        # given another block's attention kind), so checking the deepest start alone is not enough.
+        copies: list[Condition | None] = [None] + [conditions[i] for i in group]
         state: dict[str, Any] = {"batch": None}
         sv = StartView(view, s, kept[s], functools.partial(_rows_of, state, P))
         later = [(n, f) for n, f in user if _block_of(n) >= s]
@@ -482,13 +484,12 @@ def _from_layers(view: ModelView, ps: PromptList, layout: HookLayout, conditions
                                token_scope=token_scope, min_tokens=min_tokens, state=state)
         except NotImplementedError as e:  # e.g. TransformerLens 3's bridge: start_at_layer "not supported"
             return None, f"the host's start_at_layer raised NotImplementedError: {str(e)[:120]}"
-        if check:
-            gap = float((vals[0] - base[0]).abs().max())
-            size = float(base[0].abs().max())
-            if not gap <= _START_RTOL * max(size, 1e-12):
-                return None, (f"the check failed: the unpatched prompts from block {s} gave a measure {gap:.2e} away "
-                              f"from the full pass's (scale {size:.2e})")
-            vals = vals[1:]
+        gap = float((vals[0] - base[0]).abs().max())
+        size = float(base[0].abs().max())
+        if not gap <= _START_RTOL * max(size, 1e-12):
+            return None, (f"the check failed: the unpatched prompts from block {s} gave a measure {gap:.2e} away "
+                          f"from the full pass's (scale {size:.2e})")
+        vals = vals[1:]
         for k, i in enumerate(group):
             values[1 + i] = vals[k]
     host = "the HF layer list cut to the later blocks" if view.backend == "bridge" else "start_at_layer"

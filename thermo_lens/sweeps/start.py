@@ -19,9 +19,11 @@ blocks in no layer list), hooks already on the model (``model.add_hook``, ``mode
 PyTorch module hooks: they would have to run in the blocks that are skipped), and user ``fwd_hooks``
 that are not per-block names or that sit at a ``hook_resid_pre`` (the cached ``x_l`` is read after
 them). User hooks of blocks below the start ran in the unpatched pass that ``x_l`` comes from; those
-of later blocks run in every pass. Every sweep also checks the host once: the unpatched prompts run
-from the deepest start layer, and the measure must equal the full pass's (float32 rounding), else the
-sweep falls back to full passes.
+of later blocks run in every pass. The HF model's per-layer attention kinds (``config.layer_types``,
+read by loop position) are cut with the layer list. Every sweep also checks the host at every start
+layer: each group of passes carries one unpatched copy of the prompts, whose measure must equal the
+full pass's (float32 rounding), else the sweep falls back to full passes (a per-layer difference such
+as a block getting another block's mask shows at its own start layer only).
 
 Memory: the unpatched pass keeps ``x_l`` of every start layer for every prompt (``[prompt, pos,
 d_model]`` per layer, on the model's device) until the sweep ends, besides the passes' own batches.
@@ -113,11 +115,21 @@ class StartView(ModelView):
         assert self._hf_layers is not None, "start_support checked the layer list"
         parent, attr = self._hf_layers
         full = getattr(parent, attr)
+        # HF models with per-layer attention kinds (Gemma-2/3, Qwen2, GPT-OSS ...) pick each block's mask
+        # and rotary embedding by its position in the loop (config.layer_types[i]): cut that list too, or
+        # block l would get block 0's kind (a sliding window, a local rotary base).
+        cfg: Any = getattr(parent, "config", None)
+        types: Any = getattr(cfg, "layer_types", None)
+        cut_types = isinstance(types, (list, tuple)) and len(types) == len(full)
         setattr(parent, attr, torch.nn.ModuleList(list(full)[self.start_layer:]))
+        if cut_types:
+            cfg.layer_types = list(types)[self.start_layer:]
         try:
             yield
         finally:
             setattr(parent, attr, full)
+            if cut_types:
+                cfg.layer_types = types
 
     def run(self, tokens: Tensor, attention_mask: Tensor, fwd_hooks: Sequence[tuple[Any, Callable]] = (), *,
             stop_after: str | None = None, return_logits: bool = False) -> Tensor | None:
