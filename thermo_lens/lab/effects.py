@@ -21,7 +21,7 @@ what a knob *can* do to the gain, not about what it did in any published model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -109,26 +109,47 @@ def effects_frame(runs: Any, comparisons: Sequence[tuple[str, Any, Any, str, str
         final = last_checkpoints(runs)
     else:
         final = runs.loc[runs["step"] == step]
-    for knob, ref_level, level, ref_arm, arm in comparisons:
+    for (knob, ref_level, level, ref_arm, arm), m, pair in _seed_pairs(final, comparisons, metrics):
+        x, y, seeds = pair.x, pair.y, pair.seeds
+        e = paired_effect(x, y)
+        flips, n_flipped = None, None
+        if m in GAIN_METRICS and seeds:
+            flips = bool((np.mean(x) - 1.0) * (np.mean(y) - 1.0) < 0)
+            n_flipped = int(np.sum((x - 1.0) * (y - 1.0) < 0))
+        rows.append({"knob": knob, "reference": ref_level, "level": level, "metric": m, "effect": e.effect,
+                     "ci_low": e.ci_low, "ci_high": e.ci_high, "pvalue": e.pvalue, "n_seeds": e.n,
+                     "min_pvalue": e.min_pvalue, "reference_mean": float(np.mean(x)) if seeds else np.nan,
+                     "level_mean": float(np.mean(y)) if seeds else np.nan, "flips_regime": flips,
+                     "seeds_flipped": n_flipped, "reference_arm": ref_arm, "arm": arm,
+                     "step": int(pair.level_runs.loc[seeds, "step"].max()) if seeds else None})
+    return pd.DataFrame(rows, columns=cols)
+
+
+@dataclass(frozen=True)
+class _SeedPair:
+    """One comparison's values of one metric on the seeds finished in both arms (seed order)."""
+
+    x: np.ndarray  # reference arm, [seed]
+    y: np.ndarray  # compared arm, [seed]
+    seeds: list[Any]
+    n_left_out: int  # seeds finished in one arm only
+    level_runs: Any  # the compared arm's rows, indexed by seed
+
+
+def _seed_pairs(final: Any, comparisons: Sequence[tuple[str, Any, Any, str, str]],
+                metrics: Sequence[str]) -> Iterator[tuple[tuple[str, Any, Any, str, str], str, _SeedPair]]:
+    """``(comparison, metric, pair)`` for every comparison and every metric ``final`` has: the
+    seed-paired values both effects frames compare (only seeds finished in both arms)."""
+    for comp in comparisons:
+        _knob, _ref_level, _level, ref_arm, arm = comp
         a = final.loc[final["arm"] == ref_arm].set_index("seed")
         b = final.loc[final["arm"] == arm].set_index("seed")
         seeds = sorted(set(a.index) & set(b.index))
+        left_out = int(len(set(a.index) | set(b.index)) - len(seeds))
         for m in metrics:
-            if m not in final.columns:
-                continue
-            x, y = a.loc[seeds, m].to_numpy(float), b.loc[seeds, m].to_numpy(float)
-            e = paired_effect(x, y)
-            flips, n_flipped = None, None
-            if m in GAIN_METRICS and seeds:
-                flips = bool((np.mean(x) - 1.0) * (np.mean(y) - 1.0) < 0)
-                n_flipped = int(np.sum((x - 1.0) * (y - 1.0) < 0))
-            rows.append({"knob": knob, "reference": ref_level, "level": level, "metric": m, "effect": e.effect,
-                         "ci_low": e.ci_low, "ci_high": e.ci_high, "pvalue": e.pvalue, "n_seeds": e.n,
-                         "min_pvalue": e.min_pvalue, "reference_mean": float(np.mean(x)) if seeds else np.nan,
-                         "level_mean": float(np.mean(y)) if seeds else np.nan, "flips_regime": flips,
-                         "seeds_flipped": n_flipped, "reference_arm": ref_arm, "arm": arm,
-                         "step": int(b.loc[seeds, "step"].max()) if seeds else None})
-    return pd.DataFrame(rows, columns=cols)
+            if m in final.columns:
+                yield comp, m, _SeedPair(a.loc[seeds, m].to_numpy(float), b.loc[seeds, m].to_numpy(float),
+                                         seeds, left_out, b)
 
 
 # ------------------------------------------------------------------ v2: budgets, matched loss, family
@@ -259,33 +280,27 @@ def budget_effects_frame(runs: Any, comparisons: Sequence[tuple[str, Any, Any, s
     for basis, b, final, matched_target in bases:
         if not len(final):
             continue
-        for knob, ref_level, lv, ref_arm, arm in comparisons:
-            a = final.loc[final["arm"] == ref_arm].set_index("seed")
-            c = final.loc[final["arm"] == arm].set_index("seed")
-            seeds = sorted(set(a.index) & set(c.index))
-            for m in metrics:
-                if m not in final.columns:
-                    continue
-                x, y = a.loc[seeds, m].to_numpy(float), c.loc[seeds, m].to_numpy(float)
-                d = y - x
-                t = summarize(d, level=level) if len(d) >= 2 else None
-                lo, hi = sign_flip_interval(d, level)
-                is_primary = basis == "budget" and b == largest and (knob, lv) in prim and m in primary_metrics
-                row = {"basis": basis, "budget": b, "knob": knob, "reference": ref_level, "level": lv, "metric": m,
-                       "effect": float(d.mean()) if len(d) else np.nan, "ci_low": lo, "ci_high": hi,
-                       "t_ci_low": float(t.ci_low) if t else np.nan, "t_ci_high": float(t.ci_high) if t else np.nan,
-                       "pvalue": sign_flip_pvalue(d), "pvalue_holm": np.nan,
-                       "family": "primary" if is_primary else "secondary", "n_seeds": len(seeds),
-                       "n_left_out": int(len(set(a.index) | set(c.index)) - len(seeds)),
-                       "min_pvalue": min(1.0, 2.0 / 2 ** len(seeds)) if seeds else np.nan,
-                       "reference_mean": float(x.mean()) if len(x) else np.nan,
-                       "level_mean": float(y.mean()) if len(y) else np.nan,
-                       "reference_regime": None, "level_regime": None, "flips_regime": None,
-                       "matched_val_loss": matched_target, "reference_arm": ref_arm, "arm": arm}
-                if m in GAIN_METRICS and len(seeds):
-                    row["reference_regime"], row["level_regime"] = regime_of(x, level), regime_of(y, level)
-                    row["flips_regime"] = flip_by_intervals(row["reference_regime"], row["level_regime"])
-                rows.append(row)
+        for (knob, ref_level, lv, ref_arm, arm), m, pair in _seed_pairs(final, comparisons, metrics):
+            x, y, seeds = pair.x, pair.y, pair.seeds
+            d = y - x
+            t = summarize(d, level=level) if len(d) >= 2 else None
+            lo, hi = sign_flip_interval(d, level)
+            is_primary = basis == "budget" and b == largest and (knob, lv) in prim and m in primary_metrics
+            row = {"basis": basis, "budget": b, "knob": knob, "reference": ref_level, "level": lv, "metric": m,
+                   "effect": float(d.mean()) if len(d) else np.nan, "ci_low": lo, "ci_high": hi,
+                   "t_ci_low": float(t.ci_low) if t else np.nan, "t_ci_high": float(t.ci_high) if t else np.nan,
+                   "pvalue": sign_flip_pvalue(d), "pvalue_holm": np.nan,
+                   "family": "primary" if is_primary else "secondary", "n_seeds": len(seeds),
+                   "n_left_out": pair.n_left_out,
+                   "min_pvalue": min(1.0, 2.0 / 2 ** len(seeds)) if seeds else np.nan,
+                   "reference_mean": float(x.mean()) if len(x) else np.nan,
+                   "level_mean": float(y.mean()) if len(y) else np.nan,
+                   "reference_regime": None, "level_regime": None, "flips_regime": None,
+                   "matched_val_loss": matched_target, "reference_arm": ref_arm, "arm": arm}
+            if m in GAIN_METRICS and len(seeds):
+                row["reference_regime"], row["level_regime"] = regime_of(x, level), regime_of(y, level)
+                row["flips_regime"] = flip_by_intervals(row["reference_regime"], row["level_regime"])
+            rows.append(row)
     out = pd.DataFrame(rows)
     if len(out):
         fam = out.index[(out["family"] == "primary") & out["pvalue"].notna()]
