@@ -119,8 +119,10 @@ def _sweep(view: ModelView, ps: Any, hook: Any, over: Any, measure: Any, *, laye
            kind: str, method: str, start_at_layer: bool) -> SweepResult:
     """Shared body: cells, conditions, one multi-condition run, the result."""
     ov = _over(over)
-    # A misspelt hook is named as such (with the closest names) before the head-axis check.
-    attached.check_hook_names(view.model, [hook_layout(hook, ("pos",)).name(0)], view.name)
+    lays = _index_list("layers", layers, view.n_layers)
+    # Every swept hook point exists (a misspelt hook is named as such, with the closest names) before
+    # the head-axis check, which would call it a hook without heads.
+    attached.check_hook_names(view.model, [hook_layout(hook, ("pos",)).name(l) for l in lays], view.name)
     layout = hook_layout(hook, ov)
     m = parse_measure(measure, view.n_layers, view.n_heads)
     validate.token_scope(token_scope)
@@ -136,8 +138,6 @@ def _sweep(view: ModelView, ps: Any, hook: Any, over: Any, measure: Any, *, laye
             raise ThermoLensInputError(
                 "LogitDifference reads the final residual and applies the model's final norm itself, so user hooks "
                 "past the blocks would not see the pass; with such hooks use a function of the logits as the measure")
-    lays = _index_list("layers", layers, view.n_layers)
-    attached.check_hook_names(view.model, [layout.name(l) for l in lays], view.name)
     hs: list[int | None] = list(_index_list("heads", heads, view.n_heads)) if "head" in ov else [None]
     if heads is not None and "head" not in ov:
         raise ThermoLensInputError("heads= selects the swept heads; this sweep is over='pos' (pass over='head' or "
