@@ -462,3 +462,16 @@ def test_start_at_layer_keeps_each_blocks_attention_kind(bridge, arch, monkeypat
     shifted = ablation_sweep(m, prompts, "attn.hook_z", **kw)
     assert "the check failed" in shifted.passes and "from block 1" in shifted.passes, shifted.passes
     np.testing.assert_allclose(shifted.per_prompt.numpy(), full.per_prompt.numpy(), atol=TOL)
+
+
+@pytest.mark.slow
+def test_start_at_layer_falls_back_when_the_host_pass_fails(bridge):
+    """OPT with project_in maps inputs_embeds before its first block: the bridge's start_at_layer
+    pass fails with a shape error inside HF; the sweep runs full passes, says why, same cells."""
+    m = bridge("opt_postln")
+    prompts = ["The cat sat on the mat", "A dog ran in the park today"]
+    a = ablation_sweep(m, prompts, "attn.hook_z", measure="last_block_gain")
+    b = ablation_sweep(m, prompts, "attn.hook_z", measure="last_block_gain", start_at_layer=False)
+    if "starts at its layer" not in a.passes:
+        assert "the host's start_at_layer raised" in a.passes, a.passes
+    np.testing.assert_allclose(a.per_prompt.numpy(), b.per_prompt.numpy(), atol=TOL)

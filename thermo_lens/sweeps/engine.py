@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.errors import ThermoLensError, ThermoLensInputError
 from thermo_lens.gain import gain_from_collected, residual_norms
 from thermo_lens.inputs import PromptList
 from thermo_lens.model import ModelView
@@ -482,8 +482,12 @@ def _from_layers(view: ModelView, ps: PromptList, layout: HookLayout, conditions
             vals, _ = _stacked(sv, ps, layout, copies, sources, run, rows_per_pass,
                                _start_reductions(measure, token_scope, s, names, base_norms, P), measure=measure,
                                token_scope=token_scope, min_tokens=min_tokens, state=state)
-        except NotImplementedError as e:  # e.g. TransformerLens 3's bridge: start_at_layer "not supported"
-            return None, f"the host's start_at_layer raised NotImplementedError: {str(e)[:120]}"
+        except ThermoLensError:  # the user's hooks or the measure: the full passes would say the same
+            raise
+        except Exception as e:  # noqa: BLE001 - the host's start-at-layer pass failing in its own code
+            # e.g. TransformerLens 3's bridge (start_at_layer "not supported"), or an HF model that maps
+            # inputs_embeds before its first block (OPT's project_in: a shape error): full passes then
+            return None, f"the host's start_at_layer raised {type(e).__name__}: {str(e)[:120]}"
         gap = float((vals[0] - base[0]).abs().max())
         size = float(base[0].abs().max())
         if not gap <= _START_RTOL * max(size, 1e-12):
