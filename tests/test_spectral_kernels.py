@@ -225,3 +225,44 @@ def test_stored_weights_are_the_stacked_weights_of_one_layer(bridge):
         view.stored_weights("W_U", 0)
     with pytest.raises(ThermoLensInputError, match="out of range"):
         view.stored_weights("W_V", view.n_layers)
+
+
+@pytest.mark.parametrize("stored", [torch.bfloat16, torch.float32])
+def test_lanczos_reads_a_layer_stored_head_after_head_in_place(stored, monkeypatch):
+    """TransformerLens' W_V [kv_head, d_model, d_head] (heads one after another): the layer's value
+    matrix [d_model, kv_head * d_head] is no view of it, so the whole-layer norm reads the heads'
+    panels W_V[h]^T in place; same value as the dense matrix, no copy of the layer."""
+    from thermo_lens.spectral import layer_norms as ln
+    from thermo_lens.spectral.kernels import RowPanels
+
+    gen = torch.Generator().manual_seed(5)
+    W_V = (torch.randn(6, 80, 16, generator=gen) / 80**0.5).to(stored)
+    got = ln._value_matrix(W_V)
+    assert isinstance(got, RowPanels) and all(P.data_ptr() == W_V[h].data_ptr() for h, P in enumerate(got.panels))
+    dense = W_V.double().permute(1, 0, 2).reshape(80, 96)
+    torch.testing.assert_close(got.dense().mT.double(), dense)
+    want = np.linalg.norm(dense.numpy(), 2)
+    np.testing.assert_allclose(_lanczos_sigma_max(got, dtype=torch.float32), want, rtol=2e-6)
+    # a fused v_proj (the HF / bridge layout) is a view: read as it is
+    fused = W_V.permute(1, 0, 2).reshape(80, 96).contiguous().reshape(80, 6, 16).permute(1, 0, 2)
+    view = ln._value_matrix(fused)
+    assert isinstance(view, torch.Tensor) and view.data_ptr() == fused.data_ptr()
+    # through layer_norms, both layouts give the dense value
+    W_O = torch.randn(1, 6, 16, 80, generator=gen).to(stored)
+    for wv in (W_V[None], fused[None]):
+        lv, _, method = ln.layer_norms(wv, W_O, torch.float32, "lanczos")
+        assert method == "lanczos"
+        np.testing.assert_allclose(float(lv[0]), want, rtol=2e-6)
+
+
+def test_lanczos_meets_1e_5_on_a_crowded_gaussian_spectrum():
+    """The slowest case for the stopping rule: a square Gaussian matrix, its top singular values
+    crowded at the Marchenko-Pastur edge (theta creeps up for dozens of steps); the result must
+    still be within 1e-5 of a float64 SVD (it stops ~1e-6 below)."""
+    gen = torch.Generator().manual_seed(11)
+    for n in (512, 1024):
+        W = torch.randn(n, n, generator=gen) / n**0.5
+        want = np.linalg.norm(W.double().numpy(), 2)
+        got = _lanczos_sigma_max(W, dtype=torch.float32)
+        assert got is not None and got <= want * (1 + 1e-6)  # a Ritz value: from below
+        np.testing.assert_allclose(got, want, rtol=1e-5)

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.registry import Metric, register_head_metric
-from thermo_lens.spectral.kernels import _gram_root, _sigma_max_of_product, gram_matrices
+from thermo_lens.spectral.kernels import _sigma_max_of_product, gram_matrices, gram_root
 
 __all__ = ["HeadWeights"]
 
@@ -31,8 +31,9 @@ class HeadWeights:
     Every attribute is computed once, on first use, in the signature's compute dtype ``dtype``
     (the weights themselves may be stored in another one, e.g. bf16: the Gram matrices are then
     computed from blocks converted in cache, and :attr:`W_V` ... convert on first use). The square
-    root factors ``R`` (``d_head x d_head``, ``R^T R = W^T W``; from the eigendecomposition of the
-    small Gram matrix, see :func:`_gram_root`) have the singular values of their matrices, and
+    root factors ``R`` (``d_head x d_head``, ``R^T R = W^T W``; from the Cholesky factorisation of
+    the small Gram matrix, :func:`~thermo_lens.spectral.kernels.gram_root`) have the singular
+    values of their matrices, and
     ``W_a W_b^T = Q_a (R_a R_b^T) Q_b^T`` with orthonormal ``Q``, so products of two factors reduce
     to ``d_head x d_head`` matrices.
 
@@ -43,10 +44,6 @@ class HeadWeights:
         kv_head_of: ``[head]`` KV head of each query head (on the weights' device);
         dtype: the compute dtype (default: the dtype of ``W_V``).
     """
-
-    #: Weights whose square-root factors the registered OV and QK norms read: their ``sigma_max``
-    #: comes from the same cached ``eigh``; the others' from ``eigvalsh`` (half the cost).
-    FACTORED: tuple[str, ...] = ("W_V", "W_Q")
 
     def __init__(self, W_V: Tensor, W_O: Tensor, kv_head_of: Tensor, W_Q: Tensor | None = None,
                  W_K: Tensor | None = None, *, dtype: torch.dtype | None = None):
@@ -95,25 +92,16 @@ class HeadWeights:
         :attr:`dtype` (:func:`~thermo_lens.spectral.kernels.gram_matrices`)."""
         return self._cached(f"gram_{name}", lambda: gram_matrices(self._need(name), self.dtype, rows=name == "W_O"))
 
-    def _eigh(self, name: str) -> tuple[Tensor, Tensor]:
-        return self._cached(f"eigh_{name}", lambda: torch.linalg.eigh(self.gram(name)))
-
     def sigma_max(self, name: str) -> Float[Tensor, "layer head"]:
         """``sigma_max`` of each head's ``name``: the root of its Gram matrix's largest eigenvalue
-        (relative error ~ machine epsilon, as from an SVD). For :attr:`FACTORED` weights from the
-        same cached ``eigh`` as :meth:`root` (an ``eigvalsh`` first would repeat the work for the
-        factors the products need), for the others from ``eigvalsh``."""
-        def compute() -> Tensor:
-            if name in self.FACTORED or f"eigh_{name}" in self._cache:
-                lam = self._eigh(name)[0]
-            else:
-                lam = torch.linalg.eigvalsh(self.gram(name))
-            return lam[..., -1].clamp_min(0).sqrt()
-        return self._cached(f"sigma_{name}", compute)
+        from ``eigvalsh`` (relative error ~ machine epsilon, as from an SVD)."""
+        return self._cached(
+            f"sigma_{name}", lambda: torch.linalg.eigvalsh(self.gram(name))[..., -1].clamp_min(0).sqrt())
 
     def root(self, name: str) -> Float[Tensor, "layer head d_head d_head"]:
-        """Square root factor ``R`` of each head's ``name``: ``R^T R`` = its Gram matrix."""
-        return self._cached(f"root_{name}", lambda: _gram_root(*self._eigh(name)))
+        """Square root factor ``R`` of each head's ``name``: ``R^T R`` = its Gram matrix
+        (:func:`~thermo_lens.spectral.kernels.gram_root`: Cholesky, ``eigh`` where it refuses)."""
+        return self._cached(f"root_{name}", lambda: gram_root(self.gram(name)))
 
     @property
     def R_V(self) -> Float[Tensor, "layer kv_head d_head d_head"]:

@@ -13,7 +13,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from thermo_lens.registry import Metric, register_metric
-from thermo_lens.spectral.kernels import LayerNormMethod, lanczos_norms, matrix_spectral_norm
+from thermo_lens.spectral.kernels import LayerNormMethod, RowPanels, lanczos_norms, matrix_spectral_norm
 
 for _name, _symbol, _formula, _unit in (
     ("layer_W_V_norm", "||W_V^layer||_2", "sigma_max of the layer's whole value matrix [d_model, n_kv_heads * "
@@ -50,7 +50,7 @@ def layer_norms(
     if method == "auto":
         method = "svd" if W_V.device.type != "cpu" else "lanczos"
     if method == "lanczos":
-        values = (W_V[l].permute(1, 0, 2).reshape(d_model, K * d_head) for l in range(L))
+        values = (_value_matrix(W_V[l]) for l in range(L))
         lv, mv = lanczos_norms(values, L, dtype)
         lo, mo = lanczos_norms((W_O[l].reshape(H * d_head, d_model) for l in range(L)), L, dtype)
         lv, lo = lv.to(W_V.device), lo.to(W_V.device)
@@ -58,3 +58,15 @@ def layer_norms(
         lv, mv = matrix_spectral_norm(W_V.to(dtype).permute(0, 2, 1, 3).reshape(L, d_model, K * d_head), method)
         lo, mo = matrix_spectral_norm(W_O.to(dtype).reshape(L, H * d_head, d_model), method)
     return lv, lo, mv if mv == mo else f"{mv} (W_V), {mo} (W_O)"
+
+
+def _value_matrix(W_V: Float[Tensor, "kv_head d_model d_head"]) -> Tensor | RowPanels:
+    """A layer's value matrix ``[d_model, kv_head * d_head]`` as a view of the weights (a fused
+    ``v_proj``, as HF and the bridge store it), or, when the heads are stored one after another
+    (TransformerLens' ``W_V``, stacked tensors) and no view exists, its transpose as the heads'
+    row panels ``W_V[h]^T`` (same singular values), read in place instead of copied."""
+    K, d_model, d_head = W_V.shape
+    try:
+        return W_V.permute(1, 0, 2).view(d_model, K * d_head)
+    except RuntimeError:
+        return RowPanels([W_V[h].mT for h in range(K)])

@@ -63,7 +63,7 @@ class SpectralSignature(Result):
             ``"unknown"`` (tensors given directly).
         layer_norm_method: how the layer norms were computed: ``"svd"`` (dense, batched),
             ``"gram"`` (largest eigenvalue of the smaller-side Gram matrix, batched), ``"lanczos"``
-            (on the Gram operator, to machine precision; ``"lanczos (gram for k of n)"`` when
+            (on the Gram operator, to ~1e-6 or machine precision; ``"lanczos (gram for k of n)"`` when
             ``k`` matrices fell back to ``"gram"``) or ``"skipped"``.
         model: the model's metadata (:meth:`ModelView.metadata`; geometry only when built from
             tensors).
