@@ -361,9 +361,38 @@ def stream_one(n: int, args) -> None:
     finally:
         measure.collect = real_collect
     per_prompt = sum(x.numel() * x.element_size() for x in (p.sheaf.trace, p.gain.block_gain))
+    held = result_bytes(p)
+    beyond = mem.growth - kept.get("bytes", 0) - held
     print(f"  {n:>5} prompts: wall {t:.2f} s, peak RSS growth {mem.growth / 2**20:.1f} MiB "
           f"(per-prompt results {per_prompt / 2**20:.2f} MiB; the pass kept {kept.get('bytes', 0) / 2**20:.1f} MiB "
-          "for all results, per-token residual norms included)", flush=True)
+          f"for all results, per-token residual norms included; the returned profile holds {held / 2**20:.1f} MiB "
+          f"of tensors; beyond both: {beyond / 2**20:.1f} MiB)", flush=True)
+
+
+def result_bytes(obj, seen=None) -> int:
+    """Bytes of the distinct tensor storages reachable from a result (dataclass fields, dicts,
+    lists, tuples): what the returned profile itself holds, per-token arrays included."""
+    import dataclasses
+
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        key = ("storage", obj.untyped_storage().data_ptr())
+        if key in seen:
+            return 0
+        seen.add(key)
+        return obj.untyped_storage().nbytes()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return sum(result_bytes(getattr(obj, f.name), seen) for f in dataclasses.fields(obj))
+    if isinstance(obj, dict):
+        return sum(result_bytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(result_bytes(v, seen) for v in obj)
+    if hasattr(obj, "__dict__") and type(obj).__module__.startswith("thermo_lens"):
+        return sum(result_bytes(v, seen) for v in vars(obj).values())
+    return 0
 
 
 def bench_stream(args) -> None:

@@ -94,6 +94,31 @@ def test_small_results_are_packed_into_a_few_slabs_and_read_back_exactly():
     assert torch.equal(parts[1], kept[1]) and [p.shape for p in parts[2:4]] == [(5,), (2, 7)]
 
 
+def test_packed_bookkeeping_is_two_int_arrays_not_a_tuple_per_tensor():
+    """A long pass records hundreds of thousands of parts: each costs 8 bytes plus 8 per dimension
+    of bookkeeping (a tuple per tensor held ~100 bytes), and reads back exactly, by index too."""
+    import sys as _sys
+
+    from thermo_lens.packed import PackedParts, Slabs
+
+    gen = torch.Generator().manual_seed(0)
+    slabs = Slabs()
+    parts = PackedParts(slabs)
+    given = [torch.randn(int(torch.randint(1, 9, (1,), generator=gen)), 5, generator=gen) for _ in range(3000)]
+    given.insert(7, torch.randn(300_000))  # too large for a slab: kept aside
+    given.insert(11, torch.arange(6).reshape(2, 3))  # another dtype: kept aside
+    for t in given:
+        parts.append(t)
+    assert len(parts) == len(given) and len(parts._kept) == 2
+    assert all(torch.equal(got, want) for got, want in zip(parts, given))
+    assert torch.equal(parts[-1], given[-1]) and torch.equal(parts[11], given[11])
+    assert [t.shape for t in parts[5:9]] == [t.shape for t in given[5:9]]
+    with pytest.raises(IndexError):
+        parts[len(given)]
+    per_entry = (_sys.getsizeof(parts._loc) + _sys.getsizeof(parts._shape)) / len(given)
+    assert per_entry < 40, per_entry
+
+
 def test_a_pass_keeps_its_results_in_slabs_and_the_sheaf_sums_in_the_hook(tiny):
     from thermo_lens.sheaf.traces import attention_diagonal_sums, traces_from_collected
 

@@ -471,7 +471,9 @@ def collect(
     plan = plan_batches(everything.lengths, settings.batch_size,
                         sort_by_length=False if internal_hooks else settings.sort_by_length,
                         max_padding=None if internal_hooks else MAX_PADDING)
-    tokenized = [everything.select(rows) for rows in plan]
+    # Each batch's padded ids are cut from the tokenized whole when it runs, not all up front: a long
+    # run (thousands of prompts) then holds one batch's copy at a time.
+    n_batches = len(plan)
     hidden = attached_records(attached.attached_hooks(view.model))  # before any hook of ours is registered
     rec = Recorder()
     # Nothing but the reductions' own hooks runs in this pass: no activation changes between two of
@@ -487,14 +489,15 @@ def collect(
     # Hooks already on the model do not extend the pass: past the last block read they cannot change
     # a measured state (they are recorded all the same).
     stop_after = None if on_logits is not None else view.last_hook_needed([name for name, _ in hooks])
-    show = settings.progress if settings.progress is not None else len(tokenized) > 1
+    show = settings.progress if settings.progress is not None else n_batches > 1
     # Counted in prompts, not batches: the bar's rate is prompts/s and its ETA holds for length-bucketed
     # batches of different sizes (a long run of thousands of prompts).
     # The device is looked up once for the pass: finding a dispatched model's execution device walks every module.
-    with tqdm(total=sum(len(b.prompt_index) for b in tokenized), desc=f"thermo-lens {view.name}", unit="prompt",
+    with tqdm(total=sum(len(rows) for rows in plan), desc=f"thermo-lens {view.name}", unit="prompt",
               disable=not show, leave=False, smoothing=0.05) as bar, view.pinned_device() as device:
-        for k, batch in enumerate(tokenized):
-            current.info = BatchInfo.of(batch, k, len(tokenized),
+        for k, rows in enumerate(plan):
+            batch = everything.select(rows)
+            current.info = BatchInfo.of(batch, k, n_batches,
                                         None if user_index is None else user_index[batch.prompt_index])
             try:
                 if on_batch is not None:
@@ -518,7 +521,7 @@ def collect(
     if never:
         name, fn = settings.fwd_hooks[never[0]]
         raise ThermoLensHookError(
-            f"{_where(name, fn, None)} never ran in {len(tokenized)} batch(es): {view.name} "
+            f"{_where(name, fn, None)} never ran in {n_batches} batch(es): {view.name} "
             f"({view.host.describe()}) does not fire that hook point in a forward pass (e.g. hook_result needs "
             "model.set_use_attn_result(True), hook_attn_in model.set_use_attn_in(True)), so the result would "
             "record an intervention that did not happen. Enable the hook point or hook another one.")
@@ -529,7 +532,7 @@ def collect(
         prepend_bos=everything.prepend_bos,  # what "host" resolved to (True/False/"host:...")
         truncated=everything.truncated,
         view=view,
-        row_prompt=torch.cat([b.prompt_index for b in tokenized]),
+        row_prompt=everything.prompt_index[torch.as_tensor([i for rows in plan for i in rows], dtype=torch.long)],
         hooks=tuple(describe_hook(n, f) for n, f in settings.fwd_hooks) + hidden,
         prompt_set=ps.name,
         categories=tuple(ps.categories),
