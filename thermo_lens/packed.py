@@ -42,6 +42,22 @@ class Slabs:
         nbytes = t.numel() * t.element_size()
         if t.device.type != "cpu" or nbytes == 0 or nbytes > self.SIZE // 4:
             return t
+        off = self._copy_in(t, nbytes)
+        return (len(self._slabs) - 1, off, nbytes, t.dtype, tuple(t.shape))
+
+    def put_rows(self, t: Tensor) -> list[Any]:
+        """Store every row ``t[i]`` of ``t`` (``[rows, ...]``) as :meth:`put` stores it, with one copy
+        for all of them when ``t`` is small; returns one handle per row."""
+        nbytes = t.numel() * t.element_size()
+        if t.device.type != "cpu" or nbytes == 0 or nbytes > self.SIZE // 4:
+            return [self.put(row) for row in t]
+        off = self._copy_in(t, nbytes)
+        k, step, dtype, shape = len(self._slabs) - 1, nbytes // t.shape[0], t.dtype, tuple(t.shape[1:])
+        return [(k, off + i * step, step, dtype, shape) for i in range(t.shape[0])]
+
+    def _copy_in(self, t: Tensor, nbytes: int) -> int:
+        """Copy ``t`` (``nbytes``, at most a slab) to the end of the last slab, or of a new one;
+        returns its offset there."""
         off = -(-self._used // _ALIGN) * _ALIGN
         if off + nbytes > self.SIZE:
             self._slabs.append(torch.empty(self.SIZE, dtype=torch.uint8))
@@ -51,7 +67,7 @@ class Slabs:
             flat = flat.clone(memory_format=torch.contiguous_format)
         self._slabs[-1][off:off + nbytes].copy_(flat.view(torch.uint8))
         self._used = off + nbytes
-        return (len(self._slabs) - 1, off, nbytes, t.dtype, tuple(t.shape))
+        return off
 
     def get(self, handle: Any) -> Tensor:
         """The tensor stored under ``handle`` (a view into its slab)."""
@@ -75,6 +91,10 @@ class PackedParts:
 
     def append(self, t: Tensor) -> None:
         self._handles.append(self._slabs.put(t))
+
+    def append_handle(self, handle: Any) -> None:
+        """Append a part already stored in this list's slabs (a handle of :meth:`Slabs.put_rows`)."""
+        self._handles.append(handle)
 
     def __len__(self) -> int:
         return len(self._handles)

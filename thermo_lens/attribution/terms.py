@@ -127,6 +127,12 @@ def _vec_dot(a: Tensor, b: Tensor) -> Tensor:
     return torch.linalg.vecdot(a, b)
 
 
+def _owned_dot(a: Tensor, b: Tensor) -> Tensor:
+    """``_vec_dot(a, b)`` (the same numbers: ``(a * b).sum(-1)``) computed in ``a``'s storage, which
+    the caller owns and no longer needs: no ``[n, d]`` temporary."""
+    return a.mul_(b).sum(-1)
+
+
 @dataclass
 class _BlockPlan:
     """What block ``layer``'s reduction reads (``reads``: ``(hook name, key)``) and its constants."""
@@ -242,29 +248,33 @@ def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_
     v_a = scaled(through(layout.attn_norm, u1))
     if layout.mlp_norm is not None and layout.mlp_hook.endswith("hook_normalized"):
         mlp_out = mlp_out / r[layout.mlp_norm.module]  # HookedTransformer: M / scale
-    # v_a W_O^T for every head at once: one [n, d_model] x [d_model, head*d_head] matmul.
+    # v_a W_O^T for every head at once: one [n, d_model] x [d_model, head*d_head] matmul. The row dot
+    # products below run in place on tensors this function owns (the product, the differences, the
+    # scoped rows take() copied): the numbers of torch.linalg.vecdot ((a * b).sum(-1)), without an
+    # [n, d_model] temporary each.
     u = v_a @ plan.W_O.to(dev).mT
-    head = _vec_dot(z.view(-1, H, view.d_head), u.view(-1, H, view.d_head))  # [n, head]
+    head = _owned_dot(u.view(-1, H, view.d_head), z.view(-1, H, view.d_head))  # [n, head]
     # The output bias is subtracted where there is one (an all-zero bias leaves mlp_out as it is).
-    mlp = _vec_dot(mlp_out - b_out if plan.has_b_out else mlp_out, v_m)
+    # mlp_out is this function's own copy (take() copies the scoped rows): changed in place.
+    mlp = _owned_dot(mlp_out.sub_(b_out) if plan.has_b_out else mlp_out, v_m)
     if v_a is v_m:  # pre-LN, no norm after the sublayers, multiplier 1: one product for both biases
         if plan.has_b_O or plan.has_b_out:
             bias = bias + v_a @ (b_O + b_out)
     else:
         bias = bias + v_a @ b_O + v_m @ b_out
-    norm = _vec_dot(x_in, u1 - s) if layout.stream_norms else zero
+    norm = _owned_dot(u1 - s, x_in) if layout.stream_norms else zero
     adjoint = {"start": u1, "mid": u2, "attn_out": u1, "mlp_out": u2, "end": s, "z": u}
     sae, sae_err = zero, zero
     for i, site in enumerate(plan.sites):
         v = adjoint[site.where]
-        sae = sae + _vec_dot(take(f"sae_out:{i}") - take(f"sae_in:{i}"), v)
+        sae = sae + _owned_dot(take(f"sae_out:{i}") - take(f"sae_in:{i}"), v)
         if site.error_term:
             sae_err = sae_err + _vec_dot(take(f"sae_err:{i}"), v)
     # x_out = y_out + (what hooks changed between the blocks): the change is its own component (exactly 0
     # without such hooks: x_out and y_out are then the same tensor, and a pass without foreign hooks
     # does not read y_out at all)
-    splice = _vec_dot(x_out - y_out, s) if y_out is not None else zero
-    total = _vec_dot(x_out - x_in, s)  # = ||x_out||^2 - ||x_in||^2 without cancellation
+    splice = _owned_dot(x_out - y_out, s) if y_out is not None else zero
+    total = _owned_dot(x_out - x_in, s)  # = ||x_out||^2 - ||x_in||^2 without cancellation
     scale = sq_norms(x_out) + sq_norms(x_in)  # the size the closure is compared with
     # Per token |total - components| (its scoped mean: a cancellation across tokens must not
     # hide a block that does not close).
@@ -311,7 +321,7 @@ def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
             def keep(x: Tensor, batch: TokenBatch, _key: str, _state: dict = state) -> None:
                 _state[_key] = x  # transient: dropped when this block's x_out fires
 
-            def finish(x_out: Tensor, batch: TokenBatch, _plan: _BlockPlan = plan, _state: dict = state) -> Tensor:
+            def finish(x_out: Tensor, batch: TokenBatch, _plan: _BlockPlan = plan, _state: dict = state) -> None:
                 missing = {k for _, k in _plan.reads} - set(_state)
                 if missing:
                     silent = sorted({h for h, k in _plan.reads if k in missing})
@@ -358,7 +368,7 @@ def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
                 # Every per-token term, then one float64 per-prompt sum over the scoped rows.
                 means = torch.zeros(B, terms.shape[1], dtype=torch.float64, device=dev).index_add_(
                     0, prompt_of, terms.double()) / n
-                return _record(rec, _plan.layer, means, view.n_heads)
+                _record(rec, _plan.layer, means, view.n_heads)  # (the total too: the hook returns None)
 
             def keep_output(x: Tensor, batch: TokenBatch, _state: dict = state) -> None:
                 # A copy of the scoped rows, now: a hook between the blocks may edit this very tensor in
@@ -377,16 +387,20 @@ def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
     return reduction
 
 
-def _record(rec: Recorder, layer: int, means: Tensor, H: int) -> Tensor:
-    """Record block ``layer``'s ``[batch, head + columns (+ expert)]`` means under their keys; returns
-    the total (recorded by the hook as ``("attr_total", layer)``)."""
+@functools.lru_cache(maxsize=None)
+def _column_keys(layer: int) -> tuple[tuple[str, int], ...]:
+    return tuple((f"attr_{column}", layer) for column in TERM_COLUMNS)
+
+
+def _record(rec: Recorder, layer: int, means: Tensor, H: int) -> None:
+    """Record block ``layer``'s ``[batch, head + columns (+ expert)]`` means under their keys, the
+    total (``("attr_total", layer)``, the key of the hook that calls this) included."""
     C = len(TERM_COLUMNS)
     rec.put(("attr_head", layer), means[:, :H])
-    for k, column in enumerate(TERM_COLUMNS[:-1]):
-        rec.put((f"attr_{column}", layer), means[:, H + k])
+    # The columns' means as rows ([column, batch]), stored with one copy.
+    rec.put_rows(_column_keys(layer), means[:, H:H + C].T)
     if means.shape[1] > H + C:
         rec.put(("attr_expert", layer), means[:, H + C:])
-    return means[:, H + C - 1]
 
 
 def _expert_terms(take: Any, experts: Any, E: int, v_m: Tensor) -> Tensor:
