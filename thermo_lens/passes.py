@@ -77,6 +77,11 @@ class Recorder:
     def add(self, hook_name: str, key: tuple[str, int], fn: Reduce) -> None:
         self._reductions.append((hook_name, key, fn))
 
+    def registered(self) -> list[tuple[str, int]]:
+        """The keys of the hooks registered so far (a reduction may find which of its hooks a
+        filtering recorder kept, e.g. one block's in a sweep)."""
+        return [key for _, key, _ in self._reductions]
+
     def put(self, key: tuple[str, int], value: Tensor) -> None:
         """Record ``value`` (first dimension: the batch) under ``key`` from inside a reduction
         that produces several results at one hook point."""
