@@ -254,7 +254,9 @@ def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_
     # scoped rows take() copied): the numbers of torch.linalg.vecdot ((a * b).sum(-1)), without an
     # [n, d_model] temporary each.
     u = v_a @ plan.W_O.to(dev).mT
-    head = _owned_dot(u.view(-1, H, view.d_head), z.view(-1, H, view.d_head))  # [n, head]
+    # (in u's storage unless an SAE at hook_z reads u below)
+    head_dot = _vec_dot if any(site.where == "z" for site in plan.sites) else _owned_dot
+    head = head_dot(u.view(-1, H, view.d_head), z.view(-1, H, view.d_head))  # [n, head]
     # The output bias is subtracted where there is one (an all-zero bias leaves mlp_out as it is).
     # mlp_out is this function's own copy (take() copies the scoped rows): changed in place.
     mlp = _owned_dot(mlp_out.sub_(b_out) if plan.has_b_out else mlp_out, v_m)
