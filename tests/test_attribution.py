@@ -467,3 +467,21 @@ def test_a_pass_with_no_other_hooks_reads_no_splice_and_gives_the_same_terms(bri
     first, second = plain.provenance(), plain.provenance()
     first.model["name"] = "edited"
     assert second.model["name"] != "edited" and plain.provenance().model == second.model
+
+
+def test_terms_recorded_per_batch_by_the_last_registered_block(bridge):
+    """The means are taken and recorded once per batch by the last block whose hooks are registered:
+    a pass registering one block's hooks (as a sweep does) records that block's terms alone, equal
+    to the whole pass's, batch by batch."""
+    from thermo_lens.attribution.terms import TERM_COLUMNS, attribution_terms
+    from thermo_lens.passes import collect
+    from thermo_lens.sweeps.engine import _one_layer
+
+    model = bridge("gpt2")
+    full = collect(model, PROMPTS, [attribution_terms()], batch_size=2)
+    one = collect(model, PROMPTS, [_one_layer(attribution_terms(), 1)], batch_size=2)
+    assert len(full.batch_plan) > 1
+    assert {k for k in one.recorder._parts} == {(f"attr_{c}", 1) for c in ("head",) + TERM_COLUMNS}
+    for name in ("head",) + TERM_COLUMNS:
+        assert torch.equal(one.stack(f"attr_{name}")[0], full.stack(f"attr_{name}")[1]), name
+    assert full.stack("attr_head").shape == (model.cfg.n_layers, len(PROMPTS), model.cfg.n_heads)

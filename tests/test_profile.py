@@ -25,6 +25,21 @@ def test_one_forward_pass_per_batch(bridge):
     assert calls == [len(b) for b in p.gain.provenance.batch_plan] and sum(calls) == len(PROMPTS)
 
 
+def test_a_profile_looks_up_the_device_once(bridge, monkeypatch):
+    """For a dispatched model each device lookup walks every module: a profile (its pass, the
+    spectral signature, every result's metadata) does it once, and the pin ends with it."""
+    from thermo_lens import offload
+    from thermo_lens.model import ModelView
+
+    view = ModelView(bridge("gpt2"))
+    calls = []
+    real = offload.execution_device
+    monkeypatch.setattr(offload, "execution_device", lambda m: calls.append(1) or real(m))
+    p = profile(view, PROMPTS, batch_size=2)
+    assert len(calls) == 1 and len(p.gain.provenance.batch_plan) > 1
+    assert getattr(view, "_pinned_device", None) is None
+
+
 @pytest.mark.parametrize("arch", ["gpt2", "llama_gqa", "opt_postln"])
 def test_profile_equals_individual_metrics(arch, bridge):
     m = bridge(arch)

@@ -119,6 +119,22 @@ def test_packed_bookkeeping_is_two_int_arrays_not_a_tuple_per_tensor():
     assert per_entry < 40, per_entry
 
 
+def test_rows_put_with_one_copy_read_back_as_separate_parts_exactly():
+    rec = Recorder()
+    means = torch.randn(5, 3, dtype=torch.float64)
+    rec.put(("other", 0), torch.randn(7))  # an unaligned end before the rows
+    rec.put_rows([("a", 0), ("b", 0), ("c", 0)], means.T)  # strided: each column becomes one part
+    rec.put_rows([("a", 1), ("b", 1)], torch.randn(2, 300_000))  # too large for a slab: kept as is
+    kept = means.clone()
+    means.add_(1.0)  # the parts are copies
+    assert [rec._parts[(k, 0)][0].tolist() for k in "abc"] == kept.T.tolist()
+    assert rec._parts[("a", 0)][0].shape == (5,) and rec._parts[("a", 1)][0].shape == (300_000,)
+    assert torch.equal(rec.stack("c"), kept[:, 2][None])
+    assert len(rec._slabs._slabs) == 1
+    with pytest.raises(ValueError, match="2 keys for 3 rows"):
+        rec.put_rows([("a", 2), ("b", 2)], means.T)
+
+
 def test_a_pass_keeps_its_results_in_slabs_and_the_sheaf_sums_in_the_hook(tiny):
     from thermo_lens.sheaf.traces import attention_diagonal_sums, traces_from_collected
 

@@ -44,6 +44,22 @@ class Slabs:
         nbytes = t.numel() * t.element_size()
         if t.device.type != "cpu" or nbytes == 0 or nbytes > self.SIZE // 4:
             return t
+        off = self._copy_in(t, nbytes)
+        return (len(self._slabs) - 1, off, nbytes, t.dtype, tuple(t.shape))
+
+    def put_rows(self, t: Tensor) -> list[Any]:
+        """Store every row ``t[i]`` of ``t`` (``[rows, ...]``) as :meth:`put` stores it, with one copy
+        for all of them when ``t`` is small; returns one handle per row."""
+        nbytes = t.numel() * t.element_size()
+        if t.device.type != "cpu" or nbytes == 0 or nbytes > self.SIZE // 4:
+            return [self.put(row) for row in t]
+        off = self._copy_in(t, nbytes)
+        k, step, dtype, shape = len(self._slabs) - 1, nbytes // t.shape[0], t.dtype, tuple(t.shape[1:])
+        return [(k, off + i * step, step, dtype, shape) for i in range(t.shape[0])]
+
+    def _copy_in(self, t: Tensor, nbytes: int) -> int:
+        """Copy ``t`` (``nbytes``, at most a slab) to the end of the last slab, or of a new one;
+        returns its offset there."""
         off = -(-self._used // _ALIGN) * _ALIGN
         if off + nbytes > self.SIZE:
             self._slabs.append(torch.empty(self.SIZE, dtype=torch.uint8))
@@ -53,7 +69,7 @@ class Slabs:
             flat = flat.clone(memory_format=torch.contiguous_format)
         self._slabs[-1][off:off + nbytes].copy_(flat.view(torch.uint8))
         self._used = off + nbytes
-        return (len(self._slabs) - 1, off, nbytes, t.dtype, tuple(t.shape))
+        return off
 
     def get(self, handle: Any) -> Tensor:
         """The tensor stored under ``handle`` (a view into its slab)."""
@@ -88,16 +104,20 @@ class PackedParts:
         self._ndim = 0
 
     def append(self, t: Tensor) -> None:
+        self.append_handle(self._slabs.put(t))
+
+    def append_handle(self, handle: Any) -> None:
+        """Append a part already stored in this list's slabs (a handle of :meth:`Slabs.put` or
+        :meth:`Slabs.put_rows`), or a tensor they keep as it is."""
+        dtype, shape = (handle.dtype, tuple(handle.shape)) if isinstance(handle, Tensor) else handle[3:]
         if self._dtype is None:
-            self._dtype, self._ndim = t.dtype, t.ndim
-        h = self._slabs.put(t)
-        if isinstance(h, Tensor) or t.dtype != self._dtype or t.ndim != self._ndim:
+            self._dtype, self._ndim = dtype, len(shape)
+        if isinstance(handle, Tensor) or dtype != self._dtype or len(shape) != self._ndim:
             self._loc.append(-1 - len(self._kept))
-            self._kept.append(h)  # a tensor, or a full handle into the slabs
+            self._kept.append(handle)  # a tensor, or a full handle into the slabs
             self._shape.extend([0] * self._ndim)
         else:
-            k, off, _, _, shape = h
-            self._loc.append(k * Slabs.SIZE + off)
+            self._loc.append(handle[0] * Slabs.SIZE + handle[1])
             self._shape.extend(shape)
 
     def _get(self, i: int) -> Tensor:

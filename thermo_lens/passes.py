@@ -77,10 +77,23 @@ class Recorder:
     def add(self, hook_name: str, key: tuple[str, int], fn: Reduce) -> None:
         self._reductions.append((hook_name, key, fn))
 
+    def registered(self) -> list[tuple[str, int]]:
+        """The keys of the hooks registered so far (a reduction may find which of its hooks a
+        filtering recorder kept, e.g. one block's in a sweep)."""
+        return [key for _, key, _ in self._reductions]
+
     def put(self, key: tuple[str, int], value: Tensor) -> None:
         """Record ``value`` (first dimension: the batch) under ``key`` from inside a reduction
         that produces several results at one hook point."""
         self._part(key).append(value.to("cpu"))
+
+    def put_rows(self, keys: Sequence[tuple[str, int]], values: Tensor) -> None:
+        """:meth:`put` of ``values[i]`` under ``keys[i]``, for every row of ``values``, stored with one
+        copy (e.g. the per-column means of a block's attribution terms, ``[column, batch]``)."""
+        if len(keys) != values.shape[0]:
+            raise ValueError(f"put_rows: {len(keys)} keys for {values.shape[0]} rows")
+        for key, handle in zip(keys, self._slabs.put_rows(values.to("cpu"))):
+            self._part(key).append_handle(handle)
 
     def _part(self, key: tuple[str, int]) -> PackedParts:
         parts = self._parts.get(key)

@@ -26,7 +26,7 @@ from thermo_lens import registry, validate
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.inputs import Prompts, as_model_prompts
 from thermo_lens.measure import run_measurements
-from thermo_lens.model import as_view
+from thermo_lens.model import ModelView, as_view
 from thermo_lens.result import Result
 from thermo_lens.settings import RunOptions, RunSettings
 from thermo_lens.tokens import TERM_SCOPES, TokenScope
@@ -263,6 +263,16 @@ def profile(
         if m.name == "l_star":
             opts["variant"] = l_star_variant
         requests[m.name] = opts
+    # The device is looked up once for the whole profile (the pass, the spectral signature, the metadata
+    # of every result): for a dispatched model each lookup walks every module.
+    with view.pinned_device():
+        return _profile(view, ps, prompts, requests, run_settings, cache, attribution, token_scope,
+                        dict(name=name, lab=lab, family=family, twin_of=twin_of, source=source))
+
+
+def _profile(view: ModelView, ps: Any, prompts: Any, requests: dict[str, dict[str, Any]], run_settings: RunSettings,
+             cache: Any, attribution: bool, token_scope: str, names: dict[str, Any]) -> ThermoProfile:
+    """The body of :func:`profile` (``names``: its name, lab, family, twin_of and source)."""
     out, collected = run_measurements(view, prompts if cache is not None else ps, requests, run_settings,
                                       skip_inapplicable=True, cache=cache)
     if collected is None:  # pragma: no cover - the battery always holds activation measurements
@@ -272,7 +282,8 @@ def profile(
         skipped["attribution"] = "not requested (attribution=False)"
     meta = dict(view.metadata())
     meta.update(
-        name=name or view.name, lab=lab, family=family, twin_of=twin_of, source=source or view.name,
+        name=names["name"] or view.name, lab=names["lab"], family=names["family"], twin_of=names["twin_of"],
+        source=names["source"] or view.name,
         prepend_bos=collected.prepend_bos, prepend_bos_requested=run_settings.prepend_bos,
         token_scope=token_scope, prompt_set=ps.name,
         n_prompts=len(ps), categories=list(ps.categories), hooks=collected.provenance().hooks_text,

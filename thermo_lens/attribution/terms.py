@@ -127,6 +127,12 @@ def _vec_dot(a: Tensor, b: Tensor) -> Tensor:
     return torch.linalg.vecdot(a, b)
 
 
+def _owned_dot(a: Tensor, b: Tensor) -> Tensor:
+    """``_vec_dot(a, b)`` (the same numbers: ``(a * b).sum(-1)``) computed in ``a``'s storage, which
+    the caller owns and no longer needs: no ``[n, d]`` temporary."""
+    return a.mul_(b).sum(-1)
+
+
 @dataclass
 class _BlockPlan:
     """What block ``layer``'s reduction reads (``reads``: ``(hook name, key)``) and its constants."""
@@ -204,10 +210,11 @@ def _plan(view: ModelView, rec: Recorder | None = None) -> list[_BlockPlan]:
 
 
 def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_out: Tensor | None = None,
-                 sq_norms: Any = _sq_norms) -> Tensor:
-    """``[n, head + 9 (+ expert)]`` per-token terms of one block from its scoped activations
-    (``take(key)`` -> ``[n, ...]`` float32): heads, then mlp, bias, norm, sae, sae_error, splice,
-    scale, closure, total, then the experts' terms. ``y_out``: the block's output as it wrote it
+                 sq_norms: Any = _sq_norms) -> tuple[Tensor, list[Tensor], Tensor | None]:
+    """The per-token terms of one block from its scoped activations (``take(key)`` -> ``[n, ...]``
+    float32): the heads' ``[n, head]``, the columns of :data:`TERM_COLUMNS` (``[n]`` each: mlp,
+    bias, norm, sae, sae_error, splice, scale, closure, total) and the experts' ``[n, expert]`` (None
+    without a mixture of experts). ``y_out``: the block's output as it wrote it
     (:attr:`_BlockPlan.splice`), None where ``x_out`` is it. ``sq_norms``: per-row ``||x||^2``
     (the pass shares block ``l``'s ``||x_out||^2`` with block ``l + 1``, whose ``x_in`` it is)."""
     layout: BlockLayout = view.layout
@@ -242,29 +249,35 @@ def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_
     v_a = scaled(through(layout.attn_norm, u1))
     if layout.mlp_norm is not None and layout.mlp_hook.endswith("hook_normalized"):
         mlp_out = mlp_out / r[layout.mlp_norm.module]  # HookedTransformer: M / scale
-    # v_a W_O^T for every head at once: one [n, d_model] x [d_model, head*d_head] matmul.
+    # v_a W_O^T for every head at once: one [n, d_model] x [d_model, head*d_head] matmul. The row dot
+    # products below run in place on tensors this function owns (the product, the differences, the
+    # scoped rows take() copied): the numbers of torch.linalg.vecdot ((a * b).sum(-1)), without an
+    # [n, d_model] temporary each.
     u = v_a @ plan.W_O.to(dev).mT
-    head = _vec_dot(z.view(-1, H, view.d_head), u.view(-1, H, view.d_head))  # [n, head]
+    # (in u's storage unless an SAE at hook_z reads u below)
+    head_dot = _vec_dot if any(site.where == "z" for site in plan.sites) else _owned_dot
+    head = head_dot(u.view(-1, H, view.d_head), z.view(-1, H, view.d_head))  # [n, head]
     # The output bias is subtracted where there is one (an all-zero bias leaves mlp_out as it is).
-    mlp = _vec_dot(mlp_out - b_out if plan.has_b_out else mlp_out, v_m)
+    # mlp_out is this function's own copy (take() copies the scoped rows): changed in place.
+    mlp = _owned_dot(mlp_out.sub_(b_out) if plan.has_b_out else mlp_out, v_m)
     if v_a is v_m:  # pre-LN, no norm after the sublayers, multiplier 1: one product for both biases
         if plan.has_b_O or plan.has_b_out:
             bias = bias + v_a @ (b_O + b_out)
     else:
         bias = bias + v_a @ b_O + v_m @ b_out
-    norm = _vec_dot(x_in, u1 - s) if layout.stream_norms else zero
+    norm = _owned_dot(u1 - s, x_in) if layout.stream_norms else zero
     adjoint = {"start": u1, "mid": u2, "attn_out": u1, "mlp_out": u2, "end": s, "z": u}
     sae, sae_err = zero, zero
     for i, site in enumerate(plan.sites):
         v = adjoint[site.where]
-        sae = sae + _vec_dot(take(f"sae_out:{i}") - take(f"sae_in:{i}"), v)
+        sae = sae + _owned_dot(take(f"sae_out:{i}") - take(f"sae_in:{i}"), v)
         if site.error_term:
             sae_err = sae_err + _vec_dot(take(f"sae_err:{i}"), v)
     # x_out = y_out + (what hooks changed between the blocks): the change is its own component (exactly 0
     # without such hooks: x_out and y_out are then the same tensor, and a pass without foreign hooks
     # does not read y_out at all)
-    splice = _vec_dot(x_out - y_out, s) if y_out is not None else zero
-    total = _vec_dot(x_out - x_in, s)  # = ||x_out||^2 - ||x_in||^2 without cancellation
+    splice = _owned_dot(x_out - y_out, s) if y_out is not None else zero
+    total = _owned_dot(x_out - x_in, s)  # = ||x_out||^2 - ||x_in||^2 without cancellation
     scale = sq_norms(x_out) + sq_norms(x_in)  # the size the closure is compared with
     # Per token |total - components| (its scoped mean: a cancellation across tokens must not
     # hide a block that does not close).
@@ -273,10 +286,8 @@ def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_
         if part is not zero:  # (the absent components are exactly 0)
             closure = closure - part
     closure = closure.abs()
-    parts = [head, torch.stack([mlp, bias, norm, sae, sae_err, splice, scale, closure, total], dim=1)]
-    if layout.moe is not None:
-        parts.append(_expert_terms(take, plan.experts, layout.moe.n_experts, v_m))
-    return torch.cat(parts, dim=1)
+    experts = _expert_terms(take, plan.experts, layout.moe.n_experts, v_m) if layout.moe is not None else None
+    return head, [mlp, bias, norm, sae, sae_err, splice, scale, closure, total], experts
 
 
 @functools.lru_cache(maxsize=None)
@@ -305,23 +316,15 @@ def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
         if why:
             raise ThermoLensInputError(why)
         names = view.resid_hook_names
+        last = [-1]  # the last block whose hooks are registered (a sweep registers one block's)
         for plan in _plan(view, rec):
             state: dict[str, Tensor] = {}
 
             def keep(x: Tensor, batch: TokenBatch, _key: str, _state: dict = state) -> None:
                 _state[_key] = x  # transient: dropped when this block's x_out fires
 
-            def finish(x_out: Tensor, batch: TokenBatch, _plan: _BlockPlan = plan, _state: dict = state) -> Tensor:
-                missing = {k for _, k in _plan.reads} - set(_state)
-                if missing:
-                    silent = sorted({h for h, k in _plan.reads if k in missing})
-                    hint = ("; SAELens' SAETransformerBridge stops running a hook point after an SAE there is "
-                            "removed (reset_saes): boot the model again" if view.host.kind == "bridge"
-                            and attached.needs_resolving(view.model) else
-                            f"; this block ({view.layout.describe()}) is not laid out as TransformerLens hooks it")
-                    raise ThermoLensInputError(
-                        f"{view.name} block {_plan.layer}: the host never ran the hook point(s) {', '.join(silent)} "
-                        f"before {names[_plan.layer + 1]}, so the block cannot be attributed{hint}")
+            def finish(x_out: Tensor, batch: TokenBatch, _plan: _BlockPlan = plan, _state: dict = state) -> None:
+                _check_read(view, _plan, _state)
                 dev = x_out.device
                 B, T, _ = x_out.shape
                 # Only the scoped real tokens enter the means, so only they are reduced: padding,
@@ -355,10 +358,13 @@ def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
                 y_out = _state.pop("y_out", None)  # already the scoped rows (a copy, see keep_output)
                 terms = _block_terms(view, _plan, take, x_rows, None if y_out is None else y_out.float(), sq_norms)
                 _state.clear()
-                # Every per-token term, then one float64 per-prompt sum over the scoped rows.
-                means = torch.zeros(B, terms.shape[1], dtype=torch.float64, device=dev).index_add_(
-                    0, prompt_of, terms.double()) / n
-                return _record(rec, _plan.layer, means, view.n_heads)
+                # The per-prompt means of every block's terms are taken and recorded once per batch, by
+                # the last block of the pass (the total too: the hook returns None).
+                pending = shared.setdefault("terms", [])
+                pending.append((_plan.layer, *terms))
+                if _plan.layer == last[0]:
+                    _record(rec, pending, prompt_of, n)
+                    pending.clear()
 
             def keep_output(x: Tensor, batch: TokenBatch, _state: dict = state) -> None:
                 # A copy of the scoped rows, now: a hook between the blocks may edit this very tensor in
@@ -373,20 +379,47 @@ def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
             for hook, key in plan.reads:
                 rec.add(hook, ("_attr_" + key, plan.layer), functools.partial(keep, _key=key))
             rec.add(names[plan.layer + 1], ("attr_total", plan.layer), finish)
+        last[0] = max((key[1] for key in rec.registered() if key[0] == "attr_total"), default=-1)
 
     return reduction
 
 
-def _record(rec: Recorder, layer: int, means: Tensor, H: int) -> Tensor:
-    """Record block ``layer``'s ``[batch, head + columns (+ expert)]`` means under their keys; returns
-    the total (recorded by the hook as ``("attr_total", layer)``)."""
-    C = len(TERM_COLUMNS)
-    rec.put(("attr_head", layer), means[:, :H])
-    for k, column in enumerate(TERM_COLUMNS[:-1]):
-        rec.put((f"attr_{column}", layer), means[:, H + k])
-    if means.shape[1] > H + C:
-        rec.put(("attr_expert", layer), means[:, H + C:])
-    return means[:, H + C - 1]
+def _check_read(view: ModelView, plan: _BlockPlan, state: dict[str, Tensor]) -> None:
+    """Every activation block ``plan.layer``'s terms read was kept (its hook points ran)."""
+    missing = {k for _, k in plan.reads} - set(state)
+    if missing:
+        silent = sorted({h for h, k in plan.reads if k in missing})
+        hint = ("; SAELens' SAETransformerBridge stops running a hook point after an SAE there is "
+                "removed (reset_saes): boot the model again" if view.host.kind == "bridge"
+                and attached.needs_resolving(view.model) else
+                f"; this block ({view.layout.describe()}) is not laid out as TransformerLens hooks it")
+        raise ThermoLensInputError(
+            f"{view.name} block {plan.layer}: the host never ran the hook point(s) {', '.join(silent)} "
+            f"before {view.resid_hook_names[plan.layer + 1]}, so the block cannot be attributed{hint}")
+
+
+def _record(rec: Recorder, pending: list[tuple[Any, ...]], prompt_of: Tensor, n: Tensor) -> None:
+    """Record the batch's per-prompt means of every block's terms (``pending``: ``(layer, head,
+    columns, experts)`` of :func:`_block_terms`, in pass order) under their keys: one float64 sum
+    over the scoped rows per term, every block at once (the same sums, element by element, as one
+    block at a time), and one copy into the recorder per kind of term."""
+    dev = prompt_of.device
+    B = n.shape[0]
+    layers = [p[0] for p in pending]
+
+    def means(terms: Tensor) -> Tensor:  # [block, n, k] -> [block, batch, k]
+        out = torch.zeros(terms.shape[0], B, terms.shape[2], dtype=torch.float64, device=dev)
+        return out.index_add_(1, prompt_of, terms.to(dev, torch.float64)).div_(n)
+
+    rec.put_rows([("attr_head", l) for l in layers], means(torch.stack([p[1].to(dev) for p in pending])))
+    # The columns as rows, [block * column, n]: their means come out as [block * column, batch], one
+    # contiguous row per key.
+    columns = torch.stack([c.to(dev) for p in pending for c in p[2]])
+    summed = torch.zeros(columns.shape[0], B, dtype=torch.float64, device=dev).index_add_(
+        1, prompt_of, columns.double()).div_(n.T)
+    rec.put_rows([(f"attr_{column}", l) for l in layers for column in TERM_COLUMNS], summed)
+    if pending[0][3] is not None:
+        rec.put_rows([("attr_expert", l) for l in layers], means(torch.stack([p[3].to(dev) for p in pending])))
 
 
 def _expert_terms(take: Any, experts: Any, E: int, v_m: Tensor) -> Tensor:
