@@ -93,6 +93,7 @@ elif __name__ == "profile":
 import argparse  # noqa: E402
 import gc  # noqa: E402
 import os  # noqa: E402
+import re  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -403,12 +404,27 @@ def bench_stream(args) -> None:
     sizes = (40, 160) if args.quick else tuple(int(v) for v in args.stream_sizes.split(","))
     print("\nstreaming: profile() of a GPT-2 (6 x 384, 6 heads) on the paper's prompts repeated, "
           "one fresh process per size", flush=True)
+    repeats = 1 if args.quick else args.stream_repeats
     for n in sizes:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--stream-one", str(n),
                "--batch-size", str(args.batch_size), "--threads", str(args.threads)] + (["--quick"] if args.quick else [])
-        out = subprocess.run(cmd, capture_output=True, text=True)
-        lines = [line for line in out.stdout.splitlines() if "prompts: wall" in line]
-        print(lines[-1] if out.returncode == 0 and lines else f"  {n:>5} prompts: failed: {out.stderr[-500:]}", flush=True)
+        growth, beyond = [], []
+        for _ in range(repeats):
+            out = subprocess.run(cmd, capture_output=True, text=True)
+            lines = [line for line in out.stdout.splitlines() if "prompts: wall" in line]
+            if out.returncode != 0 or not lines:
+                print(f"  {n:>5} prompts: failed: {out.stderr[-500:]}", flush=True)
+                break
+            print(lines[-1], flush=True)
+            numbers = re.findall(r"([0-9.]+) MiB", lines[-1])
+            growth.append(float(numbers[0]))
+            beyond.append(float(numbers[-1]))
+        if len(growth) > 1:
+            # One process' peak depends on where the allocator happened to place things: the same size
+            # gave 64 to 110 MiB in three runs, so a size is summarised by its median and range.
+            print(f"  {n:>5} prompts, {len(growth)} runs: peak RSS growth median {statistics.median(growth):.1f} MiB "
+                  f"[{min(growth):.1f}..{max(growth):.1f}], beyond the results {statistics.median(beyond):.1f} MiB "
+                  f"[{min(beyond):.1f}..{max(beyond):.1f}]", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -423,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stream-one", type=int, default=None, help=argparse.SUPPRESS)  # bench_stream's child
     ap.add_argument("--stream-sizes", default="250,1000,2000,10000",
                     help="prompt counts of the streaming part, comma-separated (default 250,1000,2000,10000)")
+    ap.add_argument("--stream-repeats", type=int, default=3,
+                    help="fresh processes per size in the streaming part (default 3: one process' peak varies)")
     ap.add_argument("--only", choices=["gpt2", "deep", "gqa", "1b", "7b", "stream"], action="append",
                     help="run only these parts (repeatable)")
     ap.add_argument("--prompts-1b", type=int, default=5,
