@@ -7,6 +7,7 @@ then booted with ``TransformerBridge.boot_transformers(directory)``.
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -122,3 +123,15 @@ class PeakRSS:
     @property
     def growth(self) -> float:
         return float(self.peak - self.base) if self.available else float("nan")
+
+
+def release_freed_memory():
+    """Hand freed heap memory back to the OS (glibc), so that the next peak RSS counts every page
+    the measured call touches, not only those beyond what earlier calls left in the heap."""
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -103,7 +103,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from _common import PeakRSS, build_checkpoint  # noqa: E402
+from _common import PeakRSS, build_checkpoint, release_freed_memory  # noqa: E402
 
 
 def _plan(view, prompts, batch_size):
@@ -353,7 +353,7 @@ def stream_one(n: int, args) -> None:
                                                 for t in parts if t.untyped_storage().nbytes() != rec._slabs.SIZE)
         return c
     measure.collect = collect
-    gc.collect()
+    release_freed_memory()
     try:
         with PeakRSS() as mem:
             t0 = time.perf_counter()

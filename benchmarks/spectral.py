@@ -45,7 +45,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PeakRSS  # noqa: E402
+from _common import PeakRSS, release_freed_memory  # noqa: E402
 
 import thermo_lens.spectral.kernels as kernels  # noqa: E402
 from thermo_lens.spectral import matrix_spectral_norm, ov_norm_factored, signature_from_weights  # noqa: E402
@@ -89,18 +89,6 @@ def random_weights(L, H, K, d_model, d_head, dtype, spike=0, seed=0):
             w[l] = x
         out[name] = w
     return out
-
-
-def release_freed_memory():
-    """Hand freed heap memory back to the OS (glibc), so that the next peak RSS counts every page
-    the measured call touches, not only those beyond what earlier calls left in the heap."""
-    gc.collect()
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def cpu(fn):
