@@ -59,9 +59,11 @@ the overhead that does not suffer from run-to-run noise, since it is measured in
 Also: the spectral part alone at LLaMA-7B geometry (32 layers x 32 heads x 4096 x 128, random
 bfloat16 weights as a 7B checkpoint stores them, no forward; per-head norms + OV + whole-layer
 norms, from the stored weights block by block), and wall time / peak RSS growth of ``profile()`` on 250, 1,000,
-2,000 and 10,000 prompts (``--stream-sizes``), each in a fresh process (streaming: the growth should
-not scale with the prompts beyond the per-prompt results; each line also prints what the pass kept
-for the results, the recorder's slabs).
+2,000 and 10,000 prompts (``--stream-sizes``), each in ``--stream-repeats`` fresh processes
+(default 3; median and range), from a trimmed heap, as the kernel's exact high-water mark
+(streaming: the growth should not scale with the prompts beyond the per-prompt results; each line
+also prints what the pass kept for the results, the recorder's slabs, what the returned profile
+holds, and the growth beyond both).
 
 Usage: ``python benchmarks/profile.py`` (several minutes on 2 cores) or ``--quick`` (tiny
 models, one repeat: a smoke test). ``--threads`` (default 1) sets the torch thread count.
