@@ -39,20 +39,25 @@ class Slabs:
         self._slabs: list[Tensor] = []
         self._used = self.SIZE  # the first put opens a slab
 
+    def _packs(self, t: Tensor) -> bool:
+        """Whether ``t`` goes into a slab (small, non-empty, on the CPU)."""
+        nbytes = t.numel() * t.element_size()
+        return t.device.type == "cpu" and 0 < nbytes <= self.SIZE // 4
+
     def put(self, t: Tensor) -> Any:
         """Store ``t`` (copied into a slab when small); returns the handle :meth:`get` takes."""
-        nbytes = t.numel() * t.element_size()
-        if t.device.type != "cpu" or nbytes == 0 or nbytes > self.SIZE // 4:
+        if not self._packs(t):
             return t
+        nbytes = t.numel() * t.element_size()
         off = self._copy_in(t, nbytes)
         return (len(self._slabs) - 1, off, nbytes, t.dtype, tuple(t.shape))
 
     def put_rows(self, t: Tensor) -> list[Any]:
         """Store every row ``t[i]`` of ``t`` (``[rows, ...]``) as :meth:`put` stores it, with one copy
         for all of them when ``t`` is small; returns one handle per row."""
-        nbytes = t.numel() * t.element_size()
-        if t.device.type != "cpu" or nbytes == 0 or nbytes > self.SIZE // 4:
+        if not self._packs(t):
             return [self.put(row) for row in t]
+        nbytes = t.numel() * t.element_size()
         off = self._copy_in(t, nbytes)
         k, step, dtype, shape = len(self._slabs) - 1, nbytes // t.shape[0], t.dtype, tuple(t.shape[1:])
         return [(k, off + i * step, step, dtype, shape) for i in range(t.shape[0])]

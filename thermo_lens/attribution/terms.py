@@ -407,17 +407,15 @@ def _record(rec: Recorder, pending: list[tuple[Any, ...]], prompt_of: Tensor, n:
     B = n.shape[0]
     layers = [p[0] for p in pending]
 
-    def means(terms: Tensor) -> Tensor:  # [block, n, k] -> [block, batch, k]
+    def means(terms: Tensor) -> Tensor:  # [row, n, k] -> [row, batch, k]
         out = torch.zeros(terms.shape[0], B, terms.shape[2], dtype=torch.float64, device=dev)
         return out.index_add_(1, prompt_of, terms.to(dev, torch.float64)).div_(n)
 
     rec.put_rows([("attr_head", l) for l in layers], means(torch.stack([p[1].to(dev) for p in pending])))
-    # The columns as rows, [block * column, n]: their means come out as [block * column, batch], one
-    # contiguous row per key.
-    columns = torch.stack([c.to(dev) for p in pending for c in p[2]])
-    summed = torch.zeros(columns.shape[0], B, dtype=torch.float64, device=dev).index_add_(
-        1, prompt_of, columns.double()).div_(n.T)
-    rec.put_rows([(f"attr_{column}", l) for l in layers for column in TERM_COLUMNS], summed)
+    # The columns as rows, [block * column, n, 1]: their means come out as [block * column, batch],
+    # one contiguous row per key.
+    columns = torch.stack([c.to(dev) for p in pending for c in p[2]])[:, :, None]
+    rec.put_rows([(f"attr_{column}", l) for l in layers for column in TERM_COLUMNS], means(columns)[:, :, 0])
     if pending[0][3] is not None:
         rec.put_rows([("attr_expert", l) for l in layers], means(torch.stack([p[3].to(dev) for p in pending])))
 
