@@ -221,3 +221,20 @@ def test_fuzz_profile_command_line(models, options, truncate, fake_profile, monk
         assert rc in (0, 2), (args, captured.err)
         assert "Traceback" not in captured.out + captured.err
         assert {p.name for p in root.iterdir()} <= {"out"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", [{"status": None, "error": True}, {"status": "failed", "error": 3.5}, {"status": None}])
+def test_report_reads_a_hand_edited_error_of_any_json_type(entry, finished_study, capsys):
+    """Found by test_fuzz_manifests: a model entry whose "error" is not a string (true, a number)
+    made `report` fail with an internal error ('bool' has no 'strip'); it is read as text."""
+    import shutil
+
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "out"
+        shutil.copytree(finished_study, out)
+        manifest = json.loads((out / "manifest.json").read_text())
+        manifest["models"]["a"].update(entry)
+        (out / "manifest.json").write_text(json.dumps(manifest))
+        rc = cli.main(["report", str(out)])
+        assert rc in (0, 2), capsys.readouterr().err

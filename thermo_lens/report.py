@@ -293,8 +293,9 @@ def _bos_note(profiles: dict[str, Any]) -> str | None:
 def _failed(manifest: dict[str, Any]) -> pd.DataFrame:
     rows = []
     for mid, e in (manifest.get("models") or {}).items():
+        e = e if isinstance(e, dict) else {}  # a hand-edited manifest: whatever an entry holds
         if e.get("status") != "done":
-            err = (e.get("error") or "").strip()
+            err = str(e.get("error") or "").strip()  # (as the study reader reads it: any JSON value)
             rows.append({"model": mid, "status": e.get("status"), "source": e.get("source"),
                          "error": err.splitlines()[0][:300] if err else ""})
     return pd.DataFrame(rows, columns=["model", "status", "source", "error"])
