@@ -190,9 +190,9 @@ def test_model_is_read_a_layer_at_a_time_as_stored_without_copies(bridge, monkey
     shares: list[bool] = []
     stored = ModelView.stored_weights
 
-    def spy(self, name, layer):
+    def spy(self, name, layer, **kw):
         seen.append((name, layer))
-        return stored(self, name, layer)
+        return stored(self, name, layer, **kw)
 
     init = HeadWeights.__init__
 
@@ -266,3 +266,63 @@ def test_lanczos_meets_1e_5_on_a_crowded_gaussian_spectrum():
         got = _lanczos_sigma_max(W, dtype=torch.float32)
         assert got is not None and got <= want * (1 + 1e-6)  # a Ritz value: from below
         np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+# ------------------------------------------------------------------ top eigenvalue by squaring (GPU)
+
+def _psd_with_spectrum(lams: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    n = lams.shape[-1]
+    Q = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64))[0]
+    return (Q * lams) @ Q.T
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 64, 128, 256])
+def test_top_eigenvalue_by_squaring_meets_its_bound_on_hard_spectra(n):
+    """The CUDA path of the per-head norms: within SQUARING_TOLERANCE (relative) of float64
+    eigvalsh on spectra with no gap, exact ties, a near-tie, one dominant eigenvalue, rank one,
+    a Marchenko-Pastur bulk, tiny and huge scales, and zero matrices; never above lambda_max."""
+    gen = torch.Generator().manual_seed(n)
+    spectra = [torch.ones(n), torch.linspace(1, 2, n), torch.cat([torch.full((min(n, 2),), 3.0), torch.ones(n - min(n, 2))]),
+               torch.cat([torch.tensor([1.0]), torch.full((n - 1,), 1 - 1e-12)]),
+               torch.cat([torch.tensor([1e3]), torch.rand(n - 1, generator=gen)]),
+               torch.cat([torch.tensor([5.0]), torch.zeros(n - 1)]),
+               torch.linalg.svdvals(torch.randn(n, n, generator=gen, dtype=torch.float64)).square()]
+    mats = [_psd_with_spectrum(s.double(), gen) for s in spectra]
+    W = torch.randn(n, 2 * n, generator=gen, dtype=torch.float64)
+    mats.append(W @ W.T)  # a Gram matrix as the heads' are
+    G = torch.stack(mats)
+    G = torch.cat([G, G * 1e-30, G * 1e30, torch.zeros(1, n, n, dtype=torch.float64)])
+    want = torch.linalg.eigvalsh(G)[..., -1].clamp_min(0)
+    got = kernels._top_eigenvalue_by_squaring(G)
+    assert got.dtype == torch.float64 and got.shape == want.shape
+    assert got[-1] == 0
+    rel = ((want - got) / want.clamp_min(1e-300))[:-1]
+    assert float(rel.max()) <= kernels.SQUARING_TOLERANCE, float(rel.max())
+    assert float(rel.min()) >= -1e-14  # a Rayleigh quotient: never above lambda_max (up to rounding)
+
+
+def test_top_eigenvalue_keeps_dtype_and_batch_shape_and_agrees_with_eigvalsh_in_float32():
+    gen = torch.Generator().manual_seed(0)
+    W = torch.randn(3, 5, 128, 64, generator=gen)
+    G = W.mT @ W  # [3, 5, 64, 64] float32
+    want = torch.linalg.eigvalsh(G.double())[..., -1]
+    for got in (kernels.top_eigenvalue(G), kernels._top_eigenvalue_by_squaring(G)):
+        assert got.dtype == torch.float32 and got.shape == (3, 5)
+        torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=0)
+    assert kernels.top_eigenvalue(torch.zeros(2, 0, 0)).shape == (2,)
+
+
+def test_per_head_norms_by_squaring_equal_the_cpu_path(monkeypatch):
+    """Every per-head metric computed with the CUDA kernel (squaring), here on the CPU, equals the
+    eigvalsh path to 1e-6."""
+    gen = torch.Generator().manual_seed(1)
+    L, H, K, d_model, d_head = 2, 4, 2, 96, 16
+    w = dict(W_V=torch.randn(L, K, d_model, d_head, generator=gen), W_O=torch.randn(L, H, d_head, d_model, generator=gen),
+             W_Q=torch.randn(L, H, d_model, d_head, generator=gen), W_K=torch.randn(L, K, d_model, d_head, generator=gen))
+    a = signature_from_weights(w["W_V"], w["W_O"], W_Q=w["W_Q"], W_K=w["W_K"], layer_norms=False)
+    monkeypatch.setattr(kernels, "top_eigenvalue", kernels._top_eigenvalue_by_squaring)
+    import thermo_lens.spectral.heads as heads
+    monkeypatch.setattr(heads, "top_eigenvalue", kernels._top_eigenvalue_by_squaring)
+    b = signature_from_weights(w["W_V"], w["W_O"], W_Q=w["W_Q"], W_K=w["W_K"], layer_norms=False)
+    for m in HEAD_METRICS:
+        torch.testing.assert_close(b.head_metrics[m], a.head_metrics[m], rtol=1e-6, atol=1e-7, msg=m)

@@ -421,25 +421,26 @@ class ModelView:
     def _input_weights(self, name: str, dtype: torch.dtype, layers: Sequence[int] | None) -> Tensor:
         return torch.stack([self.stored_weights(name, l) for l in self._layers(layers)]).to(dtype)
 
-    def stored_weights(self, name: str, layer: int) -> Tensor:
+    def stored_weights(self, name: str, layer: int, device: torch.device | str | None = "cpu") -> Tensor:
         """One layer's ``W_Q`` ``[head, d_model, d_head]``, ``W_K`` / ``W_V`` ``[kv_head, d_model,
-        d_head]`` or ``W_O`` ``[head, d_head, d_model]`` as the model stores it: detached, on CPU, in
-        the model's own dtype and, where TransformerLens exposes one, a view of the parameter (no
-        copy: read it, never write to it). For reading a large model a layer at a time; :meth:`W_V`
-        and the others return stacked copies."""
+        d_head]`` or ``W_O`` ``[head, d_head, d_model]`` as the model stores it: detached, on
+        ``device`` (default CPU; ``None``: where the model keeps it, so a GPU model's weights never
+        make a round trip through the host), in the model's own dtype and, where TransformerLens
+        exposes one, a view of the parameter (no copy: read it, never write to it). For reading a
+        large model a layer at a time; :meth:`W_V` and the others return stacked copies."""
         if name not in ("W_Q", "W_K", "W_V", "W_O"):
             raise ThermoLensInputError(f"stored_weights reads 'W_Q', 'W_K', 'W_V' or 'W_O', got {name!r}")
         l = self._layers([layer])[0]
         attn = self._attn(l)
         with offload.materialised(attn, f"layer {l}'s {name}"):  # an offloaded layer, loaded for this read
             if name == "W_O":
-                return self._as_heads(attn.W_O, self.n_heads, (self.d_head, self.d_model), "W_O", l)
+                return self._as_heads(attn.W_O, self.n_heads, (self.d_head, self.d_model), "W_O", l, device)
             # Legacy GQA attention keeps the un-repeated KV weights in `_W_K` / `_W_V`.
             w = getattr(attn, f"_{name}", None) if name in ("W_K", "W_V") else None
             if w is None:
                 w = getattr(attn, name)
             return self._as_heads(w, self.n_heads if name == "W_Q" else self.n_kv_heads, (self.d_model, self.d_head),
-                                  name, l)
+                                  name, l, device)
 
     def W_V(self, dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None
             ) -> Float[Tensor, "layer kv_head d_model d_head"]:
@@ -488,8 +489,9 @@ class ModelView:
         """``W_V`` repeated from KV heads to query heads via :attr:`kv_head_of`."""
         return self.W_V(dtype)[:, self.kv_head_of]
 
-    def _as_heads(self, w: Tensor, n: int, shape: tuple[int, int], what: str, layer: int) -> Tensor:
-        w = w.detach().to("cpu")
+    def _as_heads(self, w: Tensor, n: int, shape: tuple[int, int], what: str, layer: int,
+                  device: torch.device | str | None = "cpu") -> Tensor:
+        w = w.detach() if device is None else w.detach().to(device)
         if w.ndim == 3 and tuple(w.shape) == (n, *shape):
             return w
         # 2D layouts: [d_model, n * d_head] for W_Q/W_K/W_V, [n * d_head, d_model] for W_O.

@@ -35,9 +35,11 @@ matrix ``[d_model, n_kv_heads * d_head]`` (all heads side by side, as in a fused
 proxy" ``layer_W_V_norm ** 2`` (it is not a trace; ``thermo_lens.definitions`` §3).
 
 Everything is batched over the heads of a chunk of layers (the per-head Gram matrices, then
-``eigh`` / ``eigvalsh`` of ``d_head x d_head`` matrices; the Gram products are the arithmetic floor
-of any exact method) and the whole-layer norms are computed by Lanczos on CPU, one matrix at a
-time and one pass over it per step, and by batched ``svdvals`` on GPU, in float32 or float64,
+Cholesky factors and largest eigenvalues of ``d_head x d_head`` matrices, by ``eigvalsh`` on CPU and
+by repeated squaring on a GPU; the Gram products are the arithmetic floor of any exact method) and
+the whole-layer norms are computed by Lanczos, one matrix at a time and one pass over it per step
+(on a GPU too: there cuSOLVER's float32 SVD was ~1e-4 off and 60 times slower at 7B width), in
+float32 or float64,
 whatever the model's dtype. Weights are read as stored, a chunk of layers at a time (a layer of a
 large model is a view of its parameters), and a bf16 model's weights are converted in cache, a
 block of heads or a row panel at a time: no converted copy of the weights exists.

@@ -103,7 +103,7 @@ def spectral_signature(
         per_layer = []
         for l in sel_layers[start:stop]:
             with offload.materialised(view._attn(l), f"layer {l}'s attention weights"):  # loaded once per layer
-                per_layer.append({name: view.stored_weights(name, l).to(dev, native) for name in names})
+                per_layer.append({name: view.stored_weights(name, l, device=dev).to(dev, native) for name in names})
         if len(per_layer) == 1:  # a view of the stored layer, no copy
             return {name: per_layer[0][name][None] for name in names}
         return {name: torch.stack([w[name] for w in per_layer]) for name in names}

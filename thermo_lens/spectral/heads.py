@@ -17,7 +17,7 @@ from torch import Tensor
 
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.registry import Metric, register_head_metric
-from thermo_lens.spectral.kernels import _sigma_max_of_product, gram_matrices, gram_root
+from thermo_lens.spectral.kernels import _sigma_max_of_product, gram_matrices, gram_root, top_eigenvalue
 
 __all__ = ["HeadWeights"]
 
@@ -94,9 +94,9 @@ class HeadWeights:
 
     def sigma_max(self, name: str) -> Float[Tensor, "layer head"]:
         """``sigma_max`` of each head's ``name``: the root of its Gram matrix's largest eigenvalue
-        from ``eigvalsh`` (relative error ~ machine epsilon, as from an SVD)."""
-        return self._cached(
-            f"sigma_{name}", lambda: torch.linalg.eigvalsh(self.gram(name))[..., -1].clamp_min(0).sqrt())
+        (:func:`~thermo_lens.spectral.kernels.top_eigenvalue`: relative error ~ machine epsilon, as
+        from an SVD)."""
+        return self._cached(f"sigma_{name}", lambda: top_eigenvalue(self.gram(name)).sqrt())
 
     def root(self, name: str) -> Float[Tensor, "layer head d_head d_head"]:
         """Square root factor ``R`` of each head's ``name``: ``R^T R`` = its Gram matrix

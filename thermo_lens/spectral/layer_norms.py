@@ -40,15 +40,16 @@ def layer_norms(
     output matrix ``[head * d_head, d_model]``, computed in ``dtype``, and the method used (one
     name, or one per matrix; :func:`~thermo_lens.spectral.kernels.matrix_spectral_norm`).
 
-    The weights may be stored in another dtype (bf16): Lanczos (``"auto"`` on CPU) reads them as
+    The weights may be stored in another dtype (bf16): Lanczos (``"auto"``) reads them as
     stored, a layer at a time (the output matrix is a view of ``W_O``; the value matrix is laid out
     row-major once per layer, in the stored dtype), and converts each row panel in cache; no
-    converted copy of a whole layer exists. ``"svd"`` and ``"gram"`` convert the chunk.
+    converted copy of a whole layer exists on CPU (a GPU converts one matrix at a time: 64 MiB at
+    7B width, two matrix-vector kernels per step). ``"svd"`` and ``"gram"`` convert the chunk.
     """
     L, K, d_model, d_head = W_V.shape
     H = W_O.shape[1]
     if method == "auto":
-        method = "svd" if W_V.device.type != "cpu" else "lanczos"
+        method = "lanczos"
     if method == "lanczos":
         values = (_value_matrix(W_V[l]) for l in range(L))
         lv, mv = lanczos_norms(values, L, dtype)
