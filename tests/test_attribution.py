@@ -485,3 +485,19 @@ def test_terms_recorded_per_batch_by_the_last_registered_block(bridge):
     for name in ("head",) + TERM_COLUMNS:
         assert torch.equal(one.stack(f"attr_{name}")[0], full.stack(f"attr_{name}")[1]), name
     assert full.stack("attr_head").shape == (model.cfg.n_layers, len(PROMPTS), model.cfg.n_heads)
+
+
+def test_block_plan_constants_move_to_the_activations_device_once():
+    """The attribution's per-block constants go to the device of the block's activations once per
+    pass (memoised), not in every batch: on a GPU the per-batch host-to-device copies of W_O were
+    most of a warm profile's device time. ``meta`` stands in for a second device here."""
+    from thermo_lens.attribution.terms import _BlockPlan
+
+    W, b = torch.randn(8, 4), torch.zeros(4)
+    plan = _BlockPlan(layer=0, reads=[], W_O=W, b_O=b, b_out=b, norms={"ln": (torch.ones(4), None)}, sites=[])
+    assert plan.on(torch.device("cpu")) is plan  # already there: no copy
+    meta = plan.on(torch.device("meta"))
+    assert meta is plan.on(torch.device("meta"))  # once per device
+    assert meta.W_O.device.type == "meta" and meta.b_O.device.type == "meta"
+    assert meta.norms["ln"][0].device.type == "meta" and meta.norms["ln"][1] is None
+    assert plan.W_O is W and meta.layer == 0 and meta.sites is plan.sites

@@ -83,7 +83,8 @@ def write_norm_terms(token_scope: str = "all_but_first") -> Reduction:
                 B, T = z.shape[0], z.shape[1]
                 flat, prompt_of, n = rec.per_batch(("write_norm_rows", str(dev)), functools.partial(rows, dev=dev))
                 zs = z.reshape(B * T, H, dh).index_select(0, flat).float()  # [n, head, d_head]
-                G = gram[_l].to(dev)  # [head, d_head, d_head]
+                # [head, d_head, d_head] on the activations' device: copied once per pass, not per batch
+                G = rec.per_pass(("write_norm_gram", str(dev)), lambda: gram.to(dev))[_l]
                 sq = torch.einsum("nhd,hde,nhe->nh", zs, G, zs).clamp_min(0.0)
                 per_prompt = torch.zeros(B, H, dtype=torch.float64, device=dev).index_add_(0, prompt_of, sq.sqrt().double())
                 return per_prompt / n
