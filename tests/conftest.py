@@ -57,7 +57,9 @@ def bridge(checkpoint_dir):
 
         if arch not in booted:
             torch.manual_seed(0)
-            booted[arch] = TransformerBridge.boot_transformers(str(checkpoint_dir(arch)))
+            # On the CPU: the host's default is a GPU where there is one, and the tests compare
+            # with CPU computations (tests/test_cuda.py boots on the GPU on purpose).
+            booted[arch] = TransformerBridge.boot_transformers(str(checkpoint_dir(arch)), device="cpu")
         return booted[arch]
 
     return get

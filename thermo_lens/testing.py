@@ -208,8 +208,12 @@ def make_checkpoint(arch: str, directory: str | os.PathLike, *, seed: int = 0,
 
 
 def boot(arch: str, directory: str | os.PathLike, **boot_kwargs: Any) -> Any:
-    """``make_checkpoint`` (if needed) then ``TransformerBridge.boot_transformers`` offline."""
+    """``make_checkpoint`` (if needed) then ``TransformerBridge.boot_transformers`` offline, on the
+    CPU unless ``device=`` (or ``device_map=``) says otherwise: the host's own default is a GPU
+    where there is one, and a tiny test model is compared with CPU computations."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if "device_map" not in boot_kwargs and "n_devices" not in boot_kwargs:
+        boot_kwargs.setdefault("device", "cpu")
     from thermo_lens.host import import_bridge
 
     TransformerBridge = import_bridge("thermo_lens.testing.boot")
