@@ -200,6 +200,28 @@ def test_profile_benchmark_runs_quick():
     assert "profile (warm, no attr.)" in text and "spectral alone (cold)" in text and "min/min" in text
 
 
+@pytest.mark.slow  # a subprocess building two tiny models (~20 s)
+def test_gpu_benchmark_runs_quick_on_the_cpu(tmp_path):
+    """benchmarks/gpu.py's code runs where there is no GPU (--device cpu --quick), every part, and
+    writes its JSON; without CUDA the default device is a clear refusal."""
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--device", "cpu", "--quick", "--trace",
+                          "--trace-file", str(tmp_path / "trace.txt"), "--json", str(tmp_path / "g.json")],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for part in ("ceilings:", "spectral signature, LLaMA-7B geometry", "whole-layer norms by lanczos",
+                 "LLaMA-3.2-1B geometry on cpu", "LLaMA-2-7B geometry on cpu", "profile (warm, no attr.)"):
+        assert part in out.stdout, part
+    import json
+
+    got = json.loads((tmp_path / "g.json").read_text())
+    assert set(got) >= {"device", "versions", "ceilings", "spectral_7b", "profile"} and "failures" not in got
+    assert "tl:attr_total" in (tmp_path / "trace.txt").read_text()
+    if not torch.cuda.is_available():
+        no = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py")], capture_output=True, text=True,
+                            timeout=120, cwd=ROOT)
+        assert no.returncode == 2 and "no CUDA device here" in no.stderr
+
+
 # ------------------------------------------------------------------------------ streaming memory
 @pytest.mark.slow
 def test_freed_activation_memory_is_handed_back_every_few_batches(bridge, monkeypatch):
