@@ -68,6 +68,9 @@ class Recorder:
         self._batch: TokenBatch | None = None
         self._per_batch: dict[Any, Any] = {}  # values derived from the current batch (built once)
         self._per_pass: dict[Any, Any] = {}  # values shared by the reductions for the whole pass
+        # A batch's results, recorded when the batch ends (:meth:`_flush`): on a GPU, one copy to the
+        # host per dtype instead of one per hook, each of which waited for the device (~200 a batch).
+        self._pending: list[tuple[Any, Tensor]] = []
         self.nonfinite: list[str] = []  # hook names where a real token had NaN/inf
         #: Whether hooks other than the reductions' may run in the pass (user ``fwd_hooks``, thermo-lens'
         #: intervention hooks, hooks already on the model): they may change an activation between two
@@ -84,16 +87,49 @@ class Recorder:
 
     def put(self, key: tuple[str, int], value: Tensor) -> None:
         """Record ``value`` (first dimension: the batch) under ``key`` from inside a reduction
-        that produces several results at one hook point."""
-        self._part(key).append(value.to("cpu"))
+        that produces several results at one hook point (kept on its device until the batch ends)."""
+        if self._batch is None:
+            self._store(key, value.to("cpu"))
+        else:
+            self._pending.append((key, value))
 
     def put_rows(self, keys: Sequence[tuple[str, int]], values: Tensor) -> None:
         """:meth:`put` of ``values[i]`` under ``keys[i]``, for every row of ``values``, stored with one
         copy (e.g. the per-column means of a block's attribution terms, ``[column, batch]``)."""
         if len(keys) != values.shape[0]:
             raise ValueError(f"put_rows: {len(keys)} keys for {values.shape[0]} rows")
-        for key, handle in zip(keys, self._slabs.put_rows(values.to("cpu"))):
-            self._part(key).append_handle(handle)
+        if self._batch is None:
+            self._store(list(keys), values.to("cpu"))
+        else:
+            self._pending.append((list(keys), values))
+
+    def _store(self, key: tuple[str, int] | list[tuple[str, int]], value: Tensor) -> None:
+        """Pack a CPU ``value`` into the slabs under ``key`` (a list of keys: one per row)."""
+        if isinstance(key, list):
+            for k, handle in zip(key, self._slabs.put_rows(value)):
+                self._part(k).append_handle(handle)
+        else:
+            self._part(key).append(value)
+
+    def _flush(self) -> None:
+        """Store the batch's pending results, in the order they were recorded: the tensors of one
+        dtype and device are concatenated there and copied to the host at once (a no-op move on
+        CPU), then split back into views of that one host tensor."""
+        pending, self._pending = self._pending, []
+        groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+        host: list[Tensor | None] = [None] * len(pending)
+        for i, (_, v) in enumerate(pending):
+            if not 0 < v.numel() * v.element_size() <= Slabs.SIZE // 4:
+                host[i] = v.to("cpu")  # what the slabs keep as it is must not pin the others' buffer
+            else:
+                groups.setdefault((v.dtype, v.device), []).append(i)
+        for idx in groups.values():
+            flat = torch.cat([pending[i][1].reshape(-1) for i in idx]).to("cpu")
+            for i, piece in zip(idx, flat.split([pending[i][1].numel() for i in idx])):
+                host[i] = piece.view(pending[i][1].shape)
+        for (key, _), moved in zip(pending, host):
+            assert moved is not None
+            self._store(key, moved)
 
     def _part(self, key: tuple[str, int]) -> PackedParts:
         parts = self._parts.get(key)
@@ -111,7 +147,7 @@ class Recorder:
                 self._fired.add(_key)
                 out = _fn(act.detach(), self._batch)
                 if out is not None:  # None: a reduction that only keeps transient state
-                    self._part(_key).append(out.to("cpu"))
+                    self._pending.append((_key, out))
             hooks.append((hook_name, hook))
         return hooks
 
@@ -187,9 +223,13 @@ class _BatchContext:
         self.rec._per_batch = {}
         return self.rec
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
         self.rec._batch = None
         self.rec._per_batch = {}
+        if exc_type is None:
+            self.rec._flush()
+        else:  # a failed batch records nothing
+            self.rec._pending = []
 
 
 # ---------------------------------------------------------------------------- memory
