@@ -39,10 +39,14 @@ class Slabs:
         self._slabs: list[Tensor] = []
         self._used = self.SIZE  # the first put opens a slab
 
+    @classmethod
+    def small(cls, t: Tensor) -> bool:
+        """Whether ``t`` is small enough for a slab (non-empty, at most a quarter of one), wherever it is."""
+        return 0 < t.numel() * t.element_size() <= cls.SIZE // 4
+
     def _packs(self, t: Tensor) -> bool:
         """Whether ``t`` goes into a slab (small, non-empty, on the CPU)."""
-        nbytes = t.numel() * t.element_size()
-        return t.device.type == "cpu" and 0 < nbytes <= self.SIZE // 4
+        return t.device.type == "cpu" and self.small(t)
 
     def put(self, t: Tensor) -> Any:
         """Store ``t`` (copied into a slab when small); returns the handle :meth:`get` takes."""

@@ -88,20 +88,21 @@ class Recorder:
     def put(self, key: tuple[str, int], value: Tensor) -> None:
         """Record ``value`` (first dimension: the batch) under ``key`` from inside a reduction
         that produces several results at one hook point (kept on its device until the batch ends)."""
-        if self._batch is None:
-            self._store(key, value.to("cpu"))
-        else:
-            self._pending.append((key, value))
+        self._record(key, value)
 
     def put_rows(self, keys: Sequence[tuple[str, int]], values: Tensor) -> None:
         """:meth:`put` of ``values[i]`` under ``keys[i]``, for every row of ``values``, stored with one
         copy (e.g. the per-column means of a block's attribution terms, ``[column, batch]``)."""
         if len(keys) != values.shape[0]:
             raise ValueError(f"put_rows: {len(keys)} keys for {values.shape[0]} rows")
+        self._record(list(keys), values)
+
+    def _record(self, key: tuple[str, int] | list[tuple[str, int]], value: Tensor) -> None:
+        """Inside a batch, keep ``value`` for :meth:`_flush`; outside one, store it now."""
         if self._batch is None:
-            self._store(list(keys), values.to("cpu"))
+            self._store(key, value.to("cpu"))
         else:
-            self._pending.append((list(keys), values))
+            self._pending.append((key, value))
 
     def _store(self, key: tuple[str, int] | list[tuple[str, int]], value: Tensor) -> None:
         """Pack a CPU ``value`` into the slabs under ``key`` (a list of keys: one per row)."""
@@ -119,7 +120,7 @@ class Recorder:
         groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
         host: list[Tensor | None] = [None] * len(pending)
         for i, (_, v) in enumerate(pending):
-            if not 0 < v.numel() * v.element_size() <= Slabs.SIZE // 4:
+            if not Slabs.small(v):
                 host[i] = v.to("cpu")  # what the slabs keep as it is must not pin the others' buffer
             else:
                 groups.setdefault((v.dtype, v.device), []).append(i)
@@ -147,7 +148,7 @@ class Recorder:
                 self._fired.add(_key)
                 out = _fn(act.detach(), self._batch)
                 if out is not None:  # None: a reduction that only keeps transient state
-                    self._pending.append((_key, out))
+                    self._record(_key, out)
             hooks.append((hook_name, hook))
         return hooks
 

@@ -238,21 +238,17 @@ class _GramOperator:
     def __init__(self, W: Float[Tensor, "m n"] | RowPanels, dtype: torch.dtype):
         if W.device.type != "cpu":
             # A GPU has no cache to convert in and wants few large kernels: the matrix is converted
-            # once (64 MiB in float32 at 7B width) and each product is two matrix-vector kernels,
-            # not three small ones per 2 MiB panel (launch-bound).
-            dense = W.dense() if isinstance(W, RowPanels) else W
-            self.panels = [dense.to(dtype)]
-            self.buf = None
-            self.y = torch.empty(dense.shape[0], dtype=dtype, device=W.device)
-            return
-        if isinstance(W, RowPanels):
+            # once (64 MiB in float32 at 7B width), one panel, and each product is two
+            # matrix-vector kernels, not three small ones per 2 MiB panel (launch-bound).
+            self.panels = [(W.dense() if isinstance(W, RowPanels) else W).to(dtype)]
+        elif isinstance(W, RowPanels):
             self.panels = W.panels
         else:
             m, n = W.shape
             r = max(1, min(m, _PANEL_ELEMENTS // max(1, n)))
             self.panels = [W[i:i + r] for i in range(0, m, r)]
         big = max(self.panels, key=lambda P: P.shape[0])
-        self.buf = None if W.dtype == dtype else _empty_in_layout(big, dtype)
+        self.buf = None if big.dtype == dtype else _empty_in_layout(big, dtype)
         self.y = torch.empty(big.shape[0], dtype=dtype, device=W.device)
 
     def __call__(self, x: Float[Tensor, " n"], out: Float[Tensor, " n"]) -> Float[Tensor, " n"]:
@@ -375,8 +371,7 @@ def matrix_spectral_norm(
         got = f"{W.dtype} tensor of shape {tuple(W.shape)}" if isinstance(W, Tensor) else type(W).__name__
         raise ThermoLensInputError(f"matrix_spectral_norm needs a floating-point tensor [..., m, n], got {got}")
     dtype = _full_precision(W.dtype)  # a bf16 model's weights: reduced in float32
-    if method == "auto":
-        method = "lanczos"
+    method = resolve_method(method)
     if method != "lanczos":
         W = W.to(dtype)
     if method == "gram":
@@ -389,6 +384,12 @@ def matrix_spectral_norm(
     # Looked up at call time: tests substitute _lanczos_sigma_max to force the fallback.
     out, note = lanczos_norms(flat, flat.shape[0], dtype, sigma=lambda w: _lanczos_sigma_max(w, dtype=dtype))
     return out.reshape(W.shape[:-2]).to(W.device), note
+
+
+def resolve_method(method: str) -> str:
+    """What ``"auto"`` means for the whole-layer norms: Lanczos, on every device (see
+    :func:`matrix_spectral_norm`); any other method is itself."""
+    return "lanczos" if method == "auto" else method
 
 
 def _check_method(method: Any) -> LayerNormMethod:

@@ -13,7 +13,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from thermo_lens.registry import Metric, register_metric
-from thermo_lens.spectral.kernels import LayerNormMethod, RowPanels, lanczos_norms, matrix_spectral_norm
+from thermo_lens.spectral.kernels import (LayerNormMethod, RowPanels, lanczos_norms, matrix_spectral_norm,
+                                         resolve_method)
 
 for _name, _symbol, _formula, _unit in (
     ("layer_W_V_norm", "||W_V^layer||_2", "sigma_max of the layer's whole value matrix [d_model, n_kv_heads * "
@@ -48,9 +49,7 @@ def layer_norms(
     """
     L, K, d_model, d_head = W_V.shape
     H = W_O.shape[1]
-    if method == "auto":
-        method = "lanczos"
-    if method == "lanczos":
+    if resolve_method(method) == "lanczos":
         values = (_value_matrix(W_V[l]) for l in range(L))
         lv, mv = lanczos_norms(values, L, dtype)
         lo, mo = lanczos_norms((W_O[l].reshape(H * d_head, d_model) for l in range(L)), L, dtype)
