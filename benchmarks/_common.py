@@ -1,4 +1,5 @@
-"""Shared by the benchmark scripts: random-weight checkpoints built offline, and peak-RSS sampling.
+"""Shared by the benchmark scripts: random-weight checkpoints built offline, peak-RSS sampling, and
+instrumenting thermo-lens' reductions from outside the package.
 
 Every benchmark model is a random-weight HF checkpoint built from a config and written to a local
 directory with the tiny offline byte-level tokenizer of :mod:`thermo_lens.testing` (no downloads),
@@ -7,12 +8,13 @@ then booted with ``TransformerBridge.boot_transformers(directory)``.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -135,3 +137,22 @@ def release_freed_memory():
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+@contextlib.contextmanager
+def wrapped_reductions(wrap: Callable[[tuple[str, int], Callable], Callable]) -> Iterator[None]:
+    """Inside the block, every reduction a pass registers (``Recorder.add``) runs as
+    ``wrap(key, fn)`` instead of ``fn``: a benchmark times or names thermo-lens' hooks without
+    anything in the package being timed. Restored on exit."""
+    from thermo_lens import passes
+
+    orig = passes.Recorder.add
+
+    def add(self, hook_name, key, fn):
+        orig(self, hook_name, key, wrap(key, fn))
+
+    passes.Recorder.add = add
+    try:
+        yield
+    finally:
+        passes.Recorder.add = orig

@@ -63,6 +63,10 @@ import thermo_lens.spectral.kernels as kernels  # noqa: E402
 from thermo_lens.spectral import signature_from_weights  # noqa: E402
 from thermo_lens.spectral.layer_norms import layer_norms  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import wrapped_reductions  # noqa: E402
+from _weights import StepCounter, dense_errors, layer_sigma64, random_weights  # noqa: E402
+
 RESULTS: dict = {}
 
 
@@ -167,75 +171,6 @@ def ceilings(dev: torch.device, quick: bool) -> dict[str, float]:
 # ------------------------------------------------------------------------------ spectral signature
 
 
-def random_weights(L, H, K, d_model, d_head, dtype, dev, spike=0, seed=0) -> dict[str, torch.Tensor]:
-    """``W_V, W_O, W_Q, W_K`` stored in ``dtype`` on ``dev``, generated there a layer at a time,
-    Gaussian with variance ``1 / d_model`` (as ``benchmarks/spectral.py``); ``spike``: plus a
-    rank-``spike`` term with singular values 6 to 3 on each whole-layer matrix."""
-    gen = torch.Generator(device=dev).manual_seed(seed)
-    shapes = {"W_V": (K, d_model, d_head), "W_O": (H, d_head, d_model), "W_Q": (H, d_model, d_head),
-              "W_K": (K, d_model, d_head)}
-    out = {}
-    for name, (n, a, b) in shapes.items():
-        w = torch.empty(L, n, a, b, dtype=dtype, device=dev)
-        for l in range(L):
-            x = torch.randn(n, a, b, generator=gen, device=dev) / d_model**0.5
-            if spike:
-                M = x.reshape(n * a, b) if name == "W_O" else x.permute(1, 0, 2).reshape(a, n * b)
-                U = torch.linalg.qr(torch.randn(M.shape[0], spike, generator=gen, device=dev))[0]
-                V = torch.linalg.qr(torch.randn(M.shape[1], spike, generator=gen, device=dev))[0]
-                M = M + (U * torch.linspace(6, 3, spike, device=dev)) @ V.T
-                x = M.reshape(n, a, b) if name == "W_O" else M.reshape(a, n, b).permute(1, 0, 2)
-            w[l] = x
-        out[name] = w
-    return out
-
-
-class StepCounter:
-    """Counts the Lanczos operator's products (one product = one step = one read of the matrix)."""
-
-    def __enter__(self):
-        self.n, self._orig = 0, kernels._GramOperator.__call__
-
-        def counted(op, x, out):
-            self.n += 1
-            return self._orig(op, x, out)
-
-        kernels._GramOperator.__call__ = counted
-        return self
-
-    def __exit__(self, *exc):
-        kernels._GramOperator.__call__ = self._orig
-
-
-def _layer_matrices(w, l):
-    W_V, W_O = w["W_V"][l].double(), w["W_O"][l].double()
-    K, d_model, d_head = W_V.shape
-    return W_V.permute(1, 0, 2).reshape(d_model, K * d_head), W_O.reshape(-1, d_model)
-
-
-def _sigma64(M: torch.Tensor) -> float:
-    G = M.mT @ M if M.shape[1] <= M.shape[0] else M @ M.mT
-    return float(torch.linalg.eigvalsh(G)[-1].sqrt())
-
-
-def head_errors(w, sig) -> float:
-    """Largest relative difference of 8 heads' per-head metrics of layer 0 from float64."""
-    W_V, W_O, W_Q, W_K = (w[n][0].double() for n in ("W_V", "W_O", "W_Q", "W_K"))
-    H = W_O.shape[0]
-    kv = sig.kv_head_of
-    err = 0.0
-    for h in range(0, H, max(1, H // 8)):
-        v, o, q, k = W_V[kv[h]], W_O[h], W_Q[h], W_K[kv[h]]
-        ov = torch.linalg.matrix_norm(torch.linalg.qr(v)[1] @ torch.linalg.qr(o.mT)[1].mT, ord=2)
-        qk = torch.linalg.matrix_norm(torch.linalg.qr(q)[1] @ torch.linalg.qr(k)[1].mT, ord=2)
-        for name, want in (("W_V_norm", torch.linalg.matrix_norm(v, ord=2)),
-                           ("W_O_norm", torch.linalg.matrix_norm(o, ord=2)), ("ov_norm", ov), ("qk_norm", qk),
-                           ("W_V_frobenius", v.norm())):
-            got = float(sig.head_metrics[name][0, h])
-            err = max(err, abs(got - float(want)) / abs(float(want)))
-    return err
-
-
 def per_head_parts(w, dev: torch.device, repeats: int, per_layer: float) -> dict[str, float]:
     """Where one layer's per-head time goes (ms): its four Gram products, the batched ``eigvalsh`` /
     ``cholesky`` of ``d_head x d_head`` matrices the metrics take (six ``eigvalsh`` and four
@@ -273,9 +208,9 @@ def spectral_7b(dev: torch.device, ceil: dict, quick: bool, repeats: int, budget
     print(f"\nspectral signature, LLaMA-7B geometry ({L} layers x {H} heads x {d_model} x {d_head}, bf16 "
           f"W_Q/W_K/W_V/W_O on the device; wall s, medians of {repeats})")
     print(f"  {'spectrum':<10}{'floor s':>9}{'read s':>8}{'ours s':>8}{'ratio':>7}{'per-head s':>11}{'layer s':>9}"
-          f"{'method':>10}{'steps':>7}{'mem MiB':>9}{'head err':>10}")
+          f"{'method':>10}{'steps':>7}{'mem MiB':>9}{'max err':>10}")
     for spectrum, spike in (("Gaussian", 0), ("spiked", 2 if quick else 8)):
-        w = random_weights(L, H, K, d_model, d_head, torch.bfloat16, dev, spike=spike)
+        w = random_weights(L, H, K, d_model, d_head, torch.bfloat16, spike=spike, device=dev)
         nbytes = sum(t.numel() * t.element_size() for t in w.values())
         f32 = {n: t.float() for n, t in w.items()}
 
@@ -295,17 +230,17 @@ def spectral_7b(dev: torch.device, ceil: dict, quick: bool, repeats: int, budget
         mem = peak_growth(ours, dev)
         f, a, h = med(times["floor"]), med(times["ours"]), med(times["per-head"])
         read = nbytes / (ceil["copy_GBps"] * 1e9 / 2)  # one read at the copy's rate (it reads half its bytes)
-        err = head_errors(w, sig)
+        err = dense_errors({n: t[:1] for n, t in w.items()}, sig, full=False)  # 8 heads and the matrices of layer 0
         print(f"  {spectrum:<10}{f:>9.4f}{read:>8.4f}{a:>8.3f}{a / f:>6.1f}x{h:>11.3f}{a - h:>9.3f}"
               f"{sig.layer_norm_method:>10}{steps:>7.1f}{mem / 2**20:>9.0f}{err:>10.1e}")
         row = dict(floor_s=f, read_s=read, ours_s=a, ratio=a / f, per_head_s=h, layer_s=a - h,
                    auto_method=sig.layer_norm_method, lanczos_steps_per_matrix=steps, mem_MiB=mem / 2**20,
-                   head_max_rel_err=err, layers={})
+                   max_rel_err=err, layers={})
 
         if spectrum == "Gaussian":
             row["per_head_parts_ms"] = per_head_parts(w, dev, repeats, h / L)
         # Whole-layer norms by each method; a slow one on the first layers, scaled.
-        ref = [_sigma64(M) for M in _layer_matrices(w, 0)]
+        ref = layer_sigma64(w, 0)
         for method in methods:
             def one(m, method=method, w=w):
                 return layer_norms(w["W_V"][:m], w["W_O"][:m], torch.float32, method)
@@ -335,7 +270,8 @@ def spectral_7b(dev: torch.device, ceil: dict, quick: bool, repeats: int, budget
           "timed region); read: one read of the stored weights at the measured copy rate; ratio = ours / floor; "
           "per-head: every per-head, KV-head, OV and QK norm; layer: the whole-layer norms by 'auto' "
           "(ours - per-head); steps: Lanczos steps per whole-layer matrix; mem: device memory ours allocates "
-          "beyond the weights (peak); head err: largest relative difference from float64 (8 heads of layer 0)")
+          "beyond the weights (peak); max err: largest relative difference from float64 (8 heads of layer 0, every "
+          "per-head metric, and layer 0's whole-layer norms by 'auto')")
     RESULTS["spectral_7b"] = rows
 
 
@@ -443,25 +379,17 @@ def trace(bridge, prompts, args, label: str) -> None:
     from torch.profiler import ProfilerActivity, record_function
     from torch.profiler import profile as torch_profile
 
-    from thermo_lens import passes
     from thermo_lens.profile import profile
 
-    orig = passes.Recorder.add
+    def named(key, fn):
+        def run(x, batch, _name=f"tl:{key[0]}"):
+            with record_function(_name):
+                return fn(x, batch)
+        return run
 
-    def add(self, hook_name, key, fn):
-        def named(x, batch, _fn=fn, _k=f"tl:{key[0]}"):
-            with record_function(_k):
-                return _fn(x, batch)
-        orig(self, hook_name, key, named)
-
-    passes.Recorder.add = add
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    try:
-        with torch_profile(activities=acts) as prof:
-            with record_function("tl:profile()"):
-                profile(bridge, prompts, batch_size=args.batch_size, progress=False)
-    finally:
-        passes.Recorder.add = orig
+    with wrapped_reductions(named), torch_profile(activities=acts) as prof, record_function("tl:profile()"):
+        profile(bridge, prompts, batch_size=args.batch_size, progress=False)
     ka = prof.key_averages()
     text = ""
     for sort in ("cpu_time_total", "self_cpu_time_total") + (("self_cuda_time_total",) if len(acts) > 1 else ()):

@@ -105,7 +105,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from _common import PeakRSS, build_checkpoint, release_freed_memory  # noqa: E402
+from _common import PeakRSS, build_checkpoint, release_freed_memory, wrapped_reductions  # noqa: E402
 
 
 def _plan(view, prompts, batch_size):
@@ -158,30 +158,25 @@ def _in_pass_shares(bridge, prompts, args, bare_cpu: float, floor_cpu: float) ->
     median of ``attribution matmul alone``)."""
     from collections import defaultdict
 
-    from thermo_lens import passes
     from thermo_lens.profile import profile
 
     spent: dict[str, float] = defaultdict(float)
-    orig = passes.Recorder.add
 
-    def add(self, hook_name, key, fn):
-        def timed(x, batch, _fn=fn, _k=key[0]):
+    def timed(key, fn):
+        def run(x, batch, _k=key[0]):
             c0 = time.process_time()
-            out = _fn(x, batch)
+            out = fn(x, batch)
             spent[_k] += time.process_time() - c0
             return out
-        orig(self, hook_name, key, timed)
+        return run
 
-    passes.Recorder.add = add
-    try:
-        runs = 2
-        total = 0.0
+    runs = 2
+    total = 0.0
+    with wrapped_reductions(timed):
         for _ in range(runs):
             c0 = time.process_time()
             profile(bridge, prompts, batch_size=args.batch_size, progress=False)
             total += time.process_time() - c0
-    finally:
-        passes.Recorder.add = orig
     family = {"attr": "gain attribution (attr_*)", "resid_norm": "residual norms (gain)",
               "block_in_norm": "block input norms (gain)", "anisotropy": "anisotropy",
               "attn_diag": "attention diagonal (sheaf)", "attn_off_diag": "attention diagonal (sheaf)",

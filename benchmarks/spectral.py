@@ -46,6 +46,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PeakRSS, release_freed_memory  # noqa: E402
+from _weights import StepCounter, dense_errors, random_weights  # noqa: E402
 
 import thermo_lens.spectral.kernels as kernels  # noqa: E402
 from thermo_lens.spectral import matrix_spectral_norm, ov_norm_factored, signature_from_weights  # noqa: E402
@@ -63,32 +64,6 @@ QUICK = {
     "LLaMA-7B width (8 layers)": (2, 4, 4, 128, 32, torch.bfloat16, 0),
     "LLaMA-7B width, spiked (8 layers)": (2, 4, 4, 128, 32, torch.bfloat16, 2),
 }
-
-
-def random_weights(L, H, K, d_model, d_head, dtype, spike=0, seed=0):
-    """``W_V, W_O, W_Q, W_K`` stored in ``dtype``, generated a layer at a time (no float32 copy of
-    the whole model), Gaussian with entries of variance ``1 / d_model`` (a square layer matrix has
-    its top singular values crowded at the Marchenko-Pastur edge ~2, the slowest case for Krylov
-    methods). ``spike``: plus a rank-``spike`` term on each whole-layer matrix with singular values
-    3 to 6 (top singular values that stand apart from the bulk)."""
-    gen = torch.Generator().manual_seed(seed)
-    shapes = {"W_V": (K, d_model, d_head), "W_O": (H, d_head, d_model), "W_Q": (H, d_model, d_head),
-              "W_K": (K, d_model, d_head)}
-    out = {}
-    for name, (n, a, b) in shapes.items():
-        w = torch.empty(L, n, a, b, dtype=dtype)
-        for l in range(L):
-            x = torch.randn(n, a, b, generator=gen) / d_model**0.5
-            if spike:
-                # the layer matrix: heads side by side ([a, n * b]) or stacked ([n * a, b], W_O)
-                M = x.reshape(n * a, b) if name == "W_O" else x.permute(1, 0, 2).reshape(a, n * b)
-                U = torch.linalg.qr(torch.randn(M.shape[0], spike, generator=gen))[0]
-                V = torch.linalg.qr(torch.randn(M.shape[1], spike, generator=gen))[0]
-                M += (U * torch.linspace(6, 3, spike)) @ V.T
-                x = M.reshape(n, a, b) if name == "W_O" else M.reshape(a, n, b).permute(1, 0, 2)
-            w[l] = x
-        out[name] = w
-    return out
 
 
 def cpu(fn):
@@ -113,23 +88,6 @@ def gram_floor(w):
     return total
 
 
-class StepCounter:
-    """Counts the Lanczos operator's products (one product = one step = one read of the matrix)."""
-
-    def __enter__(self):
-        self.n, self._orig = 0, kernels._GramOperator.__call__
-
-        def counted(op, x, out):
-            self.n += 1
-            return self._orig(op, x, out)
-
-        kernels._GramOperator.__call__ = counted
-        return self
-
-    def __exit__(self, *exc):
-        kernels._GramOperator.__call__ = self._orig
-
-
 def step_times(w, repeats=20):
     """(CPU s of one Lanczos step on layer 0's value matrix, CPU s of one plain read of it)."""
     W_V = w["W_V"][0]
@@ -140,39 +98,6 @@ def step_times(w, repeats=20):
     t_step, _ = cpu(lambda: [op(x, out) for _ in range(repeats)])
     t_read, _ = cpu(lambda: [V.sum() for _ in range(repeats)])
     return t_step / repeats, t_read / repeats
-
-
-def dense_errors(w, sig, full):
-    """Largest relative difference of ``sig`` from float64 dense SVDs: every head and layer when
-    ``full``, else 8 heads per metric and the whole-layer matrices of layer 0."""
-    W_V, W_O, W_Q, W_K = (w[n].double() for n in ("W_V", "W_O", "W_Q", "W_K"))
-    L, H = W_O.shape[:2]
-    kv = sig.kv_head_of
-    heads = [(l, h) for l in range(L) for h in range(H)]
-    if not full:
-        heads = heads[:: max(1, len(heads) // 8)][:8]
-    err = 0.0
-
-    def rel(got, want):
-        return abs(float(got) - float(want)) / abs(float(want))
-
-    for l, h in heads:
-        v, o, q, k = W_V[l, kv[h]], W_O[l, h], W_Q[l, h], W_K[l, kv[h]]
-        # The OV / QK circuits' sigma_max from float64 QR factors (v = Q_v R_v, o^T = Q_o R_o:
-        # sigma(v o) = sigma(R_v R_o^T)), not from the Gram eigendecompositions ours uses.
-        ov = torch.linalg.matrix_norm(torch.linalg.qr(v)[1] @ torch.linalg.qr(o.mT)[1].mT, ord=2)
-        qk = torch.linalg.matrix_norm(torch.linalg.qr(q)[1] @ torch.linalg.qr(k)[1].mT, ord=2)
-        for name, want in (("W_V_norm", torch.linalg.matrix_norm(v, ord=2)), ("W_O_norm", torch.linalg.matrix_norm(o, ord=2)),
-                           ("ov_norm", ov), ("qk_norm", qk), ("W_V_frobenius", v.norm())):
-            err = max(err, rel(sig.head_metrics[name][l, h], want))
-    for l in range(L if full else 1):
-        K, d_model, d_head = W_V.shape[1:]
-        V = W_V[l].permute(1, 0, 2).reshape(d_model, K * d_head)
-        O = W_O[l].reshape(H * d_head, d_model)
-        for got, M in ((sig.layer_W_V_norm[l], V), (sig.layer_W_O_norm[l], O)):
-            G = M.mT @ M if M.shape[1] <= M.shape[0] else M @ M.mT
-            err = max(err, rel(got, torch.linalg.eigvalsh(G)[-1].sqrt()))
-    return err
 
 
 def floor_table(names, geometries, repeats, check):
