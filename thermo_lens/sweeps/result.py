@@ -230,6 +230,11 @@ class SweepResult(ProvenanceFields, Result):
         return "\n".join(lines)
 
 
+#: A mean clean-corrupted gap at most this fraction of the measures' mean magnitude is no gap
+#: (float32 rounding is ~1e-7 relative; the measures come from passes of different batch shapes).
+_GAP_RTOL = 1e-6
+
+
 def fraction_restored(effect: Tensor, gap: Tensor, level: float) -> tuple[Tensor, Tensor, Tensor]:
     """``mean(effect) / mean(gap)`` per cell (``effect`` ``[prompt, *cells]``, ``gap`` ``[prompt]``) and
     its delta-method t-CI: ``Var(R) ~ (Var(E) - 2 R Cov(E, D) + R^2 Var(D)) / (n mean(D)^2)``."""
@@ -266,8 +271,13 @@ def build_result(*, per_prompt: Tensor, baseline: Tensor, clean: Tensor | None, 
     if clean is not None:
         gap = clean.double() - baseline.double()
         frac, lo, hi = fraction_restored(d, gap, level)
-        if bool(torch.isfinite(gap).all()) and float(gap.mean()) == 0.0:
-            note = (f"the clean and corrupted prompts' mean {fields.get('measure')} are equal (mean gap 0, e.g. pairs "
+        # A mean gap within float32 rounding of the measures (e.g. pairs and their swaps, whose gaps
+        # cancel) is no difference to restore: its ratio would be +-inf or noise, so NaN and a note.
+        scale = float(torch.cat([clean.double(), baseline.double()]).abs().mean())
+        if bool(torch.isfinite(gap).all()) and abs(float(gap.mean())) <= _GAP_RTOL * scale:
+            frac, lo, hi = (torch.full_like(frac, float("nan")) for _ in range(3))
+            note = (f"the clean and corrupted prompts' mean {fields.get('measure')} are equal (mean gap "
+                    f"{float(gap.mean()):.2g}, within float32 rounding of the measure's scale {scale:.3g}; e.g. pairs "
                     "and their swaps): there is no difference to restore, so every cell's fraction restored is NaN")
             notes.append(note)
             warnings.warn(note, ThermoLensWarning, stacklevel=3)
