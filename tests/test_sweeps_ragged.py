@@ -7,8 +7,6 @@ logits: independent of the sweep's alignment, stacking and padding.
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 import torch
@@ -79,7 +77,7 @@ def test_patch_from_each_prompts_end_equals_each_pair_alone(zoo_model):
             nc, nd = src.shape[0], _tokens(m, d).shape[1]
             for k, (qc, qd) in enumerate(((nc - 1, nd - 1), (2, 2), (nc - 3, nd - 3))):
                 for h in (0, H - 1):
-                    def hook(z, hook=None, h=h, qc=qc, qd=qd):
+                    def hook(z, hook=None, h=h, qc=qc, qd=qd, src=src):
                         _heads4(z, H)[0, qd, h] = src[qc, h]
                         return z
                     want = _ld_alone(m, d, [(name, hook)]) - base
@@ -147,7 +145,7 @@ def test_resample_takes_the_source_prompts_aligned_positions(zoo_model):
         other = _act_alone(m, CORRUPTED[src[p]], name)
         n = _tokens(m, d).shape[1]
         for k, q in enumerate((-1, -4)):
-            def hook(x, hook=None, q=q):
+            def hook(x, hook=None, q=q, n=n, other=other):
                 x[0, n + q] = other[other.shape[0] + q]
                 return x
             want = _ld_alone(m, d, [(name, hook)]) - _ld_alone(m, d)

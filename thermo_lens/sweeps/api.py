@@ -308,10 +308,12 @@ def patch_sweep(
         model: the TransformerLens model (or ModelView).
         clean, corrupted: prompt pairs (as many clean as corrupted; each pair of equal token length, or
             any lengths with ``positions=`` given: clean position ``q`` is patched into corrupted position
-            ``q``, negative ones from each prompt's end; not for ``hook_pattern``).
+            ``q``, each aligned in its own prompt, see ``positions``; not for ``hook_pattern`` /
+            ``hook_attn_scores``, whose keys cannot align).
         hook: the per-layer hook point: ``"attn.hook_z"`` (or ``"hook_z"``), ``"hook_pattern"``,
-            ``"attn.hook_q"``, ``"attn.hook_result"`` (heads), ``"hook_resid_pre"``,
-            ``"hook_resid_post"`` ... (positions).
+            ``"hook_attn_scores"``, ``"attn.hook_q"``, ``"attn.hook_result"`` (heads), ``"attn.hook_k"``,
+            ``"attn.hook_v"`` (key/value heads: ``n_kv_heads`` under grouped-query attention, the result's
+            ``head_kind`` is ``"kv_head"``), ``"hook_resid_pre"``, ``"hook_resid_post"`` ... (positions).
         over: the cell axes after ``layer``: ``"head"`` (the default), ``"pos"`` or ``("head", "pos")``.
         measure: the per-prompt scalar (:data:`thermo_lens.sweeps.MEASURE_DEFINITIONS`):
             ``"total_amplification"`` (the default), ``"last_block_gain"``, ``"block_gain:<layer>"`` (in
@@ -327,7 +329,11 @@ def patch_sweep(
         heads: heads to sweep (default ``None``: all).
         positions: with ``"pos"`` in ``over``, the swept positions (default ``None``: every position,
             which needs prompts of one length); otherwise the patched positions of each cell (default
-            ``None``: every token). Negative from each prompt's end.
+            ``None``: every token, which needs each pair of one length). Each position is aligned in each
+            prompt at its own length: a negative one counts from the prompt's own end (``-1``: its last
+            token), a non-negative one from its start (``2``: its third token, the BOS included). A
+            position beyond a prompt, or two naming one token of a prompt, are refused. The result's
+            ``alignment`` says which applied.
         token_scope: the gain measures' token scope (default ``"all_but_first"``).
         level: confidence level of the CIs (default ``0.95``).
         start_at_layer: where the host supports it (default ``True``), each cell's pass starts at its
@@ -337,12 +343,17 @@ def patch_sweep(
             the rows per forward pass (default here ``64``; at least one copy of the prompts runs per pass).
 
     Returns:
-        :class:`thermo_lens.sweeps.SweepResult`.
+        :class:`thermo_lens.sweeps.SweepResult`. A cell whose measure is not a finite number for some
+        prompt (a gain whose denominator the patch made zero) is NaN there, named in ``notes`` and
+        warned about; so is the fraction restored where the clean and corrupted prompts' mean measures
+        are equal (no difference to restore).
 
     Raises:
-        ThermoLensInputError: clean and corrupted sets of different sizes or a pair of different token
-            lengths, a hook without a head axis with ``over="head"``, a position beyond a prompt, an
-            unknown measure or ``over``.
+        ThermoLensInputError: an option of the wrong type or range (checked before any conversion or
+            pass), clean and corrupted sets of different sizes, a pair of different token lengths
+            without ``positions=`` (or on a square hook), a hook without a head axis with
+            ``over="head"``, a position beyond a prompt, an unknown measure or ``over``.
+        ThermoLensNumericsError: the measure of the corrupted prompts without any condition is not finite.
     """
     ov = _check_options(over=over, level=level, start_at_layer=start_at_layer, token_scope=token_scope)
     view = as_view(model)
@@ -416,6 +427,16 @@ def ablation_sweep(
     in ``reference``). Many cells run per forward pass; each number equals the single-condition
     run with the same hook as ``fwd_hooks`` up to float32 rounding.
 
+    Prompts of different token lengths: positions align in each prompt at its own length (see
+    ``positions``). ``"mean"`` writes, at each aligned position, the mean over the reference prompts
+    that have that position (all of them where they share one length; ``reference`` says the fewest
+    any position had); ``"resample"`` draws each prompt's source among the other prompts that have
+    every position it needs (all others where lengths are equal, so the draw is unchanged), and
+    takes the source's activation at the same aligned positions. ``positions=None`` (every token)
+    aligns from each prompt's start. Square hooks (``hook_pattern``, ``hook_attn_scores``) are
+    zero-ablated over each prompt's own keys (never its padding); ``"mean"`` and ``"resample"`` of
+    them need one token length.
+
     Args:
         model: the TransformerLens model (or ModelView).
         prompts: the prompts (anything :func:`thermo_lens.residual_gain` takes).
@@ -424,22 +445,27 @@ def ablation_sweep(
         method: ``"zero"`` (the default), ``"mean"`` or ``"resample"``.
         measure: as for :func:`patch_sweep` (default ``"total_amplification"``).
         reference: the prompts whose per-position mean ``"mean"`` writes (default ``None``: the prompts
-            themselves); every prompt and reference prompt must then have one token length.
-        seed: the resample draw's seed (default ``0``).
+            themselves), averaged per aligned position over the reference prompts that have it.
+        seed: the resample draw's seed, an int >= 0 (default ``0``).
         layers, heads: layers and heads to sweep (default ``None``: all).
-        positions: as for :func:`patch_sweep` (default ``None``).
+        positions: as for :func:`patch_sweep` (default ``None``: every token of each prompt; negative
+            from each prompt's own end, non-negative from its start).
         token_scope: the gain measures' token scope (default ``"all_but_first"``).
         level: confidence level of the CIs (default ``0.95``).
         start_at_layer: as for :func:`patch_sweep` (default ``True``; the residual is the prompts' own).
         settings, **run: run options; ``batch_size`` bounds the rows per pass (default here ``64``).
 
     Returns:
-        :class:`thermo_lens.sweeps.SweepResult`.
+        :class:`thermo_lens.sweeps.SweepResult` (``alignment``: how positions aligned; ``notes``: NaN
+        cells, e.g. a zero-ablated residual whose zero norm leaves a gain undefined, named and warned).
 
     Raises:
-        ThermoLensInputError: an unknown method, measure or ``over``; a hook without a head axis with
-            ``over="head"``; a position beyond a prompt; prompts of different token lengths where
-            positions must align (``"mean"``, ``"resample"``); ``"resample"`` with one prompt.
+        ThermoLensInputError: an option of the wrong type or range (checked before any conversion or
+            pass); an unknown method, measure or ``over``; a hook without a head axis with
+            ``over="head"``; a position beyond a prompt; a position no reference prompt has
+            (``"mean"``); a prompt no other prompt covers (``"resample"``); ``"mean"`` or
+            ``"resample"`` of a square hook on prompts of different lengths; ``"resample"`` with one prompt.
+        ThermoLensNumericsError: the prompts' own measure, without any condition, is not finite.
     """
     ov = _check_options(over=over, level=level, start_at_layer=start_at_layer, token_scope=token_scope)
     if not isinstance(method, str) or method not in METHODS:
@@ -504,7 +530,7 @@ def _means(acts: dict[int, list[Tensor]], layout: HookLayout, lays: list[int], s
                                                f"({rl[0]} tokens)")
                 cache[(l, q)] = full[l].select(d, r)
             else:
-                have = [(j, _at(q, n)) for j, n in enumerate(rl) if _at(q, n) is not None]
+                have = [(j, r) for j, n in enumerate(rl) if (r := _at(q, n)) is not None]
                 if not have:
                     raise ThermoLensInputError(
                         f"method='mean': no reference prompt has position {q} (reference lengths {min(rl)} to "
