@@ -579,13 +579,14 @@ def _resample(view: ModelView, ps: Any, layout: HookLayout, lays: list[int], set
                     sl is None for sl in slots) else "")
                 + ": pass positions=[...] (negative from each prompt's own end) or more prompts of its length")
         src.append(int(rng.choice(can)))
+    # every prompt's own indices of each slot's positions (checked on all prompts before the sources)
+    at = [_resolve(sl, lengths, "the") for sl in slots]
     acts, _ = capture(view, ps, layout, lays, settings, measure=None, token_scope=token_scope,
                       min_tokens=min_tokens, rows_per_pass=rows)
-    out = {}
+    out: dict[tuple[int, int], list[Tensor]] = {}
     for l in lays:
         for k, sl in enumerate(slots):
-            out[(l, k)] = [_gather(acts[l][j], tuple(range(lengths[p])) if sl is None else
-                                   _resolve(sl, [lengths[j]], "the source")[0], layout)
+            out[(l, k)] = [_gather(acts[l][j], tuple(range(lengths[p])) if sl is None else at[k][j], layout)
                            for p, j in enumerate(src)]
     ragged = len(set(lengths)) > 1
     return (out, None, f"resample (seed {seed}): prompt p takes prompt source[p]'s activation"
