@@ -13,7 +13,7 @@ import torch
 
 import thermo_lens as tl
 from thermo_lens import ThermoLensInputError
-from thermo_lens.errors import ThermoLensWarning
+from thermo_lens.errors import ThermoLensNumericsError, ThermoLensWarning
 from thermo_lens.sweeps import LogitDifference, SweepResult, ablation_sweep, patch_sweep
 
 TOL = 1e-5
@@ -267,6 +267,9 @@ def test_options_are_checked_before_anything_runs(bridge):
                       (dict(method=None), "unknown method"), (dict(batch_size="abc"), "batch_size")):
         with pytest.raises(ThermoLensInputError, match=words):
             ablation_sweep(m, corr, "attn.hook_z", layers=[0], **{"method": "resample", **kw})
+    # a measure that is not a number for the prompts themselves is an error naming them, never a cell
+    with pytest.raises(ThermoLensNumericsError, match=r"not a finite number for prompt\(s\) \[0, 1\]"):
+        patch_sweep(m, clean, corr, "attn.hook_z", layers=[0], measure=lambda lg: lg[:, -1, 5] * float("nan"))
     # a mapping of settings works as the object would
     s = patch_sweep(m, clean, corr, "attn.hook_z", layers=[0], settings={"batch_size": 4}, measure="last_block_gain")
     t = patch_sweep(m, clean, corr, "attn.hook_z", layers=[0], batch_size=4, measure="last_block_gain")
