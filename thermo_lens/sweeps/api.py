@@ -12,6 +12,18 @@
 The effect of a cell on prompt ``p`` is ``m(p | condition) - m(p)``: the measure under the
 condition minus the measure of the same prompt without it (:mod:`thermo_lens.sweeps.result`).
 Conditions are stacked along the batch, many per forward pass (:mod:`thermo_lens.sweeps.engine`).
+
+Prompts of different token lengths (the embedded models' tokenizer is nearly character level, so
+most clean/corrupted pairs differ): a position is aligned in each prompt at its own length, a
+negative one from the prompt's own end (``-1``: its last token), a non-negative one from its start::
+
+    s = tl.patch_sweep(model, clean, corrupted, "attn.hook_z", positions=[-1], measure=tl.sweeps.LogitDifference(a, b))
+    m = tl.ablation_sweep(model, prompts, "hook_resid_pre", over="pos", positions=[-3, -2, -1], method="mean")
+
+patches clean token ``-1`` into corrupted token ``-1`` of each pair, and writes at each prompt's
+last three tokens the mean over the prompts that have that aligned position. Every position of a
+ragged pair (``positions=None``) cannot align and is refused for patching; ``over="pos"`` on
+ragged prompts needs ``positions=``. The result's ``alignment`` records which rule applied.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ class SweepResult(ProvenanceFields, Result):
             ``"block_gain:<layer>"``, ``"attribution_total:<layer>"``, ``"attribution_head:<layer>[.<head>]"``,
             ``"sheaf_trace:<layer>[.<head>]"``, or ``"logits:<function name>"``).
         layers, heads, positions: the labels of the cell axes (``positions`` as given: negative
-            from each prompt's end; empty where the axis is not swept).
+            from each prompt's own end, non-negative from its start; empty where the axis is not swept).
         per_prompt: ``[prompt, layer, head]`` / ``[prompt, layer, pos]`` / ``[prompt, layer, head, pos]``
             float64, the effect per prompt and cell.
         baseline: ``[prompt]`` the measure without any condition (the corrupted prompts for patching).
