@@ -78,3 +78,42 @@ def test_start_at_layer_cells_equal_full_passes(host_model, host, arch):  # noqa
     zf = ablation_sweep(m, corr_p, "attn.hook_z", over=("head", "pos"), positions=[0, -1], measure="block_gain:1",
                         start_at_layer=False)
     np.testing.assert_allclose(z.per_prompt.numpy(), zf.per_prompt.numpy(), atol=TOL)
+
+
+@pytest.mark.parametrize("host", ["HookedTransformer", "HookedSAETransformer", "TransformerBridge"])
+def test_kv_hooks_ragged_scores_and_start_at_layer_on_each_host(host_model, host):  # noqa: F811
+    """Key/value hooks swept over their KV heads, zeroed attention scores of padded prompts equal to
+    each prompt alone, and (no SAE attached) passes that start at the cell's layer on every host
+    whose forward takes start_at_layer, HookedSAETransformer's through its **kwargs included."""
+    m = host_model(host, "llama_gqa")
+    n_kv = int(getattr(m.cfg, "n_key_value_heads", None) or m.cfg.n_heads)
+    corr = _pairs(n=3, length=6, seed=14)[1]
+    z = ablation_sweep(m, corr, "attn.hook_v", method="zero", layers=[1], measure=LogitDifference(5, 7))
+    assert tuple(z.per_prompt.shape) == (3, 1, n_kv) and z.head_kind == "kv_head"
+    with torch.inference_mode():
+        base = m(corr)[:, -1]
+    for h in range(n_kv):
+        def zero(x, hook=None, h=h):
+            x[:, :, h] = 0.0
+            return x
+        with torch.inference_mode():
+            lg = m.run_with_hooks(corr, fwd_hooks=[("blocks.1.attn.hook_v", zero)])[:, -1]
+        want = (lg[:, 5] - lg[:, 7] - (base[:, 5] - base[:, 7])).double()
+        np.testing.assert_allclose(z.per_prompt[:, 0, h].numpy(), want.numpy(), atol=TOL)
+    if host == "HookedTransformer" or int(version("transformer_lens").split(".")[0]) >= 4:
+        assert "starts at its layer" in z.passes, z.passes
+    mask = torch.ones(3, 6, dtype=torch.long)
+    mask[0, 3:] = 0
+    s = ablation_sweep(m, {"input_ids": corr, "attention_mask": mask}, "attn.hook_attn_scores", method="zero",
+                       layers=[0], heads=[1], measure=LogitDifference(5, 7))
+    for p in range(3):
+        n = int(mask[p].sum())
+
+        def rows(x, hook=None):
+            x[:, 1] = 0.0
+            return x
+        with torch.inference_mode():
+            one = m(corr[p:p + 1, :n])[0, -1]
+            ab = m.run_with_hooks(corr[p:p + 1, :n], fwd_hooks=[("blocks.0.attn.hook_attn_scores", rows)])[0, -1]
+        want = float(ab[5] - ab[7] - (one[5] - one[7]))
+        assert s.per_prompt[p, 0, 0].item() == pytest.approx(want, abs=TOL), p

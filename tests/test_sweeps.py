@@ -161,8 +161,9 @@ def test_bad_input_is_a_clear_error(bridge):
         (lambda: patch_sweep(m, clean, corr, "attn.hook_z", over="layer"), "over must be"),
         (lambda: patch_sweep(m, clean, corr, "blocks.0.attn.hook_z"), "per-layer name"),
         (lambda: ablation_sweep(m, corr, "attn.hook_z", method="median"), "unknown method"),
+        # the longer prompt has no other prompt to take every one of its tokens from
         (lambda: ablation_sweep(m, ["The cat", "The capital of France is"], "attn.hook_z", method="resample"),
-         "same token length"),
+         "no other prompt has every position prompt 1"),
         (lambda: ablation_sweep(m, ["The cat", "The capital of France is"], "hook_resid_post", over="pos"),
          "same token length"),
         # a misspelt hook is named as unknown, not as a hook without a head axis

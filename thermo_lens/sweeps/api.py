@@ -12,11 +12,24 @@
 The effect of a cell on prompt ``p`` is ``m(p | condition) - m(p)``: the measure under the
 condition minus the measure of the same prompt without it (:mod:`thermo_lens.sweeps.result`).
 Conditions are stacked along the batch, many per forward pass (:mod:`thermo_lens.sweeps.engine`).
+
+Prompts of different token lengths (the embedded models' tokenizer is nearly character level, so
+most clean/corrupted pairs differ): a position is aligned in each prompt at its own length, a
+negative one from the prompt's own end (``-1``: its last token), a non-negative one from its start::
+
+    s = tl.patch_sweep(model, clean, corrupted, "attn.hook_z", positions=[-1], measure=tl.sweeps.LogitDifference(a, b))
+    m = tl.ablation_sweep(model, prompts, "hook_resid_pre", over="pos", positions=[-3, -2, -1], method="mean")
+
+patches clean token ``-1`` into corrupted token ``-1`` of each pair, and writes at each prompt's
+last three tokens the mean over the prompts that have that aligned position. Every position of a
+ragged pair (``positions=None``) cannot align and is refused for patching; ``over="pos"`` on
+ragged prompts needs ``positions=``. The result's ``alignment`` records which rule applied.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Unpack
 
 import numpy as np
@@ -24,15 +37,16 @@ import torch
 from torch import Tensor
 
 from thermo_lens import attached, validate
-from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.errors import ThermoLensInputError, ThermoLensNumericsError, ThermoLensWarning
 from thermo_lens.gain import DEFAULT_SCOPE
 from thermo_lens.inputs import Prompts, as_model_prompts
 from thermo_lens.model import ModelView, as_view
 from thermo_lens.settings import RunOptions, RunSettings
-from thermo_lens.sweeps.engine import Condition, HookLayout, capture, hook_layout, parse_measure, run_conditions
+from thermo_lens.sweeps.engine import (Condition, HookLayout, Sources, capture, hook_layout, parse_measure,
+                                       run_conditions)
 from thermo_lens.sweeps.result import SweepResult, build_result
 from thermo_lens.tokens import TokenScope, token_batch
-from thermo_lens.validate import validates_own_inputs
+from thermo_lens.validate import excerpt, validates_own_inputs
 
 __all__ = ["patch_sweep", "ablation_sweep", "METHODS", "OVER"]
 
@@ -46,8 +60,8 @@ _DEFAULT_ROWS = 64  # rows per forward pass when no batch_size is given
 def _over(over: Any) -> tuple[str, ...]:
     if over == "head" or over == "pos":
         return (over,)
-    if isinstance(over, (tuple, list)) and tuple(over) == ("head", "pos"):
-        return ("head", "pos")
+    if isinstance(over, (tuple, list)) and tuple(over) in (("head", "pos"), ("head",), ("pos",)):
+        return tuple(over)
     raise ThermoLensInputError(f"over must be 'head', 'pos' or ('head', 'pos'), got {over!r}")
 
 
@@ -55,14 +69,33 @@ def _index_list(name: str, value: Any, n: int) -> list[int]:
     if value is None:
         return list(range(n))
     items = [value] if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else value
+    if isinstance(items, (str, bytes)):
+        raise ThermoLensInputError(f"{name} must be an int or a list of ints, got {excerpt(value)}")
     try:
         items = list(items)
     except TypeError:
-        raise ThermoLensInputError(f"{name} must be an int or a list of ints, got {value!r}") from None
+        raise ThermoLensInputError(f"{name} must be an int or a list of ints, got {excerpt(value)}") from None
     bad = [v for v in items if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not -n <= v < n]
     if bad or not items:
-        raise ThermoLensInputError(f"{name} must be ints in 0..{n - 1} (negative from the end), got {value!r}")
+        raise ThermoLensInputError(f"{name} must be ints in 0..{n - 1} (negative from the end), got {excerpt(value)}")
     return list(dict.fromkeys(int(v) % n for v in items))
+
+
+def _labels(positions: Any) -> list[int]:
+    """``positions`` as a list of ints, as given (checked: ints, not bools, not empty)."""
+    items = [positions] if isinstance(positions, (int, np.integer)) and not isinstance(positions, bool) else positions
+    if isinstance(items, (str, bytes)):
+        raise ThermoLensInputError(f"positions must be an int or a list of ints (negative from each prompt's end), "
+                                   f"got {excerpt(positions)}")
+    try:
+        items = list(items)
+    except TypeError:
+        raise ThermoLensInputError(f"positions must be an int or a list of ints (negative from each prompt's end), "
+                                   f"got {excerpt(positions)}") from None
+    bad = [q for q in items if isinstance(q, bool) or not isinstance(q, (int, np.integer))]
+    if bad or not items:
+        raise ThermoLensInputError(f"positions must be ints (negative from each prompt's end), got {excerpt(positions)}")
+    return [int(q) for q in items]
 
 
 def _lengths(view: ModelView, ps: Any, settings: RunSettings, min_tokens: int) -> list[int]:
@@ -72,33 +105,66 @@ def _lengths(view: ModelView, ps: Any, settings: RunSettings, min_tokens: int) -
     return [int(n) for n in tb.lengths]
 
 
-def _resolve(positions: Any, lengths: Sequence[int], what: str) -> list[tuple[int, ...]]:
-    """Per prompt, ``positions`` (negative from each prompt's end) as indices of its real tokens."""
-    if positions is None:
+def _at(q: int, n: int) -> int | None:
+    """Aligned position ``q`` in a prompt of ``n`` tokens: from its start (``q >= 0``) or its own
+    end (``q < 0``), or None where the prompt has no such token."""
+    r = q + n if q < 0 else q
+    return r if 0 <= r < n else None
+
+
+def _resolve(labels: list[int] | None, lengths: Sequence[int], what: str) -> list[tuple[int, ...]]:
+    """Per prompt, the aligned positions ``labels`` as indices of its real tokens (``None``: every
+    token). Two labels naming one token of a prompt are refused: on prompts of different lengths
+    they would write two different values there."""
+    if labels is None:
         return [tuple(range(n)) for n in lengths]
-    ps = [positions] if isinstance(positions, (int, np.integer)) else list(positions)
     out = []
     for i, n in enumerate(lengths):
         idx = []
-        for q in ps:
-            if isinstance(q, bool) or not isinstance(q, (int, np.integer)):
-                raise ThermoLensInputError(f"positions must be ints (negative from each prompt's end), got {q!r}")
-            r = int(q) + n if q < 0 else int(q)
-            if not 0 <= r < n:
+        for q in labels:
+            r = _at(q, n)
+            if r is None:
                 raise ThermoLensInputError(
                     f"position {q} is beyond {what} prompt {i} ({n} tokens); positions index real tokens, "
-                    "negative ones from each prompt's end (-1 = last token)")
+                    "non-negative ones from each prompt's start, negative ones from its own end (-1 = last token)")
             idx.append(r)
+        if len(set(idx)) < len(idx):
+            dup = [q for q, r in zip(labels, idx) if idx.count(r) > 1]
+            raise ThermoLensInputError(
+                f"positions {dup} name the same token of {what} prompt {i} ({n} tokens): a non-negative position "
+                "counts from each prompt's start, a negative one from its own end; pass each token once")
         out.append(tuple(idx))
     return out
+
+
+def _gather(act: Tensor, idx: Sequence[int], layout: HookLayout) -> Tensor:
+    """One prompt's activation (its real tokens) at ``idx``, in that order: ``[k, ...]``, or
+    ``[head, k, key]`` for a square hook (the activation itself where ``idx`` is every token)."""
+    d = layout.pos_dim - 1
+    if list(idx) == list(range(act.shape[d])):
+        return act
+    return act.index_select(d, torch.as_tensor(list(idx), dtype=torch.long))
 
 
 def _equal(lengths: Sequence[int], why: str) -> int:
     if len(set(lengths)) != 1:
         raise ThermoLensInputError(
             f"{why} needs every prompt to have the same token length (positions must align), got lengths "
-            f"{sorted(set(lengths))}: pass prompts of one length, or positions=[...] (negative from each prompt's end)")
+            f"{sorted(set(lengths))}: pass prompts of one length, or positions=[...] (non-negative from each "
+            "prompt's start, negative from its own end: positions=[-3, -2, -1] sweeps the last three tokens)")
     return lengths[0]
+
+
+def _alignment(slots: list[list[int] | None], *length_sets: Sequence[int]) -> str:
+    """How positions align across the prompts (recorded in the result)."""
+    ns = sorted({n for ls in length_sets for n in ls})
+    if len(ns) == 1:
+        return f"every prompt has {ns[0]} tokens: position q is token q (negative: {ns[0]} + q)"
+    every = any(sl is None for sl in slots)
+    return (f"prompts of {ns[0]} to {ns[-1]} tokens: "
+            + ("every token of each prompt, aligned from its start" if every else
+               "a non-negative position is the prompt's token q from its start, a negative one counts from the "
+               "prompt's own end (-1 = its last token)"))
 
 
 def _check_logit_function_lengths(m: Any, lengths: Sequence[int], what: str) -> None:
@@ -113,10 +179,25 @@ def _check_logit_function_lengths(m: Any, lengths: Sequence[int], what: str) -> 
             "answer, wrong, pos=-1), which reads each prompt's own token at pos, or prompts of one token length")
 
 
+def _check_options(*, over: Any, level: Any, start_at_layer: Any, token_scope: Any) -> tuple[str, ...]:
+    """The scalar options, checked before anything is converted or run."""
+    ov = _over(over)
+    if isinstance(level, bool) or not isinstance(level, (int, float, np.floating)) or not 0 < level < 1:
+        raise ThermoLensInputError(f"level must be a confidence level in (0, 1), got {excerpt(level)}")
+    validate.boolean("start_at_layer", start_at_layer)
+    validate.token_scope(token_scope)
+    return ov
+
+
+#: What a sweep's sources give back: the values of each (layer, slot) per prompt (None: zeros), the
+#: clean prompts' measure (patching), where the values come from, and how positions align.
+SourceFn = Callable[[HookLayout, list[int], int, list[int], list[list[int] | None]],
+                    tuple[Sources, Tensor | None, str, str]]
+
+
 def _sweep(view: ModelView, ps: Any, hook: Any, over: Any, measure: Any, *, layers: Any, heads: Any,
            positions: Any, token_scope: str, level: float, settings: RunSettings, rows: int,
-           sources_for: Callable[[HookLayout, list[int], int, list[int]], tuple[Any, Tensor | None, str]],
-           kind: str, method: str, start_at_layer: bool) -> SweepResult:
+           sources_for: SourceFn, kind: str, method: str, start_at_layer: bool) -> SweepResult:
     """Shared body: cells, conditions, one multi-condition run, the result."""
     ov = _over(over)
     lays = _index_list("layers", layers, view.n_layers)
@@ -125,10 +206,7 @@ def _sweep(view: ModelView, ps: Any, hook: Any, over: Any, measure: Any, *, laye
     attached.check_hook_names(view.model, [hook_layout(hook, ("pos",)).name(l) for l in lays], view.name)
     layout = hook_layout(hook, ov)
     m = parse_measure(measure, view.n_layers, view.n_heads)
-    validate.token_scope(token_scope)
     scope = m.scope(token_scope)
-    if not isinstance(level, (int, float)) or not 0 < level < 1:
-        raise ThermoLensInputError(f"level must be a confidence level in (0, 1), got {level!r}")
     min_tokens = m.min_tokens(token_scope)
     lengths = _lengths(view, ps, settings, min_tokens)
     _check_logit_function_lengths(m, lengths, "the prompts")
@@ -138,37 +216,77 @@ def _sweep(view: ModelView, ps: Any, hook: Any, over: Any, measure: Any, *, laye
             raise ThermoLensInputError(
                 "LogitDifference reads the final residual and applies the model's final norm itself, so user hooks "
                 "past the blocks would not see the pass; with such hooks use a function of the logits as the measure")
-    hs: list[int | None] = list(_index_list("heads", heads, view.n_heads)) if "head" in ov else [None]
+    n_heads = layout.n_heads(view)
+    hs: list[int | None] = list(_index_list("heads", heads, n_heads)) if "head" in ov else [None]
     if heads is not None and "head" not in ov:
         raise ThermoLensInputError("heads= selects the swept heads; this sweep is over='pos' (pass over='head' or "
                                    "('head', 'pos'))")
+    given = None if positions is None else _labels(positions)
     if "pos" in ov:
-        labels = list(range(_equal(lengths, "over='pos' without positions="))) if positions is None else (
-            [positions] if isinstance(positions, (int, np.integer)) else list(positions))
-        per_pos = [_resolve([q], lengths, "the") for q in labels]  # [label][prompt] -> (index,)
+        labels = list(range(_equal(lengths, "over='pos' without positions="))) if given is None else given
+        slots: list[list[int] | None] = [[q] for q in labels]
     else:
-        labels, per_pos = [], [_resolve(positions, lengths, "the")]
-    sources, clean_values, reference = sources_for(layout, lays, min_tokens, lengths)
-    conditions = [Condition(l, h, tuple(pp)) for l in lays for h in hs for pp in per_pos]
+        labels, slots = [], [given]
+    per_slot = [_resolve(sl, lengths, "the") for sl in slots]  # [slot][prompt] -> indices of its tokens
+    sources, clean_values, reference, alignment = sources_for(layout, lays, min_tokens, lengths, slots)
+    conditions = [Condition(l, h, tuple(per_slot[k]), slot=k) for l in lays for h in hs for k in range(len(slots))]
     values, provenance, passes = run_conditions(view, ps, layout, conditions, sources, settings, rows, measure=m,
                                                 token_scope=token_scope, min_tokens=min_tokens,
                                                 start_at_layer=start_at_layer)
     P = len(ps)
     shape = [len(lays)] + ([len(hs)] if "head" in ov else []) + ([len(labels)] if "pos" in ov else [])
+    notes = _undefined(values, clean_values, conditions, hs, labels, ov, m.label)
     per_prompt = (values[1:] - values[0]).reshape(*shape, P).movedim(-1, 0)
     return build_result(
         per_prompt=per_prompt, baseline=values[0], clean=clean_values, level=float(level), kind=kind, method=method,
         hook=layout.suffix, over=ov, measure=m.label, layers=tuple(lays),
         heads=tuple(int(h) for h in hs if h is not None) if "head" in ov else (),
         positions=tuple(int(q) for q in labels), token_scope=scope, measure_definition=m.definition,
-        patched_positions="the swept position" if "pos" in ov else ("all" if positions is None else str(list(
-            [positions] if isinstance(positions, (int, np.integer)) else positions))),
-        reference=reference, provenance=provenance, passes=passes)
+        patched_positions="the swept position" if "pos" in ov else ("all" if given is None else str(given)),
+        reference=reference, provenance=provenance, passes=passes, alignment=alignment,
+        head_kind="kv_head" if layout.kv else "head", notes=tuple(notes))
 
 
-def _rows(settings: RunSettings | None, run: dict[str, Any]) -> int:
-    return int(run["batch_size"]) if "batch_size" in run else (settings.batch_size if settings is not None
-                                                                 else _DEFAULT_ROWS)
+def _undefined(values: Tensor, clean: Tensor | None, conditions: Sequence[Condition], hs: Sequence[int | None],
+               labels: Sequence[int], ov: tuple[str, ...], label: str) -> list[str]:
+    """Notes naming where the measure is not a finite number (kept as NaN, with a warning), or an
+    error where the prompts' own measure, without any condition, is undefined."""
+    base = values[0]
+    if not bool(torch.isfinite(base).all()):
+        bad = torch.nonzero(~torch.isfinite(base)).flatten().tolist()
+        raise ThermoLensNumericsError(
+            f"measure {label} is not a finite number for prompt(s) {bad[:8]} without any condition (the prompts "
+            "as given): a gain measure divides by a residual norm that is zero there (e.g. a zero BOS embedding), "
+            "or a function of the logits returned NaN/inf. Use another measure, token_scope or prompts")
+    notes = []
+    if clean is not None and not bool(torch.isfinite(clean).all()):
+        bad = torch.nonzero(~torch.isfinite(clean)).flatten().tolist()
+        notes.append(f"the clean prompts' {label} is not finite for pair(s) {bad[:8]}: their fraction restored is NaN")
+    cells = ~torch.isfinite(values[1:])  # [condition, prompt]
+    values[1:][cells] = float("nan")
+    if bool(cells.any()):
+        named = []
+        for i in torch.nonzero(cells.any(1)).flatten().tolist()[:6]:
+            c = conditions[i]
+            where = [f"layer {c.layer}"] + ([f"head {c.head}"] if "head" in ov else []) + (
+                [f"pos {labels[c.slot]}"] if "pos" in ov else [])
+            named.append(f"({', '.join(where)}: prompts {torch.nonzero(cells[i]).flatten().tolist()[:8]})")
+        n_cells = int(cells.any(1).sum())
+        notes.append(f"{n_cells} cell(s) have no finite {label} under their condition for some prompts, kept as "
+                     f"NaN (so the cell's effect, CI and p are NaN, and Holm leaves it out): {'; '.join(named)}"
+                     + (" ..." if n_cells > 6 else "")
+                     + ". A gain's ratio divides by a residual norm the condition made zero (zero-ablating "
+                       "hook_resid_pre at a token in scope), or a function of the logits returned NaN/inf")
+    for n in notes:
+        warnings.warn(n, ThermoLensWarning, stacklevel=3)
+    return notes
+
+
+def _rows(settings: RunSettings, given: RunSettings | Mapping[str, Any] | None, run: Mapping[str, Any]) -> int:
+    """Rows per forward pass: the given batch size, else ``_DEFAULT_ROWS`` (checked by ``settings``)."""
+    named = "batch_size" in run or isinstance(given, RunSettings) or (
+        isinstance(given, Mapping) and "batch_size" in given)
+    return settings.batch_size if named else _DEFAULT_ROWS
 
 
 @validates_own_inputs
@@ -202,10 +320,12 @@ def patch_sweep(
         model: the TransformerLens model (or ModelView).
         clean, corrupted: prompt pairs (as many clean as corrupted; each pair of equal token length, or
             any lengths with ``positions=`` given: clean position ``q`` is patched into corrupted position
-            ``q``, negative ones from each prompt's end; not for ``hook_pattern``).
+            ``q``, each aligned in its own prompt, see ``positions``; not for ``hook_pattern`` /
+            ``hook_attn_scores``, whose keys cannot align).
         hook: the per-layer hook point: ``"attn.hook_z"`` (or ``"hook_z"``), ``"hook_pattern"``,
-            ``"attn.hook_q"``, ``"attn.hook_result"`` (heads), ``"hook_resid_pre"``,
-            ``"hook_resid_post"`` ... (positions).
+            ``"hook_attn_scores"``, ``"attn.hook_q"``, ``"attn.hook_result"`` (heads), ``"attn.hook_k"``,
+            ``"attn.hook_v"`` (key/value heads: ``n_kv_heads`` under grouped-query attention, the result's
+            ``head_kind`` is ``"kv_head"``), ``"hook_resid_pre"``, ``"hook_resid_post"`` ... (positions).
         over: the cell axes after ``layer``: ``"head"`` (the default), ``"pos"`` or ``("head", "pos")``.
         measure: the per-prompt scalar (:data:`thermo_lens.sweeps.MEASURE_DEFINITIONS`):
             ``"total_amplification"`` (the default), ``"last_block_gain"``, ``"block_gain:<layer>"`` (in
@@ -221,7 +341,11 @@ def patch_sweep(
         heads: heads to sweep (default ``None``: all).
         positions: with ``"pos"`` in ``over``, the swept positions (default ``None``: every position,
             which needs prompts of one length); otherwise the patched positions of each cell (default
-            ``None``: every token). Negative from each prompt's end.
+            ``None``: every token, which needs each pair of one length). Each position is aligned in each
+            prompt at its own length: a negative one counts from the prompt's own end (``-1``: its last
+            token), a non-negative one from its start (``2``: its third token, the BOS included). A
+            position beyond a prompt, or two naming one token of a prompt, are refused. The result's
+            ``alignment`` says which applied.
         token_scope: the gain measures' token scope (default ``"all_but_first"``).
         level: confidence level of the CIs (default ``0.95``).
         start_at_layer: where the host supports it (default ``True``), each cell's pass starts at its
@@ -231,52 +355,57 @@ def patch_sweep(
             the rows per forward pass (default here ``64``; at least one copy of the prompts runs per pass).
 
     Returns:
-        :class:`thermo_lens.sweeps.SweepResult`.
+        :class:`thermo_lens.sweeps.SweepResult`. A cell whose measure is not a finite number for some
+        prompt (a gain whose denominator the patch made zero) is NaN there, named in ``notes`` and
+        warned about; so is the fraction restored where the clean and corrupted prompts' mean measures
+        are equal (no difference to restore).
 
     Raises:
-        ThermoLensInputError: clean and corrupted sets of different sizes or a pair of different token
-            lengths, a hook without a head axis with ``over="head"``, a position beyond a prompt, an
-            unknown measure or ``over``.
+        ThermoLensInputError: an option of the wrong type or range (checked before any conversion or
+            pass), clean and corrupted sets of different sizes, a pair of different token lengths
+            without ``positions=`` (or on a square hook), a hook without a head axis with
+            ``over="head"``, a position beyond a prompt, an unknown measure or ``over``.
+        ThermoLensNumericsError: the measure of the corrupted prompts without any condition is not finite.
     """
+    ov = _check_options(over=over, level=level, start_at_layer=start_at_layer, token_scope=token_scope)
     view = as_view(model)
-    rows = _rows(settings, dict(run))
+    given_settings = settings
     settings = RunSettings.resolve(settings, **run)
+    rows = _rows(settings, given_settings, run)
+    m = parse_measure(measure, view.n_layers, view.n_heads)
     cps, ps = as_model_prompts(view, clean), as_model_prompts(view, corrupted)
     if len(cps) != len(ps):
         raise ThermoLensInputError(f"clean and corrupted must be pairs: got {len(cps)} clean and {len(ps)} corrupted "
                                    "prompts (pass one clean prompt per corrupted prompt, in the same order)")
 
-    m = parse_measure(measure, view.n_layers, view.n_heads)
-
-    def sources(layout: HookLayout, lays: list[int], min_tokens: int, lengths: list[int]) -> tuple[Any, Tensor | None, str]:
+    def sources(layout: HookLayout, lays: list[int], min_tokens: int, lengths: list[int],
+                slots: list[list[int] | None]) -> tuple[Sources, Tensor | None, str, str]:
         cl = _lengths(view, cps, settings, min_tokens)
         _check_logit_function_lengths(m, cl, "the clean prompts")
         if m.kind == "logit_difference":
             m.source.check(len(cps), cl, view.d_vocab)
         bad = [i for i, (a, b) in enumerate(zip(cl, lengths)) if a != b]
-        square = layout.pos_dim != 1  # [head, query, key]: the keys must align too
-        if bad and (positions is None or square):
+        every = any(sl is None for sl in slots)
+        if bad and (every or layout.square):
             i = bad[0]
             raise ThermoLensInputError(
                 f"patching needs each clean/corrupted pair to have the same token length (positions must align): "
                 f"pair {i} has {cl[i]} clean and {lengths[i]} corrupted tokens ({len(bad)} pair(s) differ). "
-                + ("Rephrase the prompts so each pair tokenizes to the same length" if square else
+                + (f"{layout.suffix} is [head, query, key]: the keys of the two prompts cannot align; rephrase the "
+                   "prompts so each pair tokenizes to the same length" if layout.square else
                    "Rephrase the prompts so each pair tokenizes to the same length, or pass positions=[...] "
-                   "(negative from each prompt's end: -1 patches the clean last token into the corrupted last token)"))
+                   "(negative from each prompt's own end: -1 patches the clean last token into the corrupted last "
+                   "token; non-negative from each prompt's start)"))
+        at_clean = [_resolve(sl, cl, "clean") for sl in slots]
         acts, clean_values = capture(view, cps, layout, lays, settings, measure=m,
                                      token_scope=token_scope, min_tokens=min_tokens, rows_per_pass=rows)
-        if bad:  # pairs of different lengths: clean position q goes to corrupted position q (each from its end)
-            at_clean, at_corr = _resolve(positions, cl, "clean"), _resolve(positions, lengths, "corrupted")
-            for l in lays:
-                for i in bad:
-                    src = acts[l][i]
-                    moved = src.new_zeros((lengths[i],) + tuple(src.shape[1:]))
-                    moved[list(at_corr[i])] = src[list(at_clean[i])]
-                    acts[l][i] = moved
+        # clean position q goes to corrupted position q, each aligned in its own prompt
+        out = {(l, k): [_gather(acts[l][i], at_clean[k][i], layout) for i in range(len(cps))]
+               for l in lays for k in range(len(slots))}
         first = f"; first {cps.texts[0][:40]!r}" if cps.token_ids is None else f"; {len(cps)} token-id rows"
-        return acts, clean_values, f"clean prompts ({cps.name}{first})"
+        return out, clean_values, f"clean prompts ({cps.name}{first})", _alignment(slots, cl, lengths)
 
-    return _sweep(view, ps, hook, over, measure, layers=layers, heads=heads, positions=positions,
+    return _sweep(view, ps, hook, ov, measure, layers=layers, heads=heads, positions=positions,
                   token_scope=token_scope, level=level, settings=settings, rows=rows, sources_for=sources,
                   kind="patch", method="patch", start_at_layer=start_at_layer)
 
@@ -310,6 +439,16 @@ def ablation_sweep(
     in ``reference``). Many cells run per forward pass; each number equals the single-condition
     run with the same hook as ``fwd_hooks`` up to float32 rounding.
 
+    Prompts of different token lengths: positions align in each prompt at its own length (see
+    ``positions``). ``"mean"`` writes, at each aligned position, the mean over the reference prompts
+    that have that position (all of them where they share one length; ``reference`` says the fewest
+    any position had); ``"resample"`` draws each prompt's source among the other prompts that have
+    every position it needs (all others where lengths are equal, so the draw is unchanged), and
+    takes the source's activation at the same aligned positions. ``positions=None`` (every token)
+    aligns from each prompt's start. Square hooks (``hook_pattern``, ``hook_attn_scores``) are
+    zero-ablated over each prompt's own keys (never its padding); ``"mean"`` and ``"resample"`` of
+    them need one token length.
+
     Args:
         model: the TransformerLens model (or ModelView).
         prompts: the prompts (anything :func:`thermo_lens.residual_gain` takes).
@@ -318,61 +457,150 @@ def ablation_sweep(
         method: ``"zero"`` (the default), ``"mean"`` or ``"resample"``.
         measure: as for :func:`patch_sweep` (default ``"total_amplification"``).
         reference: the prompts whose per-position mean ``"mean"`` writes (default ``None``: the prompts
-            themselves); every prompt and reference prompt must then have one token length.
-        seed: the resample draw's seed (default ``0``).
+            themselves), averaged per aligned position over the reference prompts that have it.
+        seed: the resample draw's seed, an int >= 0 (default ``0``).
         layers, heads: layers and heads to sweep (default ``None``: all).
-        positions: as for :func:`patch_sweep` (default ``None``).
+        positions: as for :func:`patch_sweep` (default ``None``: every token of each prompt; negative
+            from each prompt's own end, non-negative from its start).
         token_scope: the gain measures' token scope (default ``"all_but_first"``).
         level: confidence level of the CIs (default ``0.95``).
         start_at_layer: as for :func:`patch_sweep` (default ``True``; the residual is the prompts' own).
         settings, **run: run options; ``batch_size`` bounds the rows per pass (default here ``64``).
 
     Returns:
-        :class:`thermo_lens.sweeps.SweepResult`.
+        :class:`thermo_lens.sweeps.SweepResult` (``alignment``: how positions aligned; ``notes``: NaN
+        cells, e.g. a zero-ablated residual whose zero norm leaves a gain undefined, named and warned).
 
     Raises:
-        ThermoLensInputError: an unknown method, measure or ``over``; a hook without a head axis with
-            ``over="head"``; a position beyond a prompt; prompts of different token lengths where
-            positions must align (``"mean"``, ``"resample"``); ``"resample"`` with one prompt.
+        ThermoLensInputError: an option of the wrong type or range (checked before any conversion or
+            pass); an unknown method, measure or ``over``; a hook without a head axis with
+            ``over="head"``; a position beyond a prompt; a position no reference prompt has
+            (``"mean"``); a prompt no other prompt covers (``"resample"``); ``"mean"`` or
+            ``"resample"`` of a square hook on prompts of different lengths; ``"resample"`` with one prompt.
+        ThermoLensNumericsError: the prompts' own measure, without any condition, is not finite.
     """
-    view = as_view(model)
-    rows = _rows(settings, dict(run))
-    settings = RunSettings.resolve(settings, **run)
-    if method not in METHODS:
-        raise ThermoLensInputError(f"unknown method {method!r}; choose one of {', '.join(map(repr, METHODS))}")
+    ov = _check_options(over=over, level=level, start_at_layer=start_at_layer, token_scope=token_scope)
+    if not isinstance(method, str) or method not in METHODS:
+        raise ThermoLensInputError(f"unknown method {excerpt(method)}; choose one of {', '.join(map(repr, METHODS))}")
     if reference is not None and method != "mean":
         raise ThermoLensInputError(f"reference= is the prompt set of method='mean'; method={method!r} does not use it")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise ThermoLensInputError(f"seed must be an int, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ThermoLensInputError(f"seed must be an int >= 0 (numpy's generator seed), got {excerpt(seed)}")
+    view = as_view(model)
+    given_settings = settings
+    settings = RunSettings.resolve(settings, **run)
+    rows = _rows(settings, given_settings, run)
+    parse_measure(measure, view.n_layers, view.n_heads)
     ps = as_model_prompts(view, prompts)
 
-    def sources(layout: HookLayout, lays: list[int], min_tokens: int, lengths: list[int]) -> tuple[Any, Tensor | None, str]:
+    def sources(layout: HookLayout, lays: list[int], min_tokens: int, lengths: list[int],
+                slots: list[list[int] | None]) -> tuple[Sources, Tensor | None, str, str]:
         if method == "zero":
-            return None, None, ""
-        n = _equal(lengths, f"method={method!r}")
-        if method == "resample":
-            if len(ps) < 2:
-                raise ThermoLensInputError("method='resample' draws each prompt's values from another prompt: "
-                                           "pass at least 2 prompts")
-            rng = np.random.default_rng(int(seed))
-            src = [int(rng.choice([j for j in range(len(ps)) if j != p])) for p in range(len(ps))]
-            acts, _ = capture(view, ps, layout, lays, settings, measure=None, token_scope=token_scope,
-                              min_tokens=min_tokens, rows_per_pass=rows)
-            return ({l: [acts[l][j] for j in src] for l in lays}, None,
-                    f"resample (seed {int(seed)}): prompt p takes prompt source[p]'s activation, source={src}")
-        refs = ps if reference is None else as_model_prompts(view, reference)
-        rl = _lengths(view, refs, settings, 1)
-        if set(rl) != {n}:
+            return None, None, "", _alignment(slots, lengths)
+        refs = ps if method == "resample" or reference is None else as_model_prompts(view, reference)
+        rl = lengths if refs is ps else _lengths(view, refs, settings, 1)
+        if layout.square and len(set(lengths) | set(rl)) > 1:
             raise ThermoLensInputError(
-                f"method='mean' writes the reference prompts' mean at each position, so the reference prompts need "
-                f"the prompts' token length ({n}), got lengths {sorted(set(rl))}")
+                f"method={method!r} on {layout.suffix} ([head, query, key]) needs every prompt"
+                f"{'' if refs is ps else ' and reference prompt'} to have one token length (the keys of prompts "
+                f"of different lengths cannot align), got lengths {sorted(set(lengths) | set(rl))}")
+        if method == "resample":
+            return _resample(view, ps, layout, lays, settings, slots, lengths, min_tokens, rows, token_scope,
+                             int(seed))
         acts, _ = capture(view, refs, layout, lays, settings, measure=None, token_scope=token_scope, min_tokens=1,
                           rows_per_pass=rows)
-        means = {l: torch.stack(acts[l]).double().mean(0).to(acts[l][0].dtype) for l in lays}
-        return ({l: [means[l]] * len(ps) for l in lays}, None,
-                f"mean over {len(refs)} reference prompt(s) at each position "
-                f"({'the prompts themselves' if reference is None else refs.name})")
+        out, coverage = _means(acts, layout, lays, slots, lengths, rl)
+        return (out, None, f"mean over {len(refs)} reference prompt(s) at each aligned position"
+                           f"{coverage} ({'the prompts themselves' if reference is None else refs.name})",
+                _alignment(slots, lengths, rl))
 
-    return _sweep(view, ps, hook, over, measure, layers=layers, heads=heads, positions=positions,
+    return _sweep(view, ps, hook, ov, measure, layers=layers, heads=heads, positions=positions,
                   token_scope=token_scope, level=level, settings=settings, rows=rows, sources_for=sources,
                   kind="ablation", method=method, start_at_layer=start_at_layer)
+
+
+def _means(acts: dict[int, list[Tensor]], layout: HookLayout, lays: list[int], slots: list[list[int] | None],
+           lengths: list[int], rl: list[int]) -> tuple[dict[tuple[int, int], list[Tensor]], str]:
+    """Per (layer, slot) and prompt, the reference prompts' mean at each of its aligned positions:
+    the mean over the reference prompts that have that position (every one where all have one
+    length). ``None`` slots (every token) align from each prompt's start."""
+    d = layout.pos_dim - 1
+    one = len(set(rl)) == 1
+    full: dict[int, Tensor] = {}
+    if one:  # one length: the mean at every position at once (as it always was)
+        full = {l: torch.stack(acts[l]).double().mean(0).to(acts[l][0].dtype) for l in lays}
+    cache: dict[tuple[int, int], Tensor] = {}
+    fewest = len(rl)
+
+    def mean_at(l: int, q: int) -> Tensor:
+        nonlocal fewest
+        if (l, q) not in cache:
+            if one:
+                r = _at(q, rl[0])
+                if r is None:
+                    raise ThermoLensInputError(f"method='mean': position {q} is beyond the reference prompts "
+                                               f"({rl[0]} tokens)")
+                cache[(l, q)] = full[l].select(d, r)
+            else:
+                have = [(j, r) for j, n in enumerate(rl) if (r := _at(q, n)) is not None]
+                if not have:
+                    raise ThermoLensInputError(
+                        f"method='mean': no reference prompt has position {q} (reference lengths {min(rl)} to "
+                        f"{max(rl)} tokens; non-negative positions from each prompt's start, negative from its end): "
+                        "pass reference prompts at least as long as the prompts, or other positions")
+                fewest = min(fewest, len(have))
+                cache[(l, q)] = torch.stack([acts[l][j].select(d, r) for j, r in have]).double().mean(0).to(
+                    acts[l][0].dtype)
+        return cache[(l, q)]
+
+    out: dict[tuple[int, int], list[Tensor]] = {}
+    for l in lays:
+        for k, sl in enumerate(slots):
+            per = []
+            for n in lengths:
+                qs = list(range(n)) if sl is None else sl
+                if one and sl is None and n == rl[0]:
+                    per.append(full[l])
+                else:
+                    per.append(torch.stack([mean_at(l, q) for q in qs], dim=d))
+            out[(l, k)] = per
+    coverage = "" if one else f" (each position over the reference prompts that have it; at least {fewest} of {len(rl)})"
+    return out, coverage
+
+
+def _resample(view: ModelView, ps: Any, layout: HookLayout, lays: list[int], settings: RunSettings,
+              slots: list[list[int] | None], lengths: list[int], min_tokens: int, rows: int, token_scope: str,
+              seed: int) -> tuple[Sources, None, str, str]:
+    """Prompt ``p`` takes another prompt ``source[p]``'s activation at its aligned positions, drawn
+    (seeded) among the prompts that have every one of them (all but ``p`` where lengths are equal)."""
+    if len(ps) < 2:
+        raise ThermoLensInputError("method='resample' draws each prompt's values from another prompt: "
+                                   "pass at least 2 prompts")
+
+    def has_all(j: int, n_p: int) -> bool:
+        return all((lengths[j] >= n_p) if sl is None else all(_at(q, lengths[j]) is not None for q in sl)
+                   for sl in slots)
+    rng = np.random.default_rng(seed)
+    src = []
+    for p in range(len(ps)):
+        can = [j for j in range(len(ps)) if j != p and has_all(j, lengths[p])]
+        if not can:
+            raise ThermoLensInputError(
+                f"method='resample': no other prompt has every position prompt {p} ({lengths[p]} tokens) needs"
+                + (" (every token, aligned from the start: a prompt at least as long)" if any(
+                    sl is None for sl in slots) else "")
+                + ": pass positions=[...] (negative from each prompt's own end) or more prompts of its length")
+        src.append(int(rng.choice(can)))
+    # every prompt's own indices of each slot's positions (checked on all prompts before the sources)
+    at = [_resolve(sl, lengths, "the") for sl in slots]
+    acts, _ = capture(view, ps, layout, lays, settings, measure=None, token_scope=token_scope,
+                      min_tokens=min_tokens, rows_per_pass=rows)
+    out: dict[tuple[int, int], list[Tensor]] = {}
+    for l in lays:
+        for k, sl in enumerate(slots):
+            out[(l, k)] = [_gather(acts[l][j], tuple(range(lengths[p])) if sl is None else at[k][j], layout)
+                           for p, j in enumerate(src)]
+    ragged = len(set(lengths)) > 1
+    return (out, None, f"resample (seed {seed}): prompt p takes prompt source[p]'s activation"
+                       + (" at the same aligned positions, among the prompts that have them" if ragged else "")
+                       + f", source={src}", _alignment(slots, lengths))

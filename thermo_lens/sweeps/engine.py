@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from thermo_lens.errors import ThermoLensError, ThermoLensInputError
-from thermo_lens.gain import gain_from_collected, residual_norms
+from thermo_lens.errors import ThermoLensError, ThermoLensInputError, ThermoLensNumericsError
+from thermo_lens.gain import gain_from_collected, residual_norms, scope_ratio
 from thermo_lens.inputs import PromptList
 from thermo_lens.model import ModelView
 from thermo_lens.passes import Collected, Recorder, collect
@@ -36,9 +36,14 @@ from thermo_lens.attribution.terms import attribution_terms
 from thermo_lens.sweeps.logits import LogitDifference
 from thermo_lens.sweeps.start import BLOCK_HOOK, StartView, start_support
 from thermo_lens.tokens import TokenBatch
+from thermo_lens.validate import excerpt
 
 __all__ = ["HookLayout", "hook_layout", "Measure", "parse_measure", "measure_values", "capture", "run_conditions",
-           "GAIN_MEASURES", "MEASURE_DEFINITIONS"]
+           "Condition", "Sources", "GAIN_MEASURES", "MEASURE_DEFINITIONS"]
+
+#: The values conditions write: ``sources[(layer, slot)][prompt]`` (see :func:`run_conditions`);
+#: ``None``: zeros.
+Sources = dict[tuple[int, int], list[Tensor]] | None
 
 #: Gain measures by name (per prompt, in the run's token scope, as in :func:`thermo_lens.residual_gain`).
 GAIN_MEASURES = ("total_amplification", "last_block_gain", "block_gain:<layer>")
@@ -68,21 +73,35 @@ MEASURE_DEFINITIONS: dict[str, str] = {
 _SHEAF_SCOPE = "all real tokens (sheaf trace: every query position of each prompt)"
 
 # per-layer hook -> (head dim, position dim) of its activation [batch, ...]; head dim None: no head axis
-_HEAD_HOOKS = {"attn.hook_z": (2, 1), "attn.hook_q": (2, 1), "attn.hook_result": (2, 1),
+_HEAD_HOOKS = {"attn.hook_z": (2, 1), "attn.hook_q": (2, 1), "attn.hook_result": (2, 1), "attn.hook_rot_q": (2, 1),
+               "attn.hook_k": (2, 1), "attn.hook_v": (2, 1), "attn.hook_rot_k": (2, 1),
                "attn.hook_pattern": (1, 2), "attn.hook_attn_scores": (1, 2)}
+# hooks whose head axis holds the key/value heads (n_kv_heads under grouped-query attention)
+_KV_HOOKS = frozenset({"attn.hook_k", "attn.hook_v", "attn.hook_rot_k"})
 _BARE = {h.split(".", 1)[1]: h for h in _HEAD_HOOKS}
 
 
 @dataclass(frozen=True)
 class HookLayout:
-    """A per-layer hook point and where its activation keeps heads and positions."""
+    """A per-layer hook point and where its activation keeps heads and positions (``kv``: its
+    head axis holds the key/value heads, ``n_kv_heads`` of them under grouped-query attention)."""
 
     suffix: str
     head_dim: int | None
     pos_dim: int
+    kv: bool = False
 
     def name(self, layer: int) -> str:
         return f"blocks.{layer}.{self.suffix}"
+
+    def n_heads(self, view: ModelView) -> int:
+        """The size of the head axis: the query heads, or the KV heads of a key/value hook."""
+        return view.n_kv_heads if self.kv else view.n_heads
+
+    @property
+    def square(self) -> bool:
+        """``[batch, head, query, key]``: a position is a query row over the prompt's keys."""
+        return self.pos_dim != 1
 
 
 def hook_layout(hook: Any, over: tuple[str, ...]) -> HookLayout:
@@ -97,7 +116,7 @@ def hook_layout(hook: Any, over: tuple[str, ...]) -> HookLayout:
     suffix = _BARE.get(hook, hook)
     if suffix in _HEAD_HOOKS:
         hd, pd_ = _HEAD_HOOKS[suffix]
-        return HookLayout(suffix, hd, pd_)
+        return HookLayout(suffix, hd, pd_, kv=suffix in _KV_HOOKS)
     if "head" in over:
         raise ThermoLensInputError(
             f"hook {hook!r} has no head axis, so over={over if len(over) > 1 else over[0]!r} cannot sweep heads; "
@@ -246,16 +265,35 @@ def _one_layer(reduction: Any, layer: int | None) -> Any:
     return _only(reduction, lambda key: key[1] == layer)
 
 
+def _gain_with_nan(got: Collected, measure: Measure, token_scope: str) -> Tensor:
+    """The gain measure of every row as :func:`thermo_lens.gain.gain_from_collected` computes it
+    (float32 values), NaN where it is undefined: a condition that zeroes the residual at a token in
+    scope (zero-ablating ``hook_resid_pre`` there) leaves a ratio with a zero denominator. The
+    sweep names those cells (:func:`thermo_lens.sweeps.api`) instead of failing the whole run."""
+    parts = list(got.batches("resid_norm"))
+    has_in = "block_in_norm" in got.recorder.names
+    in_parts = list(got.batches("block_in_norm")) if has_in else [(n[:-1], ln) for n, ln in parts]
+    if measure.layer is None:
+        L = parts[0][0].shape[0] - 1
+        out = got.in_caller_order(torch.cat([scope_ratio(n[0], n[L], ln, token_scope) for n, ln in parts]))
+    else:
+        k = measure.layer
+        out = got.in_caller_order(torch.cat([scope_ratio(ni[k], n[k + 1], ln, token_scope)
+                                             for (n, ln), (ni, _) in zip(parts, in_parts)]))
+    out = out.float().double()
+    return torch.where(torch.isfinite(out), out, torch.full_like(out, float("nan")))
+
+
 def _attribution_scope(token_scope: str) -> str:
     from thermo_lens.attribution.terms import _check_scope
 
     return _check_scope(token_scope)
 
 
-def _as_heads(x: Tensor, layout: HookLayout, n_heads: int) -> Tensor:
+def _as_heads(x: Tensor, layout: HookLayout, view: ModelView) -> Tensor:
     """``x`` with its head axis split out (``[batch, pos, head * d]`` hosts give hook_z flat)."""
     if layout.head_dim == 2 and x.ndim == 3:
-        return x.view(x.shape[0], x.shape[1], n_heads, -1)
+        return x.view(x.shape[0], x.shape[1], layout.n_heads(view), -1)
     return x
 
 
@@ -267,7 +305,10 @@ def measure_values(got: Collected, measure: Measure, token_scope: str,
     if measure.kind == "logit_difference":
         return got.stack("logit_difference")[0].double()
     if measure.kind == "gain":
-        g = gain_from_collected(got, token_scope)
+        try:
+            g = gain_from_collected(got, token_scope)
+        except ThermoLensNumericsError:  # a denominator state with zero norm in some row: NaN there
+            return _gain_with_nan(got, measure, token_scope)
         if measure.layer is None:
             return torch.as_tensor(g.summaries["total_amplification"].values).double()
         return g.block_gain[:, measure.layer].double()
@@ -309,7 +350,7 @@ def capture(view: ModelView, ps: PromptList, layout: HookLayout, layers: Sequenc
     def keep(view_: ModelView, rec: Recorder) -> None:
         for l in layers:
             rec.add(layout.name(l), ("sweep_act", l),
-                    lambda x, batch: _as_heads(x, layout, view.n_heads).detach().to("cpu", copy=True))
+                    lambda x, batch: _as_heads(x, layout, view).detach().to("cpu", copy=True))
     reductions: list[Any] = [keep]
     logits_out: dict[int, Tensor] = {}
     on_logits = None
@@ -346,32 +387,50 @@ def _real(act: Tensor, layout: HookLayout, n: int) -> Tensor:
 
 
 def _call_measure(measure: Measure, logits: Tensor, n: int) -> Tensor:
+    """The function's ``[prompt]`` values as float64 (non-finite ones kept: the sweep names them),
+    or a specific error for anything but one real number per prompt."""
     assert measure.fn is not None
-    out = measure.fn(logits)
-    out = torch.as_tensor(out).detach().to("cpu").double().reshape(-1) if out is not None else None
-    if out is None or out.numel() != n:
-        raise ThermoLensInputError(
-            f"measure {measure.label}: a logit measure must return one value per prompt ([batch] = {n}), got "
-            f"{None if out is None else out.numel()} values")
+    got = measure.fn(logits)
+    want = f"measure {measure.label}: a logit measure must return one real number per prompt ([batch] = {n}, a " \
+           "tensor, array or list of numbers)"
+    if got is None or isinstance(got, (str, bytes)) or (isinstance(got, (list, tuple)) and any(
+            isinstance(v, (str, bytes)) or v is None for v in got)):
+        raise ThermoLensInputError(f"{want}, got {type(got).__name__} {excerpt(got)}")
+    try:
+        out = torch.as_tensor(got.detach() if isinstance(got, Tensor) else got)
+    except (TypeError, ValueError, RuntimeError):
+        raise ThermoLensInputError(f"{want}, got {type(got).__name__} {excerpt(got)}") from None
+    if out.is_complex() or not (out.is_floating_point() or out.dtype in _INT_DTYPES):
+        raise ThermoLensInputError(f"{want}, got values of dtype {out.dtype}")
+    out = out.to("cpu").double().reshape(-1)
+    if out.numel() != n:
+        raise ThermoLensInputError(f"{want}, got {out.numel()} values")
     return out
+
+
+_INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 
 
 @dataclass(frozen=True)
 class Condition:
-    """One cell: the layer, the head (or None: every head) and the positions of each prompt it edits."""
+    """One cell: the layer, the head (or None: every head), the positions of each prompt it edits,
+    and the slot of the values it writes there (one per swept position label)."""
 
     layer: int
     head: int | None
     positions: tuple[tuple[int, ...], ...]  # per prompt, indices of its real tokens
+    slot: int = 0  # which values it writes: sources[(layer, slot)]
 
 
 def run_conditions(view: ModelView, ps: PromptList, layout: HookLayout, conditions: Sequence[Condition],
-                   sources: dict[int, list[Tensor]] | None, settings: RunSettings, rows_per_pass: int, *,
+                   sources: Sources, settings: RunSettings, rows_per_pass: int, *,
                    measure: Measure, token_scope: str, min_tokens: int,
                    start_at_layer: bool = True) -> tuple[Tensor, Any, str]:
     """The measure of every prompt under every condition: ``[1 + n_conditions, prompt]`` (row 0:
     no condition), the provenance of the baseline copy, and how the passes ran.
-    ``sources[layer][p]``: the values written into prompt ``p`` (its real tokens; ``None``: zeros).
+    ``sources[(layer, slot)][p]``: the values a condition of that layer and slot writes into prompt
+    ``p``, in the order of its positions (``[k, ...]``; ``[head, k, key]`` for a square hook);
+    ``sources=None``: zeros.
 
     Where the host supports it (:func:`thermo_lens.sweeps.start.start_support`) and
     ``start_at_layer``, each cell's pass starts at its layer from the unpatched run's residual
@@ -389,7 +448,7 @@ def run_conditions(view: ModelView, ps: PromptList, layout: HookLayout, conditio
 
 
 def _stacked(view: ModelView, ps: PromptList, layout: HookLayout, copies: Sequence[Condition | None],
-             sources: dict[int, list[Tensor]] | None, settings: RunSettings, rows_per_pass: int,
+             sources: Sources, settings: RunSettings, rows_per_pass: int,
              reductions: list[Any], *, measure: Measure, token_scope: str, min_tokens: int,
              state: dict[str, Any] | None = None) -> tuple[Tensor, Collected]:
     """One run of ``len(copies)`` copies of the prompts stacked along the batch (whole copies per
@@ -405,14 +464,21 @@ def _stacked(view: ModelView, ps: PromptList, layout: HookLayout, copies: Sequen
     def edit(layer: int) -> Callable:
         def hook(x: Tensor, hook: Any = None) -> Tensor:
             batch: TokenBatch = state["batch"]
-            x4 = _as_heads(x, layout, view.n_heads)
-            src_l = None if sources is None else sources[layer]
+            x4 = _as_heads(x, layout, view)
+            if layout.head_dim is not None and x4.shape[layout.head_dim] != layout.n_heads(view):
+                raise ThermoLensInputError(
+                    f"{layout.name(layer)} has {x4.shape[layout.head_dim]} heads on axis {layout.head_dim} "
+                    f"(shape {tuple(x4.shape)}), but the model's config gives {layout.n_heads(view)} "
+                    f"{'key/value ' if layout.kv else ''}heads: this host lays the hook out otherwise; sweep "
+                    "attn.hook_z or a position hook")
+            lengths = batch.lengths.tolist()
             for b, row in enumerate(batch.prompt_index.tolist()):
                 c, p = divmod(row, P)
                 cond = copies[c]
                 if cond is None or cond.layer != layer:
                     continue
-                _write(x4, b, layout, cond.head, cond.positions[p], None if src_l is None else src_l[p])
+                src = None if sources is None else sources[(layer, cond.slot)][p]
+                _write(x4, b, layout, cond.head, cond.positions[p], src, int(lengths[b]))
             return x
         return hook
 
@@ -444,7 +510,7 @@ _START_RTOL = 1e-4
 
 
 def _from_layers(view: ModelView, ps: PromptList, layout: HookLayout, conditions: Sequence[Condition],
-                 sources: dict[int, list[Tensor]] | None, settings: RunSettings, rows_per_pass: int, *,
+                 sources: Sources, settings: RunSettings, rows_per_pass: int, *,
                  measure: Measure, token_scope: str,
                  min_tokens: int) -> tuple[tuple[Tensor, Any, str] | None, str]:
     """:func:`run_conditions` with each cell's pass starting at its layer (or at the measure's block,
@@ -534,20 +600,23 @@ def _start_reductions(measure: Measure, token_scope: str, s: int, names: Sequenc
     return [_only(residual_norms, lambda key: key[1] >= s), earlier]
 
 
-def _write(x: Tensor, b: int, layout: HookLayout, head: int | None, pos: tuple[int, ...], src: Tensor | None) -> None:
-    """Row ``b`` of ``x`` at ``pos`` (and ``head``) := ``src`` (one prompt's activation, real tokens) or 0."""
+def _write(x: Tensor, b: int, layout: HookLayout, head: int | None, pos: tuple[int, ...], src: Tensor | None,
+           n_real: int) -> None:
+    """Row ``b`` of ``x`` at ``pos`` (and ``head``) := ``src`` (the values at those positions, in
+    their order: ``[k, ...]``, or ``[head, k, key]`` for a square hook) or 0. A square hook's row is
+    written over the prompt's ``n_real`` real keys only: a zeroed attention score of a padding key
+    would let a shorter prompt attend to its padding."""
     p = torch.as_tensor(pos, dtype=torch.long, device=x.device)
     s = None if src is None else src.to(device=x.device, dtype=x.dtype)
-    if layout.pos_dim == 1:  # [batch, pos, (head), ...]
+    if not layout.square:  # [batch, pos, (head), ...]
         if head is None:
-            x[b, p] = 0 if s is None else s[p]
+            x[b, p] = 0 if s is None else s
         else:
-            x[b, p, head] = 0 if s is None else s[p, head]
-    else:  # [batch, head, query, key]: a position is a query row, over its real keys
-        n = int(s.shape[-1]) if s is not None else None
+            x[b, p, head] = 0 if s is None else s[:, head]
+    else:  # [batch, head, query, key]: a position is a query row, over the real keys
+        keys = slice(0, n_real if s is None else int(s.shape[-1]))
         heads = slice(None) if head is None else head
-        keys = slice(None) if n is None else slice(0, n)
         if s is None:
             x[b, heads, p, keys] = 0
         else:
-            x[b, heads, p, keys] = s[heads][..., p, :] if head is None else s[head][p]
+            x[b, heads, p, keys] = s if head is None else s[head]

@@ -12,6 +12,7 @@ t-CI (a ratio of means, so prompts with a small clean-corrupted gap do not blow 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ from torch import Tensor
 
 from thermo_lens._lazy import pandas as pd
 from thermo_lens._lazy import scipy_stats
+from thermo_lens.errors import ThermoLensWarning
 from thermo_lens.paired import paired_t
 from thermo_lens.provenance import Provenance, ProvenanceFields
 from thermo_lens.result import Result
@@ -44,7 +46,7 @@ class SweepResult(ProvenanceFields, Result):
             ``"block_gain:<layer>"``, ``"attribution_total:<layer>"``, ``"attribution_head:<layer>[.<head>]"``,
             ``"sheaf_trace:<layer>[.<head>]"``, or ``"logits:<function name>"``).
         layers, heads, positions: the labels of the cell axes (``positions`` as given: negative
-            from each prompt's end; empty where the axis is not swept).
+            from each prompt's own end, non-negative from its start; empty where the axis is not swept).
         per_prompt: ``[prompt, layer, head]`` / ``[prompt, layer, pos]`` / ``[prompt, layer, head, pos]``
             float64, the effect per prompt and cell.
         baseline: ``[prompt]`` the measure without any condition (the corrupted prompts for patching).
@@ -63,6 +65,13 @@ class SweepResult(ProvenanceFields, Result):
         measure_definition: what the measure is (:data:`thermo_lens.sweeps.MEASURE_DEFINITIONS`).
         passes: how the passes ran: from each cell's layer (the host's start-at-layer, the unpatched
             residual there) or every one from the embedding, and why (:mod:`thermo_lens.sweeps.start`).
+        alignment: how positions align across prompts of different token lengths (non-negative from
+            each prompt's start, negative from its own end), and the lengths.
+        head_kind: ``"head"``, or ``"kv_head"`` for a key/value hook (``attn.hook_k``, ``attn.hook_v``:
+            ``heads`` are then the KV heads, ``n_kv_heads`` of them under grouped-query attention); the
+            frames' column name.
+        notes: where a number is NaN and why (a cell whose measure is not finite for some prompt, a
+            fraction restored of a zero clean-corrupted gap); each was also warned about.
     """
 
     kind: str
@@ -91,10 +100,28 @@ class SweepResult(ProvenanceFields, Result):
     level: float = 0.95
     measure_definition: str = ""
     passes: str = ""
+    alignment: str = ""
+    head_kind: str = "head"
+    notes: tuple[str, ...] = ()
 
     @property
     def dims(self) -> tuple[str, ...]:
-        return ("layer",) + tuple(self.over)
+        """The cell axes' names: ``layer``, then ``head`` (``kv_head`` for a key/value hook) and/or ``pos``."""
+        return ("layer",) + tuple(self.head_kind if d == "head" else d for d in self.over)
+
+    @property
+    def n_tested(self) -> int:
+        """The cells with a p-value: the Holm family (NaN cells are left out of it)."""
+        return int(np.isfinite(self.pvalue.double().numpy()).sum())
+
+    @property
+    def holm_text(self) -> str:
+        """``"Holm over the 14 cells with a p-value (2 NaN: ...)"``: the family the adjustment used."""
+        n, total = self.n_tested, self.effect.numel()
+        if n == total:
+            return f"Holm over the {total} cells"
+        return (f"Holm over the {n} cells with a p-value ({total - n} of {total} have none: NaN, from fewer than 2 "
+                "prompts, zero variance or an undefined measure)")
 
     @property
     def n_prompts(self) -> int:
@@ -102,23 +129,23 @@ class SweepResult(ProvenanceFields, Result):
 
     def settings(self) -> dict[str, Any]:
         """The definition of every number: ``kind, method, hook, measure, token_scope, prepend_bos,
-        n_prompts, level, patched_positions, reference, measure_definition, passes``."""
+        n_prompts, level, patched_positions, reference, measure_definition, passes, alignment,
+        holm_family`` (the cells Holm adjusted over) and ``notes``."""
         return {"kind": self.kind, "method": self.method, "hook": self.hook, "measure": self.measure,
                 "token_scope": self.token_scope, "prepend_bos": str(self.prepend_bos),
                 "n_prompts": self.n_prompts, "level": self.level, "patched_positions": self.patched_positions,
                 "reference": self.reference, "measure_definition": self.measure_definition,
-                "passes": self.passes}
+                "passes": self.passes, "alignment": self.alignment, "holm_family": self.n_tested,
+                "notes": "; ".join(self.notes)}
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per cell: ``layer`` (and ``head`` / ``pos``), ``effect, ci_low, ci_high, pvalue,
+        """One row per cell: ``layer`` (and ``head`` or ``kv_head`` / ``pos``), ``effect, ci_low, ci_high, pvalue,
         pvalue_adjusted, significant`` (adjusted p below ``1 - level``), for patching ``fraction_restored,
         fraction_ci_low, fraction_ci_high``, the means ``baseline`` (and ``clean``), and the settings and
         definition columns (``measure, method, hook, token_scope, prepend_bos, n_prompts, model, hooks`` ...).
         Merges with the spectral, sheaf and attribution frames on ``layer`` / ``head``."""
-        labels = {"layer": self.layers, "head": self.heads, "pos": self.positions}
+        df = self._cells()
         shape = tuple(self.effect.shape)
-        grids = np.meshgrid(*[np.asarray(labels[d]) for d in self.dims], indexing="ij")
-        df = pd.DataFrame({d: g.ravel() for d, g in zip(self.dims, grids)})
         flat = lambda t: t.double().numpy().reshape(-1)  # noqa: E731
         for col, t in (("effect", self.effect), ("ci_low", self.ci_low), ("ci_high", self.ci_high),
                        ("pvalue", self.pvalue), ("pvalue_adjusted", self.pvalue_adjusted)):
@@ -130,6 +157,34 @@ class SweepResult(ProvenanceFields, Result):
             df["clean"] = float(self.clean.double().mean())
         df["baseline"] = float(self.baseline.double().mean())
         assert len(df) == int(np.prod(shape))
+        for k, v in self.settings().items():
+            df[k] = v
+        for k, v in self.provenance.columns().items():
+            if k not in df:
+                df[k] = v
+        return df
+
+    def _cells(self) -> pd.DataFrame:
+        """The cell labels, one row per cell in ``effect``'s (C) order."""
+        labels = {"layer": self.layers, self.head_kind: self.heads, "pos": self.positions}
+        grids = np.meshgrid(*[np.asarray(labels[d]) for d in self.dims], indexing="ij")
+        return pd.DataFrame({d: g.ravel() for d, g in zip(self.dims, grids)})
+
+    def prompt_frame(self) -> pd.DataFrame:
+        """One row per (prompt, cell): ``prompt`` (the index in your prompt list, as every per-prompt
+        frame of the package), ``text`` (the corrupted prompt for patching), ``n_tokens``, the cell
+        labels, the per-prompt ``effect``, ``baseline`` (and ``clean``) and the settings columns."""
+        cells = self._cells()
+        C, P = len(cells), self.n_prompts
+        df = pd.DataFrame({"prompt": np.repeat(np.arange(P), C), "text": np.repeat(np.asarray(self.prompts,
+                                                                                                dtype=object), C),
+                           "n_tokens": np.repeat(self.provenance.lengths.numpy(), C)})
+        for col in cells.columns:
+            df[col] = np.tile(cells[col].to_numpy(), P)
+        df["effect"] = self.per_prompt.double().numpy().reshape(P, C).reshape(-1)
+        df["baseline"] = np.repeat(self.baseline.double().numpy(), C)
+        if self.kind == "patch":
+            df["clean"] = np.repeat(self.clean.double().numpy(), C)
         for k, v in self.settings().items():
             df[k] = v
         for k, v in self.provenance.columns().items():
@@ -150,25 +205,34 @@ class SweepResult(ProvenanceFields, Result):
                  f"measure={self.measure!r}, token_scope={self.token_scope!r}, prepend_bos={self.prepend_bos!r}, "
                  f"{self.n_prompts} prompts, per_prompt [{dims}] {tuple(self.per_prompt.shape)})",
                  f"  effect = measure under the condition - measure without it; {100 * self.level:g}% paired t-CI, "
-                 f"two-sided paired t-test, Holm over the {self.effect.numel()} cells"]
+                 f"two-sided paired t-test, {self.holm_text}"]
         if self.measure_definition:
             lines.append(f"  measure: {self.measure_definition}")
         if self.reference:
             lines.append(f"  values from: {self.reference}")
         if self.passes:
             lines.append(f"  passes: {self.passes}")
+        if self.alignment:
+            lines.append(f"  positions: {self.alignment}")
         lines.append(f"  baseline mean {float(self.baseline.double().mean()):.4g}"
                      + (f"; clean mean {float(self.clean.double().mean()):.4g}" if self.kind == "patch" else ""))
         p = self.pvalue_adjusted.numpy()
         n_sig = int(np.sum(p < 1 - self.level))
-        lines.append(f"  {n_sig} of {p.size} cells with Holm-adjusted p < {1 - self.level:.2g}; largest |effect|:")
+        lines.append(f"  {n_sig} of {self.n_tested} tested cells with Holm-adjusted p < {1 - self.level:.2g}; "
+                     "largest |effect|:")
         for _, row in self.top(5).iterrows():
             at = ", ".join(f"{d} {int(row[d])}" for d in self.dims)
             frac = f", restores {row['fraction_restored']:+.3g}" if self.kind == "patch" else ""
             lines.append(f"    {at:<22} {row['effect']:+.4g} [{row['ci_low']:+.4g}, {row['ci_high']:+.4g}] "
                          f"p_adj={row['pvalue_adjusted']:.3g}{frac}")
         lines.append(f"  hooks: {self.provenance.hooks_text}")
+        lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+#: A mean clean-corrupted gap at most this fraction of the measures' mean magnitude is no gap
+#: (float32 rounding is ~1e-7 relative; the measures come from passes of different batch shapes).
+_GAP_RTOL = 1e-6
 
 
 def fraction_restored(effect: Tensor, gap: Tensor, level: float) -> tuple[Tensor, Tensor, Tensor]:
@@ -178,7 +242,9 @@ def fraction_restored(effect: Tensor, gap: Tensor, level: float) -> tuple[Tensor
     d = gap.double().reshape((-1,) + (1,) * (e.ndim - 1))
     n = e.shape[0]
     me, md = e.mean(0), d.mean(0)
-    r = me / md
+    # a zero mean gap (clean and corrupted measure the same on average, e.g. a pair set and its swap)
+    # leaves no fraction to restore: NaN, not +-inf (the sweep notes it)
+    r = torch.where(md != 0, me / torch.where(md != 0, md, 1.0), float("nan"))
     if n < 2:
         nan = torch.full_like(r, float("nan"))
         return r, nan, nan
@@ -201,11 +267,23 @@ def build_result(*, per_prompt: Tensor, baseline: Tensor, clean: Tensor | None, 
         return torch.as_tensor(np.broadcast_to(np.asarray(v, dtype=np.float64), cells).copy())
     adj = holm(p).reshape(cells)
     empty = torch.zeros(0, dtype=torch.float64)
+    notes = list(fields.pop("notes", ()))
     if clean is not None:
-        frac, lo, hi = fraction_restored(d, clean.double() - baseline.double(), level)
+        gap = clean.double() - baseline.double()
+        frac, lo, hi = fraction_restored(d, gap, level)
+        # A mean gap within float32 rounding of the measures (e.g. pairs and their swaps, whose gaps
+        # cancel) is no difference to restore: its ratio would be +-inf or noise, so NaN and a note.
+        scale = float(torch.cat([clean.double(), baseline.double()]).abs().mean())
+        if bool(torch.isfinite(gap).all()) and abs(float(gap.mean())) <= _GAP_RTOL * scale:
+            frac, lo, hi = (torch.full_like(frac, float("nan")) for _ in range(3))
+            note = (f"the clean and corrupted prompts' mean {fields.get('measure')} are equal (mean gap "
+                    f"{float(gap.mean()):.2g}, within float32 rounding of the measure's scale {scale:.3g}; e.g. pairs "
+                    "and their swaps): there is no difference to restore, so every cell's fraction restored is NaN")
+            notes.append(note)
+            warnings.warn(note, ThermoLensWarning, stacklevel=3)
     else:
         frac = lo = hi = empty
     return SweepResult(per_prompt=d, baseline=baseline.double(), clean=empty if clean is None else clean.double(),
                        effect=t(summary.mean), ci_low=t(summary.ci_low), ci_high=t(summary.ci_high), pvalue=t(p),
                        pvalue_adjusted=t(adj), fraction=frac, fraction_low=lo, fraction_high=hi, level=level,
-                       **fields)
+                       notes=tuple(notes), **fields)

@@ -64,11 +64,25 @@ def _layer_list(model: Any) -> tuple[torch.nn.Module, str] | None:
     return None
 
 
-def _takes_start(fn: Any) -> bool:
-    try:
-        return "start_at_layer" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
+def _takes_start(model: Any) -> bool:
+    """Whether ``model.forward`` takes ``start_at_layer``: named in its signature, or passed on by
+    a subclass's ``forward(input, **kwargs)`` to a parent class's forward that names it (SAELens'
+    ``HookedSAETransformer.forward`` hands every keyword to ``HookedTransformer.forward``)."""
+    # an instance's own forward first (e.g. accelerate's offloading wrapper), then the classes'
+    owners = [getattr(model, "__dict__", {})] + [cls.__dict__ for cls in type(model).__mro__]
+    for owner in owners:
+        fn = owner.get("forward")
+        if fn is None:
+            continue
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            return False
+        if "start_at_layer" in params:
+            return True
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return False  # this forward neither names it nor passes keywords on
+    return False
 
 
 def start_support(view: ModelView, fwd_hooks: Sequence[tuple[Any, Callable]]) -> str | None:
@@ -76,7 +90,7 @@ def start_support(view: ModelView, fwd_hooks: Sequence[tuple[Any, Callable]]) ->
     model = view.model
     if view.backend == "hooked_encoder":
         return "HookedEncoder has no start_at_layer"
-    if not _takes_start(getattr(model, "forward", None)):  # run_with_hooks passes it on (by name or **kwargs)
+    if not _takes_start(model):  # run_with_hooks passes it on (by name or **kwargs)
         return f"{view.host.describe()} has no start_at_layer"
     if view.backend == "bridge" and _layer_list(model) is None:
         return "the bridge's HF model holds its blocks in no layer list (its start_at_layer would run every block)"

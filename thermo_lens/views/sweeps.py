@@ -22,8 +22,34 @@ __all__ = ["sweep_heatmap", "paired_difference_plot"]
 def _definition(s: Any) -> str:
     what = (f"patching {s.hook} from the clean prompt" if s.kind == "patch" else f"{s.method}-ablating {s.hook}")
     return (f"effect = {s.measure} under the condition ({what}) - {s.measure} without it, mean over {s.n_prompts} "
-            f"prompts; {100 * s.level:g}% paired t-CI; p Holm-adjusted over the {s.effect.numel()} cells; "
+            f"prompts; {100 * s.level:g}% paired t-CI; p {_holm(s)}; "
             f"token_scope={s.token_scope}, prepend_bos={s.prepend_bos}; model {s.model.get('name')}")
+
+
+def _holm(s: Any) -> str:
+    n = int(np.isfinite(to_numpy(s.pvalue)).sum())
+    total = int(s.effect.numel())
+    return (f"Holm-adjusted over the {total} cells" if n == total else
+            f"Holm-adjusted over the {n} cells with a p-value ({total - n} NaN cells left out)")
+
+
+def _pos_index(sweep: Any, pos: int) -> int:
+    """The index in ``sweep.positions`` of the swept position ``pos`` (a position as given to the
+    sweep: ``-1`` is the last token; a non-negative one also matches the same token given from the
+    end when every prompt has one length)."""
+    swept = [int(q) for q in sweep.positions]
+    if isinstance(pos, bool) or not isinstance(pos, (int, np.integer)):
+        raise ThermoLensViewError(f"sweep_heatmap: pos must be a swept position (an int in {swept}), got {pos!r}")
+    if int(pos) in swept:
+        return swept.index(int(pos))
+    lengths = {int(n) for n in to_numpy(sweep.provenance.lengths).tolist()}
+    if len(lengths) == 1:  # one length: -1 and n - 1 are the same token of every prompt
+        n = lengths.pop()
+        same = [k for k, q in enumerate(swept) if (q % n if -n <= q < n else None) == int(pos) % n]
+        if same and -n <= int(pos) < n:
+            return same[0]
+    raise ThermoLensViewError(f"sweep_heatmap: position {pos} was not swept (positions {swept}; negative from each "
+                              "prompt's end)")
 
 
 @register_plot("SweepResult")
@@ -32,8 +58,9 @@ def sweep_heatmap(sweep: Any, *, pos: int | None = None, head: int | None = None
 
     Args:
         sweep: a :class:`thermo_lens.sweeps.SweepResult`.
-        pos: for a ``("head", "pos")`` sweep, the position (index into ``sweep.positions``) whose
-            ``[layer, head]`` map is drawn (default ``None``: the last swept position).
+        pos: for a ``("head", "pos")`` sweep, the swept position whose ``[layer, head]`` map is drawn,
+            as the sweep was given it (``-1``: each prompt's last token; on prompts of one length
+            ``n - 1`` names the same token); default ``None``: the last position in ``sweep.positions``.
         head: for a ``("head", "pos")`` sweep, draw the ``[layer, pos]`` map of this head instead
             (default ``None``).
         mark: the marker symbol over non-significant cells (Holm-adjusted p >= ``1 - level``);
@@ -48,7 +75,8 @@ def sweep_heatmap(sweep: Any, *, pos: int | None = None, head: int | None = None
     if patch:
         arrays.update(fraction=to_numpy(sweep.fraction), fraction_low=to_numpy(sweep.fraction_low),
                       fraction_high=to_numpy(sweep.fraction_high))
-    cols, col_name, sel = list(sweep.heads or sweep.positions), "head" if sweep.heads else "pos", ""
+    head_name = getattr(sweep, "head_kind", "head")
+    cols, col_name, sel = list(sweep.heads or sweep.positions), head_name if sweep.heads else "pos", ""
     if tuple(sweep.over) == ("head", "pos"):
         if head is not None:
             if head not in sweep.heads:
@@ -57,10 +85,7 @@ def sweep_heatmap(sweep: Any, *, pos: int | None = None, head: int | None = None
             arrays = {k: v[:, j, :] for k, v in arrays.items()}
             cols, col_name, sel = list(sweep.positions), "pos", f", head {head}"
         else:
-            k = len(sweep.positions) - 1 if pos is None else pos
-            if not -len(sweep.positions) <= k < len(sweep.positions):
-                raise ThermoLensViewError(f"sweep_heatmap: pos index {pos} out of range for {len(sweep.positions)} "
-                                          "swept positions")
+            k = len(sweep.positions) - 1 if pos is None else _pos_index(sweep, pos)
             arrays = {name: v[:, :, k] for name, v in arrays.items()}
             sel = f", position {sweep.positions[k]}"
     z = arrays["effect"]
