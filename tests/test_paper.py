@@ -1,4 +1,4 @@
-"""The paper namespace: README numbers vs their computation, each checked against scipy directly."""
+"""The paper namespace: the findings page's numbers vs their computation, each checked against scipy directly."""
 
 import itertools
 import re
@@ -17,19 +17,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _readme_block() -> str:
-    text = (ROOT / "README.md").read_text()
+    """The generated findings block of the docs' findings page (the README links to it)."""
+    text = (ROOT / "docs" / "findings.md").read_text()
     m = re.search(r"<!-- findings:start -->\n(.*?)\n<!-- findings:end -->", text, flags=re.S)
-    assert m, "README lost its findings markers"
+    assert m, "docs/findings.md lost its findings markers"
     return m.group(1)
 
 
 @pytest.mark.slow
 def test_readme_numbers_are_the_computed_ones():
-    """Every number in the README's findings section comes from paper.findings (regenerate with
+    """Every number in the findings page's generated section comes from paper.findings (regenerate with
     ``python -c "from thermo_lens.paper import findings; print(findings.readme_section())"``)."""
     block, generated = _readme_block(), findings.readme_section()
     nums = lambda s: re.findall(r"-?\d+(?:\.\d+)?", s)  # noqa: E731
-    assert nums(block) == nums(generated), "README numbers drifted from thermo_lens.paper.findings"
+    assert nums(block) == nums(generated), "docs/findings.md numbers drifted from thermo_lens.paper.findings"
     assert block == generated
 
 
