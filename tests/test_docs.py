@@ -138,3 +138,18 @@ def test_the_docs_extra_installs_the_site_tools():
     for tool in ("mkdocs-material>=", "mkdocstrings-python>=", "mkdocs-jupyter>="):
         assert tool in line, tool
     assert "mkdocs build --strict" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+
+
+@pytest.mark.slow
+def test_the_front_page_figure_is_what_its_script_draws_from_the_embedded_models():
+    spec = importlib.util.spec_from_file_location("block_gain", DOCS / "figures" / "block_gain.py")
+    assert spec and spec.loader
+    fig = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fig)
+    data = fig.measure()
+    assert set(data) == set(fig.MODELS)
+    for mean, low, high in data.values():
+        assert (low <= mean).all() and (mean <= high).all() and len(mean) == 4
+    committed = (DOCS / "assets" / "block-gain.svg").read_text(encoding="utf-8")
+    assert fig.svg(data) == committed, "redraw it: python docs/figures/block_gain.py"
+    assert len(committed) < 8_000  # a small figure

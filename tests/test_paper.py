@@ -119,6 +119,7 @@ def test_kleiber_bound_violations_over_both_tables_and_every_metric():
     assert by["metric A (G_(L-1))"] == (23, 6)
 
 
+@pytest.mark.slow
 def test_heritage_numbers():
     """Blaker's p and the interval inverting it; the doubled p with scipy's central interval."""
     f = findings.compute()
@@ -141,6 +142,7 @@ def test_heritage_numbers():
     assert f["heritage_other_dampeners"] == ["bloom-3b", "opt-350m"]
 
 
+@pytest.mark.slow
 def test_crowding_within_and_across_family():
     f = findings.compute()
     w, a, al = f["crowding_within"], f["crowding_across"], f["crowding_all"]
@@ -162,6 +164,7 @@ def test_crowding_within_and_across_family():
     assert al["n"] == 23 and al["accuracy"] == pytest.approx(al["baseline"]) and round(al["baseline"], 2) == 0.61
 
 
+@pytest.mark.slow
 def test_twin_and_hierarchy_numbers():
     f = findings.compute()
     assert (f["twin_kept"], f["twin_n"]) == (3, 3)
@@ -180,6 +183,7 @@ def test_twin_and_hierarchy_numbers():
     assert f["hier_bench_n"] == 4
 
 
+@pytest.mark.slow
 def test_l_star_baselines_on_the_papers_validation_models():
     f = findings.compute()
     v = findings.l_star_validation_table()
@@ -192,6 +196,7 @@ def test_l_star_baselines_on_the_papers_validation_models():
     assert round(100 * np.mean(abs(pred - e) / e), 1) == 28.8 == round(100 * f["lstar_eq6_ape"], 1)
 
 
+@pytest.mark.slow
 def test_eq6_and_half_depth_are_indistinguishable_by_a_paired_test():
     """"L/2 predicts better than eq. 6" is not supported: the paired exact Wilcoxon p is 1.0 (|err|/L)
     and 0.84 (APE), and without BLOOM (ALiBi, outside eq. 6's scope) the APE ranking flips."""
