@@ -46,6 +46,7 @@ def test_anisotropy_equals_dense_cosines_of_hf_states(arch, bridge, hf_model, ch
     assert res.post_ln == (arch in ("bert", "opt_postln"))
 
 
+@pytest.mark.slow
 def test_same_pass_as_the_gain(bridge):
     view = ModelView(bridge("neox"))
     calls = []

@@ -108,6 +108,7 @@ def test_every_module_has_a_layer():
     assert not missing, f"add these modules to LAYERS (and to the docstring's table): {missing}"
 
 
+@pytest.mark.slow
 def test_no_upward_import():
     upward = {(a, b) for a, b in _edges()
               if _layer(a) is not None and _layer(b) is not None and _layer(b) > _layer(a)}  # type: ignore[operator]
@@ -118,6 +119,7 @@ def test_no_upward_import():
     assert not gone, f"fixed, so remove from KNOWN_UPWARD: {gone}"
 
 
+@pytest.mark.slow
 def test_no_import_cycle():
     graph: dict[str, set[str]] = {}
     for a, b in _edges():

@@ -170,6 +170,7 @@ def test_scope_and_frames(bridge):
     torch.testing.assert_close(prof.attribution.head, a.head, rtol=1e-5, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_heatmap_and_panel(bridge):
     model = bridge("gpt2")
     a = tl.gain_attribution(model, PROMPTS)

@@ -12,7 +12,7 @@ _OWNED_ELSEWHERE = {"thermo_lens/laws.py"}
 
 
 def _sources():
-    for pattern in ("thermo_lens/**/*.py", "tutorials/*.ipynb", "tests/*.py", "README.md", "thermo_lens/*.md"):
+    for pattern in ("thermo_lens/**/*.py", "tutorials/*.ipynb", "tests/*.py", "README.md", "thermo_lens/*.md", "docs/**/*.md"):
         for p in ROOT.glob(pattern):
             rel = p.relative_to(ROOT).as_posix()
             if rel not in _OWNED_ELSEWHERE and p.name != "test_definitions.py":

@@ -16,6 +16,7 @@ from thermo_lens.sweeps import LogitDifference, ablation_sweep, patch_sweep
 pytestmark = pytest.mark.hosts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("host", ["HookedTransformer", "TransformerBridge"])
 @pytest.mark.parametrize("arch", ["gpt2", "llama_gqa"])
 def test_sweep_cells_on_each_host(host_model, host, arch):  # noqa: F811
@@ -38,6 +39,7 @@ def test_sweep_cells_on_each_host(host_model, host, arch):  # noqa: F811
     assert tuple(z.per_prompt.shape) == (3, 1, m.cfg.n_heads) and bool(torch.isfinite(z.per_prompt).all())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("host", ["HookedTransformer", "TransformerBridge"])
 @pytest.mark.parametrize("arch", ["gpt2", "llama_gqa"])
 def test_start_at_layer_cells_equal_full_passes(host_model, host, arch):  # noqa: F811

@@ -82,6 +82,7 @@ def test_hierarchy_on_benchmark():
 
 # ---------------------------------------------------------------- correlation vs scipy
 
+@pytest.mark.slow
 @settings(max_examples=examples(40), deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(4, 40))
 def test_correlation_matches_scipy(seed, n):
@@ -393,6 +394,7 @@ def test_every_law_carries_its_tests():
         assert "primary test (declared; not adjusted)" in repr(r) and "leave-one-out" in repr(r)
 
 
+@pytest.mark.slow
 def test_holm_family_holds_distinct_nulls_only():
     """Kleiber's family held six tests before, pairs of them of one null (Spearman with 10^(1/L) is
     Spearman with L; Pearson and Spearman on one pair): now the primary is alone, the family is the
@@ -421,6 +423,7 @@ def test_holm_family_holds_distinct_nulls_only():
         declare(two)
 
 
+@pytest.mark.slow
 def test_kleiber_tests_small_n_and_leave_one_out():
     k = laws.kleiber(reference.pythia_family())
     assert len(k.tests) == 5
@@ -645,6 +648,7 @@ def test_twin_primary_and_matched_intervals():
     assert (mag.ci_low, mag.ci_high) == (0.0, math.inf)  # 3 pairs: no ratio is rejected at 5% (min p = 0.25)
 
 
+@pytest.mark.slow
 def test_crowding_separation_gets_an_exact_p_and_says_in_sample():
     """Within Pythia rho separates the classes: no finite MLE, so the asymptotic LR p (8.7e-4) is
     not valid; the exact conditional p is 1/70, and it is not counted beside the rule (same null)."""

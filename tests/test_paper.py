@@ -1,4 +1,4 @@
-"""The paper namespace: README numbers vs their computation, each checked against scipy directly."""
+"""The paper namespace: the findings page's numbers vs their computation, each checked against scipy directly."""
 
 import itertools
 import re
@@ -17,19 +17,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _readme_block() -> str:
-    text = (ROOT / "README.md").read_text()
+    """The generated findings block of the docs' findings page (the README links to it)."""
+    text = (ROOT / "docs" / "findings.md").read_text()
     m = re.search(r"<!-- findings:start -->\n(.*?)\n<!-- findings:end -->", text, flags=re.S)
-    assert m, "README lost its findings markers"
+    assert m, "docs/findings.md lost its findings markers"
     return m.group(1)
 
 
 @pytest.mark.slow
 def test_readme_numbers_are_the_computed_ones():
-    """Every number in the README's findings section comes from paper.findings (regenerate with
+    """Every number in the findings page's generated section comes from paper.findings (regenerate with
     ``python -c "from thermo_lens.paper import findings; print(findings.readme_section())"``)."""
     block, generated = _readme_block(), findings.readme_section()
     nums = lambda s: re.findall(r"-?\d+(?:\.\d+)?", s)  # noqa: E731
-    assert nums(block) == nums(generated), "README numbers drifted from thermo_lens.paper.findings"
+    assert nums(block) == nums(generated), "docs/findings.md numbers drifted from thermo_lens.paper.findings"
     assert block == generated
 
 
@@ -118,6 +119,7 @@ def test_kleiber_bound_violations_over_both_tables_and_every_metric():
     assert by["metric A (G_(L-1))"] == (23, 6)
 
 
+@pytest.mark.slow
 def test_heritage_numbers():
     """Blaker's p and the interval inverting it; the doubled p with scipy's central interval."""
     f = findings.compute()
@@ -140,6 +142,7 @@ def test_heritage_numbers():
     assert f["heritage_other_dampeners"] == ["bloom-3b", "opt-350m"]
 
 
+@pytest.mark.slow
 def test_crowding_within_and_across_family():
     f = findings.compute()
     w, a, al = f["crowding_within"], f["crowding_across"], f["crowding_all"]
@@ -161,6 +164,7 @@ def test_crowding_within_and_across_family():
     assert al["n"] == 23 and al["accuracy"] == pytest.approx(al["baseline"]) and round(al["baseline"], 2) == 0.61
 
 
+@pytest.mark.slow
 def test_twin_and_hierarchy_numbers():
     f = findings.compute()
     assert (f["twin_kept"], f["twin_n"]) == (3, 3)
@@ -179,6 +183,7 @@ def test_twin_and_hierarchy_numbers():
     assert f["hier_bench_n"] == 4
 
 
+@pytest.mark.slow
 def test_l_star_baselines_on_the_papers_validation_models():
     f = findings.compute()
     v = findings.l_star_validation_table()
@@ -191,6 +196,7 @@ def test_l_star_baselines_on_the_papers_validation_models():
     assert round(100 * np.mean(abs(pred - e) / e), 1) == 28.8 == round(100 * f["lstar_eq6_ape"], 1)
 
 
+@pytest.mark.slow
 def test_eq6_and_half_depth_are_indistinguishable_by_a_paired_test():
     """"L/2 predicts better than eq. 6" is not supported: the paired exact Wilcoxon p is 1.0 (|err|/L)
     and 0.84 (APE), and without BLOOM (ALiBi, outside eq. 6's scope) the APE ranking flips."""

@@ -54,6 +54,7 @@ def test_buckets_of_equal_lengths_are_full():
     assert plan_batches([5] * 20, 8) == [list(range(8)), list(range(8, 16)), list(range(16, 20))]
 
 
+@pytest.mark.slow
 def test_bucketed_profile_equals_caller_order_batches(bridge):
     m = bridge("gpt2")
     p = profile(m, PROMPTS, batch_size=3)
@@ -63,6 +64,7 @@ def test_bucketed_profile_equals_caller_order_batches(bridge):
     torch.testing.assert_close(p.sheaf.trace, t.trace)
 
 
+@pytest.mark.slow
 def test_user_hooks_see_the_batches_of_the_clean_run(bridge):
     """The batch plan never depends on hooks (a paired difference then holds only the hooks' effect)."""
     sizes = []
@@ -74,6 +76,7 @@ def test_user_hooks_see_the_batches_of_the_clean_run(bridge):
 
 
 # ------------------------------------------------------------------------------ spectral cache
+@pytest.mark.slow
 def test_cache_reuses_then_sees_an_in_place_edit_of_W_V(tmp_path):
     model = boot("gpt2", tmp_path / "m")
     first = profile(model, PROMPTS[:3])

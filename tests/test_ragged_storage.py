@@ -36,6 +36,7 @@ def test_recorded_arrays_are_length_bucketed(tiny):
     assert torch.equal(col.in_caller_order(rows), col.lengths)
 
 
+@pytest.mark.slow
 def test_profile_never_pads_to_the_longest_prompt_and_matches_the_dense_computation(tiny, monkeypatch):
     prompts = SHORT[:12] + [LONG]
     dense_gain = thermo_lens.residual_gain(tiny, prompts, batch_size=4, progress=False, per_token=True)

@@ -25,6 +25,7 @@ def long_ctx_gpt2(tmp_path_factory):
     return TransformerBridge.boot_transformers(str(path))
 
 
+@pytest.mark.slow
 def test_paper25_per_category_equals_numpy(long_ctx_gpt2):
     ps = prompts.get("paper25")
     res = input_robustness(long_ctx_gpt2, token_scope="last", batch_size=13)

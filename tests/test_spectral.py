@@ -234,6 +234,7 @@ def test_hand_made_heads_with_known_answers():
     assert sig.trace_proxy.item() == pytest.approx(9.0)
 
 
+@pytest.mark.slow
 def test_lanczos_layer_norm_equals_dense_svd():
     gen = torch.Generator().manual_seed(1)
     w = torch.randn(3, 120, 90, generator=gen, dtype=torch.float64)
@@ -257,7 +258,7 @@ def test_lanczos_layer_norm_equals_dense_svd():
     torch.testing.assert_close(lan.layer_W_O_norm, svd.layer_W_O_norm, rtol=1e-12, atol=0)
 
 
-@pytest.mark.parametrize("method", ["lanczos", "gram", "svd", "auto"])
+@pytest.mark.parametrize("method", ["lanczos", "gram", pytest.param("svd", marks=pytest.mark.slow), "auto"])
 @pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
 def test_matrix_spectral_norm_of_half_precision_weights_is_reduced_in_float32(method, half):
     # A bf16 model's stored weights: every method reduces in float32 (Lanczos to bf16's own
@@ -281,6 +282,7 @@ def test_ov_norm_factored_of_half_precision_weights_is_reduced_in_float32():
     np.testing.assert_allclose(got.double().numpy(), dense, rtol=2e-6)
 
 
+@pytest.mark.slow
 def test_lanczos_converges_on_hard_spectra_and_falls_back_when_it_cannot():
     from thermo_lens.spectral.kernels import _lanczos_sigma_max
 

@@ -80,6 +80,7 @@ def _hard_matrices(gen):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stored", [torch.bfloat16, torch.float32, torch.float64])
 def test_lanczos_reads_stored_matrices_in_either_layout_to_machine_precision(stored, monkeypatch):
     monkeypatch.setattr(kernels, "_PANEL_ELEMENTS", 1000)  # several panels, even at this size
@@ -255,6 +256,7 @@ def test_lanczos_reads_a_layer_stored_head_after_head_in_place(stored, monkeypat
         np.testing.assert_allclose(float(lv[0]), want, rtol=2e-6)
 
 
+@pytest.mark.slow
 def test_lanczos_meets_1e_5_on_a_crowded_gaussian_spectrum():
     """The slowest case for the stopping rule: a square Gaussian matrix, its top singular values
     crowded at the Marchenko-Pastur edge (theta creeps up for dozens of steps); the result must
@@ -276,7 +278,7 @@ def _psd_with_spectrum(lams: torch.Tensor, gen: torch.Generator) -> torch.Tensor
     return (Q * lams) @ Q.T
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 64, 128, 256])
+@pytest.mark.parametrize("n", [1, 2, 3, 64, 128, pytest.param(256, marks=pytest.mark.slow)])
 def test_top_eigenvalue_by_squaring_meets_its_bound_on_hard_spectra(n):
     """The CUDA path of the per-head norms: within SQUARING_TOLERANCE (relative) of float64
     eigvalsh on spectra with no gap, exact ties, a near-tie, one dominant eigenvalue, rank one,

@@ -63,6 +63,7 @@ def test_corrupt_result_is_detected_and_recomputed(tmp_path):
     assert ThermoProfile.from_json((out / "a.json").read_text()).meta["name"] == "a"
 
 
+@pytest.mark.slow
 def test_failing_model_is_recorded_and_study_goes_on(tmp_path):
     out = tmp_path / "s"
     (tmp_path / "not-a-checkpoint").mkdir()  # a folder that exists but holds no model

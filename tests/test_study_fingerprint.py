@@ -41,6 +41,7 @@ def _replace_weights_keeping_size_header_and_mtime(ckpt):
     assert target.stat().st_mtime_ns == st.st_mtime_ns and target.stat().st_size == st.st_size
 
 
+@pytest.mark.slow
 def test_replaced_weights_at_the_same_path_are_profiled_again(tmp_path, capsys, calls, ckpt):
     out = tmp_path / "out"
     args = ["profile", ckpt, "--out", out, "--no-report"]

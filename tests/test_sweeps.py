@@ -54,6 +54,7 @@ def _patched_logits(model, corr, name: str, value_fn) -> torch.Tensor:
         return model.run_with_hooks(corr, fwd_hooks=[(name, hook)])
 
 
+@pytest.mark.slow
 def test_patch_head_cells_equal_single_condition_runs(bridge):
     m = bridge("gpt2")
     clean, corr = _pairs()
@@ -208,6 +209,7 @@ def test_every_cell_equals_its_own_run(bridge, arch):
     np.testing.assert_allclose(lg.effect.numpy(), grid.double().numpy() - base, atol=TOL)
 
 
+@pytest.mark.slow
 def test_views_heatmap_marks_non_significant_cells_and_paired_plot(bridge):
     m = bridge("gpt2")
     clean, corr = _pairs()
@@ -299,6 +301,7 @@ def test_pattern_head_and_query_position_cells_equal_hand_written_hook(bridge):
         np.testing.assert_allclose(z.per_prompt[:, 0, h, k].numpy(), ref.numpy(), atol=TOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["gpt2", "llama_gqa"])
 def test_attribution_and_sheaf_measures_equal_the_library(bridge, arch):
     """The unpatched row is gain_attribution's / sheaf_traces' own per-prompt number; a patched cell
@@ -353,6 +356,7 @@ def test_attribution_and_sheaf_measure_errors(bridge):
         ablation_sweep(m, corr, "hook_resid_post", over="pos", measure="attribution_total:0", layers=[0])
 
 
+@pytest.mark.slow
 def test_start_at_layer_falls_back_and_says_why(bridge, monkeypatch):
     """Hooks already on the model run in every block: full passes (recorded); a host whose
     start-at-layer pass gives other numbers fails the check and the sweep runs full passes."""

@@ -266,6 +266,7 @@ def survey():
     return df
 
 
+@pytest.mark.slow
 def test_kleiber_plot_bound_points_stats_and_post_ln(survey):
     fig = views.kleiber_plot(survey)
     (bound,) = _by_role(fig, "bound")
@@ -287,6 +288,7 @@ def test_kleiber_plot_bound_points_stats_and_post_ln(survey):
         views.kleiber_plot(survey, gain="nope")
 
 
+@pytest.mark.slow
 def test_heritage_and_hierarchy_equal_groupby(survey):
     fig = views.heritage_plot(survey)
     (bars,) = _by_role(fig, "lab_mean")

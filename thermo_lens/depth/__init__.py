@@ -9,7 +9,7 @@ over prompts (:attr:`thermo_lens.sheaf.SheafTraces.mean_layer_trace`). Layers ar
 index the paper's notebooks got from ``np.argmax`` (its calibration values, e.g. GPT-2 ``L* = 9``).
 
 Empirical rules, by name (the registry :data:`thermo_lens.depth.rules.L_STAR_RULES` is the one
-source of these texts; the README and the definitions page show the same, generated):
+source of these texts; the definitions page shows the same, generated):
 
 ``"argmax_abs_gradient"`` (the paper's rule: D'Elia (2026), appendix E)
     L* = argmax_l |dT/dl| with dT/dl = np.gradient(T): central differences

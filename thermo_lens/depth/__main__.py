@@ -1,7 +1,8 @@
 """``python -m thermo_lens.depth [--write]``: print (or write) the generated L* text.
 
 The L* rules' Markdown (:func:`thermo_lens.depth.rules.rules_markdown`) sits between markers in
-``thermo_lens/definitions.md`` §4 and, in a source checkout, ``README.md``; ``--write`` regenerates both.
+``thermo_lens/definitions.md`` §4; ``--write`` regenerates it (and ``README.md`` of a source checkout, where it
+carries the markers).
 """
 
 from __future__ import annotations
