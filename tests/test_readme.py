@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
-CPU_TORCH = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+CPU_TORCH = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 OPTIONAL = ("sae_lens",)  # snippets importing these run only where they are installed
 
 
