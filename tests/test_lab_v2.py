@@ -252,3 +252,39 @@ def test_regime_table_of_the_v2_lab_agrees_with_its_effects_table():
     assert (round(b2["t_ci_low"], 4), round(b2["t_ci_high"], 4)) == (1.0044, 1.0243)
     text = runpy.run_path(str(V2 / "regime_table.py"), run_name="not_main")["main"]([str(V2 / "runs.csv")])
     assert "budget 300: reference expander, every arm a determined expander; not flipped by any knob" in text
+
+
+@pytest.mark.slow
+def test_the_v2_readme_numbers_are_the_csvs():
+    """readme_numbers.py recomputes every quoted effect from runs.csv (and asserts it equals
+    effects.csv); the README's regime table and primary rows are those numbers."""
+    import runpy
+
+    from thermo_lens.lab import regimes
+
+    out = runpy.run_path(str(V2 / "readme_numbers.py"), run_name="not_main")["main"]()
+    tab = out["table"].set_index(["basis", "budget", "arm", "metric"])
+    readme = (V2 / "README.md").read_text()
+    for arm in ("weight_decay=0.9", "optimizer=adamw-b2=0.999", "optimizer=sgd-momentum"):
+        for m in ("last_block_gain", "penultimate_gain"):
+            r = tab.loc[("budget", 600, arm, m)]
+            cell = (f"| {r['effect']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | "
+                    f"[{r['t_ci_low']:+.3f}, {r['t_ci_high']:+.3f}] |")
+            assert cell in readme, cell
+            assert f"| {r['detectable_05']:.3f} / {r['detectable_holm']:.3f} |" in readme
+    late = tab.loc[("budget", 300, "weight_decay=0.9", "penultimate_gain")]
+    assert (round(late["effect"], 4), round(late["p"], 4), late["n_negative"], round(late["holm"], 3)) == (
+        -0.0167, 0.0044, 11, 0.018)
+    reg = regimes.arm_regimes(regimes.read_runs([V2 / "runs.csv"]), min_seeds=12).set_index(["metric", "arm", "budget"])
+    names = {"base": "base", "weight_decay=0": "weight decay 0", "weight_decay=0.9": "weight decay 0.9",
+             "optimizer=adamw-b2=0.999": "AdamW b2 0.999", "optimizer=sgd-momentum": "SGD (lr 1.0)"}
+    for arm, name in names.items():
+        cells = []
+        for m in ("last_block_gain", "penultimate_gain"):
+            for b in (150, 300, 600):
+                r = reg.loc[(m, arm, b)]
+                dig = 4 if arm == "optimizer=adamw-b2=0.999" and b == 600 else 3
+                word = "**undetermined**" if r["regime"] == "undetermined" else r["regime"]
+                cells.append(f"{word} [{r['t_ci_low']:.{dig}f}, {r['t_ci_high']:.{dig}f}]"
+                             + (f", {r['n_below_1']} <1" if r["n_below_1"] else ""))
+        assert f"| {name} | " + " | ".join(cells) + " |" in readme, name
