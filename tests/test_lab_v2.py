@@ -288,3 +288,15 @@ def test_the_v2_readme_numbers_are_the_csvs():
                 cells.append(f"{word} [{r['t_ci_low']:.{dig}f}, {r['t_ci_high']:.{dig}f}]"
                              + (f", {r['n_below_1']} <1" if r["n_below_1"] else ""))
         assert f"| {name} | " + " | ".join(cells) + " |" in readme, name
+
+    # the top-level README's summary quotes the same numbers
+    top = (V2.parents[1] / "README.md").read_text()
+    wd = [tab.loc[("budget", 600, "weight_decay=0.9", m)] for m in ("last_block_gain", "penultimate_gain")]
+    b2 = [tab.loc[("budget", 600, "optimizer=adamw-b2=0.999", m)] for m in ("last_block_gain", "penultimate_gain")]
+    assert f"{wd[0]['detectable_05']:.3f} / {wd[1]['detectable_05']:.3f} for weight decay 0.9" in top
+    assert f"{b2[0]['detectable_05']:.3f} / {b2[1]['detectable_05']:.3f} for b2" in top
+    assert (f"{wd[0]['detectable_holm']:.3f} / {wd[1]['detectable_holm']:.3f} and {b2[0]['detectable_holm']:.3f} / "
+            f"{b2[1]['detectable_holm']:.3f} at the Holm level") in top
+    r = reg.loc[("last_block_gain", "optimizer=adamw-b2=0.999", 600)]
+    assert f"b2 G_L [{r['t_ci_low']:.4f}, {r['t_ci_high']:.4f}]" in top
+    assert f"by -{abs(late['effect']):.3f} [{late['ci_low']:.3f}, {late['ci_high']:.3f}] at 300 steps" in top
