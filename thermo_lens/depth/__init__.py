@@ -268,9 +268,15 @@ class LStarResult(Result):
         """``"ape"`` or ``"paper"`` (see :func:`l_star_error`)."""
         return l_star_error(self.predicted, self.empirical, metric, self.n_layers)
 
+    @property
+    def paper_rule_l_star(self) -> float:
+        """The paper's rule's L* on this trace: ``empirical`` when that is the rule used, else
+        ``paper_rule_empirical`` (NaN for a result stored before it was recorded)."""
+        return self.empirical if self.paper_rule else self.paper_rule_empirical
+
     def paper_rule_error(self, metric: str = "ape") -> float:
-        """Eq. 6's error against the paper's rule's L* on the same trace (``paper_rule_empirical``)."""
-        return l_star_error(self.predicted, self.paper_rule_empirical, metric, self.n_layers)
+        """Eq. 6's error against the paper's rule's L* on the same trace (:attr:`paper_rule_l_star`)."""
+        return l_star_error(self.predicted, self.paper_rule_l_star, metric, self.n_layers)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per layer: ``T_l``, the derivative used, whether it is the empirical L*.
@@ -292,7 +298,7 @@ class LStarResult(Result):
             "variant": self.variant,
             "empirical_l_star": emp,
             "paper_rule": PAPER_L_STAR_RULE,
-            "paper_rule_l_star": self.paper_rule_empirical,
+            "paper_rule_l_star": self.paper_rule_l_star,
             "predicted_l_star": self.predicted,
             "ape": self.ape,
             "paper_error": self.paper_error,

@@ -142,7 +142,7 @@ def l_star_table(lstars: dict[str, Any]) -> pd.DataFrame:
         ape, pap = r.baseline_errors("ape"), r.baseline_errors("paper")
         rows.append({"model": k, "variant": r.variant, "L": r.n_layers, "H": r.n_heads,
                      "empirical (mean trace)": r.empirical, "per-prompt mean": r.per_prompt_mean,
-                     "paper's rule (argmax_abs_gradient)": r.paper_rule_empirical,
+                     "paper's rule (argmax_abs_gradient)": r.paper_rule_l_star,
                      "eq. 6": r.predicted, "L/2": r.baselines.get("half_depth", float("nan")),
                      "APE eq. 6": ape["eq6"], "APE L/2": ape.get("half_depth", float("nan")),
                      "|err|/L eq. 6": pap["eq6"], "|err|/L L/2": pap.get("half_depth", float("nan")),
