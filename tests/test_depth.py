@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+from scipy import stats
 import pytest
 import torch
 
@@ -61,14 +62,15 @@ def test_paper_error_reproduces_published_percentages():
 def test_argmax_abs_gradient_on_hand_traces():
     # np.gradient: [1-0, (3-0)/2, (8-1)/2, (9-3)/2, (9.5-8)/2, 9.5-9] = [1, 1.5, 3.5, 3, 0.75, 0.5]
     T = [0.0, 1.0, 3.0, 8.0, 9.0, 9.5]
-    np.testing.assert_allclose(trace_derivative(T), [1, 1.5, 3.5, 3, 0.75, 0.5])
-    assert empirical_l_star(T) == 2.0
+    paper = "argmax_abs_gradient"
+    np.testing.assert_allclose(trace_derivative(T, paper), [1, 1.5, 3.5, 3, 0.75, 0.5])
+    assert empirical_l_star(T, paper) == 2.0
     # falling trace: |dT/dl| counts: [-1, -3.5, -3.25, -0.5] -> layer 1
-    assert empirical_l_star([10.0, 9.0, 3.0, 2.5]) == 1.0
+    assert empirical_l_star([10.0, 9.0, 3.0, 2.5], paper) == 1.0
     # one-sided difference at the first layer wins: [10, 5.5, 1, 1]
-    assert empirical_l_star(torch.tensor([0.0, 10.0, 11.0, 12.0])) == 0.0
+    assert empirical_l_star(torch.tensor([0.0, 10.0, 11.0, 12.0]), paper) == 0.0
     # ties go to the shallowest layer
-    assert empirical_l_star([0.0, 1.0, 2.0, 3.0]) == 0.0
+    assert empirical_l_star([0.0, 1.0, 2.0, 3.0], paper) == 0.0
 
 
 def test_first_turning_point_on_hand_traces():
@@ -84,9 +86,9 @@ def test_first_turning_point_on_hand_traces():
 
 def test_l_star_from_layer_trace_array():
     T = np.array([0.0, 1.0, 3.0, 8.0, 9.0, 9.5])
-    r = l_star_from_traces(T, n_layers=6, n_heads=4)
+    r = l_star_from_traces(T, n_layers=6, n_heads=4, variant="argmax_abs_gradient")
     assert isinstance(r, LStarResult)
-    assert r.empirical == 2.0 and r.variant == "argmax_abs_gradient"
+    assert r.empirical == 2.0 and r.variant == "argmax_abs_gradient" and r.paper_rule_empirical == 2.0
     assert r.predicted == pytest.approx(6 * (0.11 + 0.072 + 4.9 / 4))
     assert r.ape == pytest.approx(abs(r.predicted - 2) / 2)
     assert r.paper_error == pytest.approx(abs(r.predicted - 2) / 6)
@@ -104,7 +106,7 @@ def test_l_star_from_layer_trace_array():
     assert rs.per_prompt.tolist() == [2.0, 1.0] and rs.empirical == 2.0
     mono = l_star_from_traces([1.0, 2.0, 3.0], n_heads=2, variant="first_turning_point")
     assert math.isnan(mono.empirical) and math.isnan(mono.ape) and "monotone" in mono.note
-    zero = l_star_from_traces([0.0, 10.0, 11.0], n_heads=2)
+    zero = l_star_from_traces([0.0, 10.0, 11.0], n_heads=2, variant="argmax_abs_gradient")
     assert zero.empirical == 0.0 and math.isnan(zero.ape) and "undefined" in zero.note
     assert "empirical L* = 0" in repr(zero)
 
@@ -114,7 +116,9 @@ def test_l_star_from_sheaf_traces(bridge):
     r = t.l_star()
     torch.testing.assert_close(r.layer_trace, t.mean_layer_trace)
     assert (r.n_layers, r.n_heads) == (3, 4)
-    assert r.empirical == float(np.argmax(np.abs(np.gradient(t.mean_layer_trace.numpy()))))
+    T = t.mean_layer_trace.numpy()
+    assert r.variant == "steepest_step" and r.empirical == float(np.argmax(np.abs(np.diff(T))) + 1)
+    assert r.paper_rule_empirical == float(np.argmax(np.abs(np.gradient(T))))
     assert r.predicted == pytest.approx(predicted_l_star(3, 4))
     assert r.per_prompt.shape == (3,)
     assert r.source["trace_formula"] == "off_diagonal_mass" and r.source["prepend_bos"] is True
@@ -203,8 +207,11 @@ def test_only_the_appendix_e_rule_is_called_the_papers():
     assert "appendix E" in L_STAR_RULES["argmax_abs_gradient"].provenance
     assert not any("paper" in n for n, r in L_STAR_RULES.items() if not r.paper)
     assert "not the paper's text" in L_STAR_RULES["notebook_v3_first_peak"].provenance
-    r = l_star_from_traces([0.0, 1.0, 3.0, 8.0], n_heads=4)
+    r = l_star_from_traces([0.0, 1.0, 3.0, 8.0], n_heads=4, variant="argmax_abs_gradient")
     assert r.variant == "argmax_abs_gradient" and r.paper_rule and "the paper's rule" in repr(r)
+    d = l_star_from_traces([0.0, 1.0, 3.0, 8.0], n_heads=4)  # the default is not the paper's, and says so
+    assert d.variant == "steepest_step" and not d.paper_rule and "not the paper's rule" in repr(d)
+    assert "the paper's rule (argmax_abs_gradient, appendix E): L* = 3" in repr(d)  # np.gradient [1, 1.5, 3.5, 5]
     assert "appendix E" in r.provenance and LStarResult.from_json(r.to_json()).provenance == r.provenance
     n = l_star_from_traces([0.0, 1.0, 3.0, 8.0], n_heads=4, variant="first_turning_point")
     assert "not the paper's rule" in repr(n)
@@ -254,3 +261,79 @@ def test_prediction_beyond_depth_warns():
     assert predicted_l_star(80, 64, warn=False) == pytest.approx(91.725)
     r = l_star_from_traces([0.0, 1.0, 3.0], n_heads=2)  # tiny model: 3 (0.11 + 0.036 + 2.45) > 3
     assert r.warnings and "outside the network" in repr(r)
+
+
+# ---------------------------------------------------------------- the default rule: steepest_step
+
+
+def test_steepest_step_on_a_plateau_and_at_the_ends():
+    from thermo_lens.depth import DEFAULT_L_STAR_RULE, L_STAR_RULES
+
+    assert DEFAULT_L_STAR_RULE == "steepest_step" and not L_STAR_RULES[DEFAULT_L_STAR_RULE].paper
+    # the plateau: the largest change, 5, is between layers 3 and 4; the paper's rule says 0
+    plateau = [0.0, 3.0, 3.0, 3.0, 8.0, 8.0]
+    assert empirical_l_star(plateau) == 4.0 and empirical_l_star(plateau, "argmax_abs_gradient") == 0.0
+    np.testing.assert_allclose(trace_derivative(plateau), [3, 0, 0, 5, 0])
+    # the steepest step at either end of the stack: layer 1 (step 0 -> 1) or layer L-1 (step L-2 -> L-1)
+    assert empirical_l_star([0.0, 5.0, 5.5, 6.0, 6.2, 6.3]) == 1.0
+    assert empirical_l_star([0.0, 0.1, 0.2, 0.3, 0.4, 3.0]) == 5.0
+    assert empirical_l_star([9.0, 2.0, 1.5, 1.2]) == 1.0            # falling counts by |d|
+    assert empirical_l_star(torch.tensor([1.0, 1.1, 1.2, -4.0])) == 3.0
+    assert empirical_l_star([0.0, 7.0]) == 1.0                      # two layers: one step
+    assert empirical_l_star([0.0, 1.0, 2.0, 3.0]) == 1.0            # ties: the shallowest step
+    # L* is never layer 0 (it names the deeper layer of a step) and always an index of the trace
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        t = rng.normal(size=int(rng.integers(2, 30)))
+        ls = empirical_l_star(t)
+        assert 1 <= ls <= t.size - 1 and abs(t[int(ls)] - t[int(ls) - 1]) == np.max(np.abs(np.diff(t)))
+
+
+def test_a_flat_trace_has_no_l_star_and_says_why():
+    from thermo_lens.depth import l_star_note
+
+    for flat in ([3.0, 3.0, 3.0, 3.0], [0.0, 0.0, 0.0], [1e6, 1e6 * (1 + 1e-16), 1e6]):
+        assert math.isnan(empirical_l_star(flat)) and "flat" in l_star_note(flat)
+        # the paper's rule is kept as written (np.argmax gives 0), with a note that it is a convention
+        assert empirical_l_star(flat, "argmax_abs_gradient") == 0.0
+        assert "convention" in l_star_note(flat, "argmax_abs_gradient")
+    r = l_star_from_traces([2.0, 2.0, 2.0, 2.0], n_heads=4)
+    assert math.isnan(r.empirical) and math.isnan(r.ape) and "flat" in r.note and "undefined" in repr(r)
+    assert r.paper_rule_empirical == 0.0 and "convention" in r.paper_rule_note
+    assert not r.to_frame()["is_l_star"].any()
+    # a small but real step is not flat
+    assert empirical_l_star([1.0, 1.0, 1.0 + 1e-9, 1.0 + 1e-9]) == 2.0 and l_star_note([1.0, 2.0]) == ""
+
+
+def _chi2_uniform(counts):
+    counts = np.asarray(counts, dtype=float)
+    return stats.chisquare(counts).pvalue
+
+
+def test_under_a_random_walk_the_default_l_star_is_uniform_and_the_papers_is_not():
+    """Random walks of 12 layers (independent N(0, 1) steps): every step is equally likely to be the
+    steepest, so steepest_step's L* must be uniform over 1 .. 11. Pearson's chi-square goodness-of-fit
+    test over 20,000 walks (fixed seed) must not reject at 0.001; the same test on the paper's rule
+    (uniform over its 12 layers 0 .. 11 would be its unbiased counterpart) must reject, since it lands on
+    layer 0 or 11 with probability ~0.39 instead of 2/12. A bias of that kind and a fraction of its size
+    is detected: the test has the power to fail a biased rule."""
+    rng = np.random.default_rng(20261127)
+    walks = np.cumsum(rng.normal(size=(20_000, 12)), axis=1)
+    ls = np.array([empirical_l_star(w) for w in walks[:2_000]])          # the function itself ...
+    vec = np.argmax(np.abs(np.diff(walks, axis=1)), axis=1) + 1           # ... and vectorised, on all
+    assert np.array_equal(ls, vec[:2_000])
+    counts = np.bincount(vec, minlength=12)
+    assert counts[0] == 0
+    p_default = _chi2_uniform(counts[1:])
+    assert p_default > 1e-3, p_default
+    paper = np.array([empirical_l_star(w, "argmax_abs_gradient") for w in walks[:2_000]])
+    pvec = np.argmax(np.abs(np.gradient(walks, axis=1)), axis=1)
+    assert np.array_equal(paper, pvec[:2_000])
+    ends = np.mean((pvec == 0) | (pvec == 11))
+    assert 0.37 < ends < 0.41                                              # the audit's 0.39
+    assert _chi2_uniform(np.bincount(pvec, minlength=12)) < 1e-100
+    # power: a rule that moves just 3% of the probability to the end steps fails the same test
+    biased = vec.copy()
+    move = rng.random(vec.size) < 0.03
+    biased[move] = rng.choice([1, 11], size=int(move.sum()))
+    assert _chi2_uniform(np.bincount(biased, minlength=12)[1:]) < 1e-3

@@ -4,6 +4,7 @@ invert their test, regime flips decided by intervals, one spec hash on every res
 from __future__ import annotations
 
 import itertools
+import pathlib
 
 import numpy as np
 import pandas as pd
@@ -176,3 +177,126 @@ def test_a_lab_with_budgets_end_to_end(tmp_path):
     with pytest.warns(UserWarning, match="another spec's SHA-256"):
         write_tables(out, replace(other, seeds=(1, 2, 3)))
     assert len(pd.read_csv(out / "runs.csv")) == 0
+
+
+# ------------------------------------------------------------------ regime per arm and budget
+
+V2 = pathlib.Path(__file__).resolve().parents[1] / "results" / "heritage-lab-v2"
+
+
+def _synthetic_runs(tmp_path):
+    """Three arms x 12 seeds x budgets 1200/2400 with known regimes; one interrupted run."""
+    rows = []
+    rng = np.random.default_rng(0)
+    noise = rng.normal(0, 0.002, size=12)
+    centre = {("base", 1200): 1.02, ("base", 2400): 0.97,        # expander, then dampener
+              ("wd", 1200): 1.02, ("wd", 2400): 1.03,            # expander both: flips at 2400
+              ("b2", 1200): 1.0, ("b2", 2400): 0.96}             # undetermined, then dampener
+    for (arm, budget), c in centre.items():
+        for seed in range(1, 13):
+            last = budget if not (arm == "b2" and budget == 2400 and seed == 12) else budget - 400  # interrupted
+            for step in (0, last):
+                rows.append({"arm": arm, "seed": seed, "budget": budget, "step": step,
+                             "last_block_gain": c + noise[seed - 1] if step == last else 1.5,
+                             "penultimate_gain": 1.1})
+    path = tmp_path / "runs-long.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def test_regimes_on_a_synthetic_lab(tmp_path):
+    from thermo_lens.lab import regimes
+
+    runs = regimes.read_runs([_synthetic_runs(tmp_path)])
+    reg = regimes.arm_regimes(runs, min_seeds=12).set_index(["metric", "arm", "budget"])
+    g = reg.loc["last_block_gain"]
+    assert g.loc[("base", 1200), "regime"] == "expander" and g.loc[("base", 2400), "regime"] == "dampener"
+    assert g.loc[("b2", 1200), "regime"] == "undetermined"
+    # the interrupted run is left out, so 11 seeds: no claim, however tight the interval
+    assert g.loc[("b2", 2400), "n_seeds"] == 11 and g.loc[("b2", 2400), "n_unfinished"] == 1
+    assert g.loc[("b2", 2400), "regime"] == "incomplete" and g.loc[("b2", 2400), "t_ci_high"] < 1
+    # an independent computation of one interval: mean +- t_{0.975, 11} sd / sqrt(12)
+    v = 1.02 + np.random.default_rng(0).normal(0, 0.002, size=12)
+    half = stats.t.ppf(0.975, 11) * v.std(ddof=1) / np.sqrt(12)
+    assert g.loc[("base", 1200), "t_ci_low"] == pytest.approx(v.mean() - half)
+    flips = regimes.knob_flips(regimes.arm_regimes(runs, min_seeds=12)).set_index(["metric", "budget", "arm"])
+    f = flips.loc["last_block_gain"]
+    assert f.loc[(2400, "wd"), "flips"] is True and f.loc[(1200, "wd"), "flips"] is False
+    assert f.loc[(1200, "b2"), "flips"] is None and f.loc[(2400, "b2"), "flips"] is None
+    text = regimes.format_regimes(regimes.arm_regimes(runs, min_seeds=12),
+                                  regimes.knob_flips(regimes.arm_regimes(runs, min_seeds=12)))
+    assert "budget 2400: reference dampener; flipped by wd; cannot tell for b2" in text
+    assert "(1 unfinished)" in text
+
+
+def test_regime_table_of_the_v2_lab_agrees_with_its_effects_table():
+    """The script's regimes are effects.csv's reference_regime / level_regime, cell by cell, and at
+    150 and 300 steps every arm is a determined expander that no knob flips."""
+    import runpy
+
+    from thermo_lens.lab import regimes
+
+    runs = regimes.read_runs([V2 / "runs.csv"])
+    reg = regimes.arm_regimes(runs, min_seeds=12)
+    eff = pd.read_csv(V2 / "effects.csv")
+    eff = eff.loc[(eff["basis"] == "budget") & eff["metric"].isin(list(regimes.REGIME_METRICS))]
+    r = reg.set_index(["metric", "arm", "budget"])["regime"]
+    for _, row in eff.iterrows():
+        assert r[(row["metric"], row["reference_arm"], row["budget"])] == row["reference_regime"]
+        assert r[(row["metric"], row["arm"], row["budget"])] == row["level_regime"]
+    early = reg.loc[reg["budget"] < 600]
+    assert len(early) == 2 * 5 * 2 and (early["regime"] == "expander").all()
+    flips = regimes.knob_flips(reg)
+    assert (flips.loc[flips["budget"] < 600, "flips"] == False).all()  # noqa: E712
+    b2 = reg.set_index(["metric", "arm", "budget"]).loc[("last_block_gain", "optimizer=adamw-b2=0.999", 600)]
+    assert (round(b2["t_ci_low"], 4), round(b2["t_ci_high"], 4)) == (1.0044, 1.0243)
+    text = runpy.run_path(str(V2 / "regime_table.py"), run_name="not_main")["main"]([str(V2 / "runs.csv")])
+    assert "budget 300: reference expander, every arm a determined expander; not flipped by any knob" in text
+
+
+@pytest.mark.slow
+def test_the_v2_readme_numbers_are_the_csvs():
+    """readme_numbers.py recomputes every quoted effect from runs.csv (and asserts it equals
+    effects.csv); the README's regime table and primary rows are those numbers."""
+    import runpy
+
+    from thermo_lens.lab import regimes
+
+    out = runpy.run_path(str(V2 / "readme_numbers.py"), run_name="not_main")["main"]()
+    tab = out["table"].set_index(["basis", "budget", "arm", "metric"])
+    readme = (V2 / "README.md").read_text()
+    for arm in ("weight_decay=0.9", "optimizer=adamw-b2=0.999", "optimizer=sgd-momentum"):
+        for m in ("last_block_gain", "penultimate_gain"):
+            r = tab.loc[("budget", 600, arm, m)]
+            cell = (f"| {r['effect']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | "
+                    f"[{r['t_ci_low']:+.3f}, {r['t_ci_high']:+.3f}] |")
+            assert cell in readme, cell
+            assert f"| {r['detectable_05']:.3f} / {r['detectable_holm']:.3f} |" in readme
+    late = tab.loc[("budget", 300, "weight_decay=0.9", "penultimate_gain")]
+    assert (round(late["effect"], 4), round(late["p"], 4), late["n_negative"], round(late["holm"], 3)) == (
+        -0.0167, 0.0044, 11, 0.018)
+    reg = regimes.arm_regimes(regimes.read_runs([V2 / "runs.csv"]), min_seeds=12).set_index(["metric", "arm", "budget"])
+    names = {"base": "base", "weight_decay=0": "weight decay 0", "weight_decay=0.9": "weight decay 0.9",
+             "optimizer=adamw-b2=0.999": "AdamW b2 0.999", "optimizer=sgd-momentum": "SGD (lr 1.0)"}
+    for arm, name in names.items():
+        cells = []
+        for m in ("last_block_gain", "penultimate_gain"):
+            for b in (150, 300, 600):
+                r = reg.loc[(m, arm, b)]
+                dig = 4 if arm == "optimizer=adamw-b2=0.999" and b == 600 else 3
+                word = "**undetermined**" if r["regime"] == "undetermined" else r["regime"]
+                cells.append(f"{word} [{r['t_ci_low']:.{dig}f}, {r['t_ci_high']:.{dig}f}]"
+                             + (f", {r['n_below_1']} <1" if r["n_below_1"] else ""))
+        assert f"| {name} | " + " | ".join(cells) + " |" in readme, name
+
+    # the docs' findings page (the README links to it) quotes the same numbers
+    top = (V2.parents[1] / "docs" / "findings.md").read_text()
+    wd = [tab.loc[("budget", 600, "weight_decay=0.9", m)] for m in ("last_block_gain", "penultimate_gain")]
+    b2 = [tab.loc[("budget", 600, "optimizer=adamw-b2=0.999", m)] for m in ("last_block_gain", "penultimate_gain")]
+    assert f"{wd[0]['detectable_05']:.3f} / {wd[1]['detectable_05']:.3f} for weight decay 0.9" in top
+    assert f"{b2[0]['detectable_05']:.3f} / {b2[1]['detectable_05']:.3f} for b2" in top
+    assert (f"{wd[0]['detectable_holm']:.3f} / {wd[1]['detectable_holm']:.3f} and {b2[0]['detectable_holm']:.3f} / "
+            f"{b2[1]['detectable_holm']:.3f} at the Holm level") in top
+    r = reg.loc[("last_block_gain", "optimizer=adamw-b2=0.999", 600)]
+    assert f"b2 G_L [{r['t_ci_low']:.4f}, {r['t_ci_high']:.4f}]" in top
+    assert f"by -{abs(late['effect']):.3f} [{late['ci_low']:.3f}, {late['ci_high']:.3f}] at 300 steps" in top

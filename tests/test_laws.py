@@ -678,3 +678,61 @@ def test_crowding_separation_gets_an_exact_p_and_says_in_sample():
     s = laws.crowding(reference.lab_survey(), fitted_on=RHO_CRIT_FITTED_ON)
     assert s.sample.startswith("partly in-sample (1 of 16") and round(s.rule_pvalue, 2) == 0.89
     assert laws.crowding(reference.lab_survey().iloc[:8]).sample == "unknown"
+
+
+def test_kruskal_exact_enumeration_equals_brute_force_and_monte_carlo_says_its_se():
+    """The chunked exact enumeration (largest group by combinations, the rest by arrangements)
+    counts the same labelings as the plain list of every arrangement, ties included."""
+    import importlib
+
+    H = importlib.import_module("thermo_lens.laws.hierarchy")
+    rng = np.random.default_rng(2)
+    g = np.round(rng.normal(size=10), 1)                       # rounded: ties among the ranks
+    keys = np.array(list("aaaabbbccd"))                         # sizes 4, 3, 2, 1: 12,600 labelings
+    ranks = stats.rankdata(g)
+    code = np.array([list(dict.fromkeys(keys)).index(k) for k in keys])
+    sizes = np.bincount(code).astype(float)
+    every = H._arrangements(sizes.astype(int), 10)
+    t_all = np.stack([(ranks * (every == j)).sum(1) ** 2 / sizes[j] for j in range(4)], 1).sum(1)
+    t_obs = sum(ranks[code == j].sum() ** 2 / sizes[j] for j in range(4))
+    hits, total = H._exact_rank_sum_stat(ranks, code, sizes, t_obs, 1e-9 * t_obs)
+    assert total == len(every) == 12_600 and hits == int(np.sum(t_all >= t_obs - 1e-9 * t_obs))
+    h_small, p_small, how_small = H._kruskal_perm(keys, g)                      # <= 20,000: the plain list
+    assert how_small == "exact permutation (all 12600 labelings)" and p_small == pytest.approx(hits / total)
+    assert h_small == pytest.approx(stats.kruskal(*[g[keys == k] for k in dict.fromkeys(keys)]).statistic)
+    # the paper's survey: Monte Carlo by default (with its standard error), exact when asked
+    s = reference.lab_survey()
+    mc = laws.hierarchy(s, by="lab").primary
+    assert mc.pvalue_method.startswith("Monte Carlo permutation (20000 labelings, seed 0; Monte Carlo SE 0.00")
+    with pytest.raises(ValueError, match="exact_max"):
+        laws.hierarchy(s, by="lab", exact_max=10 ** 9)
+
+
+@pytest.mark.slow
+def test_kruskal_exact_on_the_survey():
+    s = reference.lab_survey()
+    ex = laws.hierarchy(s, by="lab", exact_max=100_000_000).primary
+    assert ex.pvalue_method == "exact permutation (all 60,540,480 labelings)" and round(ex.pvalue, 4) == 0.2959
+
+
+def test_crowding_rule_p_exact_in_chunks_equals_one_block():
+    from itertools import combinations
+
+    from thermo_lens.laws.crowding import _labelings, threshold_rule_pvalue
+
+    blocks = np.concatenate(list(_labelings(9, 4, chunk=7)))
+    every = np.zeros((126, 9), bool)
+    for i, c in enumerate(combinations(range(9), 4)):
+        every[i, list(c)] = True
+    assert np.array_equal(blocks, every)
+    rng = np.random.default_rng(4)
+    rho, y = rng.uniform(0.1, 0.3, size=14), rng.random(14) < 0.4
+    ths = np.linspace(0.15, 0.2, 11)
+    p_exact, how = threshold_rule_pvalue(rho, y, ths)
+    # brute force: best accuracy over the grid for every labeling with the same number of dampeners
+    best = lambda lab: max(np.mean((rho > t) == lab) for t in ths)  # noqa: E731
+    labs = [np.isin(np.arange(14), c) for c in combinations(range(14), int(y.sum()))]
+    assert p_exact == pytest.approx(np.mean([best(lab) >= best(y) - 1e-12 for lab in labs]))
+    assert how.startswith("exact permutation (all ")
+    p_mc, how_mc = threshold_rule_pvalue(rho, y, ths, exact_max=10)
+    assert "Monte Carlo SE" in how_mc and abs(p_mc - p_exact) < 5 * np.sqrt(p_exact * (1 - p_exact) / 20_000) + 1e-9

@@ -37,13 +37,15 @@ def test_readme_numbers_are_the_computed_ones():
 def test_every_readme_finding_names_its_primary_test_and_its_caveat():
     bullets = [b for b in _readme_block().split("\n") if b.startswith("- **")]
     assert [re.match(r"- \*\*([^*.]+)", b).group(1).split(" ")[0] for b in bullets] == [
-        "Kleiber", "Kleiber's", "Heritage", "Crowding", "Twins", "Hierarchy", "L\\"]
-    for b in bullets:
+        "Kleiber", "Kleiber's", "Heritage", "Crowding", "Twins", "Hierarchy", "L\\", "Across"]
+    for b in bullets[:-1]:
         assert "Caveat" in b, b[:40]
     for law in ("Kleiber.", "Heritage.", "Crowding.", "Twins.", "Hierarchy."):
         (b,) = [x for x in bullets if x.startswith(f"- **{law}**")]
         assert "Declared primary test" in b, law
-    assert "indistinguishable" in bullets[-1] and "in-sample" in bullets[3] and "not valid" in bullets[3]
+    assert "indistinguishable" in bullets[-2] and "in-sample" in bullets[3] and "not valid" in bullets[3]
+    assert "one-sided p = 0.014" in bullets[3] and "two-sided 0.029" in bullets[3]
+    assert "smallest adjusted p of 0.084" in bullets[-1]
 
 
 def _holm(p):
@@ -117,6 +119,14 @@ def test_kleiber_bound_violations_over_both_tables_and_every_metric():
     b = b[b["n_layers"].notna()]
     assert by["metric B (G_L)"] == (len(b), int((b["gain"] > 10 ** (1 / b["n_layers"].astype(float))).sum()))
     assert by["metric A (G_(L-1))"] == (23, 6)
+    # the rows metric B leaves out for want of a depth, filled from the models' public configs
+    full = {m: rest for m, *rest in f["bound_by_metric"]}["metric B (G_L)"]
+    b = reference.gains("last_block_gain_hook")
+    L = b["n_layers"].astype(float).fillna(b["hf_id"].map(findings.PUBLIC_DEPTHS).astype(float))
+    assert L.notna().all() and len(b) == 11
+    half = stats.t.ppf(0.975, b["n_prompts"] - 1) * b["std"] / np.sqrt(b["n_prompts"] - 1)  # ddof=0 SDs
+    above, ci_above = b["gain"] > 10 ** (1 / L), b["gain"] - half > 10 ** (1 / L)
+    assert full[5:] == [11, int(above.sum()), int(ci_above.sum()), 11] and (above.sum(), ci_above.sum()) == (7, 5)
 
 
 @pytest.mark.slow
@@ -162,6 +172,13 @@ def test_crowding_within_and_across_family():
     assert round(w["lr_p_invalid"], 5) == 0.00087  # the invalid asymptotic p, named in the README only as such
     assert (round(a["accuracy"], 4), a["baseline"]) == (0.4375, 10 / 16) and round(a["rule_p"], 2) == 0.89
     assert al["n"] == 23 and al["accuracy"] == pytest.approx(al["baseline"]) and round(al["baseline"], 2) == 0.61
+    # the slope's exact conditional test, two-sided: T = sum rho*y is at the top of its 70 labelings
+    ts = np.array([rho[list(c)].sum() for c in itertools.combinations(range(8), 4)])
+    t_obs = rho[np.argsort(rho)[-4:]].sum()
+    upper, lower = np.mean(ts >= t_obs - 1e-12), np.mean(ts <= t_obs + 1e-12)
+    assert w["logistic_exact_p_two_sided"] == pytest.approx(min(1, 2 * min(upper, lower))) == pytest.approx(2 / 70)
+    p23, how = al["rule_p_exact"]
+    assert how == "exact permutation (all 817,190 labelings)" and round(p23, 3) == 0.279
 
 
 @pytest.mark.slow
@@ -180,6 +197,19 @@ def test_twin_and_hierarchy_numbers():
         perm = rng.permutation(g)
         hs.append(stats.kruskal(*np.split(perm, np.cumsum(sizes)[:-1])).statistic)
     assert f["hier_p"] == pytest.approx(np.mean(np.array(hs) >= h - 1e-9), abs=0.05)  # Monte Carlo both sides
+    assert f["hier_p_method"] == "exact permutation (all 60,540,480 labelings)" and round(f["hier_p"], 4) == 0.2959
+
+
+def test_holm_across_the_six_primary_tests():
+    f = findings.compute()
+    rows = f["primary_holm"]
+    assert [r[0] for r in rows] == ["Kleiber", "heritage", "crowding", "twins", "hierarchy", "L*"]
+    ps = [f["kleiber_p_rho"], f["heritage_p_sign"], f["crowding_across"]["rule_p"], f["twin_p"], f["hier_p"],
+          f["lstar_p_paper"]]
+    np.testing.assert_allclose([r[2] for r in rows], _holm(ps))
+    assert round(min(r[2] for r in rows), 3) == 0.084
+    # the in-sample Pythia crowding p (1/70) in place of the survey's changes nothing at the top
+    assert round(_holm([1 / 70 if i == 2 else p for i, p in enumerate(ps)]).min(), 3) == 0.084
     assert f["hier_bench_n"] == 4
 
 

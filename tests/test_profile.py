@@ -2,6 +2,7 @@
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -65,6 +66,9 @@ def test_metadata_and_row(prof):
     assert row["gain"] == pytest.approx(float(prof.gain.summaries[prof.gain.regime_by].mean))
     assert row["rho"] == pytest.approx(4 / 8)
     assert row["mean_trace"] == pytest.approx(float(prof.sheaf.trace.sum(-1).mean(0).mean()))
+    T = prof.sheaf.trace.sum(-1).mean(0).double().numpy()  # the L* row names its rule, the paper's beside it
+    assert row["l_star_rule"] == "steepest_step" and row["l_star"] == float(np.argmax(np.abs(np.diff(T))) + 1)
+    assert row["l_star_paper_rule"] == float(np.argmax(np.abs(np.gradient(T))))
     frame = profiles_frame([prof, prof])
     assert len(frame) == 2 and {"n_layers", "rho", "gain", "regime", "lab"} <= set(frame.columns)
     text = repr(prof)

@@ -191,6 +191,45 @@ def test_kruskal_effect_sizes():
     assert kruskal_detectable_effect(250, 5) < d  # more prompts, smaller detectable effects
 
 
+def test_paired_detectable_shift_has_the_stated_power():
+    from thermo_lens.stats import paired_detectable_shift
+
+    # an independent check: simulate paired t-tests at the returned shift, count rejections
+    rng = np.random.default_rng(3)
+    for n, alpha in ((12, 0.05), (12, 0.05 / 6), (6, 0.05)):
+        shift = paired_detectable_shift(1.0, n, alpha)
+        x = rng.normal(shift, 1.0, size=(40_000, n))
+        t = x.mean(1) / (x.std(1, ddof=1) / np.sqrt(n))
+        power = np.mean(np.abs(t) > stats.t.ppf(1 - alpha / 2, n - 1))
+        assert power == pytest.approx(0.8, abs=0.01)   # MC SE 0.002
+    assert paired_detectable_shift(0.02, 12) == pytest.approx(0.02 * paired_detectable_shift(1.0, 12))
+    # large n: the normal approximation (z_{0.975} + z_{0.8}) sd / sqrt(n)
+    assert paired_detectable_shift(1.0, 10_000) == pytest.approx(2.8016 / 100, rel=1e-3)
+    assert np.isnan(paired_detectable_shift(1.0, 1))
+
+
+def test_sign_flip_ties_are_judged_on_the_data_scale():
+    import itertools
+    from fractions import Fraction
+
+    from thermo_lens.stats.exact import sign_flip_pvalue
+
+    def exact_p(k):  # integer data: |sum(s k)| >= |sum(k)| decided exactly, ties and all
+        obs = abs(sum(k))
+        return Fraction(sum(abs(sum(s * v for s, v in zip(signs, k))) >= obs
+                            for signs in itertools.product((1, -1), repeat=len(k))), 2 ** len(k))
+
+    rng = np.random.default_rng(11)
+    for k in ([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [3, 3, 3, 3, -3, -3, 1, 2, 3, 6], list(rng.integers(-9, 10, size=12)),
+              [1] * 12):
+        want = float(exact_p(k))
+        for c in (1e-300, 1e-20, 1e-13, 0.1, 1.0, 3.7e4, 1e20, 1e290):
+            assert sign_flip_pvalue(np.asarray(k, float) * c) == want, (k, c)
+    # the absolute tolerance this replaces counted every pattern as a tie on data of scale 1e-13
+    assert sign_flip_pvalue(np.full(12, 1e-13)) == 2 / 4096
+    assert sign_flip_pvalue(np.zeros(5)) == 1.0 and np.isnan(sign_flip_pvalue([]))
+
+
 # ---------------------------------------------------------------- exact tests whose interval inverts them
 
 def test_signed_rank_equals_scipy_without_ties_and_brute_force_with_them():

@@ -250,9 +250,12 @@ def test_l_star_plot_marks_empirical_and_predicted(measured):
     np.testing.assert_allclose(tr.y, T, rtol=1e-10)
     (emp,) = [d for d in _by_role(fig, "l_star_empirical") if d.meta["model"] == "gpt2"]
     (pred,) = [d for d in _by_role(fig, "l_star_predicted") if d.meta["model"] == "gpt2"]
-    assert emp.x[0] == int(np.argmax(np.abs(np.gradient(T))))
+    (paper,) = [d for d in _by_role(fig, "l_star_paper_rule") if d.meta["model"] == "gpt2"]
+    assert emp.x[0] == int(np.argmax(np.abs(np.diff(T)))) + 1          # the default, steepest_step
+    assert paper.x[0] == int(np.argmax(np.abs(np.gradient(T))))        # the paper's rule beside it
     assert pred.x[0] == pytest.approx(3 * (0.11 + 0.012 * 3 + 4.9 / 4))
-    assert "argmax" in emp.hovertemplate and "0.11 + 0.012 L + 4.9 / H" in pred.hovertemplate
+    assert "steepest_step" in emp.hovertemplate and "argmax_abs_gradient" in paper.hovertemplate
+    assert "0.11 + 0.012 L + 4.9 / H" in pred.hovertemplate
     assert "[post-LN]" in _by_role(fig, "layer_trace")[1].name
     with pytest.raises(ThermoLensViewError, match="relative_depth"):
         views.l_star_plot(r, x="depth")

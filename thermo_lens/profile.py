@@ -116,7 +116,8 @@ class ThermoProfile(Result):
         ``gain`` is the summary named by ``gain_by`` (the one that decided the regime), with its
         95% CI; every registered metric with a ``row`` name adds its one number per model
         (:meth:`thermo_lens.registry.Metric.row_value`: e.g. the named gain summaries, the spectral
-        means over layers and heads, ``mean_trace``, ``l_star``).
+        means over layers and heads, ``mean_trace``, ``l_star``); ``l_star_rule`` names the rule of
+        ``l_star`` and ``l_star_paper_rule`` is the paper's rule's L* on the same trace.
         """
         m, g = self.meta, self.results.get("gain")
         row: dict[str, Any] = {
@@ -138,6 +139,10 @@ class ThermoProfile(Result):
                 row[metric.row] = metric.row_value(self) if held else None
             except (KeyError, AttributeError, TypeError):  # e.g. a head metric this signature lacks
                 row[metric.row] = None
+        ls = self.results.get("l_star")
+        if ls is not None:  # an L* always says which rule made it, with the paper's beside it
+            row["l_star_rule"] = ls.variant
+            row["l_star_paper_rule"] = float(ls.paper_rule_l_star)
         row.update({
             "post_ln": bool(m["post_ln"]), "parallel_attn": bool(m["parallel_attn"]),
             "weights": m["weights"], "dtype": m["dtype"], "prepend_bos": m["prepend_bos"],
@@ -175,8 +180,9 @@ class ThermoProfile(Result):
         sh, ls = self.results.get("sheaf"), self.results.get("l_star")
         if sh is not None:
             lines.append(f"  sheaf: mean layer trace {float(sh.mean_layer_trace.mean()):.5g}"
-                         + (f"; L* {ls.empirical:.3g} empirical ({ls.variant}) vs {ls.predicted:.3g} predicted"
-                            if ls is not None else ""))
+                         + (f"; L* {ls.empirical:.3g} empirical ({ls.variant}"
+                            + ("" if ls.paper_rule else f"; the paper's rule gives {ls.paper_rule_l_star:.3g}")
+                            + f") vs {ls.predicted:.3g} predicted" if ls is not None else ""))
         others = [k for k in self.results if k not in ("gain", "spectral", "sheaf", "l_star")]
         if others:
             lines.append(f"  also: {', '.join(others)}")
@@ -193,7 +199,7 @@ def profile(
     *,
     token_scope: TokenScope = "all_but_first",
     regime_by: str = "last_block_gain",
-    l_star_variant: str = "argmax_abs_gradient",
+    l_star_variant: str = "steepest_step",
     attribution: bool = True,
     name: str | None = None,
     lab: str | None = None,
@@ -228,7 +234,8 @@ def profile(
             ``"all_but_first"``; ``last``, ``all``, ``frobenius``); the per-token terms (attribution,
             write norms) use ``all`` for ``frobenius``.
         regime_by: the gain summary whose 95% CI decides the regime (default ``"last_block_gain"``).
-        l_star_variant: empirical L* rule (default ``"argmax_abs_gradient"``; :mod:`thermo_lens.depth`).
+        l_star_variant: empirical L* rule (default ``"steepest_step"``; the paper's ``"argmax_abs_gradient"``
+            is reported beside it; :mod:`thermo_lens.depth`).
         attribution: also compute :func:`thermo_lens.gain_attribution` in the same pass (default
             ``True``; skipped, with the reason in ``meta["skipped"]`` and a warning, for models
             whose blocks have no exact per-head split).

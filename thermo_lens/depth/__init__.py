@@ -11,10 +11,20 @@ index the paper's notebooks got from ``np.argmax`` (its calibration values, e.g.
 Empirical rules, by name (the registry :data:`thermo_lens.depth.rules.L_STAR_RULES` is the one
 source of these texts; the definitions page shows the same, generated):
 
-``"argmax_abs_gradient"`` (the paper's rule: D'Elia (2026), appendix E)
+``"steepest_step"`` (the default; thermo-lens's, not the paper's)
+    with d_k = T_{k+1} - T_k (k = 0 .. L-2), L* = k + 1 for the k with the largest |d_k|: the
+    deeper layer of the steepest step between adjacent layers; every d_k is a difference of two
+    layers, so each has the same variance under layer noise and no layer gets a noisier difference
+    than another (L* is 1 .. L-1; under a random walk every step is equally likely); ties go to
+    the shallowest step; NaN with a note when T is flat (no step above 1e-12 max |T_l|).
+    On ``T = [0, 3, 3, 3, 8, 8]`` it gives 4 (the step 3 -> 4); the paper's rule gives 0.
+``"argmax_abs_gradient"`` (the paper's rule: D'Elia (2026), appendix E; reported beside the default)
     L* = argmax_l |dT/dl| with dT/dl = np.gradient(T): central differences
     (T_{l+1} - T_{l-1}) / 2 inside, one-sided differences at the first and last layer; ties go to
-    the shallowest layer.
+    the shallowest layer; a flat T gives 0 (with a note). The one-sided differences
+    have 2 (random walk) to 4 (independent layer noise) times the variance of the central ones,
+    so L* lands on the first or last layer more often than chance (a random walk of 12 layers:
+    0.39 against 2/12).
 ``"notebook_v3_first_peak"`` (one released notebook's rule, not the paper's text; formerly
 ``"paper_v3_sign_change"``)
     with d_i = T_{i+1} - T_i, the first i with d_i > 0 and d_{i+1} < 0 (a strict scan: a plateau
@@ -57,7 +67,8 @@ from torch import Tensor
 
 from thermo_lens.depth.predicted import (L_STAR_BASELINES, PREDICTED_DEFINITION, LStarBeyondDepthWarning,
                                          l_star_baselines, predicted_l_star)
-from thermo_lens.depth.rules import DEPRECATED_VARIANTS, L_STAR_RULES, PAPER_L_STAR_RULE, LStarRule, rules_markdown
+from thermo_lens.depth.rules import (DEFAULT_L_STAR_RULE, DEPRECATED_VARIANTS, L_STAR_RULES, PAPER_L_STAR_RULE,
+                                     LStarRule, rules_markdown)
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.registry import Metric, register_metric
 from thermo_lens.result import Result
@@ -66,6 +77,7 @@ __all__ = [
     "L_STAR_RULES",
     "L_STAR_VARIANTS",
     "PAPER_L_STAR_RULE",
+    "DEFAULT_L_STAR_RULE",
     "LStarRule",
     "ERROR_METRICS",
     "LStarResult",
@@ -78,11 +90,12 @@ __all__ = [
     "rules_markdown",
     "trace_derivative",
     "empirical_l_star",
+    "l_star_note",
     "l_star_error",
     "l_star_from_traces",
 ]
 
-LStarVariant = Literal["argmax_abs_gradient", "notebook_v3_first_peak", "first_turning_point"]
+LStarVariant = Literal["steepest_step", "argmax_abs_gradient", "notebook_v3_first_peak", "first_turning_point"]
 ErrorMetric = Literal["ape", "paper"]
 
 #: Rule name -> its definition (the registry's text; kept for the report's glossary and old code).
@@ -95,8 +108,9 @@ LAYER_INDEXING = "0-based block index: layer l is blocks.{l} (l = 0 .. L-1)"
 
 register_metric(Metric(
     "l_star", symbol="L*", formula="empirical L*: the layer of maximal change of the layer trace T_l (sum over "
-    "heads, mean over prompts) under the named rule (default argmax_l |dT/dl|, central differences: the paper's "
-    "appendix E); 0-based block index", shape="", result="LStarResult", section="l_star",
+    "heads, mean over prompts) under the named rule (default steepest_step: the deeper layer of the largest |T_{k+1} - T_k|, "
+    "differences of equal variance at every layer; the paper's appendix E rule argmax_l |dT/dl| with np.gradient "
+    "beside it); 0-based block index", shape="", result="LStarResult", section="l_star",
     paper="D'Elia (2026), appendix E", unit="layer", column="empirical_l_star", attr="empirical", row="l_star",
     summary_table=True))
 register_metric(Metric(
@@ -142,7 +156,7 @@ def _as_trace(layer_trace: Any, minimum: int) -> np.ndarray:
     return t
 
 
-def trace_derivative(layer_trace: Any, variant: str = PAPER_L_STAR_RULE) -> np.ndarray:
+def trace_derivative(layer_trace: Any, variant: str = DEFAULT_L_STAR_RULE) -> np.ndarray:
     """``dT/dl`` as the rule reads it: ``np.gradient(T)`` ``[L]`` or ``np.diff(T)`` ``[L-1]``."""
     rule = L_STAR_RULES[_check_variant(variant)]
     t = _as_trace(layer_trace, 2)
@@ -154,14 +168,21 @@ def _apply(t: np.ndarray, variant: str) -> tuple[float, str]:
     return rule.apply(_as_trace(t, rule.min_layers))
 
 
-def empirical_l_star(layer_trace: Any, variant: str = PAPER_L_STAR_RULE) -> float:
+def empirical_l_star(layer_trace: Any, variant: str = DEFAULT_L_STAR_RULE) -> float:
     """Empirical L* of a layer trace ``T [layer]`` (0-based block index; NaN when undefined).
 
-    ``variant``: a rule of :data:`L_STAR_RULES` (see the module docstring); the default
-    ``"argmax_abs_gradient"`` is the paper's (appendix E).
+    ``variant``: a rule of :data:`L_STAR_RULES` (see the module docstring). The default
+    ``"steepest_step"`` is the deeper layer of the steepest step ``|T_{k+1} - T_k|`` (NaN on a flat
+    trace; :func:`l_star_note` says why); ``"argmax_abs_gradient"`` is the paper's (appendix E).
     """
     variant = _check_variant(variant)
     return _apply(_as_trace(layer_trace, 1), variant)[0]
+
+
+def l_star_note(layer_trace: Any, variant: str = DEFAULT_L_STAR_RULE) -> str:
+    """Why :func:`empirical_l_star` is NaN (or conventional) on this trace under ``variant``; "" when it is not."""
+    variant = _check_variant(variant)
+    return _apply(_as_trace(layer_trace, 1), variant)[1]
 
 
 def l_star_error(predicted: float, empirical: float, metric: str = "ape", n_layers: int | None = None) -> float:
@@ -198,6 +219,9 @@ class LStarResult(Result):
         ape: ``|pred - emp| / emp``; paper_error: ``|pred - emp| / L`` (fractions).
         note: why a value is NaN, or "".
         source: where the trace came from (trace formula, BOS mode, model metadata), or {}.
+        paper_rule_empirical: L* of the same trace by the paper's rule (``argmax_abs_gradient``,
+            appendix E), reported beside the result's own rule (equal to ``empirical`` when that
+            rule is the paper's); ``paper_rule_note`` says when it is conventional (a flat trace).
     """
 
     variant: str
@@ -219,6 +243,8 @@ class LStarResult(Result):
     baselines: dict = field(default_factory=dict)
     warnings: tuple = ()
     provenance: str = ""
+    paper_rule_empirical: float = math.nan
+    paper_rule_note: str = ""
 
     @property
     def paper_rule(self) -> bool:
@@ -242,8 +268,23 @@ class LStarResult(Result):
         """``"ape"`` or ``"paper"`` (see :func:`l_star_error`)."""
         return l_star_error(self.predicted, self.empirical, metric, self.n_layers)
 
+    @property
+    def paper_rule_l_star(self) -> float:
+        """The paper's rule's L* on this trace: ``empirical`` when that is the rule used, else
+        ``paper_rule_empirical`` (NaN for a result stored before it was recorded)."""
+        return self.empirical if self.paper_rule else self.paper_rule_empirical
+
+    def paper_rule_error(self, metric: str = "ape") -> float:
+        """Eq. 6's error against the paper's rule's L* on the same trace (:attr:`paper_rule_l_star`)."""
+        return l_star_error(self.predicted, self.paper_rule_l_star, metric, self.n_layers)
+
     def to_frame(self) -> pd.DataFrame:
-        """One row per layer: ``T_l``, the derivative used, whether it is the empirical L*."""
+        """One row per layer: ``T_l``, the derivative used, whether it is the empirical L*.
+
+        ``derivative`` is the rule's ``dT/dl``: ``np.gradient`` at layer ``l``, or for a difference rule
+        ``d_k = T_{k+1} - T_k`` in row ``k`` (the last row NaN). The paper's rule's L* on the same trace
+        is in ``paper_rule_l_star``.
+        """
         L = self.n_layers
         deriv = self.derivative.numpy()
         col = np.full(L, np.nan)
@@ -256,6 +297,8 @@ class LStarResult(Result):
             "is_l_star": np.arange(L) == (int(emp) if not math.isnan(emp) else -1),
             "variant": self.variant,
             "empirical_l_star": emp,
+            "paper_rule": PAPER_L_STAR_RULE,
+            "paper_rule_l_star": self.paper_rule_l_star,
             "predicted_l_star": self.predicted,
             "ape": self.ape,
             "paper_error": self.paper_error,
@@ -277,6 +320,11 @@ class LStarResult(Result):
             bp = self.baseline_errors("paper")
             note += "\n  baselines: " + "; ".join(
                 f"{k} = {v:.4g} (APE {be[k]:.3g}, paper {bp[k]:.3g})" for k, v in self.baselines.items())
+        if not self.paper_rule:
+            pe = "undefined" if math.isnan(self.paper_rule_empirical) else f"{self.paper_rule_empirical:g}"
+            note += (f"\n  beside it, the paper's rule ({PAPER_L_STAR_RULE}, appendix E): L* = {pe}, APE "
+                     f"{self.paper_rule_error('ape'):.3g}, paper |pred-emp|/L {self.paper_rule_error('paper'):.3g}"
+                     + (f" ({self.paper_rule_note})" if self.paper_rule_note else ""))
         for w in self.warnings:
             note += f"\n  warning: {w}"
         model = (self.source.get("model") or {}).get("name") if self.source else None
@@ -300,7 +348,7 @@ def l_star_from_traces(
     n_layers: int | None = None,
     n_heads: int | None = None,
     *,
-    variant: str = PAPER_L_STAR_RULE,
+    variant: str = DEFAULT_L_STAR_RULE,
 ) -> LStarResult:
     """Empirical and predicted L* from sheaf traces (``thermo_lens.definitions`` §4).
 
@@ -310,8 +358,10 @@ def l_star_from_traces(
             ``[prompt, layer]`` array of per-prompt layer traces (``T_l`` = mean over prompts).
         n_layers: ``L`` (must match the trace's length; optional for ``SheafTraces``).
         n_heads: ``H`` for the predicted formula (optional for ``SheafTraces``).
-        variant: a rule of :data:`L_STAR_RULES`: ``"argmax_abs_gradient"`` (default, the paper's),
-            ``"notebook_v3_first_peak"`` (one released notebook's) or ``"first_turning_point"``.
+        variant: a rule of :data:`L_STAR_RULES`: ``"steepest_step"`` (default),
+            ``"argmax_abs_gradient"`` (the paper's, always computed beside the others as
+            ``paper_rule_empirical``), ``"notebook_v3_first_peak"`` (one released notebook's) or
+            ``"first_turning_point"``.
     """
     variant = _check_variant(variant)
     source: dict = {}
@@ -342,6 +392,7 @@ def l_star_from_traces(
             f"the layer trace has {t.size} entries but n_layers={n_layers}; pass one trace per block"
         )
     emp, rule_note = _apply(t, variant)
+    paper_emp, paper_note = _apply(t, PAPER_L_STAR_RULE)
     pred = predicted_l_star(n_layers, n_heads, warn=False)
     warns: list[str] = []
     if pred > n_layers:  # recorded and printed with the result (tiny models trip it every time)
@@ -374,6 +425,8 @@ def l_star_from_traces(
                          and bool((~torch.isnan(per_prompt)).any()) else math.nan),
         baselines=l_star_baselines(n_layers),
         warnings=tuple(warns),
+        paper_rule_empirical=paper_emp,
+        paper_rule_note=paper_note,
     )
 
 
@@ -388,7 +441,8 @@ def _register() -> None:
     register_measurement(Measurement(
         "l_star", title="L*, the depth of maximal trace change", result="LStarResult", section="l_star",
         summary="the block where the layer sheaf trace T_l changes most (empirical) against the paper's eq. 6",
-        options={"variant": Option("argmax_abs_gradient", _check_variant, "the empirical L* rule")},
+        options={"variant": Option(DEFAULT_L_STAR_RULE, _check_variant,
+                                   "the empirical L* rule (the paper's is reported beside it)")},
         build=_build, needs=("sheaf",),
     ))
 

@@ -25,6 +25,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from thermo_lens.stats.exact import sign_flip_pvalue
+
 __all__ = ["PairedEffect", "paired_effect", "effects_frame", "budget_effects_frame", "matched_loss_frame",
            "sign_flip_pvalue", "sign_flip_interval", "regime_of", "flip_by_intervals", "METRICS", "GAIN_METRICS"]
 
@@ -153,24 +155,7 @@ def _seed_pairs(final: Any, comparisons: Sequence[tuple[str, Any, Any, str, str]
 
 
 # ------------------------------------------------------------------ v2: budgets, matched loss, family
-
-def _sign_patterns(n: int) -> np.ndarray:
-    """All ``2**n`` sign vectors, ``[2**n, n]`` (exact sign-flip tests; n <= 16)."""
-    idx = np.arange(2 ** n)[:, None]
-    return np.where((idx >> np.arange(n)[None, :]) & 1, -1.0, 1.0)
-
-
-def sign_flip_pvalue(d: Any, shift: float = 0.0) -> float:
-    """Exact two-sided sign-flip p of mean ``d - shift`` = 0: the share of all ``2**n`` sign
-    patterns whose ``|mean|`` reaches the observed one (ties count; n <= 16)."""
-    x = np.asarray(d, dtype=float) - shift
-    n = x.size
-    if n == 0 or n > 16 or not np.all(np.isfinite(x)):
-        return float("nan")
-    stats_ = np.abs(_sign_patterns(n) @ x) / n
-    observed = abs(x.mean())
-    return float(np.mean(stats_ >= observed - 1e-12 * max(1.0, observed)))
-
+# The exact sign-flip test itself lives in the stats module (thermo_lens.stats.exact.sign_flip_pvalue).
 
 def sign_flip_interval(d: Any, level: float = 0.95) -> tuple[float, float]:
     """The interval that inverts :func:`sign_flip_pvalue`: the shifts ``delta`` with
@@ -186,7 +171,7 @@ def sign_flip_interval(d: Any, level: float = 0.95) -> tuple[float, float]:
         return float("-inf"), float("inf")
     from thermo_lens.stats.exact import _invert  # the package's test inversion (Blaker, signed-rank, ...)
 
-    span = float(np.ptp(x)) + abs(float(x.mean())) + 1e-12
+    span = float(np.ptp(x)) + abs(float(x.mean())) or 1.0  # the data's scale
     lo, hi = _invert(lambda shift: sign_flip_pvalue(x, shift), float(x.mean()), span, alpha)
     return lo, hi
 

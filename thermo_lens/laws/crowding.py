@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from itertools import combinations
+from itertools import combinations, islice
 from typing import Any
 
 import numpy as np
@@ -49,14 +49,27 @@ def _rule_accuracy(r: np.ndarray, y: np.ndarray, ths: np.ndarray) -> np.ndarray:
     return (yf @ pred.T + (1 - yf) @ (1 - pred).T) / r.size    # [m, T]
 
 
+def _labelings(n: int, k: int, chunk: int = 50_000):
+    """Every labeling of ``n`` models with ``k`` dampeners, ``[m, n]`` bool, in chunks of ``chunk``."""
+    it = combinations(range(n), k)
+    while True:
+        block = list(islice(it, chunk))
+        if not block:
+            return
+        labs = np.zeros((len(block), n), dtype=bool)
+        np.put_along_axis(labs, np.array(block, dtype=np.int64).reshape(len(block), k), True, axis=1)
+        yield labs
+
+
 def threshold_rule_pvalue(rho: Any, dampener: Any, thresholds: Any, seed: int = 0,
-                          n_resamples: int = 20_000) -> tuple[float, str]:
+                          n_resamples: int = 20_000, exact_max: int = _EXACT_LABELINGS) -> tuple[float, str]:
     """Permutation p of the best accuracy of ``rho > t => dampener`` over the threshold grid.
 
     Null: the dampener labels are exchangeable across models (their number fixed). The statistic
     is the *maximum* accuracy over ``thresholds``, so the search over the grid is paid for. All
-    ``C(n, k)`` labelings are enumerated when there are at most 100,000 (exact), else
-    ``n_resamples`` random permutations with ``seed``. Returns ``(pvalue, description)``.
+    ``C(n, k)`` labelings are enumerated when there are at most ``exact_max`` (100,000 by default;
+    up to a few million take seconds), else ``n_resamples`` random permutations with ``seed``, and
+    the description gives the Monte Carlo standard error. Returns ``(pvalue, description)``.
     """
     r = np.asarray(rho, dtype=float)
     y = np.asarray(dampener, dtype=bool)
@@ -64,17 +77,15 @@ def threshold_rule_pvalue(rho: Any, dampener: Any, thresholds: Any, seed: int = 
     n, k = y.size, int(y.sum())
     observed = _rule_accuracy(r, y, ths).max()
     total = math.comb(n, k)
-    if total <= _EXACT_LABELINGS:
-        labs = np.zeros((total, n), dtype=bool)
-        for i, idx in enumerate(combinations(range(n), k)):
-            labs[i, list(idx)] = True
-        how = f"exact permutation (all {total} labelings)"
-    else:
-        rng = np.random.default_rng(seed)
-        labs = rng.permuted(np.tile(y, (n_resamples, 1)), axis=1)
-        how = f"Monte Carlo permutation ({n_resamples} resamples, seed {seed})"
-    best = _rule_accuracy(r, labs, ths).max(axis=1)
-    return float(np.mean(best >= observed - 1e-12)), how
+    if total <= exact_max:
+        hits = sum(int(np.count_nonzero(_rule_accuracy(r, labs, ths).max(axis=1) >= observed - 1e-12))
+                   for labs in _labelings(n, k))
+        return hits / total, f"exact permutation (all {total:,} labelings)"
+    rng = np.random.default_rng(seed)
+    labs = rng.permuted(np.tile(y, (n_resamples, 1)), axis=1)
+    p = float(np.mean(_rule_accuracy(r, labs, ths).max(axis=1) >= observed - 1e-12))
+    return p, (f"Monte Carlo permutation ({n_resamples} resamples, seed {seed}; Monte Carlo SE "
+               f"{math.sqrt(p * (1 - p) / n_resamples):.4f})")
 
 
 @dataclass(frozen=True, repr=False, eq=False)

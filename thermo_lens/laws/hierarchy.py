@@ -4,7 +4,10 @@ The abstract's Pythia (0.80) < Mistral (1.11) < LLaMA (1.48) < Gemma (2.31) rank
 group: with n = 1 per group there is no within-group spread, so no test separates the groups.
 
 Declared tests (``thermo_lens.definitions`` §5): the primary is whether the groups differ at all,
-a Kruskal-Wallis H with a permutation p (exact up to 20,000 labelings); the secondary family is
+a Kruskal-Wallis H with a permutation p (exact over every labeling up to ``exact_max`` labelings,
+20,000 by default and up to 10^8 when asked, e.g. for the paper's 16-model survey, 60,540,480
+labelings, a few seconds; above it a Monte Carlo estimate whose method string gives its Monte Carlo
+standard error); the secondary family is
 each pair of groups adjacent in the observed ranking (both n >= 2), a permutation test of the
 difference in means with the shift interval that inverts it (Welch's t p beside it), Holm over
 them. The pairs are picked by the data's own order, so read them as post hoc.
@@ -23,7 +26,12 @@ from thermo_lens.laws.base import LawResult, StatTest, declare, leave_one_out
 from thermo_lens.stats.exact import permutation_mean_difference
 from thermo_lens.laws.table import _as_frame, _group_stats, _labels, _numeric, _require
 
-__all__ = ["HierarchyResult", "hierarchy", "family_of"]
+__all__ = ["HierarchyResult", "hierarchy", "family_of", "KRUSKAL_EXACT_MAX"]
+
+#: Up to this many labelings the Kruskal-Wallis permutation p is exact by default; above, Monte Carlo.
+KRUSKAL_EXACT_MAX = 20_000
+#: The most labelings ``exact_max`` may ask to enumerate (10^8 take seconds).
+KRUSKAL_EXACT_LIMIT = 100_000_000
 
 _FAMILIES = (
     ("pythia", r"pythia"), ("gpt-neox", r"gpt-?neox"), ("gpt-neo", r"gpt-?neo"),
@@ -82,12 +90,16 @@ class HierarchyResult(LawResult):
 
 
 def hierarchy(table: Any, by: str = "lab", gain: str = "gain", level: float = 0.95,
-              ascending: bool = True) -> HierarchyResult:
+              ascending: bool = True, exact_max: int = KRUSKAL_EXACT_MAX) -> HierarchyResult:
     """Rank groups of models by mean gain, with SE and a t-based CI.
 
     ``by`` is a column (``"lab"``, ``"family"``, ...). ``by="family"`` without a ``family`` column
-    derives it from ``model`` (or ``hf_id``) with :func:`family_of`.
+    derives it from ``model`` (or ``hf_id``) with :func:`family_of`. ``exact_max``: the primary
+    test's p is exact up to this many labelings (at most 10^8), a Monte Carlo estimate with its
+    standard error above.
     """
+    if not isinstance(exact_max, int) or not 0 <= exact_max <= KRUSKAL_EXACT_LIMIT:
+        raise ValueError(f"hierarchy: exact_max must be an int in [0, {KRUSKAL_EXACT_LIMIT:,}], got {exact_max!r}")
     func = "hierarchy"
     df = _as_frame(table, func)
     if by == "family" and "family" not in df.columns:
@@ -110,7 +122,7 @@ def hierarchy(table: Any, by: str = "lab", gain: str = "gain", level: float = 0.
                 (hi[i] < lo[i + 1] if ascending else lo[i] > hi[i + 1]))
            for i in range(len(out) - 1)] + [False]
     out["separated_from_next"] = sep
-    glob = _global_test(keys, g, _labels(df))
+    glob = _global_test(keys, g, _labels(df), exact_max)
     tests = ([glob] if glob is not None else []) + list(_adjacent_tests(out, keys, g, _labels(df), level))
     return HierarchyResult(groups=out, by=by, level=level, stat_tests=declare(tests))
 
@@ -132,8 +144,48 @@ def _arrangements(sizes: np.ndarray, n: int) -> np.ndarray:
     return np.array(out, dtype=np.int64)
 
 
-def _kruskal_perm(keys: np.ndarray, g: np.ndarray, seed: int = 0) -> tuple[float, float, str]:
-    """Kruskal-Wallis H and its permutation p (group labels exchangeable)."""
+_KW_MC = 20_000
+
+
+def _exact_rank_sum_stat(ranks: np.ndarray, code: np.ndarray, sizes: np.ndarray, observed: float,
+                         tol: float) -> tuple[int, int]:
+    """``(hits, total)``: labelings (group sizes fixed) whose ``sum_j S_j^2 / n_j`` reaches ``observed``.
+
+    Every labeling once: the largest group's members by combinations (outer, in chunks), the other
+    groups by all their arrangements of the remaining positions (inner, precomputed once), so the work
+    is vectorised over ``C(n, n_1)`` x ``n! / prod(n_j!)`` / ``C(n, n_1)`` rank sums.
+    """
+    from itertools import combinations
+
+    n = ranks.size
+    first = int(np.argmax(sizes))
+    rest = [j for j in range(sizes.size) if j != first]
+    inner = _arrangements(sizes[rest].astype(int), n - int(sizes[first]))        # [m, n - n_1] codes 0..k-2
+    onehots = [(inner == i).astype(np.float64) for i in range(len(rest))]        # [m, n - n_1] each
+    hits = total = 0
+    outer = list(combinations(range(n), int(sizes[first])))
+    for start in range(0, len(outer), 256):
+        chunk = np.array(outer[start:start + 256], dtype=np.int64)                # [c, n_1]
+        mask = np.ones((chunk.shape[0], n), dtype=bool)
+        np.put_along_axis(mask, chunk, False, axis=1)
+        r_first = ranks[chunk].sum(axis=1)                                        # [c]
+        r_rest = ranks[np.nonzero(mask)[1].reshape(chunk.shape[0], -1)]           # [c, n - n_1]
+        stat = np.repeat((r_first ** 2 / sizes[first])[:, None], inner.shape[0], axis=1)
+        for i, j in enumerate(rest):
+            stat += (r_rest @ onehots[i].T) ** 2 / sizes[j]                       # [c, m]
+        hits += int(np.count_nonzero(stat >= observed - tol))
+        total += stat.size
+    return hits, total
+
+
+def _kruskal_perm(keys: np.ndarray, g: np.ndarray, seed: int = 0,
+                  exact_max: int = KRUSKAL_EXACT_MAX) -> tuple[float, float, str]:
+    """Kruskal-Wallis H and its permutation p (group labels exchangeable).
+
+    Exact over every labeling with the observed group sizes when there are at most ``exact_max``;
+    otherwise ``20,000`` random labelings with ``seed``, and the method string gives the estimate's
+    Monte Carlo standard error ``sqrt(p (1 - p) / 20000)``.
+    """
     import math
 
     from scipy import stats
@@ -153,31 +205,39 @@ def _kruskal_perm(keys: np.ndarray, g: np.ndarray, seed: int = 0) -> tuple[float
         return (12 / (n * (n + 1)) * (sums ** 2 / sizes).sum(axis=1) - 3 * (n + 1)) / ties
 
     total = math.factorial(n) // int(np.prod([math.factorial(int(c)) for c in sizes]))
-    rng = np.random.default_rng(seed)
-    if total <= 20_000:
-        perms = _arrangements(sizes.astype(int), n)
-        how = f"exact permutation (all {total} labelings)"
-    else:
-        perms = rng.permuted(np.tile(code, (20_000, 1)), axis=1)
-        how = f"Monte Carlo permutation (20000 labelings, seed {seed})"
     obs = float(h(code[None, :])[0])
-    return obs, float(np.mean(h(perms) >= obs - 1e-9)), how
+    if total <= min(20_000, exact_max):
+        perms = _arrangements(sizes.astype(int), n)
+        return obs, float(np.mean(h(perms) >= obs - 1e-9)), f"exact permutation (all {total} labelings)"
+    if total <= exact_max:
+        # H is increasing in sum_j S_j^2 / n_j: count the labelings whose sum reaches the observed one
+        sums = np.array([ranks[code == j].sum() for j in range(len(groups))])
+        t_obs = float((sums ** 2 / sizes).sum())
+        hits, count = _exact_rank_sum_stat(ranks, code, sizes, t_obs, 1e-9 * t_obs)
+        assert count == total
+        return obs, hits / total, f"exact permutation (all {total:,} labelings)"
+    rng = np.random.default_rng(seed)
+    perms = rng.permuted(np.tile(code, (_KW_MC, 1)), axis=1)
+    p = float(np.mean(h(perms) >= obs - 1e-9))
+    return obs, p, (f"Monte Carlo permutation ({_KW_MC} labelings, seed {seed}; Monte Carlo SE "
+                    f"{math.sqrt(p * (1 - p) / _KW_MC):.4f})")
 
 
-def _global_test(keys: np.ndarray, g: np.ndarray, labels: list) -> StatTest | None:
+def _global_test(keys: np.ndarray, g: np.ndarray, labels: list,
+                 exact_max: int = KRUSKAL_EXACT_MAX) -> StatTest | None:
     """The primary: do the groups differ at all? (None when no group has two models.)"""
     from thermo_lens.stats import kruskal_effect_size
 
     groups = list(dict.fromkeys(keys))
     if len(groups) < 2 or max(int(np.sum(keys == k)) for k in groups) < 2:
         return None
-    hstat, p, how = _kruskal_perm(keys, g)
+    hstat, p, how = _kruskal_perm(keys, g, exact_max=exact_max)
     eps = kruskal_effect_size(hstat, g.size, len(groups))["epsilon_squared"]
 
-    def loo(keep):
+    def loo(keep):  # Monte Carlo above 20,000 labelings: n exact enumerations could cost seconds each
         if len(set(keys[keep])) < 2:
             raise ValueError("one group")
-        h2, p2, _ = _kruskal_perm(keys[keep], g[keep])
+        h2, p2, _ = _kruskal_perm(keys[keep], g[keep], exact_max=20_000)
         return h2, p2
 
     return StatTest(

@@ -1,7 +1,7 @@
 """What the paper's own numbers say, recomputed with :mod:`thermo_lens.laws`.
 
-Every quantitative sentence of the README section "What the paper's own numbers say" is generated
-by :func:`readme_section` from :func:`compute` (a test regenerates it and fails when the README and
+Every quantitative sentence of the findings page (`docs/findings.md`, "What the paper's own numbers say") is generated
+by :func:`readme_section` from :func:`compute` (a test regenerates it and fails when the page and
 the computation drift apart). Inputs: :mod:`thermo_lens.paper.reference`, the per-model numbers of
 the paper's result files: the 8-model Pythia sweep (metric A, 25 prompts), the 16-model lab survey
 (metric A, 5 prompts), the base/instruct twins and the six L* validation models of the paper's
@@ -21,7 +21,7 @@ from thermo_lens.paper import reference
 from thermo_lens.paper.lstar import l_star_predictor_test, predicted_l_star
 
 __all__ = ["compute", "readme_section", "crowding_scopes", "l_star_validation_table", "law_results",
-           "RHO_CRIT_FITTED_ON", "bound_tables"]
+           "RHO_CRIT_FITTED_ON", "bound_tables", "PUBLIC_DEPTHS", "primary_holm"]
 
 _LSTAR_V2 = "L_star_empirical_v2_argmax (approx)"
 _LSTAR_CALIBRATION = "L_star_trace_argmax_grad"
@@ -30,7 +30,7 @@ _LSTAR_CALIBRATION = "L_star_trace_argmax_grad"
 RHO_CRIT_FITTED_ON: tuple[str, ...] = ("pythia-70m", "pythia-160m", "pythia-410m", "pythia-1b", "pythia-1.4b",
                                        "pythia-2.8b", "pythia-6.9b", "pythia-12b")
 
-#: The paper's gain measurements held to the bound, with how the README names them.
+#: The paper's gain measurements held to the bound, with how the findings page names them.
 _BOUND_METRICS = {"residual_gain_no_final_ln": "metric A (G_(L-1))", "emb_to_block0_gain": "G_1",
                   "last_block_gain_hook": "metric B (G_L)", "residual_gain_with_final_ln": "G_L with the final norm"}
 
@@ -49,8 +49,19 @@ def l_star_validation_table():
     return v[["model", "n_layers", "n_heads", "empirical"]].reset_index(drop=True)
 
 
-def bound_tables():
-    """One frame per gain measurement of the paper (:data:`_BOUND_METRICS`), each model held to 10^(1/L)."""
+#: Depths the paper's table lacks for some metric-B rows, from each checkpoint's public config.json
+#: (``num_hidden_layers``; ``n_layer`` for GPT-2). Used only where asked (``fill_public_depths``).
+PUBLIC_DEPTHS: dict[str, int] = {"mistralai/Mistral-7B-Instruct-v0.2": 32, "google/gemma-7b-it": 28,
+                                 "meta-llama/Llama-3.1-8B-Instruct": 32, "gpt2-medium": 24, "gpt2-large": 36,
+                                 "gpt2-xl": 48}
+
+
+def bound_tables(fill_public_depths: bool = False):
+    """One frame per gain measurement of the paper (:data:`_BOUND_METRICS`), each model held to 10^(1/L).
+
+    Rows without a depth in the paper's table are left out (``bound_table`` skips them), unless
+    ``fill_public_depths``: then their depth comes from :data:`PUBLIC_DEPTHS` (the models' configs).
+    """
     import pandas as pd
 
     from thermo_lens import laws
@@ -58,7 +69,12 @@ def bound_tables():
     frames = []
     for meas, label in _BOUND_METRICS.items():
         rows = reference.gains(meas)
+        if fill_public_depths:
+            rows = rows.copy()
+            missing = rows["n_layers"].isna() & rows["hf_id"].isin(list(PUBLIC_DEPTHS))
+            rows.loc[missing, "n_layers"] = rows.loc[missing, "hf_id"].map(PUBLIC_DEPTHS)
         b = laws.bound_table(rows, ["gain"])
+        b["n_rows"] = len(rows)
         b["metric"], b["measurement"] = label, meas
         frames.append(b)
     return pd.concat(frames, ignore_index=True)
@@ -119,7 +135,9 @@ def _compute() -> dict[str, Any]:
     from scipy import stats
 
     from thermo_lens import laws
-    from thermo_lens.stats.exact import fisher_exact
+    from thermo_lens.laws.crowding import threshold_rule_pvalue
+    from thermo_lens.laws.hierarchy import KRUSKAL_EXACT_LIMIT
+    from thermo_lens.stats.exact import fisher_exact, logistic_exact_test
 
     f: dict[str, Any] = {}
     pyt, survey = reference.pythia_family(), reference.lab_survey()
@@ -140,8 +158,11 @@ def _compute() -> dict[str, Any]:
     f["violations"] = [(r.table, r.model, r.gain, r.bound, r.ci_low, r.ci_high, bool(r.violates_ci))
                        for r in viol.itertuples()]
     bt = bound_tables()
+    filled = bound_tables(fill_public_depths=True).groupby("metric", sort=False)
     f["bound_by_metric"] = [(label, int(len(b)), int(b["violates"].sum()), int(b["violates_ci"].sum()),
-                             float(b["gain"].min()), float(b["gain"].max()))
+                             float(b["gain"].min()), float(b["gain"].max()), int(b["n_rows"].iloc[0]),
+                             int(filled.get_group(label)["violates"].sum()),
+                             int(filled.get_group(label)["violates_ci"].sum()), int(len(filled.get_group(label))))
                             for label, b in bt.groupby("metric", sort=False)]
     g1 = bt[(bt["measurement"] == "emb_to_block0_gain")]
     f["bound_g1"] = (int(g1["violates"].sum()), len(g1), float(g1["gain"].min()), float(g1["gain"].max()),
@@ -171,14 +192,18 @@ def _compute() -> dict[str, Any]:
             "rule_p": c.rule_pvalue, "sample": c.sample, "r_depth": c.depth_correlation.statistic,
             "partial_r": c.partial.statistic, "partial_p": c.partial.pvalue, "separated": c.logistic.separated,
             "logistic_exact_p": logi.pvalue, "lr_statistic": c.logistic.lr_statistic,
+            "logistic_exact_p_two_sided": logistic_exact_test(c.table["rho"].to_numpy(float),
+                                                              c.table["dampener"].to_numpy(int)).pvalue,
+            "rule_p_exact": threshold_rule_pvalue(c.table["rho"].to_numpy(float), c.table["dampener"].to_numpy(bool),
+                                                  c.thresholds["threshold"].to_numpy(float), exact_max=1_000_000),
             "lr_p_invalid": float(stats.chi2.sf(c.logistic.lr_statistic, 1)),
             "n_out": int(sum(m not in RHO_CRIT_FITTED_ON for m in c.table["model"]))}
     # ---- twins and hierarchy
     tw = laws.twin(reference.twins())
     f.update(twin_kept=tw.n_sign_kept, twin_n=tw.n_pairs, twin_p=_primary(tw).pvalue, twin_ci_low=_primary(tw).ci_low)
-    hi = laws.hierarchy(survey, by="lab")
+    hi = laws.hierarchy(survey, by="lab", exact_max=KRUSKAL_EXACT_LIMIT)  # 60,540,480 labelings: seconds
     f.update(hier_groups=len(hi.groups), hier_n=int(hi.groups["n"].sum()), hier_p=_primary(hi).pvalue,
-             hier_bench_n=int(len(reference.benchmark())))
+             hier_p_method=_primary(hi).pvalue_method, hier_bench_n=int(len(reference.benchmark())))
     # ---- L*: eq. 6 vs L/2, paired
     v = l_star_validation_table()
     t = reference.table()
@@ -193,11 +218,28 @@ def _compute() -> dict[str, Any]:
              lstar_eq6_ape=ta.mean_eq6, lstar_half_ape=ta.mean_half, lstar_p_ape=ta.pvalue,
              lstar_nobloom_eq6_ape=ta_nb.mean_eq6, lstar_nobloom_half_ape=ta_nb.mean_half,
              lstar_deep=predicted_l_star(80, 64, warn=False))
+    # ---- the six declared primary tests, each unadjusted; what Holm across them would give
+    f["primary_holm"] = primary_holm(f)
     return f
 
 
+def primary_holm(f: dict[str, Any]) -> list[tuple[str, float, float]]:
+    """``(law, p, Holm-adjusted p)`` over the six declared primary tests of :func:`compute`'s numbers.
+
+    The crowding law's primary is its rule on the models it was not fitted on (the survey); the L*
+    comparison's is the paired test under the paper's own error ``|pred - emp| / L``.
+    """
+    from thermo_lens.stats import holm
+
+    ps = [("Kleiber", f["kleiber_p_rho"]), ("heritage", f["heritage_p_sign"]),
+          ("crowding", f["crowding_across"]["rule_p"]), ("twins", f["twin_p"]), ("hierarchy", f["hier_p"]),
+          ("L*", f["lstar_p_paper"])]
+    adj = holm([p for _, p in ps])
+    return [(name, float(p), float(a)) for (name, p), a in zip(ps, adj)]
+
+
 def compute() -> dict[str, Any]:
-    """The numbers behind the README section (a fresh dict; computed once per process)."""
+    """The numbers behind the findings page (a fresh dict; computed once per process)."""
     return dict(_compute())
 
 
@@ -213,7 +255,7 @@ def _p(p: float) -> str:
 
 
 def readme_section(f: dict[str, Any] | None = None) -> str:
-    """The README's "What the paper's own numbers say" bullets, generated from :func:`compute`."""
+    """The findings page's "What the paper's own numbers say" bullets, generated from :func:`compute`."""
     f = f or compute()
     w, a, al = f["crowding_within"], f["crowding_across"], f["crowding_all"]
     viol = f["violations"]
@@ -222,8 +264,18 @@ def readme_section(f: dict[str, Any] | None = None) -> str:
         for _, m, g, b, lo, hi, sig in viol)
     n_sig = sum(v[-1] for v in viol)
     g1 = f["bound_g1"]
-    others = "; ".join(f"{label}: {nv} of {n} above it ({nci} with the whole CI above)"
-                       for label, n, nv, nci, _, _ in f["bound_by_metric"] if label not in ("G_1",))
+    def per_metric(label, n, nv, nci, n_rows, fv, fci, fn):
+        if n == n_rows:
+            return f"{label}: {nv} of {n} above it ({nci} with the whole CI above)"
+        return (f"{label}: {nv} of the {n} rows with a depth in the paper's table above it ({nci} with the whole CI "
+                f"above; {n_rows - n} of its {n_rows} rows have no depth there and are left out; with their depths "
+                f"from the models' public configs, {fv} of {fn} above it, {fci} with the whole CI above)")
+
+    others = "; ".join(per_metric(label, n, nv, nci, n_rows, fv, fci, fn)
+                       for label, n, nv, nci, _, _, n_rows, fv, fci, fn in f["bound_by_metric"]
+                       if label not in ("G_1",))
+    holm_rows = f["primary_holm"]
+    smallest = min(holm_rows, key=lambda r: r[2])
     lo_or, hi_or = f["heritage_or_ci"]
     lines = [
         f"- **Kleiber.** Declared primary test, the paper's quoted correlation: over the {f['kleiber_n']} Pythia "
@@ -257,13 +309,15 @@ def readme_section(f: dict[str, Any] | None = None) -> str:
         f"rho_crit in [0.15, 0.20], exact permutation p). Out of sample it fails: on the survey ({a['n_out']} of "
         f"its {a['n']} models not used to choose rho_crit) the best accuracy is {_r2(a['accuracy'])} against a "
         f"{_r2(a['baseline'])} majority baseline (p = {a['rule_p']:.2f}); over all {al['n']} models it is "
-        f"{_r2(al['accuracy'])}, equal to the baseline {_r2(al['baseline'])}. Within one family "
+        f"{_r2(al['accuracy'])}, equal to the baseline {_r2(al['baseline'])} (exact p = {al['rule_p_exact'][0]:.3f} over "
+        f"{al['rule_p_exact'][1].split('all ')[1].rstrip(')')}). Within one family "
         f"({w['scope'].split('(')[1][:-1]}) it scores {w['hits']}/{w['n']} at rho_crit "
         f"{w['rho_crit'][0]:.2f}-{w['rho_crit'][1]:.2f} (majority baseline {_r2(w['baseline'])}, p = "
         f"{w['rule_p']:.3f} = 1/{round(1 / w['rule_p'])}). Caveats: that accuracy is {w['sample']} (the paper chose "
         f"rho_crit on these models); rho separates the classes there, so the logistic fit has no finite MLE and "
         f"its asymptotic likelihood-ratio p ({_p(w['lr_p_invalid'])}) is not valid: the exact conditional test of "
-        f"the slope gives p = {w['logistic_exact_p']:.3f}, the rule's own null, not counted twice; and rho and "
+        f"the slope gives one-sided p = {w['logistic_exact_p']:.3f} (the paper's direction; two-sided "
+        f"{w['logistic_exact_p_two_sided']:.3f}), the rule's own null, not counted twice; and rho and "
         f"depth correlate there (r = {w['r_depth']:.2f}): controlling for depth r(gain, rho | L) = "
         f"{w['partial_r']:.2f} (p = {w['partial_p']:.2f}), so the rule may be reading depth.",
         f"- **Twins.** Declared primary test, the sign of G - 1 kept: {f['twin_kept']}/{f['twin_n']} pairs, exact "
@@ -271,7 +325,9 @@ def readme_section(f: dict[str, Any] | None = None) -> str:
         f"Caveat: {f['twin_n']} pairs cannot show that fine-tuning \"cannot invert sign\", and the Mistral "
         f"\"instruct\" twin (v0.2) is not a fine-tune of the base it is compared with (v0.1).",
         f"- **Hierarchy.** Declared primary test, do the groups differ at all (Kruskal-Wallis, permutation p): on "
-        f"the survey's {f['hier_groups']} labs ({f['hier_n']} models) p = {f['hier_p']:.2f}. Caveat: the "
+        f"the survey's {f['hier_groups']} labs ({f['hier_n']} models) p = {f['hier_p']:.2f} ("
+        f"{f['hier_p_method'].replace('exact permutation (all ', 'exact, over all ').rstrip(')')}). "
+        f"Caveat: the "
         f"abstract's ranking is {f['hier_bench_n']} single models, one per lab, measured with metric B: no test "
         f"can separate them.",
         f"- **L\\*.** The paper's errors are `|pred - emp| / L`, not a percentage error of L\\*. On its "
@@ -282,7 +338,12 @@ def readme_section(f: dict[str, Any] | None = None) -> str:
         f"indistinguishable. Without {f['lstar_bloom']} (ALiBi, outside eq. 6's stated scope) the APE ranking flips "
         f"({100 * f['lstar_nobloom_eq6_ape']:.1f}% vs {100 * f['lstar_nobloom_half_ape']:.1f}%). Caveats: the six "
         f"have only {f['lstar_pairs']} distinct (L, H) pairs, {f['lstar_calibration']} of them are eq. 6's "
-        f"calibration models, and their empirical L\\* are read off a plot. Eq. 6 is quadratic in L and predicts "
+        f"calibration models, and their empirical L\\* are read off a plot (the paper's own values, by its appendix-E "
+        f"rule; thermo-lens's default rule needs the layer traces, which the paper does not give). Eq. 6 is quadratic in L and predicts "
         f"L\\* beyond the last layer for deep models (L = 80, H = 64 gives {f['lstar_deep']:.1f}); thermo-lens warns.",
+        f"- **Across the laws.** Each of the {len(holm_rows)} declared primary tests above is reported unadjusted. "
+        f"Holm's adjustment across them (" + ", ".join(f"{n.replace('*', chr(92) + '*')} {_p(p)}" for n, p, _ in holm_rows) + ") gives a "
+        f"smallest adjusted p of {smallest[2]:.3f} ({smallest[0]}): no primary test survives at 0.05 once the six "
+        f"are read together.",
     ]
     return "\n".join(lines)

@@ -186,8 +186,9 @@ class SheafTraces(PairedMixin, ProvenanceFields, Result):
     def n_heads(self) -> int:
         return int(self.trace.shape[2])
 
-    def l_star(self, variant: str = "argmax_abs_gradient") -> Any:
-        """L* from these traces (:func:`thermo_lens.depth.l_star_from_traces`)."""
+    def l_star(self, variant: str = "steepest_step") -> Any:
+        """L* from these traces (:func:`thermo_lens.depth.l_star_from_traces`; the default rule
+        ``steepest_step``, with the paper's ``argmax_abs_gradient`` beside it)."""
         from thermo_lens.depth import l_star_from_traces
 
         return l_star_from_traces(self, variant=variant)

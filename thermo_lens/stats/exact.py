@@ -19,6 +19,8 @@ says which test it is (``method``).
   likelihood-ratio and Wald tests are not valid.
 - :func:`permutation_mean_difference`: difference of two means, exact permutation p over all
   splits (Monte Carlo above 20,000) and the interval inverting it under a shift model.
+- :func:`sign_flip_pvalue`: the exact sign-flip test of a mean paired difference over all ``2^n``
+  sign patterns, with ties judged relative to the data's own scale.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.result import Result
 
 __all__ = ["ConfidenceInterval", "FisherExact", "fisher_exact", "SignedRankTest", "signed_rank_test",
-           "LogisticExact", "logistic_exact_test", "MeanDifference", "permutation_mean_difference"]
+           "LogisticExact", "logistic_exact_test", "MeanDifference", "permutation_mean_difference",
+           "sign_flip_pvalue", "SIGN_FLIP_MAX_N"]
 
 _TOL = 1e-7  # relative tolerance when comparing probabilities (ties in the exact distributions)
 
@@ -441,3 +444,35 @@ def permutation_mean_difference(u: Any, v: Any, seed: int = 0) -> MeanDifference
            else f"Monte Carlo permutation (20000 splits, seed {seed})")
     res = MeanDifference(u=ua, v=va, statistic=float(ua.mean() - va.mean()), pvalue=math.nan, method=how, seed=seed)
     return MeanDifference(u=ua, v=va, statistic=res.statistic, pvalue=res.pvalue_at(0.0), method=how, seed=seed)
+
+
+# ============================================================================ sign flips
+
+#: Largest ``n`` the exact sign-flip test enumerates (``2^16`` patterns).
+SIGN_FLIP_MAX_N = 16
+_TIE_RTOL = 1e-9  # ties of |mean| relative to the data's scale (rounding is ~ n * 1e-16 of it)
+
+
+def _sign_patterns(n: int) -> np.ndarray:
+    """All ``2**n`` sign vectors, ``[2**n, n]``."""
+    idx = np.arange(2 ** n)[:, None]
+    return np.where((idx >> np.arange(n)[None, :]) & 1, -1.0, 1.0)
+
+
+def sign_flip_pvalue(d: Any, shift: float = 0.0) -> float:
+    """Exact two-sided sign-flip p of ``H0``: the differences ``d - shift`` are symmetric about 0.
+
+    The share of all ``2^n`` sign patterns ``s`` whose ``|mean(s * (d - shift))|`` reaches the
+    observed ``|mean(d - shift)|``. Patterns that tie with the observed one count; a tie is judged
+    relative to the data's own scale (``1e-9`` of ``mean |d - shift|``, far above float64 rounding
+    and far below any real difference), so ``p(c * d) = p(d)`` for every scale ``c > 0``. NaN for
+    ``n = 0``, ``n > 16`` or non-finite data.
+    """
+    x = np.asarray(d, dtype=float).ravel() - shift
+    n = x.size
+    if n == 0 or n > SIGN_FLIP_MAX_N or not np.all(np.isfinite(x)):
+        return float("nan")
+    scale = float(np.mean(np.abs(x)))
+    stats_ = np.abs(_sign_patterns(n) @ x) / n
+    observed = abs(float(x.mean()))
+    return float(np.mean(stats_ >= observed - _TIE_RTOL * scale))

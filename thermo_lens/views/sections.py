@@ -135,15 +135,18 @@ def _sheaf(doc: Any, sheaves: dict[str, Any], profiles: dict[str, Any]) -> None:
 
 
 def l_star_table(lstars: dict[str, Any]) -> pd.DataFrame:
-    """Empirical L* (mean trace and per-prompt mean) beside eq. 6 and the fit-free L/2 baseline."""
+    """Empirical L* (mean trace and per-prompt mean, by the result's rule; the paper's rule's L* on
+    the same trace beside it) against eq. 6 and the fit-free L/2 baseline."""
     rows = []
     for k, r in lstars.items():
         ape, pap = r.baseline_errors("ape"), r.baseline_errors("paper")
         rows.append({"model": k, "variant": r.variant, "L": r.n_layers, "H": r.n_heads,
                      "empirical (mean trace)": r.empirical, "per-prompt mean": r.per_prompt_mean,
+                     "paper's rule (argmax_abs_gradient)": r.paper_rule_l_star,
                      "eq. 6": r.predicted, "L/2": r.baselines.get("half_depth", float("nan")),
                      "APE eq. 6": ape["eq6"], "APE L/2": ape.get("half_depth", float("nan")),
                      "|err|/L eq. 6": pap["eq6"], "|err|/L L/2": pap.get("half_depth", float("nan")),
+                     "|err|/L eq. 6 vs paper's rule": r.paper_rule_error("paper"),
                      "warning": "; ".join(r.warnings)})
     return pd.DataFrame(rows)
 
@@ -161,7 +164,9 @@ def _l_star(doc: Any, lstars: dict[str, Any], profiles: dict[str, Any]) -> None:
         doc.p(shallow_l_star_text(shallow), "note")
     if deep:
         doc.p("Eq. 6 beside the fit-free baseline L/2 (on the paper's own validation models L/2 does as well); "
-              "errors as fractions.", "note")
+              "errors as fractions, against the empirical L* of the named rule (default steepest_step, the deeper "
+              "layer of the steepest step T_{k+1} - T_k), with the paper's rule argmax_abs_gradient (np.gradient, "
+              "which favours the end layers) beside it.", "note")
         doc.table(l_star_table(deep), left=("model", "variant", "warning"))
     if shallow:
         doc.html("<details><summary>The L* numbers of the shallow models (for the record)</summary>")
@@ -175,7 +180,7 @@ def shallow_l_star_text(shallow: dict[str, Any]) -> str:
     for k, r in shallow.items():
         groups.setdefault((r.n_layers, r.n_heads, r.predicted), []).append(k)
     where = "; ".join(f"{', '.join(ks)} (L = {L}, H = {H}): eq. 6 gives {pred:.3g}" for (L, H, pred), ks in groups.items())
-    emp = sorted({float(r.empirical) for r in shallow.values()})
+    emp = sorted({float(r.empirical) for r in shallow.values() if float(r.empirical) == float(r.empirical)})  # no NaN
     emp_txt = ", ".join(f"{e:g}" for e in emp)
     variant = next(iter(shallow.values())).variant
     return (f"L* is the depth at which the layer sheaf trace changes fastest (rule {variant}; 0-based layers), "

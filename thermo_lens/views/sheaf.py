@@ -164,9 +164,15 @@ def _lstar_arrays(r: Any) -> dict[str, Any]:
     err = ""
     if np.isfinite(r.empirical):
         err = (f"error: APE |pred - emp| / emp = {r.ape:.3g}; paper |pred - emp| / L = {r.paper_error:.3g}")
+    paper = not getattr(r, "paper_rule", True)  # the paper's rule beside a non-paper default
+    paper_value = float(getattr(r, "paper_rule_empirical", float("nan"))) if paper else float("nan")
     return {
         "trace": to_numpy(r.layer_trace),
         "empirical": float(r.empirical),
+        "paper_rule": paper_value,
+        "paper_rule_definition": ("argmax_abs_gradient (the paper's rule, appendix E): argmax_l |dT/dl| with "
+                                  "np.gradient (one-sided differences at the ends)"
+                                  + (f"; note: {r.paper_rule_note}" if getattr(r, "paper_rule_note", "") else "")),
         "predicted": float(r.predicted),
         "post_ln": bool(model.get("post_ln")),
         "trace_definition": f"T_l = sum over heads, mean over {src.get('n_prompts', '?')} prompts, of {trace_def}"
@@ -189,8 +195,9 @@ def l_star_plot(results: Any, names: Sequence[str] | None = None, *, x: str = "l
         x: ``"layer"`` (0-based block index) or ``"relative_depth"`` (``l / L``).
 
     Definition (``thermo_lens.definitions`` §4): ``T_l`` = sum over heads of the sheaf trace, mean over
-    prompts; empirical L* by the result's named variant (e.g. ``argmax_l |dT/dl|``, central
-    differences); predicted (paper eq. 6) ``L* = L (0.11 + 0.012 L + 4.9 / H)``.
+    prompts; empirical L* by the result's named variant (default ``steepest_step``: the deeper layer of
+    the largest ``|T_{k+1} - T_k|``), with the paper's rule (``argmax_l |dT/dl|``, ``np.gradient``) marked
+    beside it when the variant is another; predicted (paper eq. 6) ``L* = L (0.11 + 0.012 L + 4.9 / H)``.
     """
     if x not in ("layer", "relative_depth"):
         raise ThermoLensViewError(f"l_star_plot: x must be 'layer' or 'relative_depth', got {x!r}")
@@ -219,6 +226,8 @@ def l_star_plot(results: Any, names: Sequence[str] | None = None, *, x: str = "l
             meta={"role": "layer_trace", "model": name, "post_ln": post},
         ))
         for kind, value, symbol, text in (("empirical", d["empirical"], "star", d["empirical_definition"]),
+                                          ("paper's rule", d["paper_rule"], "diamond-open",
+                                           d["paper_rule_definition"]),
                                           ("predicted", d["predicted"], "x", d["predicted_definition"])):
             if value is None or not np.isfinite(value):
                 continue
@@ -229,10 +238,12 @@ def l_star_plot(results: Any, names: Sequence[str] | None = None, *, x: str = "l
                                               line=dict(width=1, color="black")),
                 hovertemplate=hover([f"<b>{name}</b>: {kind} L* = {value:.4g}", wrap(text, 90)] +
                                     ([wrap(d["error_text"], 90)] if d["error_text"] else [])),
-                meta={"role": f"l_star_{kind}", "model": name, "value": float(value)},
+                meta={"role": "l_star_paper_rule" if kind == "paper's rule" else f"l_star_{kind}", "model": name,
+                      "value": float(value)},
             ))
     base_layout(fig, "L*: layer trace T_l with empirical and predicted depth of maximal trace change",
-                "T_l = sum over heads of Tr L^(l,h), mean over prompts; ★ empirical L*, ✕ predicted "
+                "T_l = sum over heads of Tr L^(l,h), mean over prompts; ★ empirical L* (its rule in the hover; "
+                "default steepest_step), ◇ the paper's rule argmax_abs_gradient beside it, ✕ predicted "
                 "L* = L (0.11 + 0.012 L + 4.9 / H) (paper eq. 6)")
     fig.update_xaxes(title="layer l (block index, 0-based)" if x == "layer" else "relative depth l / L")
     fig.update_yaxes(title="T_l")
