@@ -376,8 +376,9 @@ class GainResult(PairedMixin, ProvenanceFields, Result):
                                              f"{n_sae} SAE(s)" if n_sae else "") if w)
             out.append(f"measured under {what} (an intervened run, not the clean model)")
         if self.provenance.origin == "ActivationCache":
-            out.append("measured from an ActivationCache (no forward pass); the hooks active when it was made are "
-                       "not recorded")
+            matched = f"; {self.provenance.cache_match}" if self.provenance.cache_match else ""
+            out.append(f"measured from an ActivationCache (no forward pass{matched}); the hooks active when it was "
+                       "made are not recorded")
         if self.provenance.padding:
             out.append(self.provenance.padding)
         return out
