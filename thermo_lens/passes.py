@@ -614,7 +614,7 @@ def _check_pass(view: ModelView, rec: Recorder, batch: TokenBatch) -> None:
     if rec.nonfinite:
         first = rec.nonfinite[0]
         layer = first.split(".")[1] if first.startswith("blocks.") else "?"
-        where = f"{first} (layer {layer})"
+        where = f"{first} (layer {layer})" if layer != "?" else first
         if first.endswith(".hook_resid_pre") and layer.isdigit() and int(layer) > 0:
             # x_l is read where block l reads it: name the block whose output it is
             l = int(layer)
