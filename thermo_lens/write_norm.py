@@ -38,7 +38,7 @@ from thermo_lens.provenance import Provenance, ProvenanceFields
 from thermo_lens.registry import BuildContext, Measurement, Metric, Option, register_measurement, register_metric
 from thermo_lens.result import Result
 from thermo_lens.settings import RunOptions, RunSettings
-from thermo_lens.tokens import TERM_SCOPES, TokenBatch, TokenScope, scope_mask
+from thermo_lens.tokens import TERM_SCOPES, TokenBatch, TokenScope, check_token_scope, scope_mask
 from thermo_lens.validate import validates_own_inputs
 
 __all__ = ["HeadWriteNorms", "write_norms", "write_norm_terms"]
@@ -52,11 +52,7 @@ register_metric(Metric(
 
 
 def _check_scope(token_scope: Any) -> str:
-    if token_scope not in TERM_SCOPES:
-        raise ThermoLensInputError(
-            f"write norms are means of per-token norms: token_scope must be one of "
-            f"{', '.join(map(repr, TERM_SCOPES))}, got {token_scope!r}")
-    return str(token_scope)
+    return check_token_scope(token_scope, TERM_SCOPES, why=" (write norms are means of per-token norms)")
 
 
 @functools.lru_cache(maxsize=None)
