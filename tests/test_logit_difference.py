@@ -117,19 +117,21 @@ def test_string_answers_are_one_token_continuations(bridge):
 
 
 def test_a_nan_difference_is_refused_naming_the_readout(bridge):
+    """A NaN in the answer's unembedding column (not an input token's: GPT-2 ties W_U to W_E) gives a
+    finite final residual and a NaN difference: refused, naming the readout."""
     m = bridge("gpt2")
-    col = m.W_U[:, 5].clone()
+    weight = m.unembed.weight if hasattr(m.unembed, "weight") else m.unembed.original_component.weight
+    keep = weight.detach().clone()
     with torch.no_grad():
-        m.unembed.weight[5, 0] = float("nan") if m.unembed.weight.shape[0] == m.cfg.d_vocab else m.unembed.weight[5, 0]
-        if m.unembed.weight.shape[0] != m.cfg.d_vocab:
-            m.unembed.weight[0, 5] = float("nan")
+        if weight.shape[0] == m.cfg.d_vocab:
+            weight[250, 0] = float("nan")
+        else:
+            weight[0, 250] = float("nan")
     try:
-        assert bool(m.W_U[:, 5].isnan().any())
-        with pytest.raises(ThermoLensNumericsError, match=r"NaN/inf at the logit difference read from blocks\.\d\.hook_resid_post"):
-            ablation_sweep(m, TOKENS, "attn.hook_z", measure=LogitDifference(5, 7), layers=[0], heads=[0])
+        assert bool(m.W_U[:, 250].isnan().any()) and not bool(m.W_U[:, 7].isnan().any())
+        with pytest.raises(ThermoLensNumericsError,
+                           match=r"NaN/inf at the logit difference read from blocks\.2\.hook_resid_post"):
+            ablation_sweep(m, TOKENS, "attn.hook_z", measure=LogitDifference(250, 7), layers=[0], heads=[0])
     finally:
         with torch.no_grad():
-            if m.unembed.weight.shape[0] == m.cfg.d_vocab:
-                m.unembed.weight[5] = col
-            else:
-                m.unembed.weight[:, 5] = col
+            weight.copy_(keep)

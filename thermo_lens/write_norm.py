@@ -30,7 +30,6 @@ from torch import Tensor
 
 from thermo_lens import measure
 from thermo_lens._lazy import pandas as pd
-from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.inputs import Prompts
 from thermo_lens.model import ModelView, as_view
 from thermo_lens.passes import Collected, Recorder, Reduction

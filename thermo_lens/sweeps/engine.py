@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from thermo_lens.errors import ThermoLensError, ThermoLensInputError
+from thermo_lens.errors import ThermoLensError, ThermoLensInputError, ThermoLensNumericsError
 from thermo_lens.gain import gain_from_collected, residual_norms
 from thermo_lens.inputs import PromptList
 from thermo_lens.model import ModelView
@@ -286,8 +286,8 @@ def measure_values(got: Collected, measure: Measure, token_scope: str,
     closure, scale = got.stack("attr_closure")[0], got.stack("attr_scale")[0]
     rel = closure / scale.clamp_min(torch.finfo(torch.float32).tiny)
     rtol = _CLOSURE_RTOL if got.view.dtype in (torch.float32, torch.float64) else _CLOSURE_RTOL_HALF
-    if bool((rel > rtol).any()):
-        r = int((rel > rtol).nonzero()[0])
+    if bool((~(rel <= rtol)).any()):  # (NaN-aware: a NaN closure is not a closed block)
+        r = int((~(rel <= rtol)).nonzero()[0])
         raise ThermoLensInputError(
             f"measure {measure.label}: block {measure.layer}'s output is not its input plus its heads, MLP and biases "
             f"under {row_name(r)} (unexplained {float(rel[r]):.2e} of ||x_out||^2 + ||x_in||^2): a condition edits "
@@ -353,6 +353,13 @@ def _call_measure(measure: Measure, logits: Tensor, n: int) -> Tensor:
         raise ThermoLensInputError(
             f"measure {measure.label}: a logit measure must return one value per prompt ([batch] = {n}), got "
             f"{None if out is None else out.numel()} values")
+    bad = ~torch.isfinite(out)
+    if bool(bad.any()):
+        rows = bad.nonzero().flatten().tolist()
+        origin = ("the logits themselves hold NaN/inf (a NaN/inf weight or activation upstream)"
+                  if not bool(torch.isfinite(logits).all()) else "the logits are finite: the measure made them")
+        raise ThermoLensNumericsError(
+            f"measure {measure.label} returned NaN/inf for batch row(s) {rows[:8]} of {n}; {origin}")
     return out
 
 

@@ -34,7 +34,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from thermo_lens.errors import ThermoLensInputError, ThermoLensNumericsError
+from thermo_lens import offload
+from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.model import ModelView
 from thermo_lens.passes import Recorder
 from thermo_lens.tokens import TokenBatch
@@ -100,11 +101,19 @@ class HeadReadout:
         """``[n, k]`` logits of ``ids`` (``[n, k]`` long) from final residuals ``h`` ``[n, d_model]``."""
         model = view.model
         y = self.pre(h)
-        W_U, b_U = model.W_U, getattr(model, "b_U", None)
-        cols = W_U[:, ids.reshape(-1)].T.reshape(*ids.shape, -1).to(y.dtype)  # [n, k, d_in]
+        unembed = getattr(model, "unembed", None)
+        if isinstance(unembed, torch.nn.Module):
+            with offload.materialised(unembed, "the unembedding"):  # an offloaded model: loaded for this read
+                W_U, b_U = offload.live_attr(unembed, "W_U"), offload.live_attr(unembed, "b_U")
+                cols = W_U[:, ids.reshape(-1).to(W_U.device)].T.reshape(*ids.shape, -1).to(y.device, y.dtype)
+                bias = None if b_U is None else b_U[ids.to(b_U.device)].to(y.device)
+        else:
+            W_U, b_U = model.W_U, getattr(model, "b_U", None)
+            cols = W_U[:, ids.reshape(-1)].T.reshape(*ids.shape, -1).to(y.dtype)  # [n, k, d_in]
+            bias = None if b_U is None else b_U[ids]
         out = torch.einsum("nd,nkd->nk", y, cols)
-        if b_U is not None:
-            out = out + b_U[ids].to(out.dtype)
+        if bias is not None:
+            out = out + bias.to(out.dtype)
         return self.post(out)
 
 
@@ -164,6 +173,9 @@ def head_readout(view: ModelView) -> HeadReadout:
     one forward pass of a 4-token probe, the readout of its final residual against ``model(tokens)``
     on every position and the first 64 vocabulary ids.
 
+    A probe whose logits are NaN/inf (NaN weights) is inconclusive: the readout is used unchecked
+    for this pass (whose NaN is then flagged where it arises) and checked again next time.
+
     Raises:
         ThermoLensInputError: the readout differs from the model's logits (a head step this module
             does not know), or cannot be built; the message says how to read the full logits instead.
@@ -174,6 +186,8 @@ def head_readout(view: ModelView) -> HeadReadout:
         known = None
     if known is None:
         known = _check_head(view)
+        if known is None:  # inconclusive (NaN/inf logits on the probe): checked again next time
+            return _build_head(view)
         try:
             _CHECKED[view.model] = known
         except TypeError:
@@ -183,7 +197,7 @@ def head_readout(view: ModelView) -> HeadReadout:
     return known
 
 
-def _check_head(view: ModelView) -> HeadReadout | str:
+def _check_head(view: ModelView) -> HeadReadout | str | None:
     way_out = ("Read the difference from the full logits instead: measure=ld.on_logits (the same difference as a "
                "function of the logits; every prompt of one token length), which runs the unembedding")
     try:
@@ -208,6 +222,9 @@ def _check_head(view: ModelView) -> HeadReadout | str:
     except Exception as e:  # noqa: BLE001 - any failure to build or run the readout is reported as such
         return (f"LogitDifference cannot read {view.name}'s logits from its final residual: building its head failed "
                 f"({type(e).__name__}: {str(e)[:200]}). {way_out}")
+    if not (bool(torch.isfinite(want).all()) and bool(torch.isfinite(got).all())):
+        # NaN/inf weights or activations: nothing to compare; the pass flags them where they arise
+        return None
     scale = float(want.abs().max()) + 1.0
     eps = torch.finfo(view.dtype).eps if view.dtype.is_floating_point else 1e-6
     err = float((got - want).abs().max())
@@ -326,8 +343,11 @@ class LogitDifference:
                 a, b = me._columns(batch.prompt_index % n_prompts, x.device)
                 both = head.logits(view, h, torch.stack([a, b], 1))  # [batch, 2]
                 out = (both[:, 0] - both[:, 1]).double()
-                if not bool(torch.isfinite(out).all()) and what not in rec.nonfinite:
-                    rec.nonfinite.append(what)
+                if not bool(torch.isfinite(out).all()):
+                    # the final residual itself (an upstream NaN/inf), or the readout (the head's weights)
+                    named = where if not bool(torch.isfinite(h).all()) else what
+                    if named not in rec.nonfinite:
+                        rec.nonfinite.append(named)
                 return out
             rec.add(where, ("logit_difference", 0), fn)
         return reduction
