@@ -238,7 +238,8 @@ def run(
             ``model.run_with_cache`` on the same tokens (pass those
             tokens as ``prompts``, with their attention mask where padded, or the same prompt
             strings): no forward pass runs; a cache lacking a hook the measurements read is an
-            error listing the hooks to cache.
+            error listing the hooks to cache, and a cache made from other tokens, by another model
+            or without the attention mask on pads is refused (:mod:`thermo_lens.cache_match`).
 
     Returns:
         :class:`Measurements` (``res.gain``, ``res["attribution"]``).

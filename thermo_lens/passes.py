@@ -758,11 +758,17 @@ def collect_cached(
     the right-padded layout the reductions read), so the numbers are the pass's, up to the float
     rounding of another batch shape.
 
+    The cache must have been made from these tokens, by this model, with the pads masked
+    (:func:`thermo_lens.cache_match.match_cache`: its embedding, ``cache.model`` and block 0's
+    attention pattern are checked); the provenance records how it was matched.
+
     Raises:
         ThermoLensInputError: the cache lacks a hook the reductions read (the message lists them
             and a ``names_filter`` for ``run_with_cache``), its activations do not have the tokens'
-            shape, it has no batch dimension, or ``fwd_hooks`` were given (nothing runs: cache
-            under your hooks instead, ``with model.hooks(fwd_hooks=...)``).
+            shape, it has no batch dimension, it was made from other tokens (other prompts, another
+            order), by another model, or without the attention mask on attendable pads, or
+            ``fwd_hooks`` were given (nothing runs: cache under your hooks instead,
+            ``with model.hooks(fwd_hooks=...)``).
     """
     view = as_view(model)
     settings = RunSettings.resolve(settings, **options)

@@ -62,8 +62,10 @@ MEASURE_DEFINITIONS: dict[str, str] = {
     "sheaf_trace:<layer>.<head>": "sheaf_traces' trace[:, layer, head]: (n - sum_i A_ii) ||W_V^h||_F^2 (formula "
                                   "'off_diagonal_mass'; under GQA the head's KV head's W_V), over all real tokens",
     "LogitDifference(answer, wrong, pos)": "logits[p, pos, answer_p] - logits[p, pos, wrong_p] at a position of each "
-                                           "prompt's real tokens, from the final residual: the model's final norm and "
-                                           "the two unembedding columns (thermo_lens.sweeps.LogitDifference)",
+                                           "prompt's real tokens, from the final residual: the model's head (final norm; "
+                                           "an LM-head transform or project_out where it has one), the two "
+                                           "unembedding columns, then its logit scaling and soft cap, checked against "
+                                           "its own logits (thermo_lens.sweeps.LogitDifference)",
 }
 _SHEAF_SCOPE = "all real tokens (sheaf trace: every query position of each prompt)"
 

@@ -25,6 +25,7 @@ comparing ``" Par"`` with ``" Par"``); pass the id you mean instead.
 
 from __future__ import annotations
 
+import functools
 import operator
 import weakref
 from collections.abc import Callable, Sequence
@@ -125,6 +126,10 @@ def _module(obj: Any, path: str) -> Any:
     return obj
 
 
+def _soft_cap(x: Tensor, cap: float) -> Tensor:
+    return cap * torch.tanh(x / cap)
+
+
 def _build_head(view: ModelView) -> HeadReadout:
     model, hf = view.model, view.hf_config
     hf_model = getattr(model, "original_model", None)
@@ -146,15 +151,15 @@ def _build_head(view: ModelView) -> HeadReadout:
     model_type = str(getattr(hf, "model_type", "") or "")
     scaling = getattr(hf, "logits_scaling", None)
     if model_type.startswith("granite") and isinstance(scaling, (int, float)) and scaling != 1:
-        post.append((f"divided by logits_scaling={scaling:g}", lambda x, s=float(scaling): x / s))
+        post.append((f"divided by logits_scaling={scaling:g}", functools.partial(torch.div, other=float(scaling))))
     scale = getattr(hf, "logit_scale", None)
     if model_type.startswith("cohere") and isinstance(scale, (int, float)) and scale != 1:
-        post.append((f"times logit_scale={scale:g}", lambda x, s=float(scale): x * s))
+        post.append((f"times logit_scale={scale:g}", functools.partial(torch.mul, other=float(scale))))
     cap = float(getattr(getattr(model, "cfg", None), "output_logits_soft_cap", 0.0) or 0.0)
     if cap <= 0:
         cap = float(getattr(hf, "final_logit_softcapping", 0.0) or 0.0)
     if cap > 0:
-        post.append((f"soft-capped at {cap:g} (cap * tanh(logit / cap))", lambda x, c=cap: c * torch.tanh(x / c)))
+        post.append((f"soft-capped at {cap:g} (cap * tanh(logit / cap))", functools.partial(_soft_cap, cap=cap)))
 
     def run(steps: list[tuple[str, Callable[[Tensor], Tensor]]], x: Tensor) -> Tensor:
         for _, fn in steps:
@@ -330,8 +335,8 @@ class LogitDifference:
         NaN/inf difference marks the readout in ``rec.nonfinite`` (the pass is then refused,
         naming it)."""
         def reduction(view: ModelView, rec: Recorder) -> None:
-            me = self.resolve(view.model) if any(isinstance(v, str) for v in (*self._a, *self._b)) \
-                else self  # type: ignore[attr-defined]
+            given = (*self._a, *self._b)  # type: ignore[attr-defined]
+            me = self.resolve(view.model) if any(isinstance(v, str) for v in given) else self
             head = head_readout(view)
             where = view.resid_hook_names[view.n_layers]
             what = f"the logit difference read from {where} ({head.steps})"
