@@ -32,6 +32,8 @@ def test_a_cache_of_the_prompts_reversed_is_refused_and_named(bridge, arch):
     assert "tokens matched exactly" in g.provenance.cache_match
     assert "this model (the same object)" in g.provenance.cache_match
     assert "tokens matched exactly" in repr(g)
+    assert type(g).from_json(g.to_json()).provenance.cache_match == g.provenance.cache_match
+    assert tl.residual_gain(m, tokens).provenance.cache_match == ""  # a forward pass: no cache
     for fn in (tl.residual_gain, tl.sheaf_traces, tl.gain_attribution):
         with pytest.raises(ThermoLensInputError, match=r"row 0 holds prompt 3's tokens.*another order"):
             fn(m, tokens.flip(0), cache=cache)

@@ -49,7 +49,8 @@ def _is_encoder(view: ModelView) -> bool:
 
 def check_hooks(view: ModelView, padded_attendable: bool) -> list[str]:
     """The hooks a cache must hold for the checks besides those the measurements read."""
-    return [EMBED_HOOKS[0] if view.backend == "bridge" else "hook_embed"] + (
+    embed = {"bridge": "embed.hook_out", "hooked_encoder": "hook_full_embed"}.get(view.backend, "hook_embed")
+    return [embed] + (
         [PATTERN_HOOK] if padded_attendable else [])
 
 
@@ -117,23 +118,36 @@ def _rows_matching(cached: Tensor, ref: Tensor, multiplier: float | None) -> Ten
     """``[batch, batch]`` bool: cache row ``i`` equals the embedding of row ``j`` times one scale
     for the whole cache (an embedding multiplier is one number): 1, the model's
     ``embedding_multiplier``, or the ratio of the cache's norm to the embedding's (which a
-    reordering of the rows keeps), whichever matches the most rows."""
-    c = cached.double().flatten(1)
-    r = ref.double().flatten(1)
+    reordering of the rows keeps), whichever matches the most rows. Row by row (one row of float64
+    at a time: a large cache is never copied whole); off the diagonal only for rows that fail."""
+    B = cached.shape[0]
     eps = torch.finfo(cached.dtype).eps if cached.is_floating_point() else 0.0
-    tol = 16 * eps * c.abs().amax(1).clamp_min(1e-30)  # [batch]
-    scales = [1.0, ((c * c).sum() / (r * r).sum().clamp_min(1e-300)).sqrt().item()]
+
+    def row(t: Tensor, i: int) -> Tensor:
+        return t[i].reshape(-1).double()
+    sq_c = torch.stack([row(cached, i).square().sum() for i in range(B)])
+    sq_r = torch.stack([row(ref, i).square().sum().to(sq_c.device) for i in range(B)])
+    tol = [16 * eps * float(row(cached, i).abs().max().clamp_min(1e-30)) for i in range(B)]
+    scales = [1.0, float((sq_c.sum() / sq_r.sum().clamp_min(1e-300)).sqrt())]
     if multiplier:
         scales.insert(1, float(multiplier))
-    best = None
+
+    def same(i: int, j: int, scale: float) -> bool:
+        return float((row(cached, i) - scale * row(ref, j).to(cached.device)).abs().max()) <= tol[i]
+    best_scale, best = 1.0, -1
     for scale in scales:
-        if not scale > 0:
-            continue
-        diff = (c[:, None, :] - scale * r[None, :, :]).abs().amax(-1)  # [batch, batch]
-        match = diff <= tol[:, None]
-        if best is None or int(match.diagonal().sum()) > int(best.diagonal().sum()):
-            best = match
-    return best if best is not None else torch.zeros(c.shape[0], c.shape[0], dtype=torch.bool)
+        if scale > 0:
+            n = sum(same(i, i, scale) for i in range(B))
+            if n > best:
+                best_scale, best = scale, n
+    match = torch.zeros(B, B, dtype=torch.bool)
+    for i in range(B):
+        if same(i, i, best_scale):
+            match[i, i] = True
+        else:
+            for j in range(B):
+                match[i, j] = j != i and same(i, j, best_scale)
+    return match
 
 
 def _check_tokens(view: ModelView, acts: Mapping[str, Tensor], tokens: Tensor) -> str:
@@ -189,12 +203,14 @@ def _check_pads(view: ModelView, acts: Mapping[str, Tensor], key: str | None, re
             f"the cache's attention pattern at {key} has shape {tuple(pattern.shape)}, not [batch, head, pos, pos] "
             f"of the given tokens {tuple(real.shape)}: pass the tokens the cache was made from")
     r = real.to(pattern.device)
-    # weight each real query gives the pads, summed over pad keys: [batch, head, query]
-    to_pads = (pattern.double() * (~r)[:, None, None, :]).sum(-1)
-    leak = to_pads.masked_fill(~r[:, None, :], 0.0)
-    worst = float(leak.amax()) if leak.numel() else 0.0
+    # per padded row: the weight each real query gives the pads, summed over pad keys ([head, query])
+    leak = torch.zeros(real.shape[0], dtype=torch.float64)
+    for b in torch.nonzero(~real.all(1)).flatten().tolist():
+        to_pads = pattern[b][:, r[b], :][:, :, ~r[b]].double().sum(-1)
+        leak[b] = float(to_pads.max()) if to_pads.numel() else 0.0
+    worst = float(leak.max()) if leak.numel() else 0.0
     if not worst <= 1e-6:
-        rows = sorted({int(b) for b in torch.nonzero(leak.amax((1, 2)) > 1e-6).flatten()})
+        rows = [int(b) for b in torch.nonzero(~(leak <= 1e-6)).flatten()]
         kw = "one_zero_attention_mask" if view.backend == "hooked_encoder" else "attention_mask"
         raise ThermoLensInputError(
             f"this cache was made without the attention mask on the pads: at {key} the real tokens of row(s) "
