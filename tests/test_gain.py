@@ -443,7 +443,7 @@ def test_too_long_prompt_names_index_and_lengths(bridge):
 
 
 def test_unknown_scope_and_regime_by(bridge):
-    with pytest.raises(ThermoLensInputError, match="unknown token_scope 'first'.*'all_but_first'"):
+    with pytest.raises(ThermoLensInputError, match="unknown token_scope 'first'.*all_but_first"):
         residual_gain(bridge("gpt2"), PROMPTS, token_scope="first")
     with pytest.raises(ThermoLensInputError, match="unknown regime_by"):
         residual_gain(bridge("gpt2"), PROMPTS, regime_by="mean")

@@ -83,6 +83,34 @@ def test_accelerate_cpu_offload_of_a_booted_model(checkpoint_dir, tmp_path):
     torch.testing.assert_close(tl.spectral_signature(off).ov_norm, tl.spectral_signature(ref).ov_norm)
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "neox"])
+def test_a_wholly_disk_offloaded_gpt2_or_neox_equals_the_model_in_memory(checkpoint_dir, bridge, arch, tmp_path):
+    """device_map={'': 'disk'}: every module on disk, including GPT-2's fused QKV (Conv1D) and the
+    biases and norms the bridge aliases at boot (b_out -> out.bias: a meta placeholder there until
+    read through the module)."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from thermo_lens.sweeps import LogitDifference, ablation_sweep
+
+    ref = bridge(arch)
+    off = TransformerBridge.boot_transformers(str(checkpoint_dir(arch)), device_map={"": "disk"},
+                                              offload_folder=str(tmp_path / "off"))
+    assert offload.is_offloaded(off) and any(p.is_meta for p in off.parameters())
+    a0, a1 = tl.gain_attribution(ref, PROMPTS), tl.gain_attribution(off, PROMPTS)
+    for name in ("head", "mlp", "bias", "total"):
+        torch.testing.assert_close(getattr(a1, name), getattr(a0, name), rtol=1e-5, atol=1e-6)
+    p0, p1 = tl.profile(ref, PROMPTS), tl.profile(off, PROMPTS)
+    assert not p1.meta.get("skipped") and p1.attribution is not None
+    torch.testing.assert_close(p1.gain.block_gain, p0.gain.block_gain, rtol=1e-6, atol=0)
+    torch.testing.assert_close(p1.attribution.head, p0.attribution.head, rtol=1e-5, atol=1e-6)
+    tokens = torch.tensor([[3, 5, 17, 33, 41, 9]])
+    ld = LogitDifference(5, 7)
+    s0, s1 = (ablation_sweep(m, tokens, "attn.hook_z", measure=ld, layers=[0], heads=[0]) for m in (ref, off))
+    torch.testing.assert_close(s1.baseline, s0.baseline, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(s1.per_prompt, s0.per_prompt, rtol=1e-5, atol=1e-6)
+    assert all(p.is_meta for p in off.blocks[0].mlp.parameters()), "an offloaded layer goes back to meta after a read"
+
+
 # ---------------------------------------------------------------- the helpers, without a model host
 
 class _Tiny(torch.nn.Module):

@@ -90,7 +90,7 @@ from thermo_lens.passes import Collected, Recorder
 from thermo_lens.provenance import Provenance, ProvenanceFields
 from thermo_lens.registry import BuildContext, Measurement, Metric, Option, metrics, register_measurement, register_metric
 from thermo_lens.settings import RunOptions, RunSettings
-from thermo_lens.tokens import TOKEN_SCOPES, TokenBatch, TokenScope
+from thermo_lens.tokens import TOKEN_SCOPES, TokenBatch, TokenScope, check_token_scope
 from thermo_lens.result import Result
 from thermo_lens.stats import SummaryStats, regime_from_ci, summarize
 from thermo_lens.validate import validates_own_inputs
@@ -171,12 +171,7 @@ def residual_norms(view: ModelView, rec: Recorder) -> None:
 
 # ---------------------------------------------------------------------------- checks
 def _check_scope(token_scope: Any) -> str:
-    if token_scope not in TOKEN_SCOPES:
-        raise ThermoLensInputError(
-            f"unknown token_scope {token_scope!r}; choose one of {', '.join(map(repr, TOKEN_SCOPES))} "
-            f"(see thermo_lens.tokens.TOKEN_SCOPES for their definitions)"
-        )
-    return token_scope
+    return check_token_scope(token_scope)
 
 
 def _check_regime_by(regime_by: Any) -> str:
@@ -376,8 +371,9 @@ class GainResult(PairedMixin, ProvenanceFields, Result):
                                              f"{n_sae} SAE(s)" if n_sae else "") if w)
             out.append(f"measured under {what} (an intervened run, not the clean model)")
         if self.provenance.origin == "ActivationCache":
-            out.append("measured from an ActivationCache (no forward pass); the hooks active when it was made are "
-                       "not recorded")
+            matched = f"; {self.provenance.cache_match}" if self.provenance.cache_match else ""
+            out.append(f"measured from an ActivationCache (no forward pass{matched}); the hooks active when it was "
+                       "made are not recorded")
         if self.provenance.padding:
             out.append(self.provenance.padding)
         return out

@@ -181,14 +181,15 @@ def _from_tokens(ids: Any, mask: Any, lengths: Any, tokenizer: Any, vocab_size: 
     ids = torch.as_tensor(ids)
     if ids.ndim == 1:
         ids = ids[None]
-    if ids.ndim != 2 or ids.is_floating_point() or ids.dtype == torch.bool:
+    if ids.ndim != 2 or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise ThermoLensInputError(
-            f"token ids must be an integer tensor [batch, pos], got {tuple(ids.shape)} {ids.dtype}")
+            f"token ids must be an integer tensor [batch, pos] (any integer dtype), got {tuple(ids.shape)} {ids.dtype}")
     if ids.shape[0] == 0 or ids.shape[1] == 0:
         raise ThermoLensInputError("the token tensor is empty; pass at least one prompt with one token")
     if ids.device.type == "meta":
         raise ThermoLensInputError("the token ids are a meta tensor (no values); pass real token ids")
-    ids = ids.to("cpu")
+    # int64 before any comparison: in a narrow dtype (uint8) the vocabulary size itself wraps around
+    ids = ids.to("cpu", torch.long)
     if vocab_size is not None and bool(((ids < 0) | (ids >= vocab_size)).any()):
         bad = sorted({int(t) for t in ids[(ids < 0) | (ids >= vocab_size)].flatten()[:5].tolist()})
         raise ThermoLensInputError(
@@ -250,6 +251,8 @@ def as_prompts(prompts: Any, tokenizer: Any = None, *, vocab_size: int | None = 
         raise ThermoLensInputError(
             f"prompts given as a {type(prompts).__name__}, which has no order: per-prompt results could not be "
             "matched to your prompts. Pass a list (e.g. sorted(prompts))")
+    if type(prompts).__name__ == "ndarray" and getattr(getattr(prompts, "dtype", None), "kind", "") in "iu":
+        prompts = torch.as_tensor(prompts.astype("int64"))  # numpy token ids, of any integer dtype
     if isinstance(prompts, Tensor):
         return _from_tokens(prompts, None, None, tokenizer, vocab_size, prepend_bos)
     if isinstance(prompts, Mapping) and "input_ids" in prompts:

@@ -33,6 +33,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from thermo_lens import offload
+
 __all__ = ["BlockLayout", "NormSite", "MoESite", "detect_layout", "BLOCK_KINDS"]
 
 #: Block kinds (``thermo_lens.definitions`` §7).
@@ -57,7 +59,9 @@ class NormSite:
     def params(self, block: Any, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor | None]:
         """``(g, beta)``: the effective ``[d_model]`` gain (``1 + w`` for Gemma's offset norms) and
         the bias (None for RMSNorm), detached on CPU."""
-        return _norm_params(getattr(block, self.module), dtype)
+        norm = getattr(block, self.module)
+        with offload.materialised(norm, f"{self.module}'s weights"):  # an offloaded norm, loaded for this read
+            return _norm_params(norm, dtype)
 
 
 @dataclass(frozen=True)

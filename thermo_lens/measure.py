@@ -37,6 +37,7 @@ from thermo_lens.model import ModelView, as_view
 from thermo_lens.passes import collect, collect_cached
 from thermo_lens.result import Result
 from thermo_lens.settings import RunSettings
+from thermo_lens.tokens import check_token_scope
 from thermo_lens.validate import validates_own_inputs
 
 __all__ = ["Measurements", "run", "run_measurements", "MeasureRequest"]
@@ -237,7 +238,8 @@ def run(
             ``model.run_with_cache`` on the same tokens (pass those
             tokens as ``prompts``, with their attention mask where padded, or the same prompt
             strings): no forward pass runs; a cache lacking a hook the measurements read is an
-            error listing the hooks to cache.
+            error listing the hooks to cache, and a cache made from other tokens, by another model
+            or without the attention mask on pads is refused (:mod:`thermo_lens.cache_match`).
 
     Returns:
         :class:`Measurements` (``res.gain``, ``res["attribution"]``).
@@ -251,6 +253,12 @@ def run(
     requests = _requests(measures)
     if not requests:
         raise ThermoLensInputError("measures is empty; name at least one measurement (e.g. 'gain')")
+    if token_scope is not None:
+        check_token_scope(token_scope)
+        if not any("token_scope" in registry.measurement(n).options for n in requests):
+            raise ThermoLensInputError(
+                f"token_scope={token_scope!r} was given, but {', '.join(requests)} take(s) no token scope "
+                "(e.g. the sheaf traces sum over every real token of each prompt): drop token_scope")
     ps = prompts if cache is not None else as_model_prompts(view, prompts)  # the cache path lays out tokens itself
     out, _ = run_measurements(view, ps, requests, run_settings, shared={"token_scope": token_scope}, cache=cache)
     return out

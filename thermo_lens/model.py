@@ -434,11 +434,13 @@ class ModelView:
         attn = self._attn(l)
         with offload.materialised(attn, f"layer {l}'s {name}"):  # an offloaded layer, loaded for this read
             if name == "W_O":
-                return self._as_heads(attn.W_O, self.n_heads, (self.d_head, self.d_model), "W_O", l, device)
+                return self._as_heads(offload.live_attr(attn, "W_O"), self.n_heads, (self.d_head, self.d_model), "W_O", l, device)
             # Legacy GQA attention keeps the un-repeated KV weights in `_W_K` / `_W_V`.
             w = getattr(attn, f"_{name}", None) if name in ("W_K", "W_V") else None
             if w is None:
-                w = getattr(attn, name)
+                w = offload.live_attr(attn, name)
+                if w is None:
+                    w = getattr(attn, name)
             return self._as_heads(w, self.n_heads if name == "W_Q" else self.n_kv_heads, (self.d_model, self.d_head),
                                   name, l, device)
 
@@ -481,7 +483,7 @@ class ModelView:
                 out.append(None)
                 continue
             with offload.materialised(mod, f"layer {layer}'s {name}"):
-                b = getattr(mod, name, None)
+                b = offload.live_attr(mod, name)
                 out.append(None if b is None else b.detach().to("cpu", dtype).reshape(-1))
         return out[0], out[1]
 

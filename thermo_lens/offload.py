@@ -22,7 +22,7 @@ import torch
 
 from thermo_lens.errors import ThermoLensInputError
 
-__all__ = ["execution_device", "is_offloaded", "materialised"]
+__all__ = ["execution_device", "is_offloaded", "materialised", "live_attr"]
 
 
 def _align_hooks(hook: Any) -> list[Any]:
@@ -60,6 +60,26 @@ def execution_device(model: torch.nn.Module) -> torch.device | None:
             if dev is not None:
                 return torch.device(f"cuda:{dev}" if isinstance(dev, int) else dev)
     return None
+
+
+def live_attr(module: Any, name: str, default: Any = None) -> Any:
+    """``module.<name>``, following a TransformerBridge property alias (``b_out`` -> ``out.bias``,
+    ``W_U`` -> ``u.weight``) to the parameter as it is now. The bridge stores each alias as the
+    tensor it pointed to at boot: for an offloaded module that is the ``meta`` placeholder, which
+    :func:`materialised` does not replace (it loads the module's parameters, not the alias)."""
+    registry = getattr(module, "_property_alias_registry", None)
+    path = registry.get(name) if isinstance(registry, dict) else None
+    # only an alias the bridge stored on the instance (a class property of that name wins over
+    # the alias, and is computed live already)
+    if isinstance(path, str) and name in getattr(module, "__dict__", {}):
+        obj = module
+        try:
+            for part in path.split("."):
+                obj = getattr(obj, part)
+            return obj
+        except AttributeError:
+            pass
+    return getattr(module, name, default)
 
 
 #: Modules loaded by an enclosing :func:`materialised` (re-entrant: an inner read does not reload).

@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from thermo_lens import attached
+from thermo_lens import attached, cache_match
 from thermo_lens.errors import (ThermoLensHookError, ThermoLensInputError, ThermoLensInputTypeError,
                                 ThermoLensNumericsError)
 from thermo_lens.inputs import as_model_prompts
@@ -374,6 +374,8 @@ class Collected:
         padding: how the padding of token ids given without a mask was found (``""`` otherwise).
         batch_plan: the caller's prompt indices of each batch, in the order they ran.
         origin: ``"forward pass"`` or ``"ActivationCache"`` (:func:`collect_cached`).
+        cache_match: with a cache, how it was matched to the prompts and the model
+            (:func:`thermo_lens.cache_match.match_cache`).
     """
 
     recorder: Recorder
@@ -390,6 +392,7 @@ class Collected:
     padding: str = ""
     batch_plan: tuple[tuple[int, ...], ...] = ()
     origin: str = "forward pass"
+    cache_match: str = ""
 
     def stack(self, name: str) -> Tensor:
         """Reduction ``name`` as ``[index, prompt, ...]`` in the caller's prompt order."""
@@ -445,7 +448,7 @@ class Collected:
                           truncated=tuple(bool(t) for t in self.truncated), prepend_bos=self.prepend_bos,
                           model=copy.deepcopy(self._model_metadata), hooks=tuple(self.hooks), prompt_set=self.prompt_set,
                           categories=tuple(self.categories), padding=self.padding, batch_plan=self.batch_plan,
-                          origin=self.origin)
+                          origin=self.origin, cache_match=self.cache_match)
 
 
 def collect(
@@ -611,7 +614,7 @@ def _check_pass(view: ModelView, rec: Recorder, batch: TokenBatch) -> None:
     if rec.nonfinite:
         first = rec.nonfinite[0]
         layer = first.split(".")[1] if first.startswith("blocks.") else "?"
-        where = f"{first} (layer {layer})"
+        where = f"{first} (layer {layer})" if layer != "?" else first
         if first.endswith(".hook_resid_pre") and layer.isdigit() and int(layer) > 0:
             # x_l is read where block l reads it: name the block whose output it is
             l = int(layer)
@@ -691,9 +694,9 @@ def _relayout(act: Tensor, name: str, starts: Tensor, width: int) -> Tensor:
     return q.gather(3, idx[:, None, None, :].expand(B, H, width, width))
 
 
-def _cache_prompts(view: ModelView, prompts: Any, settings: RunSettings) -> tuple[Any, Tensor, int]:
+def _cache_prompts(view: ModelView, prompts: Any, settings: RunSettings) -> tuple[Any, Tensor, Tensor]:
     """The prompts of a cache as :func:`token_batch` takes them, the position of each row's first
-    real token in the cache, and the cache's width. Token ids: as given (masked as
+    real token in the cache, and the cache's ``[batch, pos]`` token ids. Token ids: as given (masked as
     :func:`thermo_lens.inputs.as_prompts` masks them). Texts: tokenized as ``run_with_cache`` did,
     ``model.to_tokens(texts)`` (one padded batch)."""
     from thermo_lens.inputs import PromptList
@@ -701,8 +704,8 @@ def _cache_prompts(view: ModelView, prompts: Any, settings: RunSettings) -> tupl
     ps = as_model_prompts(view, prompts)
     if ps.token_ids is not None:
         given = torch.as_tensor(prompts["input_ids"] if isinstance(prompts, Mapping) else prompts)
-        width = int(given.shape[-1])
-        return ps, torch.as_tensor(ps.starts or (0,) * len(ps), dtype=torch.long), width
+        given = given.reshape(-1, given.shape[-1]).to(torch.long)
+        return ps, torch.as_tensor(ps.starts or (0,) * len(ps), dtype=torch.long), given
     if settings.prepend_bos not in ("host", True, False):
         raise ThermoLensInputError(
             f"with cache=, prompt texts are tokenized as run_with_cache tokenized them (model.to_tokens); "
@@ -731,7 +734,7 @@ def _cache_prompts(view: ModelView, prompts: Any, settings: RunSettings) -> tupl
     # Token rows as the host made them; recorded with the BOS mode they were made under.
     tokens_ps = PromptList(texts=ps.texts, categories=ps.categories, name=ps.name, token_ids=tuple(rows),
                            starts=tuple(starts))
-    return (tokens_ps, bos), torch.as_tensor(starts, dtype=torch.long), int(batch_ids.shape[1])
+    return (tokens_ps, bos), torch.as_tensor(starts, dtype=torch.long), batch_ids.to(torch.long)
 
 
 def collect_cached(
@@ -755,11 +758,17 @@ def collect_cached(
     the right-padded layout the reductions read), so the numbers are the pass's, up to the float
     rounding of another batch shape.
 
+    The cache must have been made from these tokens, by this model, with the pads masked
+    (:func:`thermo_lens.cache_match.match_cache`: its embedding, ``cache.model`` and block 0's
+    attention pattern are checked); the provenance records how it was matched.
+
     Raises:
         ThermoLensInputError: the cache lacks a hook the reductions read (the message lists them
             and a ``names_filter`` for ``run_with_cache``), its activations do not have the tokens'
-            shape, it has no batch dimension, or ``fwd_hooks`` were given (nothing runs: cache
-            under your hooks instead, ``with model.hooks(fwd_hooks=...)``).
+            shape, it has no batch dimension, it was made from other tokens (other prompts, another
+            order), by another model, or without the attention mask on attendable pads, or
+            ``fwd_hooks`` were given (nothing runs: cache under your hooks instead,
+            ``with model.hooks(fwd_hooks=...)``).
     """
     view = as_view(model)
     settings = RunSettings.resolve(settings, **options)
@@ -769,7 +778,8 @@ def collect_cached(
             "(with model.hooks(fwd_hooks=hooks): _, cache = model.run_with_cache(tokens)), or drop cache= to run "
             "the hooks in thermo-lens' own pass")
     acts = _cache_dict(cache)
-    laid, starts, width_cache = _cache_prompts(view, prompts, settings)
+    laid, starts, cache_tokens = _cache_prompts(view, prompts, settings)
+    width_cache = int(cache_tokens.shape[1])
     ps, bos = laid if isinstance(laid, tuple) else (laid, None)
     batch = token_batch(view, ps, range(len(ps)), prepend_bos=settings.prepend_bos, truncate=settings.truncate,
                         min_tokens=min_tokens)
@@ -790,11 +800,14 @@ def collect_cached(
     wanted = {name: (attached.resolve_hook(view.model, name, view.name) if attached.needs_resolving(view.model)
                      else name) for name in keys}
     missing = sorted({wanted[n] for n, k in keys.items() if k is None}, key=attached.forward_order)
+    real = ((torch.arange(width_cache)[None, :] >= starts[:, None])
+            & (torch.arange(width_cache)[None, :] < (starts + batch.lengths.to(torch.long))[:, None]))  # [batch, pos]
+    checks = cache_match.check_hooks(view, cache_match.pads_attendable(view, real))
     if missing:
         raise ThermoLensInputError(
             f"the cache lacks {len(missing)} hook(s) these measurements read: {', '.join(missing[:6])}"
             f"{' ...' if len(missing) > 6 else ''} (it holds {len(acts)}). Cache them: "
-            f"{_names_filter_hint(list(dict.fromkeys(wanted.values())))}")
+            f"{_names_filter_hint(list(dict.fromkeys([*wanted.values(), *checks])))}")
     present = {name: key for name, key in keys.items() if key is not None}  # every key, after the check above
     B, width = len(ps), int(batch.tokens.shape[1])
     for name, key in present.items():
@@ -805,6 +818,8 @@ def collect_cached(
                 f"the cache's activation at {key} has shape {tuple(act.shape)}, but the prompts give {B} row(s) of "
                 f"{width_cache} token positions: pass the tokens the cache was made from (model.to_tokens(prompts) "
                 "as given to run_with_cache), with their attention mask if padded")
+    matched = cache_match.match_cache(view, cache, acts, cache_tokens, real,
+                                      _cache_key(view, acts, cache_match.PATTERN_HOOK))
     order = sorted(range(len(hooks)), key=lambda i: (attached.forward_order(hooks[i][0]), i))
     with torch.inference_mode(), rec.batch(batch):
         for i in order:
@@ -817,5 +832,5 @@ def collect_cached(
         recorder=rec, lengths=batch.lengths, prompts=tuple(ps.texts), prepend_bos=batch.prepend_bos,
         truncated=batch.truncated, view=view, row_prompt=None, hooks=sae, prompt_set=ps.name,
         categories=tuple(ps.categories), settings=settings, padding=ps.padding,
-        batch_plan=(tuple(range(B)),), origin="ActivationCache",
+        batch_plan=(tuple(range(B)),), origin="ActivationCache", cache_match=matched,
     )

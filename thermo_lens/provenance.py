@@ -106,6 +106,8 @@ class Provenance(Result):
         origin: ``"forward pass"``, or ``"ActivationCache"`` when measured from a
             ``run_with_cache`` cache (no forward pass ran; the hooks active when it was made
             are not known).
+        cache_match: with a cache, how it was matched to the prompts, the model and the pads
+            (:func:`thermo_lens.cache_match.match_cache`); ``""`` for a forward pass.
     """
 
     prompts: tuple[str, ...]
@@ -119,6 +121,7 @@ class Provenance(Result):
     padding: str = ""
     batch_plan: tuple[tuple[int, ...], ...] = ()
     origin: str = "forward pass"
+    cache_match: str = ""
 
     @property
     def dtype(self) -> str:
@@ -165,7 +168,8 @@ class Provenance(Result):
         return Provenance(prompts=tuple(self.prompts[i] for i in idx), lengths=self.lengths[index].clone(),
                           truncated=tuple(self.truncated[i] for i in idx), prepend_bos=self.prepend_bos,
                           model=self.model, hooks=self.hooks, prompt_set=self.prompt_set, categories=cats,
-                          padding=self.padding, batch_plan=self.batch_plan, origin=self.origin)
+                          padding=self.padding, batch_plan=self.batch_plan, origin=self.origin,
+                          cache_match=self.cache_match)
 
     def same_run_as(self, other: "Provenance") -> list[str]:
         """What differs between two runs besides their hooks (empty when they are paired)."""

@@ -41,7 +41,7 @@ from thermo_lens.model import ModelView
 
 __all__ = [
     "BosMode", "BOS_MODES", "HOST_BOS", "TOKENS_GIVEN",
-    "TokenScope", "TOKEN_SCOPES", "TERM_SCOPES", "scope_mask",
+    "TokenScope", "TOKEN_SCOPES", "TERM_SCOPES", "scope_mask", "check_token_scope",
     "TokenBatch", "BatchInfo", "encode", "tokenize", "token_batch", "plan_batches", "MAX_PADDING",
     "validate_prompts", "bos_id", "host_tokens", "resolve_host_bos", "hf_tokenizer",
 ]
@@ -71,6 +71,25 @@ TOKEN_SCOPES: dict[str, str] = {
 }
 
 
+def check_token_scope(value: Any, allowed: Iterable[str] | None = None, *, why: str = "",
+                      name: str = "token_scope", refused: dict[str, str] | None = None) -> str:
+    """The one check of every ``token_scope`` option (entry points, measurements, reductions):
+    ``value`` if it is one of ``allowed`` (default: every scope of :data:`TOKEN_SCOPES`), else a
+    :class:`ThermoLensInputError` naming the allowed scopes (``why``: what the scopes are for;
+    ``refused``: a scope that exists but does not apply here -> the message saying why)."""
+    names = list(TOKEN_SCOPES if allowed is None else allowed)
+    if isinstance(value, str) and value in names:
+        return value
+    if refused and isinstance(value, str) and value in refused:
+        raise ThermoLensInputError(refused[value])
+    shown = repr(value[:81]) if isinstance(value, str) else f"{type(value).__name__} {value!r}"
+    if len(shown) > 80:
+        shown = shown[:80] + "...(cut)"
+    raise ThermoLensInputError(
+        f"unknown {name} {shown}: {name} must be one of {', '.join(names)}{why} "
+        f"(choose one of {', '.join(map(repr, names))}; definitions in thermo_lens.tokens.TOKEN_SCOPES)")
+
+
 #: Token scopes of per-token additive terms (the gain attribution, head write norms): means over
 #: the scope's real tokens of a per-token quantity (``frobenius``, a ratio of whole-sequence norms,
 #: has no per-token form).
@@ -93,9 +112,8 @@ def scope_mask(lengths: Int[Tensor, " batch"], width: int, token_scope: str,
     mask = pos < lengths[:, None]
     if token_scope == "all_but_first":
         mask = mask & (pos > 0)
-    elif token_scope not in ("all", "frobenius"):
-        raise ThermoLensInputError(
-            f"unknown token_scope {token_scope!r}; choose one of {', '.join(map(repr, TOKEN_SCOPES))}")
+    else:
+        check_token_scope(token_scope)
     return mask
 
 

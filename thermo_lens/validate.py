@@ -22,7 +22,7 @@ import re
 from typing import Any, Callable, Sequence, TypeVar
 
 from thermo_lens.errors import ThermoLensInputError
-from thermo_lens.tokens import TOKEN_SCOPES
+from thermo_lens.tokens import TOKEN_SCOPES, check_token_scope
 
 __all__ = [
     "validates_own_inputs",
@@ -153,9 +153,8 @@ def prepend_bos(value: Any, name: str = "prepend_bos") -> bool | str:
 
 
 def token_scope(value: Any, name: str = "token_scope") -> str:
-    if isinstance(value, str) and value in TOKEN_SCOPES:
-        return value
-    raise _fail(name, value, "one of " + ", ".join(TOKEN_SCOPES))
+    """One of :data:`TOKEN_SCOPES` (:func:`thermo_lens.tokens.check_token_scope`)."""
+    return check_token_scope(value, TOKEN_SCOPES, name=name)
 
 
 def dtype(value: Any, name: str = "dtype") -> str | None:

@@ -30,7 +30,6 @@ from torch import Tensor
 
 from thermo_lens import measure
 from thermo_lens._lazy import pandas as pd
-from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.inputs import Prompts
 from thermo_lens.model import ModelView, as_view
 from thermo_lens.passes import Collected, Recorder, Reduction
@@ -38,7 +37,7 @@ from thermo_lens.provenance import Provenance, ProvenanceFields
 from thermo_lens.registry import BuildContext, Measurement, Metric, Option, register_measurement, register_metric
 from thermo_lens.result import Result
 from thermo_lens.settings import RunOptions, RunSettings
-from thermo_lens.tokens import TERM_SCOPES, TokenBatch, TokenScope, scope_mask
+from thermo_lens.tokens import TERM_SCOPES, TokenBatch, TokenScope, check_token_scope, scope_mask
 from thermo_lens.validate import validates_own_inputs
 
 __all__ = ["HeadWriteNorms", "write_norms", "write_norm_terms"]
@@ -52,11 +51,7 @@ register_metric(Metric(
 
 
 def _check_scope(token_scope: Any) -> str:
-    if token_scope not in TERM_SCOPES:
-        raise ThermoLensInputError(
-            f"write norms are means of per-token norms: token_scope must be one of "
-            f"{', '.join(map(repr, TERM_SCOPES))}, got {token_scope!r}")
-    return str(token_scope)
+    return check_token_scope(token_scope, TERM_SCOPES, why=" (write norms are means of per-token norms)")
 
 
 @functools.lru_cache(maxsize=None)

@@ -14,7 +14,7 @@ from torch import Tensor
 from thermo_lens import measure
 from thermo_lens.attribution.terms import (_CLOSURE_RTOL, _CLOSURE_RTOL_HALF, TERM_COLUMNS, _check_scope, _not_splittable,
                                            attribution_terms, sae_sites)
-from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.errors import ThermoLensInputError, ThermoLensNumericsError
 from thermo_lens.inputs import Prompts
 from thermo_lens.model import as_view
 from thermo_lens.paired import PairedMixin
@@ -272,6 +272,33 @@ def _unexplained_cause(collected: Collected, layer: int) -> str:
     return "; or ".join(causes)
 
 
+# where each term of block l is read (named when a term is NaN/inf)
+_TERM_SOURCES = {"head": "blocks.{l}.attn.hook_z and W_O", "mlp": "blocks.{l}.<MLP output hook>",
+                 "bias": "b_O / b_out (and the norms' biases)", "norm": "the block's norm scales",
+                 "sae": "the SAE at block {l}", "sae_error": "the SAE error at block {l}",
+                 "splice": "the residual between blocks {l} and {l1}", "total": "blocks.{l}'s input and output",
+                 "scale": "blocks.{l}'s input and output", "closure": "the sum of the terms",
+                 "expert": "the experts' outputs and routing weights at block {l}"}
+
+
+def _check_finite(view: Any, head: Tensor, get: dict[str, Tensor], expert: Tensor | None) -> None:
+    """Refuses NaN/inf terms (``[prompt, layer, ...]``), naming the block, prompt and where the term is
+    read: a NaN is never a number of the result, nor a closure that passes (``NaN > rtol`` is False)."""
+    terms = {"head": head, **get, **({"expert": expert} if expert is not None else {})}
+    for name, t in terms.items():
+        bad = ~torch.isfinite(t)
+        if bool(bad.any()):
+            idx = bad.nonzero()[0]
+            p, l = int(idx[0]), int(idx[1])
+            where = _TERM_SOURCES.get(name, name).format(l=l, l1=l + 1)
+            hint = (f" in {str(view.dtype).replace('torch.', '')} this is often overflow: try float32"
+                    if view.dtype in (torch.float16, torch.bfloat16) else
+                    " check the cache or hooks that supplied it, and the weights (a NaN/inf parameter)")
+            raise ThermoLensNumericsError(
+                f"{view.name}: the attribution's {name} term of block {l} is NaN/inf for prompt {p} "
+                f"({int(bad.sum())} value(s) in all): it is read from {where};{hint}")
+
+
 def attribution_from_collected(collected: Collected, token_scope: str = "all_but_first") -> GainAttribution:
     """The :class:`GainAttribution` of a :func:`~thermo_lens.passes.collect` pass that ran
     :func:`attribution_terms` (pure; checks that every block closes)."""
@@ -283,12 +310,14 @@ def attribution_from_collected(collected: Collected, token_scope: str = "all_but
     expert = (collected.stack("attr_expert").permute(1, 0, 2).contiguous()
               if "attr_expert" in collected.recorder.names else None)
     view = collected.view
+    _check_finite(view, head, get, expert)
     rel = get["closure"] / get["scale"].clamp_min(torch.finfo(torch.float32).tiny)
     # The model adds its components in its own dtype: half-precision residual streams round each
     # addition to about 3 significant digits, so the identity closes only to that precision.
     rtol = _CLOSURE_RTOL if view.dtype in (torch.float32, torch.float64) else _CLOSURE_RTOL_HALF
-    if bool((rel > rtol).any()):
-        p, l = (int(i) for i in (rel > rtol).nonzero()[0])
+    # ~(rel <= rtol), not rel > rtol: a NaN closure is not a closed block
+    if bool((~(rel <= rtol)).any()):
+        p, l = (int(i) for i in (~(rel <= rtol)).nonzero()[0])
         raise ThermoLensInputError(
             f"{view.name}: block {l}'s output is not its input plus its heads, MLP, biases"
             f"{', norms' if view.layout.norm_sites else ''} and SAEs (prompt {p}: unexplained "
@@ -297,8 +326,8 @@ def attribution_from_collected(collected: Collected, token_scope: str = "all_but
             "hook_mlp_out are attributed as they ran.")
     if expert is not None:
         gap = (expert.sum(-1) - get["mlp"]).abs() / get["scale"].clamp_min(torch.finfo(torch.float32).tiny)
-        if bool((gap > rtol).any()):
-            p, l = (int(i) for i in (gap > rtol).nonzero()[0])
+        if bool((~(gap <= rtol)).any()):
+            p, l = (int(i) for i in (~(gap <= rtol)).nonzero()[0])
             raise ThermoLensInputError(
                 f"{view.name}: block {l}'s experts do not add up to its MLP output (prompt {p}: "
                 f"{float(gap[p, l]):.2e} of the scale): the mixture of experts adds something besides router "

@@ -20,7 +20,7 @@ from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.layout import BlockLayout, NormSite
 from thermo_lens.model import ModelView
 from thermo_lens.passes import Recorder, Reduction
-from thermo_lens.tokens import TERM_SCOPES, TokenBatch, scope_mask
+from thermo_lens.tokens import TERM_SCOPES, TokenBatch, check_token_scope, scope_mask
 
 __all__ = ["attribution_terms", "sae_sites", "ATTRIBUTION_SCOPES", "ATTRIBUTION_DEFINITIONS", "TERM_COLUMNS"]
 
@@ -59,15 +59,10 @@ _SAE_SITE = re.compile(r"^blocks\.(\d+)\.(hook_resid_pre|hook_resid_mid|hook_res
 
 
 def _check_scope(token_scope: Any) -> str:
-    if token_scope == "frobenius":
-        raise ThermoLensInputError(
-            "token_scope='frobenius' is a ratio of whole-sequence norms, not a mean of per-token terms; "
-            "for the attribution use token_scope='all' (the squared-norm change summed over tokens is "
-            "n_tokens times the 'all' mean)")
-    if token_scope not in ATTRIBUTION_SCOPES:
-        raise ThermoLensInputError(
-            f"unknown token_scope {token_scope!r}; choose one of {', '.join(map(repr, ATTRIBUTION_SCOPES))}")
-    return token_scope
+    return check_token_scope(token_scope, ATTRIBUTION_SCOPES, refused={"frobenius": (
+        "token_scope='frobenius' is a ratio of whole-sequence norms, not a mean of per-token terms; "
+        "for the attribution use token_scope='all' (the squared-norm change summed over tokens is "
+        "n_tokens times the 'all' mean)")})
 
 
 # ---------------------------------------------------------------------------- SAEs

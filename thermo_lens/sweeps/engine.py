@@ -67,8 +67,10 @@ MEASURE_DEFINITIONS: dict[str, str] = {
     "sheaf_trace:<layer>.<head>": "sheaf_traces' trace[:, layer, head]: (n - sum_i A_ii) ||W_V^h||_F^2 (formula "
                                   "'off_diagonal_mass'; under GQA the head's KV head's W_V), over all real tokens",
     "LogitDifference(answer, wrong, pos)": "logits[p, pos, answer_p] - logits[p, pos, wrong_p] at a position of each "
-                                           "prompt's real tokens, from the final residual: the model's final norm and "
-                                           "the two unembedding columns (thermo_lens.sweeps.LogitDifference)",
+                                           "prompt's real tokens, from the final residual: the model's head (final norm; "
+                                           "an LM-head transform or project_out where it has one), the two "
+                                           "unembedding columns, then its logit scaling and soft cap, checked against "
+                                           "its own logits (thermo_lens.sweeps.LogitDifference)",
 }
 _SHEAF_SCOPE = "all real tokens (sheaf trace: every query position of each prompt)"
 
@@ -327,8 +329,8 @@ def measure_values(got: Collected, measure: Measure, token_scope: str,
     closure, scale = got.stack("attr_closure")[0], got.stack("attr_scale")[0]
     rel = closure / scale.clamp_min(torch.finfo(torch.float32).tiny)
     rtol = _CLOSURE_RTOL if got.view.dtype in (torch.float32, torch.float64) else _CLOSURE_RTOL_HALF
-    if bool((rel > rtol).any()):
-        r = int((rel > rtol).nonzero()[0])
+    if bool((~(rel <= rtol)).any()):  # (NaN-aware: a NaN closure is not a closed block)
+        r = int((~(rel <= rtol)).nonzero()[0])
         raise ThermoLensInputError(
             f"measure {measure.label}: block {measure.layer}'s output is not its input plus its heads, MLP and biases "
             f"under {row_name(r)} (unexplained {float(rel[r]):.2e} of ||x_out||^2 + ||x_in||^2): a condition edits "
@@ -405,6 +407,15 @@ def _call_measure(measure: Measure, logits: Tensor, n: int) -> Tensor:
     out = out.to("cpu").double().reshape(-1)
     if out.numel() != n:
         raise ThermoLensInputError(f"{want}, got {out.numel()} values")
+    bad = ~torch.isfinite(out)
+    if bool(bad.any()) and not bool(torch.isfinite(logits).all()):
+        # NaN/inf logits come from a NaN/inf weight or activation upstream, not from the cell: no value of
+        # this sweep can be trusted, so stop here. A measure that makes NaN from finite logits is kept
+        # as NaN, and the sweep names those cells in its notes.
+        rows = bad.nonzero().flatten().tolist()
+        raise ThermoLensNumericsError(
+            f"measure {measure.label} returned NaN/inf for batch row(s) {rows[:8]} of {n}: the logits themselves "
+            "hold NaN/inf (a NaN/inf weight or activation upstream)")
     return out
 
 

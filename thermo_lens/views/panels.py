@@ -271,8 +271,9 @@ def _per_head_activation_metrics(view: Any, prompts: Any, layer: int, token_scop
             if meas.reductions is not None and meas.applies(view) is None and any(m.result == meas.result for m in wanted)]
     if not runs:
         return {}
-    res = measure.run(view, prompts, runs, token_scope=token_scope, prepend_bos=prepend_bos, progress=False,
-                      fwd_hooks=fwd_hooks)
+    scoped = any("token_scope" in registry.measurement(n).options for n in runs)  # (a scope nothing takes is refused)
+    res = measure.run(view, prompts, runs, token_scope=token_scope if scoped else None, prepend_bos=prepend_bos,
+                      progress=False, fwd_hooks=fwd_hooks)
     return {m.frame_column: to_numpy(m.values(res)[:, layer].double().mean(0)) for m in wanted
             if any(type(r).__name__ == m.result for r in res.results.values())}
 
