@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import thermo_lens as tl
-from thermo_lens.errors import ThermoLensNumericsError
+from thermo_lens.errors import ThermoLensError, ThermoLensNumericsError
 from thermo_lens.sweeps import LogitDifference, ablation_sweep
 
 PROMPTS = ["The capital of France is Paris", "Water freezes at zero"]
@@ -34,7 +34,9 @@ def test_a_logit_measure_returning_nan_or_inf_is_refused(bridge):
     def nan_measure(logits):
         out = logits[:, -1, 5] - logits[:, -1, 7]
         return out / (out - out)  # 0/0: NaN for every prompt
-    with pytest.raises(ThermoLensNumericsError, match=r"returned NaN/inf for batch row\(s\) \[0, 1\].*logits are finite"):
+    # NaN already without any condition: the sweep refuses, naming the prompts (a NaN only under a
+    # cell would be kept as a NaN cell named in the sweep's notes)
+    with pytest.raises(ThermoLensError, match=r"not a finite number for prompt\(s\) \[0, 1\] without any condition"):
         ablation_sweep(m, TOKENS, "attn.hook_z", measure=nan_measure, layers=[0], heads=[0])
 
 
