@@ -436,3 +436,25 @@ def test_every_result_plots_itself_through_the_views_it_registered(measured, bri
     wn = tl.run(bridge("gpt2"), PROMPTS[:2], ["write_norm"]).write_norm  # no view of its own
     fig = wn.plot()
     assert fig.data[0].meta["metric"] == "write_norm"
+
+
+# ---------------------------------------------------------------------------- sweeps
+def test_sweep_heatmap_says_what_its_marker_means(bridge):
+    from thermo_lens.sweeps import patch_sweep
+
+    g = torch.Generator().manual_seed(0)
+    clean, corr = torch.randint(1, 250, (3, 6), generator=g), torch.randint(1, 250, (3, 6), generator=g)
+    s = patch_sweep(bridge("gpt2"), clean, corr, "attn.hook_z", measure="total_amplification", layers=[0, 1])
+    fig = views.sweep_heatmap(s)
+    (marked,) = _by_role(fig, "not_significant")
+    ns = ~(s.pvalue_adjusted.numpy() < 1 - s.level)  # independent: the cells to mark
+    rows, cols = np.nonzero(ns)
+    assert sorted(zip(marked.y, marked.x)) == sorted((str(s.layers[r]), str(c)) for r, c in zip(rows, cols))
+    assert ns.any(), "the fixture should leave some cell not significant"
+    # the marker is explained: in the legend (shown although it is the only legend entry) and the subtitle
+    assert marked.showlegend is True and fig.layout.showlegend is True
+    assert "not significant" in marked.name and "Holm-adjusted p >= 0.05" in marked.name
+    assert f"marker x: not significant (Holm-adjusted p >= 0.05), {int(ns.sum())} of {ns.size} cells" \
+        in fig.layout.title.text
+    everything = views.sweep_heatmap(s, mark="circle-open")
+    assert "marker circle-open" in everything.layout.title.text
