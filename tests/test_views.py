@@ -145,15 +145,33 @@ def test_anisotropy_plot_equals_nanmean_over_prompts(measured):
 def test_robustness_plot_per_prompt_and_category_means(measured):
     g = measured["gpt2"]["gain"]
     r = robustness_from_gain(g, CATEGORIES, prompt_set="mine")
-    fig = views.robustness_plot(r)
-    (box,), (means,) = _by_role(fig, "per_prompt"), _by_role(fig, "category_mean")
+    other = robustness_from_gain(measured["llama_gqa"]["gain"], CATEGORIES, prompt_set="mine")
+    fig = views.robustness_plot({"a": r, "b": other, "c": r})
+    boxes, means = _by_role(fig, "per_prompt"), _by_role(fig, "category_mean")
+    box, mean_a = boxes[0], means[0]
     per = g.summaries[g.regime_by].values
     np.testing.assert_allclose(box.y, per)
-    assert list(box.x) == CATEGORIES
+    assert list(box.customdata) == CATEGORIES
     df = pd.DataFrame({"c": CATEGORIES, "v": per}).groupby("c", sort=False)["v"].mean()
-    assert list(means.x) == list(df.index)
-    np.testing.assert_allclose(means.y, df.to_numpy())
-    assert "last_block_gain" in means.hovertemplate and "token scope all_but_first" in means.hovertemplate
+    assert list(mean_a.meta["categories"]) == list(df.index)
+    np.testing.assert_allclose(mean_a.y, df.to_numpy())
+    assert "last_block_gain" in mean_a.hovertemplate and "token scope all_but_first" in mean_a.hovertemplate
+    # each model's mean +- CI marker sits on its own box: same x as that model's box for the category,
+    # and a different x from every other model's box there
+    ticks = dict(zip(fig.layout.xaxis.ticktext, fig.layout.xaxis.tickvals))
+    slots = {}
+    for b, m in zip(boxes, means):
+        assert b.meta["model"] == m.meta["model"] and b.legendgroup == m.legendgroup
+        box_x = {}
+        for c, x in zip(b.customdata, b.x):
+            box_x.setdefault(c, set()).add(float(x))
+        for c, x in zip(m.meta["categories"], m.x):
+            assert box_x[c] == {float(x)}, (m.meta["model"], c)
+            assert abs(float(x) - ticks[c]) < 0.5  # inside its category's slot
+            slots.setdefault(c, []).append(float(x))
+    for c, xs in slots.items():
+        assert len(set(xs)) == 3, f"two models share a box in {c}"
+    assert fig.layout.boxmode == "overlay"
 
 
 # ---------------------------------------------------------------------------- heads
