@@ -187,7 +187,7 @@ def test_head_heatmap_carries_values_and_definition():
         views.head_heatmap(z, title="t", definition="")
 
 
-def test_spectral_scatter_equals_numpy_svd_and_colours_by_lab(bridge, measured):
+def test_spectral_scatter_equals_numpy_svd_one_colour_per_model_symbol_per_lab(bridge, measured):
     view = ModelView(bridge("llama_gqa"))  # GQA: 4 query heads read 2 KV heads
     W_V, W_O = view.W_V().double().numpy(), view.W_O().double().numpy()
     sig = measured["llama_gqa"]["spectral"]
@@ -200,7 +200,16 @@ def test_spectral_scatter_equals_numpy_svd_and_colours_by_lab(bridge, measured):
         assert tr.x[i] == pytest.approx(np.linalg.norm(W_V[l, kv], 2), rel=1e-5)
         assert tr.y[i] == pytest.approx(np.linalg.norm(W_O[l, h], 2), rel=1e-5)
         assert tuple(tr.customdata[i][:2]) == (l, h)
-    assert heads[1].marker.color == heads[2].marker.color != heads[0].marker.color
+    # models are compared: three models, three colours, although b and c share a lab (and weights)
+    assert len({t.marker.color for t in heads}) == 3
+    # the lab is still shown: one symbol and one legend group per lab
+    assert heads[1].marker.symbol == heads[2].marker.symbol != heads[0].marker.symbol
+    assert heads[1].legendgroup == heads[2].legendgroup == "lab2" != heads[0].legendgroup
+    assert heads[1].legendgrouptitle.text == "lab: lab2" and [t.name for t in heads] == ["a", "b", "c"]
+    assert "colour = model, symbol = lab" in fig.layout.title.text
+    means = _by_role(views.spectral_scatter({"a": measured["gpt2"]["spectral"], "b": sig, "c": sig},
+                                            labs=["lab1", "lab2", "lab2"], per="model"), "model_mean")
+    assert len({t.marker.color for t in means}) == 3
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
     assert "sigma_max" in tr.hovertemplate and "raw weights" in tr.hovertemplate and "GQA" in tr.hovertemplate
     (m,) = _by_role(views.spectral_scatter(sig, per="model"), "model_mean")

@@ -11,7 +11,7 @@ plane. Contents (each number with its definition):
 3. layer dynamics (block gain per layer, 95% CI bands; post-LN flagged) and input robustness by
    prompt category when the prompt set is categorised;
 4. anisotropy profile;
-5. spectral signature: ``||W_V||`` vs ``||W_O||`` scatter by lab, per-head heatmaps per model;
+5. spectral signature: ``||W_V||`` vs ``||W_O||`` scatter (colour per model, symbol per lab), per-head heatmaps per model;
 6. sheaf traces per head and L* (empirical vs predicted);
 7. cross-model laws (Kleiber, heritage, hierarchy; :mod:`thermo_lens.laws`) when there are >= 3
    models, else the reason they are not shown;
