@@ -276,10 +276,24 @@ def test_l_star_plot_marks_empirical_and_predicted(measured):
     T = t.trace.sum(-1).mean(0).numpy()  # independent: sum over heads, mean over prompts
     np.testing.assert_allclose(tr.y, T, rtol=1e-10)
     (emp,) = [d for d in _by_role(fig, "l_star_empirical") if d.meta["model"] == "gpt2"]
-    (pred,) = [d for d in _by_role(fig, "l_star_predicted") if d.meta["model"] == "gpt2"]
     assert emp.x[0] == int(np.argmax(np.abs(np.gradient(T))))
-    assert pred.x[0] == pytest.approx(3 * (0.11 + 0.012 * 3 + 4.9 / 4))
-    assert "argmax" in emp.hovertemplate and "0.11 + 0.012 L + 4.9 / H" in pred.hovertemplate
+    assert "argmax" in emp.hovertemplate
+    # eq. 6 gives 3 (0.11 + 0.036 + 4.9 / 4) = 4.11 for L = 3, H = 4: past the last block, so not drawn
+    # (the report's text says that comparison is left out); the subtitle says which and why
+    assert 3 * (0.11 + 0.012 * 3 + 4.9 / 4) > 3 and r.predicted > r.n_layers
+    assert _by_role(fig, "l_star_predicted") == []
+    assert "✕ predicted" not in fig.layout.title.text
+    assert "eq. 6 not drawn where it predicts past the last block: gpt2" in fig.layout.title.text
+    assert "(L = 3, H = 4: 4.11)" in fig.layout.title.text
+    # a 12-block, 12-head model: eq. 6 gives 7.948, inside the model, drawn at that depth
+    trace = np.array([1.0, 2, 4, 7, 11, 16, 22, 29, 31, 32, 32.5, 33])
+    deep = l_star_from_traces(trace, n_heads=12)
+    dfig = views.l_star_plot({"deep": deep})
+    (pred,) = _by_role(dfig, "l_star_predicted")
+    assert pred.x[0] == pytest.approx(12 * (0.11 + 0.012 * 12 + 4.9 / 12))
+    assert pred.y[0] == pytest.approx(np.interp(pred.x[0], np.arange(12), trace))
+    assert "0.11 + 0.012 L + 4.9 / H" in pred.hovertemplate and "✕ predicted" in dfig.layout.title.text
+    assert "not drawn" not in dfig.layout.title.text
     assert "[post-LN]" in _by_role(fig, "layer_trace")[1].name
     with pytest.raises(ThermoLensViewError, match="relative_depth"):
         views.l_star_plot(r, x="depth")

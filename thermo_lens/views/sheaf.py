@@ -34,7 +34,7 @@ from thermo_lens.views._common import (
 )
 from thermo_lens.result import register_plot
 
-__all__ = ["sheaf_plot", "restriction_norms", "l_star_plot"]
+__all__ = ["sheaf_plot", "restriction_norms", "l_star_plot", "eq6_beyond_depth"]
 
 #: Largest number of eigenvalues drawn; larger spectra are shown at evenly spaced ranks.
 MAX_EIGENVALUES = 2000
@@ -178,6 +178,12 @@ def _lstar_arrays(r: Any) -> dict[str, Any]:
     }
 
 
+def eq6_beyond_depth(r: Any) -> bool:
+    """Whether eq. 6 predicts an L* past the model's last block (``predicted > n_layers``): then there
+    is no prediction to test, and neither the figure nor the report's text compares it."""
+    return bool(np.isfinite(r.predicted) and r.predicted > r.n_layers)
+
+
 @register_plot("LStarResult")
 def l_star_plot(results: Any, names: Sequence[str] | None = None, *, x: str = "layer") -> go.Figure:
     """Layer trace ``T_l`` per layer with the empirical and predicted L* marked, models overlaid.
@@ -190,7 +196,8 @@ def l_star_plot(results: Any, names: Sequence[str] | None = None, *, x: str = "l
 
     Definition (``thermo_lens.definitions`` §4): ``T_l`` = sum over heads of the sheaf trace, mean over
     prompts; empirical L* by the result's named variant (e.g. ``argmax_l |dT/dl|``, central
-    differences); predicted (paper eq. 6) ``L* = L (0.11 + 0.012 L + 4.9 / H)``.
+    differences); predicted (paper eq. 6) ``L* = L (0.11 + 0.012 L + 4.9 / H)``, drawn only where it
+    falls inside the model (:func:`eq6_beyond_depth`; a note names the models left out).
     """
     if x not in ("layer", "relative_depth"):
         raise ThermoLensViewError(f"l_star_plot: x must be 'layer' or 'relative_depth', got {x!r}")
@@ -198,6 +205,7 @@ def l_star_plot(results: Any, names: Sequence[str] | None = None, *, x: str = "l
     labels = [n for n, _ in pairs]
     fig = go.Figure()
     any_post = False
+    beyond: dict[tuple[int, int, float], list[str]] = {}
     for name, r in pairs:
         check_type(r, "LStarResult", "l_star_plot",
                    "Pass thermo_lens.depth.l_star_from_traces(...) results (or ThermoProfiles).")
@@ -222,6 +230,9 @@ def l_star_plot(results: Any, names: Sequence[str] | None = None, *, x: str = "l
                                           ("predicted", d["predicted"], "x", d["predicted_definition"])):
             if value is None or not np.isfinite(value):
                 continue
+            if kind == "predicted" and eq6_beyond_depth(r):
+                beyond.setdefault((r.n_layers, r.n_heads, float(value)), []).append(name)
+                continue
             y = float(np.interp(value, layers, d["trace"]))
             fig.add_trace(go.Scatter(
                 x=scale([value]), y=[y], mode="markers", name=f"{name} L* {kind} = {value:.3g}",
@@ -231,9 +242,16 @@ def l_star_plot(results: Any, names: Sequence[str] | None = None, *, x: str = "l
                                     ([wrap(d["error_text"], 90)] if d["error_text"] else [])),
                 meta={"role": f"l_star_{kind}", "model": name, "value": float(value)},
             ))
-    base_layout(fig, "L*: layer trace T_l with empirical and predicted depth of maximal trace change",
-                "T_l = sum over heads of Tr L^(l,h), mean over prompts; ★ empirical L*, ✕ predicted "
-                "L* = L (0.11 + 0.012 L + 4.9 / H) (paper eq. 6)")
+    drawn = any((t.meta or {}).get("role") == "l_star_predicted" for t in fig.data)
+    sub = "T_l = sum over heads of Tr L^(l,h), mean over prompts; ★ empirical L*"
+    if drawn:
+        sub += ", ✕ predicted L* = L (0.11 + 0.012 L + 4.9 / H) (paper eq. 6)"
+    if beyond:
+        where = "; ".join(f"{', '.join(ks)} (L = {L}, H = {H}: {pred:.3g})" for (L, H, pred), ks in beyond.items())
+        sub += "<br>" + wrap(f"eq. 6 not drawn where it predicts past the last block: {where}; no prediction to test",
+                             140)
+    base_layout(fig, f"L*: layer trace T_l with {'empirical and predicted' if drawn else 'the empirical'} depth of "
+                "maximal trace change", sub)
     fig.update_xaxes(title="layer l (block index, 0-based)" if x == "layer" else "relative depth l / L")
     fig.update_yaxes(title="T_l")
     if any_post:
