@@ -50,6 +50,21 @@ def _by_role(fig, role):
     return [t for t in fig.data if isinstance(t.meta, dict) and t.meta.get("role") == role]
 
 
+def doubled_labels(text: str) -> list[str]:
+    """Phrases said twice in a row in a figure's text: "no correlation: correlation: ...", "the the"."""
+    plain = re.sub(r"<[^>]+>", " ", text or "")
+    return [m.group(0) for m in re.finditer(r"\b([A-Za-z][\w ]*?): (?:[\w ]*? )?\1:", plain)] + \
+        [m.group(0) for m in re.finditer(r"\b([A-Za-z]{2,}) \1\b", plain)]
+
+
+def _figure_texts(fig) -> list[str]:
+    """Title (with subtitle), axis titles, annotations and trace names of a figure."""
+    lay = fig.layout
+    out = [lay.title.text or ""] + [a.text or "" for a in lay.annotations]
+    out += [ax.title.text or "" for ax in (lay[k] for k in lay if k.startswith(("xaxis", "yaxis")))]
+    return out + [t.name or "" for t in fig.data]
+
+
 def _t_ci(values):
     """Independent per-column mean and 95% t-CI (scipy), ddof=1."""
     v = np.asarray(values, dtype=np.float64)
@@ -322,6 +337,14 @@ def test_kleiber_plot_bound_points_stats_and_post_ln(survey):
     assert symbols["opt-350m"] == "diamond-open" and symbols["opt-125m"] == "circle"
     assert any("post-LN" in a.text and "opt-350m" in a.text for a in fig.layout.annotations)
     assert "below the" not in fig.layout.title.text
+    # models of one depth: drawn, and the subtitle says once, in words, why there is no correlation
+    one = views.kleiber_plot(survey.assign(n_layers=12))
+    assert np.all(np.concatenate([t.x for t in _by_role(one, "models")]) == 12)
+    assert f"gain vs L not tested: all {len(survey)} models have depth L = 12" in one.layout.title.text
+    assert "Pearson" not in one.layout.title.text
+    for f in (fig, one):
+        assert [d for t in _figure_texts(f) for d in doubled_labels(t)] == []
+    assert doubled_labels("no correlation: correlation: 'n_layers' is constant") != []  # the checker bites
     two = views.kleiber_plot(survey.head(2))
     assert "need at least 3" in two.layout.title.text
     with pytest.raises(ThermoLensViewError, match="no column 'nope'"):
@@ -472,6 +495,7 @@ def test_every_result_plots_itself_through_the_views_it_registered(measured, bri
     for key, role in (("gain", "mean"), ("anisotropy", None), ("traces", None), ("l_star", None), ("spectral", None)):
         fig = m[key].plot()
         assert isinstance(fig, go.Figure) and len(fig.data) > 0, key
+        assert [d for t in _figure_texts(fig) for d in doubled_labels(t)] == [], key
         if role:
             assert _by_role(fig, role), key
     wn = tl.run(bridge("gpt2"), PROMPTS[:2], ["write_norm"]).write_norm  # no view of its own

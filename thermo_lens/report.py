@@ -380,18 +380,11 @@ def _own_laws(doc: _Doc, rows: pd.DataFrame) -> None:
     doc.p(f"One row per model{gain_def}; regimes from each model's 95% CI, never from the lab name "
           "(thermo_lens.definitions §5).", "note")
     doc.html("<h4>Kleiber: gain vs depth with the bound 10^(1/L)</h4>")
-    doc.figure("fig-kleiber", lambda: views.kleiber_plot(rows, gain="gain"))
-    for col in ("penultimate_gain", "last_block_gain"):
-        if col in rows.columns and not np.allclose(pd.to_numeric(rows[col], errors="coerce").to_numpy(float),
-                                                   pd.to_numeric(rows["gain"], errors="coerce").to_numpy(float),
-                                                   equal_nan=True):
-            doc.figure(f"fig-kleiber-{col}", functools.partial(views.kleiber_plot, rows, gain=col),
-                       f"the same with {col} (the paper's Fig. 1 used the penultimate block)")
-    try:
-        k = laws.kleiber(rows, gain="gain", rho="rho" if "rho" in rows.columns else None)
-        doc.html(f"<pre>{esc(k.summary())}</pre>" + _tests_table(k))
-    except ValueError as e:
-        doc.html(f'<p class="note">Kleiber statistics not computed on these models: {esc(str(e))}</p>')
+    depths = sorted({int(v) for v in pd.to_numeric(rows["n_layers"], errors="coerce").dropna()})
+    if len(depths) == 1:
+        _one_depth_kleiber(doc, rows, depths[0])
+    else:
+        _kleiber(doc, rows)
     doc.html("<h4>Heritage: lab vs regime</h4>")
     labs = rows["lab"].dropna().astype(str).unique() if "lab" in rows.columns else []
     if len(labs) < 2:
@@ -427,6 +420,41 @@ def _own_laws(doc: _Doc, rows: pd.DataFrame) -> None:
         doc.html(f'<p class="note">Hierarchy needs at least 2 groups ({by}); all models are in {esc(str(groups[0]))}.</p>')
     else:
         doc.figure("fig-hierarchy", lambda: views.hierarchy_plot(table, gain="gain", by=by))
+
+
+def _kleiber(doc: _Doc, rows: pd.DataFrame) -> None:
+    """Kleiber figures (the deciding gain, and G_L / G_{L-1} where they differ) and statistics."""
+    from thermo_lens import laws
+    from thermo_lens import views
+
+    doc.figure("fig-kleiber", lambda: views.kleiber_plot(rows, gain="gain"))
+    for col in ("penultimate_gain", "last_block_gain"):
+        if col in rows.columns and not np.allclose(pd.to_numeric(rows[col], errors="coerce").to_numpy(float),
+                                                   pd.to_numeric(rows["gain"], errors="coerce").to_numpy(float),
+                                                   equal_nan=True):
+            doc.figure(f"fig-kleiber-{col}", functools.partial(views.kleiber_plot, rows, gain=col),
+                       f"the same with {col} (the paper's Fig. 1 used the penultimate block)")
+    try:
+        k = laws.kleiber(rows, gain="gain", rho="rho" if "rho" in rows.columns else None)
+        doc.html(f"<pre>{esc(k.summary())}</pre>" + _tests_table(k))
+    except ValueError as e:
+        doc.html(f'<p class="note">Kleiber statistics not computed on these models: {esc(str(e))}</p>')
+
+
+def _one_depth_kleiber(doc: _Doc, rows: pd.DataFrame, depth: int) -> None:
+    """Models of one depth: no Kleiber figure (every point would sit at one x) and no test; their gains
+    beside the bound at that depth, and where to see them among models of other depths."""
+    bound = 10.0 ** (1.0 / depth)
+    doc.p(f"All {len(rows)} models have depth L = {depth}, so gain against depth has nothing to show on them "
+          f"alone (every point would sit at L = {depth}) and no correlation to test. Their gains beside the bound "
+          f"G_max = 10^(1/L) = {bound:.4f} at that depth are below; see them among the paper's models of other "
+          "depths under 'Your models among the paper's published models', and the Kleiber test on the paper's "
+          "Pythia sweep plus yours further down.", "note")
+    cols = [c for c in ("model", "n_layers", "gain", "gain_ci_low", "gain_ci_high", "penultimate_gain",
+                        "last_block_gain") if c in rows.columns]
+    table = rows[cols].assign(bound=bound)
+    table["above_bound"] = pd.to_numeric(table["gain"], errors="coerce") > bound
+    doc.table(table, left=["model"])
 
 
 def _metric_glossary_html() -> str:
