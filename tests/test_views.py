@@ -298,8 +298,8 @@ def test_l_star_plot_marks_empirical_and_predicted(measured):
     assert 3 * (0.11 + 0.012 * 3 + 4.9 / 4) > 3 and r.predicted > r.n_layers
     assert _by_role(fig, "l_star_predicted") == []
     assert "✕ predicted" not in fig.layout.title.text
-    assert "eq. 6 not drawn where it predicts past the last block: gpt2" in fig.layout.title.text
-    assert "(L = 3, H = 4: 4.11)" in fig.layout.title.text
+    title = fig.layout.title.text.replace("<br>", " ")
+    assert "Eq. 6 not drawn where it predicts past the last block: gpt2" in title and "(L = 3, H = 4: 4.11)" in title
     # a 12-block, 12-head model: eq. 6 gives 7.948, inside the model, drawn at that depth
     trace = np.array([1.0, 2, 4, 7, 11, 16, 22, 29, 31, 32, 32.5, 33])
     deep = l_star_from_traces(trace, n_heads=12)
@@ -520,6 +520,6 @@ def test_sweep_heatmap_says_what_its_marker_means(bridge):
     assert marked.showlegend is True and fig.layout.showlegend is True
     assert "not significant" in marked.name and "Holm-adjusted p >= 0.05" in marked.name
     assert f"marker x: not significant (Holm-adjusted p >= 0.05), {int(ns.sum())} of {ns.size} cells" \
-        in fig.layout.title.text
+        in fig.layout.title.text.replace("<br>", " ")
     everything = views.sweep_heatmap(s, mark="circle-open")
     assert "marker circle-open" in everything.layout.title.text

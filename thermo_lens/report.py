@@ -156,12 +156,12 @@ class _Doc:
             self.parts.append(f'<div class="error">Figure {esc(fid)} could not be drawn: '
                               f"{esc(type(e).__name__)}: {esc(str(e))}</div>")
             return
+        from thermo_lens.views.page import figure_html
+
         fid = re.sub(r"[^A-Za-z0-9_-]", "-", fid)
         self.figure_ids.append(fid)
-        div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=fid,
-                          config={"displaylogo": False, "responsive": True})
-        cap = f'<div class="caption">{esc(caption)}</div>' if caption else ""
-        self.parts.append(f'<div class="figure">{div}{cap}</div>')
+        # title, subtitle and notes as HTML text above / below the plot: they wrap with the window
+        self.parts.append(figure_html(fig, fid, caption=caption))
 
 
 _CSS = """
@@ -171,7 +171,7 @@ h3{margin-top:22px} .sub{color:#555;margin-top:0}
 table.tl{border-collapse:collapse;font-size:12.5px;margin:8px 0}
 table.tl th,table.tl td{border:1px solid #ddd;padding:3px 8px;text-align:right;vertical-align:top}
 table.tl th{background:#f4f6f8} table.tl td.l,table.tl th.l{text-align:left}
-.figure{margin:14px 0 24px 0} .caption{color:#555;font-size:12.5px;margin-top:2px}
+.caption{color:#555;font-size:12.5px;margin-top:2px} p,li,dd,.warn,.note{overflow-wrap:anywhere}
 .warn{background:#fff6e0;border-left:4px solid #e8a400;padding:6px 10px}
 .error{background:#fde8e8;border-left:4px solid #d62728;padding:6px 10px;font-family:monospace;white-space:pre-wrap}
 .note{color:#555} nav ul{columns:2;font-size:13px} pre{background:#f6f8fa;padding:8px;overflow-x:auto;font-size:12px}
@@ -179,6 +179,8 @@ dt{font-weight:bold;margin-top:6px} dd{margin-left:18px} .scroll{overflow-x:auto
 table.glossary td{text-align:left}
 details#definitions-page{margin:14px 0} details#definitions-page summary{cursor:pointer;font-weight:bold}
 .defpage{max-width:980px} .defpage code{background:#f6f8fa;padding:0 2px}
+.defpage table,.defpage pre{display:block;max-width:100%;overflow-x:auto}
+@media (max-width:900px){body{padding:12px 14px} nav ul{columns:1}}
 """
 
 
@@ -463,8 +465,9 @@ def _metric_glossary_html() -> str:
         f"<tr><td><code>{esc(m.name)}</code></td><td>{esc(m.symbol)}</td><td>[{esc(', '.join(m.dims))}]</td>"
         f"<td>{esc(m.unit)}</td><td>{esc(m.formula)}</td><td>{esc(m.reference)}</td></tr>"
         for m in registry.metrics())
-    return ("<h3>Metrics</h3><table class='tl glossary'><thead><tr><th>name</th><th>symbol</th><th>shape</th>"
-            f"<th>unit</th><th>definition</th><th>reference</th></tr></thead><tbody>{rows}</tbody></table>")
+    return ("<h3>Metrics</h3><div class='scroll'><table class='tl glossary'><thead><tr><th>name</th><th>symbol</th>"
+            f"<th>shape</th><th>unit</th><th>definition</th><th>reference</th></tr></thead><tbody>{rows}</tbody>"
+            "</table></div>")
 
 
 def _tests_table(result: Any) -> str:
@@ -705,14 +708,17 @@ def _page(doc: _Doc, name: str) -> str:
     """The whole HTML page: table of contents, sections, and plotly.js embedded once."""
     import plotly.offline
 
+    from thermo_lens.views.page import FIGURE_CSS
+
     toc = "<nav><ul>" + "".join(f'<li><a href="#{a}">{esc(t)}</a></li>' for a, t in doc.toc) + "</ul></nav>"
     body = "\n".join(doc.parts).replace("<!--TOC-->", toc, 1)
     plotly_js = plotly.offline.get_plotlyjs()
     return (
         "<!DOCTYPE html>\n<html lang='en'>\n<head>\n<meta charset='utf-8'>\n"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>\n"
         f"<meta name='generator' content='thermo-lens {esc(_version())}'>\n"
         f"<meta name='thermo-lens-figures' content='{len(doc.figure_ids)}'>\n"
-        f"<title>{esc(name)}</title>\n<style>{_CSS}</style>\n"
+        f"<title>{esc(name)}</title>\n<style>{_CSS}{FIGURE_CSS}</style>\n"
         "<script type='text/javascript'>window.PlotlyConfig = {MathJaxConfig: 'local'};</script>\n"
         f"<script type='text/javascript' id='plotly-js'>{plotly_js}</script>\n"
         f"</head>\n<body>\n{body}\n</body>\n</html>\n"

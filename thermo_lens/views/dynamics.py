@@ -127,7 +127,7 @@ def layer_dynamics(gains: Any, names: Sequence[str] | None = None, *,
     if split:
         from plotly.subplots import make_subplots
 
-        fig = make_subplots(rows=1, cols=2, column_widths=[0.16, 0.84], horizontal_spacing=0.07,
+        fig = make_subplots(rows=1, cols=2, column_widths=[0.16, 0.84], horizontal_spacing=0.09,
                             subplot_titles=("block 0 (own scale)", "blocks 1 and after"))
     else:
         fig = go.Figure()
@@ -198,7 +198,9 @@ def layer_dynamics(gains: Any, names: Sequence[str] | None = None, *,
     dtick = 1 if x == "layer" and max(g.n_layers for _, g in pairs) <= 48 else None
     fig.update_xaxes(title=x_title, dtick=dtick, **main)
     y_title = "block gain ||resid_post|| / ||resid_pre||"
-    fig.update_yaxes(title=y_title, **main)
+    # split: the right panel's y title goes into its panel title (between the panels there is room for
+    # tick labels only; a title there sat on the data in a narrow window)
+    fig.update_yaxes(title=None if split else y_title, **main)
     v = np.concatenate(all_means) if all_means else np.array([])
     v = v[np.isfinite(v) & (v > 0)]
     if log_y == "auto":
@@ -206,13 +208,16 @@ def layer_dynamics(gains: Any, names: Sequence[str] | None = None, *,
     if log_y and v.size:
         vals, text = log_ticks(min(float(v.min()), 1.0), max(float(v.max()), 1.0))
         ticks = dict(tickvals=vals, ticktext=text) if vals else {}
-        fig.update_yaxes(type="log", title=y_title + " (log scale)", **ticks, **main)
+        fig.update_yaxes(type="log", title=None if split else y_title + " (log scale)", **ticks, **main)
     if split:
         f = np.concatenate(first_means)
         fig.update_xaxes(tickvals=[0], ticktext=["0"], range=[-0.6, 0.6], title="layer", row=1, col=1)
         fig.update_yaxes(title="block 0 gain", rangemode="tozero" if np.nanmax(f) < 5 else "normal", row=1, col=1)
-        fig.update_annotations(font=dict(size=12, color="#444"), selector=dict(text="block 0 (own scale)"))
-        fig.update_annotations(font=dict(size=12, color="#444"), selector=dict(text="blocks 1 and after"))
+        fig.update_annotations(font=dict(size=12, color="#444"), text="block 0<br>(own scale)",
+                               selector=dict(text="block 0 (own scale)"))
+        right = f"blocks 1 and after: {y_title}" + (" (log scale)" if log_y and v.size else "")
+        fig.update_annotations(font=dict(size=12, color="#444"), text=right, x=fig.layout.xaxis2.domain[0],
+                               xanchor="left", selector=dict(text="blocks 1 and after"))
     if any_post:
         note(fig, "⚠ " + POST_LN_NOTE)
     return fig

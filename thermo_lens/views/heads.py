@@ -393,13 +393,21 @@ def attribution_heatmap(attribution: Any, *, name: str | None = None, relative: 
         hovertemplate=hover(["layer %{y}: %{x} term", "value %{z:.4g}" + (" (of ||x_in||^2)" if relative else ""),
                              "total = sum of the heads and the other columns (exact; see Definitions)"]),
         meta={"role": "components", "columns": [n for n, _ in cols]}), row=1, col=2)
-    bar = dict(thickness=14, len=0.9, y=0.5, yanchor="middle")
-    fig.update_layout(
-        coloraxis=dict(colorscale="RdBu_r", cmid=0.0, colorbar=dict(title=unit, x=1.0, **bar)),
-        coloraxis2=dict(colorscale="PuOr_r", cmid=0.0, colorbar=dict(title="block terms", x=1.1, **bar)))
     base_layout(fig, f"Gain attribution per head, {label}", wrap(definition, 150),
-                height=max(MIN_HEIGHT, min(900, 160 + 34 * L)), bottom=60)
-    fig.update_layout(margin=dict(r=150))
+                height=max(MIN_HEIGHT, min(900, 160 + 34 * L)) + 60, bottom=150)
+    # One horizontal colour bar under each panel, as wide as the panel, its top 56 px above the figure's
+    # foot, titled by an annotation just above it (plotly draws a horizontal bar's own title over the
+    # bar): side by side on the right, their titles and ticks collided in a narrow window.
+    h = float(fig.layout.height)
+    for axis, bar_title, dom, scale in (("coloraxis", unit, fig.layout.xaxis.domain, "RdBu_r"),
+                                        ("coloraxis2", "block term", fig.layout.xaxis2.domain, "PuOr_r")):
+        mid = (dom[0] + dom[1]) / 2
+        fig.update_layout({axis: dict(colorscale=scale, cmid=0.0, colorbar=dict(
+            orientation="h", thickness=12, yref="container", y=56 / h, ypad=0, yanchor="top", x=mid,
+            xanchor="center", lenmode="fraction", len=dom[1] - dom[0]))})
+        fig.add_annotation(text=f"colour: {bar_title}", xref="paper", x=mid, xanchor="center", yref="paper",
+                           y=-(float(fig.layout.margin.b) - 60) / (h - float(fig.layout.margin.t) - float(fig.layout.margin.b)),
+                           yanchor="bottom", showarrow=False, font=dict(size=12, color="#444"))
     fig.update_xaxes(title="head", dtick=1 if H <= 40 else None, row=1, col=1)
     fig.update_xaxes(title="block terms", row=1, col=2)
     fig.update_yaxes(title="layer", autorange="reversed", dtick=1 if L <= 40 else None, row=1, col=1)

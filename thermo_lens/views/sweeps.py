@@ -89,7 +89,7 @@ def sweep_heatmap(sweep: Any, *, pos: int | None = None, head: int | None = None
            else f"no cell marked: every cell is significant (Holm-adjusted p < {1 - sweep.level:.2g})")
     what = "patching" if patch else f"{sweep.method} ablation"
     base_layout(fig, f"{what.capitalize()} sweep of {sweep.hook}{sel}, {sweep.model.get('name')}",
-                wrap(key, 140) + "<br>" + wrap(definition, 140), height=max(320, min(900, 140 + 22 * len(y))),
+                wrap(f"{key}; {definition}", 140), height=max(320, min(900, 140 + 22 * len(y))),
                 bottom=90)
     fig.update_layout(showlegend=bool(li.size), legend=dict(orientation="h", x=0, xanchor="left", y=0,
                                                              yanchor="bottom", yref="container"))
