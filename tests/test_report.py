@@ -85,6 +85,12 @@ def test_report_of_three_profiles(profiles, tmp_path):
     for mid in profiles:
         assert f"<td class=\"l\">{mid}</td>" in page
     assert "Skipped: attention panel disabled" in page
+    # readable from 800 px: every figure's title and subtitle are HTML text (they wrap), no figure
+    # keeps a plotly title, and every table sits in a box that scrolls on its own
+    assert page.count('<div class="fig-title">') == len(ids) and page.count('<div class="fig-sub">') == len(ids)
+    assert '"title":{"text":"L*' not in page and "<meta name='viewport'" in page
+    assert "<div class='scroll'><table class='tl glossary'>" in page
+    assert page.count('<table class="tl">') == page.count('<div class="scroll"><table class="tl">')
     # write_report: one file, default name in the working directory, returns the path
     out = write_report(list(profiles.values()), tmp_path / "r.html", panel=False)
     assert out == tmp_path / "r.html" and out.is_file()

@@ -118,6 +118,10 @@ def test_layer_dynamics_block_zero_in_its_own_panel(measured):
     assert all(t.mode == "lines" for t in _by_role(fig, "ci_band"))
     shown = {t.legendgroup for t in fig.data if t.showlegend is not False}
     assert all(t.legendgroup in shown for t in fig.data if "markers" in (t.mode or ""))
+    # the right panel's y title is in its panel title, not in the narrow gap beside block 0's panel
+    assert fig.layout.yaxis2.title.text is None
+    assert any((a.text or "").startswith("blocks 1 and after: block gain ||resid_post|| / ||resid_pre||")
+               and a.xanchor == "left" and a.x == fig.layout.xaxis2.domain[0] for a in fig.layout.annotations)
     # auto: split only when block 0 dominates
     m0 = float(np.asarray(m)[0])
     split = m0 > views.dynamics.SPLIT_FIRST_RATIO * float(np.abs(m[1:]).max())
@@ -523,3 +527,62 @@ def test_sweep_heatmap_says_what_its_marker_means(bridge):
         in fig.layout.title.text.replace("<br>", " ")
     everything = views.sweep_heatmap(s, mark="circle-open")
     assert "marker circle-open" in everything.layout.title.text
+
+
+# ---------------------------------------------------------------------------- layout in narrow windows
+def test_attribution_colour_bars_sit_under_their_own_panels(bridge):
+    import thermo_lens as tl
+
+    a = tl.run(bridge("gpt2"), PROMPTS[:2], ["attribution"]).attribution
+    fig = views.attribution_heatmap(a)
+    lay = fig.layout
+    titles = [x.text for x in lay.annotations if (x.text or "").startswith("colour: ")]
+    assert titles == ["colour: head term", "colour: block term"]
+    for axis, xaxis, title in (("coloraxis", "xaxis", titles[0]), ("coloraxis2", "xaxis2", titles[1])):
+        bar, dom = lay[axis].colorbar, lay[xaxis].domain
+        # horizontal, centred under its panel and no wider: two bars can never meet, at any width
+        assert bar.orientation == "h" and bar.x == pytest.approx((dom[0] + dom[1]) / 2)
+        assert bar.len == pytest.approx(dom[1] - dom[0]) and bar.lenmode == "fraction"
+        (ann,) = [x for x in lay.annotations if x.text == title]
+        assert ann.x == pytest.approx(bar.x) and ann.y < 0  # its title above it, under the panel
+        assert bar.title.text is None  # plotly draws a horizontal bar's own title over the bar
+    assert lay.xaxis.domain[1] < lay.xaxis2.domain[0]
+
+
+def test_sheaf_plot_maps_side_by_side_over_the_spectrum(bridge):
+    fig = views.sheaf_plot(sheaf_laplacian(bridge("gpt2"), "the cat", layer=1, head=2))
+    (M,), (spec,), (rn,) = _by_role(fig, "M"), _by_role(fig, "spectrum"), _by_role(fig, "restriction_norms")
+    lay = fig.layout
+    ax = {t.meta["role"]: (lay["xaxis" + t.xaxis[1:]], lay["yaxis" + t.yaxis[1:]]) for t in (M, spec, rn)}
+    assert ax["M"][1].domain == ax["restriction_norms"][1].domain  # one row of two maps
+    assert ax["M"][0].domain[1] < ax["restriction_norms"][0].domain[0]
+    assert ax["spectrum"][1].domain[1] < ax["M"][1].domain[0]  # the spectrum below them
+    assert ax["spectrum"][0].domain[1] - ax["spectrum"][0].domain[0] > 0.9  # across the width
+    for t in (M, rn):  # each colour bar beside its own map, in the gap or the right margin
+        x0, x1 = ax[t.meta["role"]][0].domain
+        assert x1 < t.colorbar.x and (t is rn or t.colorbar.x < ax["restriction_norms"][0].domain[0])
+
+
+def test_figure_html_lifts_title_subtitle_and_notes_into_wrapping_html(measured):
+    from thermo_lens.views.page import figure_html, lift_texts
+
+    fig = views.l_star_plot({"gpt2": measured["gpt2"]["l_star"], "post": measured["opt_postln"]["l_star"]})
+    bare, title, subtitle, notes = lift_texts(fig)
+    assert title == "L*: layer trace T_l with the empirical depth of maximal trace change"
+    assert subtitle.startswith("T_l = sum over heads") and "<span" not in subtitle
+    assert len(notes) == 1 and "post-LN" in notes[0]
+    assert bare.layout.title.text == "" and not [a for a in bare.layout.annotations if a.name]
+    assert bare.layout.margin.t < fig.layout.margin.t and bare.layout.height < fig.layout.height
+    assert fig.layout.title.text.startswith(title)  # the figure itself is not changed
+    page = figure_html(fig, "fig-x", caption="a <caption>")
+    assert '<div class="fig-title">L*: layer trace T_l with the empirical depth' in page
+    assert "<br>" not in page.split('<div class="fig-sub">')[1].split("</div>")[0]  # HTML wraps it
+    assert '<div class="fig-note">' in page and "a &lt;caption&gt;" in page
+    plotly_json = json.loads(re.search(r'Plotly.newPlot\(\s*"fig-x",\s*(\[.*?\]),\s*(\{.*?\})\s*,\s*\{',
+                                       page, flags=re.S).group(2))
+    assert plotly_json.get("title", {}).get("text", "") == ""
+    # plotly label markup that is literal text in a label stays literal text on the page
+    attr_like = go.Figure()
+    views._common.base_layout(attr_like, "t", "<z_h W_O^h, x_out + x_in>: <b>bold</b>")
+    sub = figure_html(attr_like, "fig-y").split('<div class="fig-sub">')[1].split("</div>")[0]
+    assert sub == "&lt;z_h W_O^h, x_out + x_in&gt;: <b>bold</b>"
