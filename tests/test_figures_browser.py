@@ -53,9 +53,12 @@ document.querySelectorAll('.js-plotly-plot').forEach(function(p){
   if(w>2&&h>2)out.overlaps.push(p.id+': "'+a[4]+'" ['+a[5]+'] x "'+b[4]+'" ['+b[5]+']');}
  // axis titles, legends and colour bars must stay off every subplot's plotting area (the drag rectangles)
  var areas=Array.from(p.querySelectorAll('.draglayer .nsewdrag')).map(function(d){return d.getBoundingClientRect();});
- p.querySelectorAll('.g-xtitle text,.g-ytitle text,[class^="g-x"][class$="title"] text,[class^="g-y"][class$="title"] text,.legend .bg,.colorbar .cbfill,.colorbar text').forEach(function(t){
+ var labels='.g-xtitle text,.g-ytitle text,[class^="g-x"][class$="title"] text,[class^="g-y"][class$="title"] text,'+
+  '.legend .bg,.colorbar .cbfill,.colorbar text';
+ p.querySelectorAll(labels).forEach(function(t){
   var r=t.getBoundingClientRect();if(r.width<1||r.height<1)return;
-  areas.forEach(function(a){if(hit(r,a))out.on_data.push(p.id+': "'+(t.textContent||t.parentNode.getAttribute('class')||'').slice(0,40)+'" on a plotting area');});});
+  var what=(t.textContent||t.parentNode.getAttribute('class')||'').slice(0,40);
+  areas.forEach(function(a){if(hit(r,a))out.on_data.push(p.id+': "'+what+'" on a plotting area');});});
 });
 %s
 document.title='TLGEOM '+JSON.stringify(out);},1500);});</script>"""

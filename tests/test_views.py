@@ -477,6 +477,8 @@ def test_attention_panel_gqa_and_bad_input(bridge, tmp_path):
     for h in range(view.n_heads):  # GQA: query head h reads KV head h // 2
         assert panel.metrics.loc[h, "W_V_norm"] == pytest.approx(
             np.linalg.norm(W_V[0, int(view.kv_head_of[h])].numpy(), 2), rel=1e-5)
+    # in a narrow window the metrics table scrolls inside its own box (the page never scrolls sideways)
+    assert re.search(r'<div style="overflow-x:auto;max-width:100%"><table class="thermo-lens-metrics"', panel.html)
     out = panel.save(tmp_path / "p.html")
     assert out.read_text().startswith("<!DOCTYPE html>")
     with pytest.raises(ThermoLensViewError, match=r"layer must be an int in 0\.\.2"):

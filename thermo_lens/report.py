@@ -165,6 +165,7 @@ class _Doc:
 
 
 _CSS = """
+html{overflow-y:scroll} /* the scroll bar from the start: plotly sizes each figure before it would appear */
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:0 auto;max-width:1320px;padding:16px 28px;color:#222}
 h1{margin-bottom:4px} h2{border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:36px}
 h3{margin-top:22px} .sub{color:#555;margin-top:0}
