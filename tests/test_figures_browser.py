@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from test_report_browser import _chromium
+from test_views import _figure_texts, doubled_labels
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -216,6 +217,8 @@ def test_no_text_overlaps_in_any_figure_type(chromium, tmp_path):
     assert min(heights.values()) >= 420, heights  # no squashed figure in a 1,400 px page
     fonts = {json.dumps(f.layout.font.to_plotly_json(), sort_keys=True) for f in figs.values()}
     assert len(fonts) == 1, "every figure uses the package style's font"
+    doubled = {name: d for name, f in figs.items() if (d := [x for t in _figure_texts(f) for x in doubled_labels(t)])}
+    assert doubled == {}, f"labels said twice: {doubled}"
     tall = sum(heights.values()) + 120 * len(figs)
     alone = _browse(chromium, _page(figs), tmp_path, height=tall, width=1400)
     assert alone["figures"] == len(figs) and alone["texts"] > 50 * len(figs) // 4
