@@ -65,7 +65,7 @@ def test_report_of_three_profiles(profiles, tmp_path):
     expected = {"fig-dynamics", "fig-robustness", "fig-anisotropy",
                 "fig-spectral-scatter", "fig-spectral-models", "fig-heads-0", "fig-heads-1", "fig-heads-2",
                 "fig-sheaf-0", "fig-sheaf-1", "fig-sheaf-2", "fig-lstar",
-                "fig-kleiber", "fig-kleiber-penultimate_gain", "fig-heritage", "fig-hierarchy",
+                "fig-heritage", "fig-hierarchy",
                 "fig-reference-A", "fig-reference-B"}
     assert expected <= set(ids), expected - set(ids)
     # header: settings and definitions; summary table; post-LN warning; no figure failed
@@ -73,8 +73,11 @@ def test_report_of_three_profiles(profiles, tmp_path):
                   "ddof=1", "post-LN model(s): opt-postln", "Kleiber", "Heritage",
                   "L* = L * (0.11 + 0.012 L + 4.9 / H)", "paper metric A"):
         assert words in page, words
-    # all three are 3 layers deep: gain vs L has no correlation, and the report says so
-    assert "no correlation" in page and "is constant" in page
+    # all three are 3 layers deep: no Kleiber figure (every point at L = 3) and no test, and the report
+    # says so once, with the gains beside the bound at that depth
+    assert not {"fig-kleiber", "fig-kleiber-penultimate_gain"} & set(ids)
+    assert "All 3 models have depth L = 3" in page and f"{10 ** (1 / 3):.4f}" in page
+    assert "correlation: correlation" not in page and "no correlation: correlation" not in page
     # the laws show their tests and the L* baselines stand beside eq. 6
     assert "Crowding: head density rho vs regime" in page and "majority baseline" in page
     assert "L/2" in page and "per-prompt mean" in page and "Holm" in page
@@ -82,6 +85,12 @@ def test_report_of_three_profiles(profiles, tmp_path):
     for mid in profiles:
         assert f"<td class=\"l\">{mid}</td>" in page
     assert "Skipped: attention panel disabled" in page
+    # readable from 800 px: every figure's title and subtitle are HTML text (they wrap), no figure
+    # keeps a plotly title, and every table sits in a box that scrolls on its own
+    assert page.count('<div class="fig-title">') == len(ids) and page.count('<div class="fig-sub">') == len(ids)
+    assert '"title":{"text":"L*' not in page and "<meta name='viewport'" in page
+    assert "<div class='scroll'><table class='tl glossary'>" in page
+    assert page.count('<table class="tl">') == page.count('<div class="scroll"><table class="tl">')
     # write_report: one file, default name in the working directory, returns the path
     out = write_report(list(profiles.values()), tmp_path / "r.html", panel=False)
     assert out == tmp_path / "r.html" and out.is_file()

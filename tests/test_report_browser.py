@@ -1,5 +1,6 @@
-"""Open the report in real headless Chromium: every figure renders, the circuitsvis panel renders,
-no JavaScript error, no network request; and a screenshot is taken.
+"""Open the report in real headless Chromium at 800, 1,024 and 1,400 px wide: every figure renders,
+the circuitsvis panel renders, no JavaScript error, no network request, no sideways scrolling; and
+a screenshot is taken (at 1,400 px).
 
 A probe script injected into a copy of the report records ``error`` events (scripts and resource
 loads, captured) and unhandled rejections; after ``load`` it counts the ``.js-plotly-plot``
@@ -38,8 +39,10 @@ plots.forEach(function(p){if(p.querySelector('svg.main-svg')||p.querySelector('c
 var cv=document.querySelectorAll('.thermo-lens-circuitsvis'),cvok=0;
 cv.forEach(function(d){if(d.querySelector('canvas,svg,div'))cvok++;});
 var net=performance.getEntriesByType('resource').filter(function(r){return /^https?:/.test(r.name);}).length;
+var de=document.documentElement;
 document.title='TLSTATUS plots='+plots.length+' rendered='+ok+' cv='+cv.length+' cvok='+cvok+
- ' net='+net+' errors='+window.__tlErrors.length+' :: '+window.__tlErrors.join(' | ');},2000);});</script>"""
+ ' net='+net+' sw='+de.scrollWidth+' cw='+de.clientWidth+' errors='+window.__tlErrors.length+' :: '+
+ window.__tlErrors.join(' | ');},2000);});</script>"""
 
 
 def _chromium() -> str | None:
@@ -78,18 +81,20 @@ def test_report_renders_in_headless_chromium(chromium, bridge, checkpoint_dir, t
     probed.write_text(page.replace("<head>", "<head>\n" + _PROBE, 1).replace("</body>", _STATUS + "</body>", 1),
                       encoding="utf-8")
     shot = tmp_path / "report.png"
-    with tempfile.TemporaryDirectory() as prof:  # one browser run: DOM status and screenshot
-        dom = _run(chromium, prof, "--dump-dom", f"--screenshot={shot}", "--window-size=1400,4000",
-                   probed.as_uri())
-    m = re.search(r"<title>TLSTATUS ([^<]*)</title>", dom.stdout)
-    assert m, f"no status from the page (chromium rc={dom.returncode}): {dom.stderr[-2000:]}"
-    status = dict(re.findall(r"(\w+)=(\d+)", m.group(1).split(" :: ")[0]))
-    errors = m.group(1).split(" :: ", 1)[1]
-    assert int(status["errors"]) == 0, f"JavaScript errors in the report: {errors}"
-    assert int(status["plots"]) == len(ids) > 15
-    assert int(status["rendered"]) == len(ids), f"only {status['rendered']} of {len(ids)} figures drew"
-    assert int(status["cv"]) == 1 and int(status["cvok"]) == 1, "the circuitsvis panel did not render"
-    assert int(status["net"]) == 0, "the report fetched something over the network"
+    for width in (800, 1024, 1400):  # one browser run per width: DOM status (and at 1,400 px a screenshot)
+        with tempfile.TemporaryDirectory() as prof:
+            dom = _run(chromium, prof, "--dump-dom", f"--window-size={width},4000",
+                       *([f"--screenshot={shot}"] if width == 1400 else []), probed.as_uri())
+        m = re.search(r"<title>TLSTATUS ([^<]*)</title>", dom.stdout)
+        assert m, f"no status from the page at {width} px (chromium rc={dom.returncode}): {dom.stderr[-2000:]}"
+        status = dict(re.findall(r"(\w+)=(\d+)", m.group(1).split(" :: ")[0]))
+        errors = m.group(1).split(" :: ", 1)[1]
+        assert int(status["errors"]) == 0, f"JavaScript errors in the report at {width} px: {errors}"
+        assert int(status["plots"]) == len(ids) > 15
+        assert int(status["rendered"]) == len(ids), f"only {status['rendered']} of {len(ids)} figures drew"
+        assert int(status["cv"]) == 1 and int(status["cvok"]) == 1, "the circuitsvis panel did not render"
+        assert int(status["net"]) == 0, "the report fetched something over the network"
+        assert int(status["sw"]) <= int(status["cw"]) <= width, f"the page scrolls sideways at {width} px: {status}"
 
     assert shot.is_file() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert shot.stat().st_size > 50_000  # a blank page is a few kB

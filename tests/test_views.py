@@ -50,6 +50,21 @@ def _by_role(fig, role):
     return [t for t in fig.data if isinstance(t.meta, dict) and t.meta.get("role") == role]
 
 
+def doubled_labels(text: str) -> list[str]:
+    """Phrases said twice in a row in a figure's text: "no correlation: correlation: ...", "the the"."""
+    plain = re.sub(r"<[^>]+>", " ", text or "")
+    return [m.group(0) for m in re.finditer(r"\b([A-Za-z][\w ]*?): (?:[\w ]*? )?\1:", plain)] + \
+        [m.group(0) for m in re.finditer(r"\b([A-Za-z]{2,}) \1\b", plain)]
+
+
+def _figure_texts(fig) -> list[str]:
+    """Title (with subtitle), axis titles, annotations and trace names of a figure."""
+    lay = fig.layout
+    out = [lay.title.text or ""] + [a.text or "" for a in lay.annotations]
+    out += [ax.title.text or "" for ax in (lay[k] for k in lay if k.startswith(("xaxis", "yaxis")))]
+    return out + [t.name or "" for t in fig.data]
+
+
 def _t_ci(values):
     """Independent per-column mean and 95% t-CI (scipy), ddof=1."""
     v = np.asarray(values, dtype=np.float64)
@@ -103,6 +118,10 @@ def test_layer_dynamics_block_zero_in_its_own_panel(measured):
     assert all(t.mode == "lines" for t in _by_role(fig, "ci_band"))
     shown = {t.legendgroup for t in fig.data if t.showlegend is not False}
     assert all(t.legendgroup in shown for t in fig.data if "markers" in (t.mode or ""))
+    # the right panel's y title is in its panel title, not in the narrow gap beside block 0's panel
+    assert fig.layout.yaxis2.title.text is None
+    assert any((a.text or "").startswith("blocks 1 and after: block gain ||resid_post|| / ||resid_pre||")
+               and a.xanchor == "left" and a.x == fig.layout.xaxis2.domain[0] for a in fig.layout.annotations)
     # auto: split only when block 0 dominates
     m0 = float(np.asarray(m)[0])
     split = m0 > views.dynamics.SPLIT_FIRST_RATIO * float(np.abs(m[1:]).max())
@@ -145,15 +164,33 @@ def test_anisotropy_plot_equals_nanmean_over_prompts(measured):
 def test_robustness_plot_per_prompt_and_category_means(measured):
     g = measured["gpt2"]["gain"]
     r = robustness_from_gain(g, CATEGORIES, prompt_set="mine")
-    fig = views.robustness_plot(r)
-    (box,), (means,) = _by_role(fig, "per_prompt"), _by_role(fig, "category_mean")
+    other = robustness_from_gain(measured["llama_gqa"]["gain"], CATEGORIES, prompt_set="mine")
+    fig = views.robustness_plot({"a": r, "b": other, "c": r})
+    boxes, means = _by_role(fig, "per_prompt"), _by_role(fig, "category_mean")
+    box, mean_a = boxes[0], means[0]
     per = g.summaries[g.regime_by].values
     np.testing.assert_allclose(box.y, per)
-    assert list(box.x) == CATEGORIES
+    assert list(box.customdata) == CATEGORIES
     df = pd.DataFrame({"c": CATEGORIES, "v": per}).groupby("c", sort=False)["v"].mean()
-    assert list(means.x) == list(df.index)
-    np.testing.assert_allclose(means.y, df.to_numpy())
-    assert "last_block_gain" in means.hovertemplate and "token scope all_but_first" in means.hovertemplate
+    assert list(mean_a.meta["categories"]) == list(df.index)
+    np.testing.assert_allclose(mean_a.y, df.to_numpy())
+    assert "last_block_gain" in mean_a.hovertemplate and "token scope all_but_first" in mean_a.hovertemplate
+    # each model's mean +- CI marker sits on its own box: same x as that model's box for the category,
+    # and a different x from every other model's box there
+    ticks = dict(zip(fig.layout.xaxis.ticktext, fig.layout.xaxis.tickvals))
+    slots = {}
+    for b, m in zip(boxes, means):
+        assert b.meta["model"] == m.meta["model"] and b.legendgroup == m.legendgroup
+        box_x = {}
+        for c, x in zip(b.customdata, b.x):
+            box_x.setdefault(c, set()).add(float(x))
+        for c, x in zip(m.meta["categories"], m.x):
+            assert box_x[c] == {float(x)}, (m.meta["model"], c)
+            assert abs(float(x) - ticks[c]) < 0.5  # inside its category's slot
+            slots.setdefault(c, []).append(float(x))
+    for c, xs in slots.items():
+        assert len(set(xs)) == 3, f"two models share a box in {c}"
+    assert fig.layout.boxmode == "overlay"
 
 
 # ---------------------------------------------------------------------------- heads
@@ -169,7 +206,7 @@ def test_head_heatmap_carries_values_and_definition():
         views.head_heatmap(z, title="t", definition="")
 
 
-def test_spectral_scatter_equals_numpy_svd_and_colours_by_lab(bridge, measured):
+def test_spectral_scatter_equals_numpy_svd_one_colour_per_model_symbol_per_lab(bridge, measured):
     view = ModelView(bridge("llama_gqa"))  # GQA: 4 query heads read 2 KV heads
     W_V, W_O = view.W_V().double().numpy(), view.W_O().double().numpy()
     sig = measured["llama_gqa"]["spectral"]
@@ -182,7 +219,16 @@ def test_spectral_scatter_equals_numpy_svd_and_colours_by_lab(bridge, measured):
         assert tr.x[i] == pytest.approx(np.linalg.norm(W_V[l, kv], 2), rel=1e-5)
         assert tr.y[i] == pytest.approx(np.linalg.norm(W_O[l, h], 2), rel=1e-5)
         assert tuple(tr.customdata[i][:2]) == (l, h)
-    assert heads[1].marker.color == heads[2].marker.color != heads[0].marker.color
+    # models are compared: three models, three colours, although b and c share a lab (and weights)
+    assert len({t.marker.color for t in heads}) == 3
+    # the lab is still shown: one symbol and one legend group per lab
+    assert heads[1].marker.symbol == heads[2].marker.symbol != heads[0].marker.symbol
+    assert heads[1].legendgroup == heads[2].legendgroup == "lab2" != heads[0].legendgroup
+    assert heads[1].legendgrouptitle.text == "lab: lab2" and [t.name for t in heads] == ["a", "b", "c"]
+    assert "colour = model, symbol = lab" in fig.layout.title.text
+    means = _by_role(views.spectral_scatter({"a": measured["gpt2"]["spectral"], "b": sig, "c": sig},
+                                            labs=["lab1", "lab2", "lab2"], per="model"), "model_mean")
+    assert len({t.marker.color for t in means}) == 3
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
     assert "sigma_max" in tr.hovertemplate and "raw weights" in tr.hovertemplate and "GQA" in tr.hovertemplate
     (m,) = _by_role(views.spectral_scatter(sig, per="model"), "model_mean")
@@ -249,13 +295,26 @@ def test_l_star_plot_marks_empirical_and_predicted(measured):
     T = t.trace.sum(-1).mean(0).numpy()  # independent: sum over heads, mean over prompts
     np.testing.assert_allclose(tr.y, T, rtol=1e-10)
     (emp,) = [d for d in _by_role(fig, "l_star_empirical") if d.meta["model"] == "gpt2"]
-    (pred,) = [d for d in _by_role(fig, "l_star_predicted") if d.meta["model"] == "gpt2"]
     (paper,) = [d for d in _by_role(fig, "l_star_paper_rule") if d.meta["model"] == "gpt2"]
     assert emp.x[0] == int(np.argmax(np.abs(np.diff(T)))) + 1          # the default, steepest_step
     assert paper.x[0] == int(np.argmax(np.abs(np.gradient(T))))        # the paper's rule beside it
-    assert pred.x[0] == pytest.approx(3 * (0.11 + 0.012 * 3 + 4.9 / 4))
     assert "steepest_step" in emp.hovertemplate and "argmax_abs_gradient" in paper.hovertemplate
-    assert "0.11 + 0.012 L + 4.9 / H" in pred.hovertemplate
+    # eq. 6 gives 3 (0.11 + 0.036 + 4.9 / 4) = 4.11 for L = 3, H = 4: past the last block, so not drawn
+    # (the report's text says that comparison is left out); the subtitle says which and why
+    assert 3 * (0.11 + 0.012 * 3 + 4.9 / 4) > 3 and r.predicted > r.n_layers
+    assert _by_role(fig, "l_star_predicted") == []
+    assert "✕ predicted" not in fig.layout.title.text
+    title = fig.layout.title.text.replace("<br>", " ")
+    assert "Eq. 6 not drawn where it predicts past the last block: gpt2" in title and "(L = 3, H = 4: 4.11)" in title
+    # a 12-block, 12-head model: eq. 6 gives 7.948, inside the model, drawn at that depth
+    trace = np.array([1.0, 2, 4, 7, 11, 16, 22, 29, 31, 32, 32.5, 33])
+    deep = l_star_from_traces(trace, n_heads=12)
+    dfig = views.l_star_plot({"deep": deep})
+    (pred,) = _by_role(dfig, "l_star_predicted")
+    assert pred.x[0] == pytest.approx(12 * (0.11 + 0.012 * 12 + 4.9 / 12))
+    assert pred.y[0] == pytest.approx(np.interp(pred.x[0], np.arange(12), trace))
+    assert "0.11 + 0.012 L + 4.9 / H" in pred.hovertemplate and "✕ predicted" in dfig.layout.title.text
+    assert "not drawn" not in dfig.layout.title.text
     assert "[post-LN]" in _by_role(fig, "layer_trace")[1].name
     with pytest.raises(ThermoLensViewError, match="relative_depth"):
         views.l_star_plot(r, x="depth")
@@ -285,6 +344,14 @@ def test_kleiber_plot_bound_points_stats_and_post_ln(survey):
     assert symbols["opt-350m"] == "diamond-open" and symbols["opt-125m"] == "circle"
     assert any("post-LN" in a.text and "opt-350m" in a.text for a in fig.layout.annotations)
     assert "below the" not in fig.layout.title.text
+    # models of one depth: drawn, and the subtitle says once, in words, why there is no correlation
+    one = views.kleiber_plot(survey.assign(n_layers=12))
+    assert np.all(np.concatenate([t.x for t in _by_role(one, "models")]) == 12)
+    assert f"gain vs L not tested: all {len(survey)} models have depth L = 12" in one.layout.title.text
+    assert "Pearson" not in one.layout.title.text
+    for f in (fig, one):
+        assert [d for t in _figure_texts(f) for d in doubled_labels(t)] == []
+    assert doubled_labels("no correlation: correlation: 'n_layers' is constant") != []  # the checker bites
     two = views.kleiber_plot(survey.head(2))
     assert "need at least 3" in two.layout.title.text
     with pytest.raises(ThermoLensViewError, match="no column 'nope'"):
@@ -414,6 +481,8 @@ def test_attention_panel_gqa_and_bad_input(bridge, tmp_path):
     for h in range(view.n_heads):  # GQA: query head h reads KV head h // 2
         assert panel.metrics.loc[h, "W_V_norm"] == pytest.approx(
             np.linalg.norm(W_V[0, int(view.kv_head_of[h])].numpy(), 2), rel=1e-5)
+    # in a narrow window the metrics table scrolls inside its own box (the page never scrolls sideways)
+    assert re.search(r'<div style="overflow-x:auto;max-width:100%"><table class="thermo-lens-metrics"', panel.html)
     out = panel.save(tmp_path / "p.html")
     assert out.read_text().startswith("<!DOCTYPE html>")
     with pytest.raises(ThermoLensViewError, match=r"layer must be an int in 0\.\.2"):
@@ -436,8 +505,90 @@ def test_every_result_plots_itself_through_the_views_it_registered(measured, bri
     for key, role in (("gain", "mean"), ("anisotropy", None), ("traces", None), ("l_star", None), ("spectral", None)):
         fig = m[key].plot()
         assert isinstance(fig, go.Figure) and len(fig.data) > 0, key
+        assert [d for t in _figure_texts(fig) for d in doubled_labels(t)] == [], key
         if role:
             assert _by_role(fig, role), key
     wn = tl.run(bridge("gpt2"), PROMPTS[:2], ["write_norm"]).write_norm  # no view of its own
     fig = wn.plot()
     assert fig.data[0].meta["metric"] == "write_norm"
+
+
+# ---------------------------------------------------------------------------- sweeps
+def test_sweep_heatmap_says_what_its_marker_means(bridge):
+    from thermo_lens.sweeps import patch_sweep
+
+    g = torch.Generator().manual_seed(0)
+    clean, corr = torch.randint(1, 250, (3, 6), generator=g), torch.randint(1, 250, (3, 6), generator=g)
+    s = patch_sweep(bridge("gpt2"), clean, corr, "attn.hook_z", measure="total_amplification", layers=[0, 1])
+    fig = views.sweep_heatmap(s)
+    (marked,) = _by_role(fig, "not_significant")
+    ns = ~(s.pvalue_adjusted.numpy() < 1 - s.level)  # independent: the cells to mark
+    rows, cols = np.nonzero(ns)
+    assert sorted(zip(marked.y, marked.x)) == sorted((str(s.layers[r]), str(c)) for r, c in zip(rows, cols))
+    assert ns.any(), "the fixture should leave some cell not significant"
+    # the marker is explained: in the legend (shown although it is the only legend entry) and the subtitle
+    assert marked.showlegend is True and fig.layout.showlegend is True
+    assert "not significant" in marked.name and "Holm-adjusted p >= 0.05" in marked.name
+    assert f"marker x: not significant (Holm-adjusted p >= 0.05), {int(ns.sum())} of {ns.size} cells" \
+        in fig.layout.title.text.replace("<br>", " ")
+    everything = views.sweep_heatmap(s, mark="circle-open")
+    assert "marker circle-open" in everything.layout.title.text
+
+
+# ---------------------------------------------------------------------------- layout in narrow windows
+def test_attribution_colour_bars_sit_under_their_own_panels(bridge):
+    import thermo_lens as tl
+
+    a = tl.run(bridge("gpt2"), PROMPTS[:2], ["attribution"]).attribution
+    fig = views.attribution_heatmap(a)
+    lay = fig.layout
+    titles = [x.text for x in lay.annotations if (x.text or "").startswith("colour: ")]
+    assert titles == ["colour: head term", "colour: block term"]
+    for axis, xaxis, title in (("coloraxis", "xaxis", titles[0]), ("coloraxis2", "xaxis2", titles[1])):
+        bar, dom = lay[axis].colorbar, lay[xaxis].domain
+        # horizontal, centred under its panel and no wider: two bars can never meet, at any width
+        assert bar.orientation == "h" and bar.x == pytest.approx((dom[0] + dom[1]) / 2)
+        assert bar.len == pytest.approx(dom[1] - dom[0]) and bar.lenmode == "fraction"
+        (ann,) = [x for x in lay.annotations if x.text == title]
+        assert ann.x == pytest.approx(bar.x) and ann.y < 0  # its title above it, under the panel
+        assert bar.title.text is None  # plotly draws a horizontal bar's own title over the bar
+    assert lay.xaxis.domain[1] < lay.xaxis2.domain[0]
+
+
+def test_sheaf_plot_maps_side_by_side_over_the_spectrum(bridge):
+    fig = views.sheaf_plot(sheaf_laplacian(bridge("gpt2"), "the cat", layer=1, head=2))
+    (M,), (spec,), (rn,) = _by_role(fig, "M"), _by_role(fig, "spectrum"), _by_role(fig, "restriction_norms")
+    lay = fig.layout
+    ax = {t.meta["role"]: (lay["xaxis" + t.xaxis[1:]], lay["yaxis" + t.yaxis[1:]]) for t in (M, spec, rn)}
+    assert ax["M"][1].domain == ax["restriction_norms"][1].domain  # one row of two maps
+    assert ax["M"][0].domain[1] < ax["restriction_norms"][0].domain[0]
+    assert ax["spectrum"][1].domain[1] < ax["M"][1].domain[0]  # the spectrum below them
+    assert ax["spectrum"][0].domain[1] - ax["spectrum"][0].domain[0] > 0.9  # across the width
+    for t in (M, rn):  # each colour bar beside its own map, in the gap or the right margin
+        x0, x1 = ax[t.meta["role"]][0].domain
+        assert x1 < t.colorbar.x and (t is rn or t.colorbar.x < ax["restriction_norms"][0].domain[0])
+
+
+def test_figure_html_lifts_title_subtitle_and_notes_into_wrapping_html(measured):
+    from thermo_lens.views.page import figure_html, lift_texts
+
+    fig = views.l_star_plot({"gpt2": measured["gpt2"]["l_star"], "post": measured["opt_postln"]["l_star"]})
+    bare, title, subtitle, notes = lift_texts(fig)
+    assert title == "L*: layer trace T_l with the empirical depth of maximal trace change"
+    assert subtitle.startswith("T_l = sum over heads") and "<span" not in subtitle
+    assert len(notes) == 1 and "post-LN" in notes[0]
+    assert bare.layout.title.text == "" and not [a for a in bare.layout.annotations if a.name]
+    assert bare.layout.margin.t < fig.layout.margin.t and bare.layout.height < fig.layout.height
+    assert fig.layout.title.text.startswith(title)  # the figure itself is not changed
+    page = figure_html(fig, "fig-x", caption="a <caption>")
+    assert '<div class="fig-title">L*: layer trace T_l with the empirical depth' in page
+    assert "<br>" not in page.split('<div class="fig-sub">')[1].split("</div>")[0]  # HTML wraps it
+    assert '<div class="fig-note">' in page and "a &lt;caption&gt;" in page
+    plotly_json = json.loads(re.search(r'Plotly.newPlot\(\s*"fig-x",\s*(\[.*?\]),\s*(\{.*?\})\s*,\s*\{',
+                                       page, flags=re.S).group(2))
+    assert plotly_json.get("title", {}).get("text", "") == ""
+    # plotly label markup that is literal text in a label stays literal text on the page
+    attr_like = go.Figure()
+    views._common.base_layout(attr_like, "t", "<z_h W_O^h, x_out + x_in>: <b>bold</b>")
+    sub = figure_html(attr_like, "fig-y").split('<div class="fig-sub">')[1].split("</div>")[0]
+    assert sub == "&lt;z_h W_O^h, x_out + x_in&gt;: <b>bold</b>"

@@ -11,7 +11,7 @@ plane. Contents (each number with its definition):
 3. layer dynamics (block gain per layer, 95% CI bands; post-LN flagged) and input robustness by
    prompt category when the prompt set is categorised;
 4. anisotropy profile;
-5. spectral signature: ``||W_V||`` vs ``||W_O||`` scatter by lab, per-head heatmaps per model;
+5. spectral signature: ``||W_V||`` vs ``||W_O||`` scatter (colour per model, symbol per lab), per-head heatmaps per model;
 6. sheaf traces per head and L* (empirical vs predicted);
 7. cross-model laws (Kleiber, heritage, hierarchy; :mod:`thermo_lens.laws`) when there are >= 3
    models, else the reason they are not shown;
@@ -156,22 +156,23 @@ class _Doc:
             self.parts.append(f'<div class="error">Figure {esc(fid)} could not be drawn: '
                               f"{esc(type(e).__name__)}: {esc(str(e))}</div>")
             return
+        from thermo_lens.views.page import figure_html
+
         fid = re.sub(r"[^A-Za-z0-9_-]", "-", fid)
         self.figure_ids.append(fid)
-        div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=fid,
-                          config={"displaylogo": False, "responsive": True})
-        cap = f'<div class="caption">{esc(caption)}</div>' if caption else ""
-        self.parts.append(f'<div class="figure">{div}{cap}</div>')
+        # title, subtitle and notes as HTML text above / below the plot: they wrap with the window
+        self.parts.append(figure_html(fig, fid, caption=caption))
 
 
 _CSS = """
+html{overflow-y:scroll} /* the scroll bar from the start: plotly sizes each figure before it would appear */
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:0 auto;max-width:1320px;padding:16px 28px;color:#222}
 h1{margin-bottom:4px} h2{border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:36px}
 h3{margin-top:22px} .sub{color:#555;margin-top:0}
 table.tl{border-collapse:collapse;font-size:12.5px;margin:8px 0}
 table.tl th,table.tl td{border:1px solid #ddd;padding:3px 8px;text-align:right;vertical-align:top}
 table.tl th{background:#f4f6f8} table.tl td.l,table.tl th.l{text-align:left}
-.figure{margin:14px 0 24px 0} .caption{color:#555;font-size:12.5px;margin-top:2px}
+.caption{color:#555;font-size:12.5px;margin-top:2px} p,li,dd,.warn,.note{overflow-wrap:anywhere}
 .warn{background:#fff6e0;border-left:4px solid #e8a400;padding:6px 10px}
 .error{background:#fde8e8;border-left:4px solid #d62728;padding:6px 10px;font-family:monospace;white-space:pre-wrap}
 .note{color:#555} nav ul{columns:2;font-size:13px} pre{background:#f6f8fa;padding:8px;overflow-x:auto;font-size:12px}
@@ -179,6 +180,8 @@ dt{font-weight:bold;margin-top:6px} dd{margin-left:18px} .scroll{overflow-x:auto
 table.glossary td{text-align:left}
 details#definitions-page{margin:14px 0} details#definitions-page summary{cursor:pointer;font-weight:bold}
 .defpage{max-width:980px} .defpage code{background:#f6f8fa;padding:0 2px}
+.defpage table,.defpage pre{display:block;max-width:100%;overflow-x:auto}
+@media (max-width:900px){body{padding:12px 14px} nav ul{columns:1}}
 """
 
 
@@ -380,18 +383,11 @@ def _own_laws(doc: _Doc, rows: pd.DataFrame) -> None:
     doc.p(f"One row per model{gain_def}; regimes from each model's 95% CI, never from the lab name "
           "(thermo_lens.definitions §5).", "note")
     doc.html("<h4>Kleiber: gain vs depth with the bound 10^(1/L)</h4>")
-    doc.figure("fig-kleiber", lambda: views.kleiber_plot(rows, gain="gain"))
-    for col in ("penultimate_gain", "last_block_gain"):
-        if col in rows.columns and not np.allclose(pd.to_numeric(rows[col], errors="coerce").to_numpy(float),
-                                                   pd.to_numeric(rows["gain"], errors="coerce").to_numpy(float),
-                                                   equal_nan=True):
-            doc.figure(f"fig-kleiber-{col}", functools.partial(views.kleiber_plot, rows, gain=col),
-                       f"the same with {col} (the paper's Fig. 1 used the penultimate block)")
-    try:
-        k = laws.kleiber(rows, gain="gain", rho="rho" if "rho" in rows.columns else None)
-        doc.html(f"<pre>{esc(k.summary())}</pre>" + _tests_table(k))
-    except ValueError as e:
-        doc.html(f'<p class="note">Kleiber statistics not computed on these models: {esc(str(e))}</p>')
+    depths = sorted({int(v) for v in pd.to_numeric(rows["n_layers"], errors="coerce").dropna()})
+    if len(depths) == 1:
+        _one_depth_kleiber(doc, rows, depths[0])
+    else:
+        _kleiber(doc, rows)
     doc.html("<h4>Heritage: lab vs regime</h4>")
     labs = rows["lab"].dropna().astype(str).unique() if "lab" in rows.columns else []
     if len(labs) < 2:
@@ -429,14 +425,50 @@ def _own_laws(doc: _Doc, rows: pd.DataFrame) -> None:
         doc.figure("fig-hierarchy", lambda: views.hierarchy_plot(table, gain="gain", by=by))
 
 
+def _kleiber(doc: _Doc, rows: pd.DataFrame) -> None:
+    """Kleiber figures (the deciding gain, and G_L / G_{L-1} where they differ) and statistics."""
+    from thermo_lens import laws
+    from thermo_lens import views
+
+    doc.figure("fig-kleiber", lambda: views.kleiber_plot(rows, gain="gain"))
+    for col in ("penultimate_gain", "last_block_gain"):
+        if col in rows.columns and not np.allclose(pd.to_numeric(rows[col], errors="coerce").to_numpy(float),
+                                                   pd.to_numeric(rows["gain"], errors="coerce").to_numpy(float),
+                                                   equal_nan=True):
+            doc.figure(f"fig-kleiber-{col}", functools.partial(views.kleiber_plot, rows, gain=col),
+                       f"the same with {col} (the paper's Fig. 1 used the penultimate block)")
+    try:
+        k = laws.kleiber(rows, gain="gain", rho="rho" if "rho" in rows.columns else None)
+        doc.html(f"<pre>{esc(k.summary())}</pre>" + _tests_table(k))
+    except ValueError as e:
+        doc.html(f'<p class="note">Kleiber statistics not computed on these models: {esc(str(e))}</p>')
+
+
+def _one_depth_kleiber(doc: _Doc, rows: pd.DataFrame, depth: int) -> None:
+    """Models of one depth: no Kleiber figure (every point would sit at one x) and no test; their gains
+    beside the bound at that depth, and where to see them among models of other depths."""
+    bound = 10.0 ** (1.0 / depth)
+    doc.p(f"All {len(rows)} models have depth L = {depth}, so gain against depth has nothing to show on them "
+          f"alone (every point would sit at L = {depth}) and no correlation to test. Their gains beside the bound "
+          f"G_max = 10^(1/L) = {bound:.4f} at that depth are below; see them among the paper's models of other "
+          "depths under 'Your models among the paper's published models', and the Kleiber test on the paper's "
+          "Pythia sweep plus yours further down.", "note")
+    cols = [c for c in ("model", "n_layers", "gain", "gain_ci_low", "gain_ci_high", "penultimate_gain",
+                        "last_block_gain") if c in rows.columns]
+    table = rows[cols].assign(bound=bound)
+    table["above_bound"] = pd.to_numeric(table["gain"], errors="coerce") > bound
+    doc.table(table, left=["model"])
+
+
 def _metric_glossary_html() -> str:
     """Every registered metric: name, symbol, shape, unit, formula and reference."""
     rows = "".join(
         f"<tr><td><code>{esc(m.name)}</code></td><td>{esc(m.symbol)}</td><td>[{esc(', '.join(m.dims))}]</td>"
         f"<td>{esc(m.unit)}</td><td>{esc(m.formula)}</td><td>{esc(m.reference)}</td></tr>"
         for m in registry.metrics())
-    return ("<h3>Metrics</h3><table class='tl glossary'><thead><tr><th>name</th><th>symbol</th><th>shape</th>"
-            f"<th>unit</th><th>definition</th><th>reference</th></tr></thead><tbody>{rows}</tbody></table>")
+    return ("<h3>Metrics</h3><div class='scroll'><table class='tl glossary'><thead><tr><th>name</th><th>symbol</th>"
+            f"<th>shape</th><th>unit</th><th>definition</th><th>reference</th></tr></thead><tbody>{rows}</tbody>"
+            "</table></div>")
 
 
 def _tests_table(result: Any) -> str:
@@ -677,14 +709,17 @@ def _page(doc: _Doc, name: str) -> str:
     """The whole HTML page: table of contents, sections, and plotly.js embedded once."""
     import plotly.offline
 
+    from thermo_lens.views.page import FIGURE_CSS
+
     toc = "<nav><ul>" + "".join(f'<li><a href="#{a}">{esc(t)}</a></li>' for a, t in doc.toc) + "</ul></nav>"
     body = "\n".join(doc.parts).replace("<!--TOC-->", toc, 1)
     plotly_js = plotly.offline.get_plotlyjs()
     return (
         "<!DOCTYPE html>\n<html lang='en'>\n<head>\n<meta charset='utf-8'>\n"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>\n"
         f"<meta name='generator' content='thermo-lens {esc(_version())}'>\n"
         f"<meta name='thermo-lens-figures' content='{len(doc.figure_ids)}'>\n"
-        f"<title>{esc(name)}</title>\n<style>{_CSS}</style>\n"
+        f"<title>{esc(name)}</title>\n<style>{_CSS}{FIGURE_CSS}</style>\n"
         "<script type='text/javascript'>window.PlotlyConfig = {MathJaxConfig: 'local'};</script>\n"
         f"<script type='text/javascript' id='plotly-js'>{plotly_js}</script>\n"
         f"</head>\n<body>\n{body}\n</body>\n</html>\n"

@@ -11,7 +11,7 @@ them for overlays, or ``ThermoProfile``s (the matching field is used).
 ``anisotropy_plot``        mean pairwise cosine per residual state (AnisotropyResult)
 ``robustness_plot``        gain by prompt category (RobustnessResult)
 ``head_heatmap``           any ``[layer, head]`` tensor with a title and its definition
-``spectral_scatter``       ||W_V||_2 vs ||W_O||_2, log-log, coloured by lab (SpectralSignature)
+``spectral_scatter``       ||W_V||_2 vs ||W_O||_2, log-log, colour per model, symbol per lab
 ``spectral_heatmaps``      per-head spectral metrics of one model
 ``sheaf_trace_heatmap``    mean sheaf Laplacian trace per head (SheafTraces)
 ``attribution_heatmap``    each head's exact share of its block's squared-norm change (GainAttribution)

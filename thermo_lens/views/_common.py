@@ -178,9 +178,13 @@ def check_type(obj: Any, cls_name: str, func: str, hint: str) -> None:
         raise ThermoLensViewError(f"{func}: expected a {cls_name}, got {type(obj).__name__}. {hint}")
 
 
+#: ``name`` of every note annotation (a page lifts them into HTML text: thermo_lens.views.page).
+NOTE_NAME = "thermo-lens-note"
+
+
 def note(fig: go.Figure, text: str, *, y: float = -0.18, size: int = 11) -> go.Figure:
-    """Add a small paper-anchored note under the plot (definitions, caveats)."""
-    fig.add_annotation(text=text, xref="paper", yref="paper", x=0, y=y, xanchor="left",
+    """Add a small paper-anchored note under the plot (definitions, caveats), named :data:`NOTE_NAME`."""
+    fig.add_annotation(text=text, xref="paper", yref="paper", x=0, y=y, xanchor="left", name=NOTE_NAME,
                        yanchor="top", showarrow=False, align="left", font=dict(size=size, color="#444"))
     return fig
 

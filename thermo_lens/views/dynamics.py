@@ -127,7 +127,7 @@ def layer_dynamics(gains: Any, names: Sequence[str] | None = None, *,
     if split:
         from plotly.subplots import make_subplots
 
-        fig = make_subplots(rows=1, cols=2, column_widths=[0.16, 0.84], horizontal_spacing=0.07,
+        fig = make_subplots(rows=1, cols=2, column_widths=[0.16, 0.84], horizontal_spacing=0.09,
                             subplot_titles=("block 0 (own scale)", "blocks 1 and after"))
     else:
         fig = go.Figure()
@@ -198,7 +198,9 @@ def layer_dynamics(gains: Any, names: Sequence[str] | None = None, *,
     dtick = 1 if x == "layer" and max(g.n_layers for _, g in pairs) <= 48 else None
     fig.update_xaxes(title=x_title, dtick=dtick, **main)
     y_title = "block gain ||resid_post|| / ||resid_pre||"
-    fig.update_yaxes(title=y_title, **main)
+    # split: the right panel's y title goes into its panel title (between the panels there is room for
+    # tick labels only; a title there sat on the data in a narrow window)
+    fig.update_yaxes(title=None if split else y_title, **main)
     v = np.concatenate(all_means) if all_means else np.array([])
     v = v[np.isfinite(v) & (v > 0)]
     if log_y == "auto":
@@ -206,13 +208,16 @@ def layer_dynamics(gains: Any, names: Sequence[str] | None = None, *,
     if log_y and v.size:
         vals, text = log_ticks(min(float(v.min()), 1.0), max(float(v.max()), 1.0))
         ticks = dict(tickvals=vals, ticktext=text) if vals else {}
-        fig.update_yaxes(type="log", title=y_title + " (log scale)", **ticks, **main)
+        fig.update_yaxes(type="log", title=None if split else y_title + " (log scale)", **ticks, **main)
     if split:
         f = np.concatenate(first_means)
         fig.update_xaxes(tickvals=[0], ticktext=["0"], range=[-0.6, 0.6], title="layer", row=1, col=1)
         fig.update_yaxes(title="block 0 gain", rangemode="tozero" if np.nanmax(f) < 5 else "normal", row=1, col=1)
-        fig.update_annotations(font=dict(size=12, color="#444"), selector=dict(text="block 0 (own scale)"))
-        fig.update_annotations(font=dict(size=12, color="#444"), selector=dict(text="blocks 1 and after"))
+        fig.update_annotations(font=dict(size=12, color="#444"), text="block 0<br>(own scale)",
+                               selector=dict(text="block 0 (own scale)"))
+        right = f"blocks 1 and after: {y_title}" + (" (log scale)" if log_y and v.size else "")
+        fig.update_annotations(font=dict(size=12, color="#444"), text=right, x=fig.layout.xaxis2.domain[0],
+                               xanchor="left", selector=dict(text="blocks 1 and after"))
     if any_post:
         note(fig, "⚠ " + POST_LN_NOTE)
     return fig
@@ -317,39 +322,50 @@ def robustness_plot(results: Any, names: Sequence[str] | None = None) -> go.Figu
     fig = go.Figure()
     labels = [n for n, _ in pairs]
     defs = set()
+    data = []
     for name, r in pairs:
         check_type(r, "RobustnessResult", "robustness_plot",
                    "Pass thermo_lens.robustness.input_robustness(model, 'paper25') results.")
-        d = _robustness_arrays(r)
+        data.append((name, r, _robustness_arrays(r)))
+    # One numeric slot per (category, model): category i at x = i, model m offset inside it, so each
+    # model's mean +- CI marker is drawn at exactly its own box's x (plotly groups boxes, not scatters).
+    categories = list(dict.fromkeys(c for _, _, d in data for c in d["categories"]))
+    slot = 0.8 / len(data)
+    for m, (name, r, d) in enumerate(data):
         color = color_of(name, labels)
         defs.add(robustness_definition(r, with_norm_placement=False))
-        cats = d["per_prompt_category"]
+        offset = (m - (len(data) - 1) / 2) * slot
+        box_x = np.array([categories.index(c) + offset for c in d["per_prompt_category"]])
         if r.gain.post_ln:
             name = name + POST_LN_SUFFIX
         fig.add_trace(go.Box(
-            x=cats, y=d["per_prompt_value"], name=name, legendgroup=name, marker_color=color,
-            boxpoints="all", jitter=0.3, pointpos=0, text=d["per_prompt_text"],
-            hovertemplate=hover([f"<b>{name}</b>", "category %{x}", "gain %{y:.4f}", "prompt: %{text}",
+            x=box_x, y=d["per_prompt_value"], name=name, legendgroup=name, marker_color=color,
+            boxpoints="all", jitter=0.3, pointpos=0, width=slot * 0.8, text=d["per_prompt_text"],
+            customdata=list(d["per_prompt_category"]),
+            hovertemplate=hover([f"<b>{name}</b>", "category %{customdata}", "gain %{y:.4f}", "prompt: %{text}",
                                  wrap(d["definition"], 90)]),
-            meta={"role": "per_prompt", "model": name, "definition": d["definition"]},
+            meta={"role": "per_prompt", "model": name, "definition": d["definition"],
+                  "categories": list(d["per_prompt_category"])},
         ))
         c = d["categories"]
         fig.add_trace(go.Scatter(
-            x=c, y=d["mean"], mode="markers", name=f"{name} mean ± 95% CI", legendgroup=name,
+            x=np.array([categories.index(k) + offset for k in c]), y=d["mean"], mode="markers",
+            name=f"{name} mean ± 95% CI", legendgroup=name,
             marker=dict(color=color, symbol="line-ew-open", size=18, line=dict(width=3)),
             error_y=dict(type="data", symmetric=False, array=d["ci_high"] - d["mean"],
                          arrayminus=d["mean"] - d["ci_low"], color=color),
-            customdata=np.stack([d["ci_low"], d["ci_high"], d["n"], d["sd"]], axis=1),
-            hovertemplate=hover([f"<b>{name}</b>", "category %{x}", "mean %{y:.4f}",
+            customdata=np.stack([d["ci_low"], d["ci_high"], d["n"], d["sd"]], axis=1), text=c,
+            hovertemplate=hover([f"<b>{name}</b>", "category %{text}", "mean %{y:.4f}",
                                  "95% t-CI [%{customdata[0]:.4f}, %{customdata[1]:.4f}]",
                                  "SD %{customdata[3]:.3g} (ddof=1), n = %{customdata[2]:.0f}",
                                  wrap(d["definition"], 90)]),
-            meta={"role": "category_mean", "model": name, "definition": d["definition"]},
+            meta={"role": "category_mean", "model": name, "definition": d["definition"], "categories": list(c)},
         ))
     fig.add_hline(y=1.0, line=dict(color="#888", width=1, dash="dot"))
     base_layout(fig, "Input robustness: gain by prompt category",
                 wrap(next(iter(defs)), 140) if len(defs) == 1 else "models measured under different definitions (see hover)")
-    fig.update_layout(boxmode="group")
-    fig.update_xaxes(title="prompt category")
+    fig.update_layout(boxmode="overlay")
+    fig.update_xaxes(title="prompt category", tickvals=list(range(len(categories))), ticktext=categories,
+                     range=[-0.5, len(categories) - 0.5], zeroline=False)
     fig.update_yaxes(title="gain")
     return fig

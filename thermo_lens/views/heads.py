@@ -23,6 +23,7 @@ from thermo_lens.views._common import (
     check_type,
     color_of,
     hover,
+    log_ticks,
     named,
     settings_text,
     to_numpy,
@@ -127,18 +128,21 @@ def _sig_tensor(sig: Any, metric: str) -> np.ndarray:
 
 def spectral_scatter(signatures: Any, labs: Any = None, names: Sequence[str] | None = None, *,
                      per: str = "head") -> go.Figure:
-    """``||W_V||_2`` vs ``||W_O||_2`` on log-log axes, one point per head (or per model), coloured by lab.
+    """``||W_V||_2`` vs ``||W_O||_2`` on log-log axes, one point per head (or per model), one colour per
+    model, one marker symbol per lab (the legend is grouped by lab).
 
     Args:
         signatures: a :class:`~thermo_lens.spectral.SpectralSignature`, a list / dict of them, or
-            ThermoProfile(s) (``.spectral``; their ``meta["lab"]`` colours the points).
+            ThermoProfile(s) (``.spectral``; their ``meta["lab"]`` picks the marker symbol).
         labs: lab per model (a list aligned with ``signatures`` or a ``{name: lab}`` dict); default
-            the profiles' ``meta["lab"]``, else the model name.
+            the profiles' ``meta["lab"]``, else the model name. Models of one lab share a marker
+            symbol and a legend group, never a colour.
         names: display names.
         per: ``"head"`` (every head of every layer, hover names layer/head) or ``"model"`` (the mean
             over heads and layers per model).
 
-    The diagonal ``||W_V|| = ||W_O||`` (ratio 1) is drawn dotted.
+    The diagonal ``||W_V|| = ||W_O||`` (ratio 1) is drawn dotted. Post-LN models get the open
+    variant of their lab's symbol.
     """
     if per not in ("head", "model"):
         raise ThermoLensViewError(f"spectral_scatter: per must be 'head' or 'model', got {per!r}")
@@ -146,6 +150,7 @@ def spectral_scatter(signatures: Any, labs: Any = None, names: Sequence[str] | N
     pairs = named(signatures, "spectral", "SpectralSignature", names)
     lab_of = _labs(raw, pairs, labs)
     lab_keys = [lab_of[n] for n, _ in pairs]
+    model_keys = [n for n, _ in pairs]
     fig = go.Figure()
     shown_labs: set[str] = set()
     lo, hi = np.inf, -np.inf
@@ -155,7 +160,8 @@ def spectral_scatter(signatures: Any, labs: Any = None, names: Sequence[str] | N
         v, o, r = _sig_tensor(sig, "W_V_norm"), _sig_tensor(sig, "W_O_norm"), _sig_tensor(sig, "ratio")
         L, H = v.shape
         lab = lab_of[name]
-        color = color_of(lab, lab_keys)
+        color = color_of(name, model_keys)  # models are compared: one colour each; the lab is the symbol
+        symbol = _LAB_SYMBOLS[list(dict.fromkeys(lab_keys)).index(lab) % len(_LAB_SYMBOLS)]
         post = bool((getattr(sig, "model", None) or {}).get("post_ln"))
         defs = spectral_settings(sig)
         if per == "head":
@@ -171,9 +177,10 @@ def spectral_scatter(signatures: Any, labs: Any = None, names: Sequence[str] | N
         if ok.any():
             lo, hi = min(lo, x[ok].min(), y[ok].min()), max(hi, x[ok].max(), y[ok].max())
         fig.add_trace(go.Scatter(
-            x=x, y=y, mode="markers", name=f"{name} ({lab})" + (POST_LN_SUFFIX if post else ""),
-            legendgroup=lab, marker=dict(color=color, size=7 if per == "head" else 12, opacity=0.75,
-                                         symbol="diamond-open" if post else "circle"),
+            x=x, y=y, mode="markers", name=name + (POST_LN_SUFFIX if post else ""),
+            legendgroup=lab, legendgrouptitle=dict(text=f"lab: {lab}"),
+            marker=dict(color=color, size=7 if per == "head" else 12, opacity=0.75,
+                        symbol=symbol + "-open" if post else symbol),
             customdata=custom,
             hovertemplate=hover([f"<b>{name}</b> ({lab})", where,
                                  "||W_V||_2 = %{x:.4g}, ||W_O||_2 = %{y:.4g}, ratio %{customdata[2]:.4g}",
@@ -188,10 +195,20 @@ def spectral_scatter(signatures: Any, labs: Any = None, names: Sequence[str] | N
                                  name="||W_V|| = ||W_O||", hoverinfo="skip", meta={"role": "diagonal"}))
     base_layout(fig, "Spectral signature: ||W_V||_2 vs ||W_O||_2 " + ("per head" if per == "head" else "per model"),
                 "sigma_max of each head's value (W_V [d_model, d_head]) and output (W_O [d_head, d_model]) "
-                "matrices; log-log; colour = lab")
+                "matrices; log-log; colour = model, symbol = lab")
     fig.update_xaxes(type="log", title="||W_V||_2 (sigma_max)")
     fig.update_yaxes(type="log", title="||W_O||_2 (sigma_max)")
+    if np.isfinite(lo):  # 0.5, 1, 2 rather than plotly's bare minor digits (a "3" that means 0.3)
+        vals, text = log_ticks(lo / 1.5, hi * 1.5)  # the diagonal's span
+        if vals:
+            fig.update_xaxes(tickvals=vals, ticktext=text)
+            fig.update_yaxes(tickvals=vals, ticktext=text)
     return fig
+
+
+#: Marker symbol per lab in the spectral scatter (the colour is the model's).
+_LAB_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "cross", "star", "hexagon", "triangle-down",
+                "pentagon", "star-square")
 
 
 def _labs(raw: Any, pairs: list[tuple[str, Any]], labs: Any) -> dict[str, str]:
@@ -376,13 +393,21 @@ def attribution_heatmap(attribution: Any, *, name: str | None = None, relative: 
         hovertemplate=hover(["layer %{y}: %{x} term", "value %{z:.4g}" + (" (of ||x_in||^2)" if relative else ""),
                              "total = sum of the heads and the other columns (exact; see Definitions)"]),
         meta={"role": "components", "columns": [n for n, _ in cols]}), row=1, col=2)
-    bar = dict(thickness=14, len=0.9, y=0.5, yanchor="middle")
-    fig.update_layout(
-        coloraxis=dict(colorscale="RdBu_r", cmid=0.0, colorbar=dict(title=unit, x=1.0, **bar)),
-        coloraxis2=dict(colorscale="PuOr_r", cmid=0.0, colorbar=dict(title="block terms", x=1.1, **bar)))
     base_layout(fig, f"Gain attribution per head, {label}", wrap(definition, 150),
-                height=max(MIN_HEIGHT, min(900, 160 + 34 * L)), bottom=60)
-    fig.update_layout(margin=dict(r=150))
+                height=max(MIN_HEIGHT, min(900, 160 + 34 * L)) + 60, bottom=150)
+    # One horizontal colour bar under each panel, as wide as the panel, its top 56 px above the figure's
+    # foot, titled by an annotation just above it (plotly draws a horizontal bar's own title over the
+    # bar): side by side on the right, their titles and ticks collided in a narrow window.
+    h = float(fig.layout.height)
+    for axis, bar_title, dom, scale in (("coloraxis", unit, fig.layout.xaxis.domain, "RdBu_r"),
+                                        ("coloraxis2", "block term", fig.layout.xaxis2.domain, "PuOr_r")):
+        mid = (dom[0] + dom[1]) / 2
+        fig.update_layout({axis: dict(colorscale=scale, cmid=0.0, colorbar=dict(
+            orientation="h", thickness=12, yref="container", y=56 / h, ypad=0, yanchor="top", x=mid,
+            xanchor="center", lenmode="fraction", len=dom[1] - dom[0]))})
+        fig.add_annotation(text=f"colour: {bar_title}", xref="paper", x=mid, xanchor="center", yref="paper",
+                           y=-(float(fig.layout.margin.b) - 60) / (h - float(fig.layout.margin.t) - float(fig.layout.margin.b)),
+                           yanchor="bottom", showarrow=False, font=dict(size=12, color="#444"))
     fig.update_xaxes(title="head", dtick=1 if H <= 40 else None, row=1, col=1)
     fig.update_xaxes(title="block terms", row=1, col=2)
     fig.update_yaxes(title="layer", autorange="reversed", dtick=1 if L <= 40 else None, row=1, col=1)

@@ -11,6 +11,7 @@ Inputs are per-model tables: a DataFrame with one row per model, or a list of Th
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -144,8 +145,9 @@ def kleiber_plot(table: Any, gain: str = "gain", *, n_layers: str = "n_layers") 
             metric, ``last_block_gain`` its abstract's).
         n_layers: depth column.
 
-    With >= 3 models the subtitle gives Pearson/Spearman r and p of gain vs L
-    (:func:`thermo_lens.laws.kleiber`). Models above their bound are outlined in red.
+    With >= 3 models of at least two depths the subtitle gives Pearson/Spearman r and p of gain vs L
+    (:func:`thermo_lens.laws.kleiber`); models of one depth are drawn, and the subtitle says there
+    is no correlation to test. Models above their bound are outlined in red.
     """
     from thermo_lens import laws
 
@@ -199,7 +201,11 @@ def kleiber_plot(table: Any, gain: str = "gain", *, n_layers: str = "n_layers") 
                   "post_ln": [bool(p) for p in post[idx]]},
         ))
     stats = ""
-    if ok.sum() >= 3:
+    depths = sorted({int(v) for v in L[ok]})
+    if ok.sum() >= 3 and len(depths) == 1:  # nothing to correlate: say so once, in words
+        stats = (f"gain vs L not tested: all {int(ok.sum())} models have depth L = {depths[0]} "
+                 "(a correlation needs models of different depths)")
+    elif ok.sum() >= 3:
         try:
             k = laws.kleiber(df[ok].reset_index(drop=True), gain=gain, n_layers=n_layers,
                              rho="rho" if ("rho" in df.columns or {"n_heads", "d_head"} <= set(df.columns)) else None)
@@ -208,8 +214,8 @@ def kleiber_plot(table: Any, gain: str = "gain", *, n_layers: str = "n_layers") 
             stats = (f"gain vs L over {k.n} models: Pearson r = {d.statistic:.3f} (permutation p = {_fmt_p(t.pvalue)}"
                      f", {t.role} test), Spearman {d.spearman_statistic:.3f} (permutation p = "
                      f"{_fmt_p(d.spearman_pvalue_exact)}); {len(k.violations)} above the bound")
-        except ValueError as e:
-            stats = f"no correlation: {e}"
+        except ValueError as e:  # the message names its function ("correlation: ..."): not repeated
+            stats = "gain vs L not tested: " + re.sub(r"^\w+: ", "", str(e))
     else:
         stats = f"only {int(ok.sum())} model(s): correlations need at least 3"
     fig.add_hline(y=1.0, line=dict(color="#bbb", width=1, dash="dot"))

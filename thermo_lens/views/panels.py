@@ -243,17 +243,18 @@ def panel_from_results(tokens: Sequence[str], pattern: Any, metrics: pd.DataFram
                                       post_ln=settings.get("post_ln"),
                                       extra=[f"hooks: {settings['hooks']}"] if settings.get("hooks") else ()))
     esc = html.escape
+    bos = esc(bos_text(settings.get("prepend_bos", "?")))
     frag = f"""<div class="thermo-lens-panel" style="font-family:system-ui,sans-serif;font-size:13px">{_PANEL_CSS}
 <div style="display:flex;flex-wrap:wrap;gap:24px;align-items:flex-start">
-<div style="flex:1 1 460px;min-width:380px">
+<div style="flex:1 1 460px;min-width:min(380px,100%);max-width:100%">
 <h4 style="margin:4px 0">Attention patterns: {esc(model)}, layer {layer} ({pat.shape[0]} heads)</h4>
-<div>prompt: <code>{esc(prompt)}</code> &middot; {len(tokens)} tokens ({esc(bos_text(settings.get("prepend_bos", "?")))})</div>
+<div style="overflow-wrap:anywhere">prompt: <code>{esc(prompt)}</code> &middot; {len(tokens)} tokens ({bos})</div>
 {vis}
 </div>
-<div style="flex:1 1 380px">
+<div style="flex:1 1 380px;min-width:0;max-width:100%">
 <h4 style="margin:4px 0">Per-head metrics, layer {layer}</h4>
-<div style="color:#555;margin-bottom:6px">{stext}</div>
-{_metrics_table(metrics[cols], cols)}
+<div style="color:#555;margin-bottom:6px;overflow-wrap:anywhere">{stext}</div>
+<div style="overflow-x:auto;max-width:100%">{_metrics_table(metrics[cols], cols)}</div>
 <dl style="font-size:11px;color:#333">{defs}</dl>
 </div></div></div>"""
     return AttentionPanel(html=frag, metrics=metrics[cols].reset_index(drop=True), tokens=tuple(tokens),

@@ -154,11 +154,12 @@ def l_star_table(lstars: dict[str, Any]) -> pd.DataFrame:
 @register_section("l_star")
 def _l_star(doc: Any, lstars: dict[str, Any], profiles: dict[str, Any]) -> None:
     from thermo_lens import views
+    from thermo_lens.views.sheaf import eq6_beyond_depth
 
     doc.figure("fig-lstar", lambda: views.l_star_plot(lstars))
     if len({r.n_layers for r in lstars.values()}) > 1:
         doc.figure("fig-lstar-relative", lambda: views.l_star_plot(lstars, x="relative_depth"))
-    shallow = {k: r for k, r in lstars.items() if r.predicted > r.n_layers}
+    shallow = {k: r for k, r in lstars.items() if eq6_beyond_depth(r)}  # the figure leaves the same ones out
     deep = {k: r for k, r in lstars.items() if k not in shallow}
     if shallow:
         doc.p(shallow_l_star_text(shallow), "note")

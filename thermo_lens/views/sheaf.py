@@ -34,7 +34,7 @@ from thermo_lens.views._common import (
 )
 from thermo_lens.result import register_plot
 
-__all__ = ["sheaf_plot", "restriction_norms", "l_star_plot"]
+__all__ = ["sheaf_plot", "restriction_norms", "l_star_plot", "eq6_beyond_depth"]
 
 #: Largest number of eigenvalues drawn; larger spectra are shown at evenly spaced ranks.
 MAX_EIGENVALUES = 2000
@@ -74,9 +74,10 @@ def sheaf_plot(laplacian: Any, *, head: int | None = None, norm: str = "spectral
         norm: restriction-map norm, ``"spectral"`` (``sqrt(c_ij) sigma_max(W_V)``) or ``"frobenius"``.
         max_eigenvalues: cap on plotted eigenvalues (evenly spaced ranks beyond it; stated in the title).
 
-    Panels: (1) the token factor ``M`` (``M_ii = sum_{j != i} c_ij``, ``M_ij = -sqrt(c_ij c_ji)``);
-    (2) the nonzero eigenvalues of ``L = M (x) W_V W_V^T`` by rank, log scale, with the kernel
-    dimension and spectral-gap reason in the hover; (3) ``||rho_ij||`` per token pair ``(i, j)``.
+    Panels: top left the token factor ``M`` (``M_ii = sum_{j != i} c_ij``, ``M_ij = -sqrt(c_ij c_ji)``);
+    top right ``||rho_ij||`` per token pair ``(i, j)``; below, across the width, the nonzero
+    eigenvalues of ``L = M (x) W_V W_V^T`` by rank, log scale, with the kernel dimension and
+    spectral-gap reason in the hover.
     """
     names = {c.__name__ for c in type(laplacian).__mro__}
     if "LayerSheafLaplacian" in names:
@@ -107,12 +108,16 @@ def sheaf_plot(laplacian: Any, *, head: int | None = None, norm: str = "spectral
                              post_ln=model.get("post_ln"), norms="float64 factors")
     conv = L.convention
     cdef = "c_ij = A_ij (directed)" if conv == "directed" else "c_ij = (A_ij + A_ji)/2 (symmetrized)"
-    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09, subplot_titles=(
-        "token factor M", f"nonzero spectrum of L ({total} of {L.size})" +
-        (f", {ev.size} shown" if ev.size < total else ""),
-        f"restriction-map norms ||rho_ij||_{'2' if norm == 'spectral' else 'F'}"))
+    # the two token x token maps side by side, the spectrum below across the width: three panels in
+    # a row left each too narrow for its token labels and colour bar in a narrow window
+    fig = make_subplots(rows=2, cols=2, specs=[[{}, {}], [{"colspan": 2}, None]], horizontal_spacing=0.18,
+                        vertical_spacing=0.2, row_heights=[0.58, 0.42], subplot_titles=(
+        "token factor M", f"restriction-map norms ||rho_ij||_{'2' if norm == 'spectral' else 'F'}",
+        f"nonzero spectrum of L ({total} of {L.size})" + (f", {ev.size} shown" if ev.size < total else "")))
+    top = fig.layout.yaxis.domain
+    bar = dict(len=top[1] - top[0], y=(top[0] + top[1]) / 2, yanchor="middle", thickness=10, xanchor="left")
     fig.add_trace(go.Heatmap(
-        z=M, x=ticks, y=ticks, colorscale="RdBu_r", zmid=0.0, colorbar=dict(x=0.27, len=0.9, thickness=10),
+        z=M, x=ticks, y=ticks, colorscale="RdBu_r", zmid=0.0, colorbar=dict(x=fig.layout.xaxis.domain[1] + 0.01, **bar),
         hovertemplate=hover(["M[%{y}, %{x}] = %{z:.4g}",
                              "M_ii = sum_{j != i} c_ij, M_ij = -sqrt(c_ij c_ji)", cdef]),
         meta={"role": "M"}), row=1, col=1)
@@ -122,34 +127,34 @@ def sheaf_plot(laplacian: Any, *, head: int | None = None, norm: str = "spectral
                              "eig(M (x) W_V W_V^T) = mu_a(M) * sigma_k(W_V)^2 (from the factors)",
                              f"dim ker L = {gap.kernel_dim}; lambda_2 = {gap.value:.3g}",
                              wrap(gap.reason, 90)]),
-        meta={"role": "spectrum", "kernel_dim": gap.kernel_dim}, showlegend=False), row=1, col=2)
+        meta={"role": "spectrum", "kernel_dim": gap.kernel_dim}, showlegend=False), row=2, col=1)
     fig.add_trace(go.Heatmap(
-        z=rn, x=ticks, y=ticks, colorscale="Viridis", colorbar=dict(x=1.0, len=0.9, thickness=10),
+        z=rn, x=ticks, y=ticks, colorscale="Viridis", colorbar=dict(x=1.01, **bar),
         hovertemplate=hover(["||rho_{%{y} -> %{x}}|| = %{z:.4g}",
                              f"rho_ij = sqrt(c_ij) W_V, {cdef}; map token i's stalk R^d_model -> edge {{i,j}} R^d_head",
                              "||rho_ij||_2 = sqrt(c_ij) sigma_max(W_V)" if norm == "spectral"
                              else "||rho_ij||_F = sqrt(c_ij) ||W_V||_F"]),
-        meta={"role": "restriction_norms", "norm": norm}), row=1, col=3)
-    for c in (1, 3):
+        meta={"role": "restriction_norms", "norm": norm}), row=1, col=2)
+    for c in (1, 2):
         fig.update_yaxes(autorange="reversed", row=1, col=c, title="token i" if c == 1 else None,
                          tickfont=dict(size=9))
         fig.update_xaxes(row=1, col=c, title="token j", tickfont=dict(size=9), tickangle=-90)
     pos = ev[np.isfinite(ev) & (ev > 0)]
     vals, labels = log_ticks(float(pos.min()), float(pos.max())) if pos.size else ([], [])
-    fig.update_yaxes(type="log", row=1, col=2, title="eigenvalue",
+    fig.update_yaxes(type="log", row=2, col=1, title="eigenvalue",
                      **(dict(tickvals=vals, ticktext=labels) if vals else {}))
-    fig.update_xaxes(row=1, col=2, title="rank (descending)")
+    fig.update_xaxes(row=2, col=1, title="rank (descending)")
     prompt = (L.prompt or "")[:60]
     base_layout(fig, f"Sheaf Laplacian L = M (x) W_V W_V^T{', ' + where if where else ''}" +
                 (f" — {model.get('name')}" if model.get("name") else ""),
                 wrap(f"{conv} convention; prompt {prompt!r}; {settings}; trace {L.trace():.5g} = "
-                     f"(n - sum_i A_ii) ||W_V||_F^2", 150), height=560, bottom=170)
-    gap_note = wrap(f"spectral gap lambda_2 = {gap.value:.3g}: {gap.reason}", 190)
+                     f"(n - sum_i A_ii) ||W_V||_F^2", 150), height=860, bottom=90)
+    gap_note = wrap(f"spectral gap lambda_2 = {gap.value:.3g}: {gap.reason}", 150)
     n_lines = gap_note.count("<br>") + 1
-    # below the (vertical) token labels and the axis titles, in pixels: the margin grows with the note
+    # below the spectrum's axis title, in pixels: the margin grows with the note
     note(fig, gap_note, y=0.0, size=10)
-    fig.layout.annotations[-1].update(yshift=-125)
-    fig.update_layout(margin=dict(b=140 + 14 * n_lines), height=fig.layout.height + 14 * n_lines)
+    fig.layout.annotations[-1].update(yshift=-60)
+    fig.update_layout(margin=dict(b=80 + 14 * n_lines), height=fig.layout.height + 14 * n_lines)
     return fig
 
 
@@ -184,6 +189,12 @@ def _lstar_arrays(r: Any) -> dict[str, Any]:
     }
 
 
+def eq6_beyond_depth(r: Any) -> bool:
+    """Whether eq. 6 predicts an L* past the model's last block (``predicted > n_layers``): then there
+    is no prediction to test, and neither the figure nor the report's text compares it."""
+    return bool(np.isfinite(r.predicted) and r.predicted > r.n_layers)
+
+
 @register_plot("LStarResult")
 def l_star_plot(results: Any, names: Sequence[str] | None = None, *, x: str = "layer") -> go.Figure:
     """Layer trace ``T_l`` per layer with the empirical and predicted L* marked, models overlaid.
@@ -197,7 +208,8 @@ def l_star_plot(results: Any, names: Sequence[str] | None = None, *, x: str = "l
     Definition (``thermo_lens.definitions`` §4): ``T_l`` = sum over heads of the sheaf trace, mean over
     prompts; empirical L* by the result's named variant (default ``steepest_step``: the deeper layer of
     the largest ``|T_{k+1} - T_k|``), with the paper's rule (``argmax_l |dT/dl|``, ``np.gradient``) marked
-    beside it when the variant is another; predicted (paper eq. 6) ``L* = L (0.11 + 0.012 L + 4.9 / H)``.
+    beside it when the variant is another; predicted (paper eq. 6) ``L* = L (0.11 + 0.012 L + 4.9 / H)``,
+    drawn only where it falls inside the model (:func:`eq6_beyond_depth`; a note names the models left out).
     """
     if x not in ("layer", "relative_depth"):
         raise ThermoLensViewError(f"l_star_plot: x must be 'layer' or 'relative_depth', got {x!r}")
@@ -205,6 +217,7 @@ def l_star_plot(results: Any, names: Sequence[str] | None = None, *, x: str = "l
     labels = [n for n, _ in pairs]
     fig = go.Figure()
     any_post = False
+    beyond: dict[tuple[int, int, float], list[str]] = {}
     for name, r in pairs:
         check_type(r, "LStarResult", "l_star_plot",
                    "Pass thermo_lens.depth.l_star_from_traces(...) results (or ThermoProfiles).")
@@ -231,6 +244,9 @@ def l_star_plot(results: Any, names: Sequence[str] | None = None, *, x: str = "l
                                           ("predicted", d["predicted"], "x", d["predicted_definition"])):
             if value is None or not np.isfinite(value):
                 continue
+            if kind == "predicted" and eq6_beyond_depth(r):
+                beyond.setdefault((r.n_layers, r.n_heads, float(value)), []).append(name)
+                continue
             y = float(np.interp(value, layers, d["trace"]))
             fig.add_trace(go.Scatter(
                 x=scale([value]), y=[y], mode="markers", name=f"{name} L* {kind} = {value:.3g}",
@@ -241,10 +257,19 @@ def l_star_plot(results: Any, names: Sequence[str] | None = None, *, x: str = "l
                 meta={"role": "l_star_paper_rule" if kind == "paper's rule" else f"l_star_{kind}", "model": name,
                       "value": float(value)},
             ))
-    base_layout(fig, "L*: layer trace T_l with empirical and predicted depth of maximal trace change",
-                "T_l = sum over heads of Tr L^(l,h), mean over prompts; ★ empirical L* (its rule in the hover; "
-                "default steepest_step), ◇ the paper's rule argmax_abs_gradient beside it, ✕ predicted "
-                "L* = L (0.11 + 0.012 L + 4.9 / H) (paper eq. 6)")
+    drawn = any((t.meta or {}).get("role") == "l_star_predicted" for t in fig.data)
+    paper = any((t.meta or {}).get("role") == "l_star_paper_rule" for t in fig.data)
+    sub = "T_l = sum over heads of Tr L^(l,h), mean over prompts; ★ empirical L* (its rule in the hover; default steepest_step)"
+    if paper:
+        sub += ", ◇ the paper's rule argmax_abs_gradient beside it"
+    if drawn:
+        sub += ", ✕ predicted L* = L (0.11 + 0.012 L + 4.9 / H) (paper eq. 6)"
+    if beyond:
+        where = "; ".join(f"{', '.join(ks)} (L = {L}, H = {H}: {pred:.3g})" for (L, H, pred), ks in beyond.items())
+        sub = wrap(f"{sub}. Eq. 6 not drawn where it predicts past the last block: {where}; no prediction to test",
+                   140)
+    base_layout(fig, f"L*: layer trace T_l with {'empirical and predicted' if drawn else 'the empirical'} depth of "
+                "maximal trace change", sub)
     fig.update_xaxes(title="layer l (block index, 0-based)" if x == "layer" else "relative depth l / L")
     fig.update_yaxes(title="T_l")
     if any_post:

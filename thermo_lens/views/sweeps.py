@@ -105,14 +105,19 @@ def sweep_heatmap(sweep: Any, *, pos: int | None = None, head: int | None = None
                                meta={"role": "heatmap", "definition": definition}))
     ns = ~(arrays["pvalue_adjusted"] < 1 - sweep.level)
     li, ci = np.nonzero(ns)
+    threshold = f"Holm-adjusted p >= {1 - sweep.level:.2g}"
     fig.add_trace(go.Scatter(x=[x[c] for c in ci], y=[y[r] for r in li], mode="markers", hoverinfo="skip",
                              marker=dict(symbol=mark, color="rgba(60,60,60,0.7)", size=9),
-                             name=f"not significant (Holm p >= {1 - sweep.level:.2g})",
-                             meta={"role": "not_significant"}))
+                             showlegend=bool(li.size),  # in the legend even beside the heatmap alone
+                             name=f"not significant ({threshold})", meta={"role": "not_significant"}))
+    key = (f"marker {mark}: not significant ({threshold}), {li.size} of {ns.size} cells" if li.size
+           else f"no cell marked: every cell is significant (Holm-adjusted p < {1 - sweep.level:.2g})")
     what = "patching" if patch else f"{sweep.method} ablation"
     base_layout(fig, f"{what.capitalize()} sweep of {sweep.hook}{sel}, {sweep.model.get('name')}",
-                wrap(definition, 140), height=max(320, min(900, 140 + 22 * len(y))), bottom=60)
-    fig.update_layout(legend=dict(orientation="h", y=-0.12))
+                wrap(f"{key}; {definition}", 140), height=max(320, min(900, 140 + 22 * len(y))),
+                bottom=90)
+    fig.update_layout(showlegend=bool(li.size), legend=dict(orientation="h", x=0, xanchor="left", y=0,
+                                                             yanchor="bottom", yref="container"))
     fig.update_xaxes(title=col_name, type="category")
     fig.update_yaxes(title="layer", type="category", autorange="reversed")
     return fig
