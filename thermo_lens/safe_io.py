@@ -49,6 +49,7 @@ __all__ = [
     "atomic_write_text",
     "safe_read_bytes",
     "safe_read_text",
+    "sha256_nofollow",
     "remove_stale_temps",
     "FolderLock",
     "FolderLockedError",
@@ -238,6 +239,34 @@ def safe_read_text(path: str | os.PathLike, limit: int, *, follow_symlinks: bool
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise SafeIOError(f"{what} {path} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+
+
+def sha256_nofollow(path: str | os.PathLike, *, what: str = "file") -> str:
+    """SHA-256 (hex) of the regular file ``path``, read in chunks and never through a symbolic link
+    at its last component (a link, a folder, a FIFO or an unreadable file: :class:`SafeIOError`)."""
+    import hashlib
+    import stat
+
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | _CLOEXEC | getattr(os, "O_NONBLOCK", 0) | _NOFOLLOW)
+    except OSError as e:
+        raise SafeIOError(f"cannot read {what} {printable(path)}: {_reason(e)}") from None
+    except ValueError:
+        raise SafeIOError(f"cannot read {what} {printable(path)}: the path contains a NUL character") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SafeIOError(f"cannot read {what} {printable(path)}: not a regular file")
+        h = hashlib.sha256()
+        while chunk := os.read(fd, 1 << 20):
+            h.update(chunk)
+        return h.hexdigest()
+    except OSError as e:
+        if isinstance(e, SafeIOError):
+            raise
+        raise SafeIOError(f"cannot read {what} {printable(path)}: {_reason(e)}") from None
+    finally:
+        os.close(fd)
 
 
 def remove_stale_temps(folder: str | os.PathLike) -> list[str]:

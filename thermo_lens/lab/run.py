@@ -45,7 +45,7 @@ from typing import Any, Sequence
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.lab.recipe import Recipe
 from thermo_lens.lab.spec import LabSpec, canonical_spec, check_lab_spec, load_lab_spec, spec_fingerprint
-from thermo_lens.safe_io import FolderLock, FolderLockedError, atomic_write_bytes, make_folder, printable
+from thermo_lens.safe_io import FolderLock, FolderLockedError, SafeIOError, atomic_write_bytes, make_folder, printable
 
 __all__ = ["LabOutcome", "LabFolderError", "LabLockedError", "run_lab", "runs_frame", "write_tables", "LAB_JSON"]
 
@@ -138,33 +138,46 @@ class _Task:
                          tokenizer_cache=make_folder(self.lab_dir, "tokenizers"), eval_every=self.eval_every)
 
     def __call__(self, model: Any, settings: dict[str, Any]) -> str:
+        from thermo_lens.lab.run_record import checkpoint_problem, read_record
         from thermo_lens.lab.train import step_dir_name
+
+        def problem(step: int) -> str | None:
+            run_dir = Path(self.lab_dir) / info.run_dir
+            return checkpoint_problem(run_dir, step_dir_name(step), read_record(run_dir))
 
         if self.mode == "train":
             info = self.runs[model.id]
             step = Recipe(**info.recipe).steps
-            if not (Path(self.lab_dir) / info.run_dir / step_dir_name(step) / "metrics.json").is_file():
+            if problem(step) is not None:
                 step = max(self._train(info)["checkpoints"])  # else: trained already (e.g. a settings change)
         else:
             rid, _, step_s = model.id.rpartition("__step")
             info, step = self.runs[rid], int(step_s)
-        ckpt = Path(self.lab_dir) / info.run_dir / step_dir_name(step)
-        if not (ckpt / "metrics.json").is_file():  # deleted since: finish (or redo) the run first
+        if problem(step) is not None:  # deleted, replaced or linked since: finish (or redo) the run first
             self._train(info)
-        return _profile_checkpoint(model, settings, ckpt, info, step, self.spec_sha256)
+        why = problem(step)
+        if why is not None:
+            raise SafeIOError(f"run {printable(info.run_id)}: checkpoint {step_dir_name(step)} is not the one "
+                              f"training wrote ({why}); it is not profiled")
+        return _profile_checkpoint(model, settings, Path(self.lab_dir) / info.run_dir / step_dir_name(step), info,
+                                   step, self.spec_sha256)
 
 
 def _profile_checkpoint(model: Any, settings: dict[str, Any], ckpt: Path, info: _RunInfo, step: int,
                         spec_sha256: str = "") -> str:
+    """The profile of the checkpoint folder ``ckpt`` (checked against the run's record by the
+    caller), its ``meta["lab"]`` naming the run; ``metrics.json`` is read checked again."""
     import torch
 
+    from thermo_lens.lab.run_record import read_checkpoint_file, read_record
     from thermo_lens.profile import ThermoProfile
     from thermo_lens.study import profile_one
 
     torch.set_num_threads(1)
     text = profile_one(replace(model, name=str(ckpt), threads=1), settings)
     prof = ThermoProfile.from_json(text)
-    metrics = json.loads((ckpt / "metrics.json").read_text())
+    metrics = json.loads(read_checkpoint_file(ckpt.parent, f"{ckpt.name}/metrics.json", read_record(ckpt.parent),
+                                              1 << 20))
     meta = dict(prof.meta, source=f"{info.run_dir}/{ckpt.name}")
     meta["lab"] = {"run": info.run_id, "arm": info.arm, "knob": info.knob, "level": info.level, "seed": info.seed,
                    "step": step, "tokens_seen": metrics["tokens_seen"], "val_loss": metrics["val_loss"],
