@@ -391,21 +391,40 @@ def runs_frame(lab_dir: str | os.PathLike) -> Any:
     return df.sort_values(["arm", "seed", "budget", "step"], kind="stable").reset_index(drop=True)
 
 
+def current_rows(runs: Any, spec: LabSpec) -> Any:
+    """The rows of ``runs`` (:func:`runs_frame`) that belong to ``spec``, tagged by it.
+
+    A row belongs when its run is one of the spec's (arm x seed x budget), trained from the same
+    recipe, at one of the spec's checkpoints of that run. Its spec-given columns (knob, level,
+    arm, seed, family, budget, ``spec_sha256``) are rewritten from ``spec``: a run kept across
+    ``--update`` (its recipe unchanged) is the run a fresh lab of the new spec would train, so its
+    rows are the same. Rows of runs the spec no longer has (a dropped seed, arm or budget) are
+    left out.
+    """
+    infos = {i.run_id: i for i in _run_infos(spec)}
+    keep, tags = [], []
+    for idx, row in runs.iterrows():
+        info = infos.get(row["run"])
+        if info is None:
+            continue
+        recipe = Recipe(**info.recipe)
+        if row["recipe_hash"] != recipe.hash or row["step"] not in _checkpoints(spec, recipe.steps):
+            continue
+        keep.append(idx)
+        tags.append({"knob": info.knob, "level": info.level, "arm": info.arm, "seed": info.seed,
+                     "family": _family(info), "budget": recipe.steps, "spec_sha256": spec.sha256})
+    out = runs.loc[keep].reset_index(drop=True)
+    for col in ("knob", "level", "arm", "seed", "family", "budget", "spec_sha256"):
+        out[col] = [t[col] for t in tags] if tags else out[col]
+    return out.sort_values(["arm", "seed", "budget", "step"], kind="stable").reset_index(drop=True)
+
+
 def write_tables(lab_dir: str | os.PathLike, spec: LabSpec) -> None:
     """``runs.csv``, ``effects.csv`` and ``figures/`` from what has finished in ``lab_dir``."""
     from thermo_lens.lab import effects, views
 
     out = Path(lab_dir)
-    runs = runs_frame(out)
-    # Results of another spec (a profile written before the spec changed) never enter the tables.
-    recorded = runs["spec_sha256"].fillna("").astype(str) if "spec_sha256" in runs.columns else None
-    stale = (recorded.ne(spec.sha256) & recorded.ne("")) if recorded is not None else None
-    if stale is not None and stale.any():
-        import warnings
-
-        warnings.warn(f"{int(stale.sum())} checkpoint profile(s) in {out} carry another spec's SHA-256: left out of "
-                      "runs.csv and effects.csv (rerun the lab into a fresh folder for this spec)", stacklevel=2)
-        runs = runs.loc[~stale].reset_index(drop=True)
+    runs = current_rows(runs_frame(out), spec)
     atomic_write_bytes(out / "runs.csv", runs.to_csv(index=False, float_format="%.10g").encode())
     if spec.budgets or spec.primary:
         eff = effects.budget_effects_frame(runs, spec.comparisons(), budgets=spec.budget_steps(),
