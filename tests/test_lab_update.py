@@ -32,6 +32,8 @@ BASE = {
 
 def _spec(**lab_kw):
     data = copy.deepcopy(BASE)
+    if "knobs" in lab_kw:
+        data["knobs"] = lab_kw.pop("knobs")
     data["lab"].update(lab_kw)
     return parse_lab_spec(data)
 
@@ -40,6 +42,7 @@ FULL = {}
 SEED1 = {"seeds": [1]}
 BUDGET3 = {"budgets": [3]}
 RENAMED_SEED1 = {"seeds": [1], "name": "tiny, renamed"}
+NO_KNOB_SEED1 = {"seeds": [1], "knobs": {}}
 
 
 @pytest.fixture(scope="module")
@@ -47,12 +50,13 @@ def fresh(tmp_path_factory):
     """Fresh labs of each spec, made on first use: ``fresh(name) -> folder``."""
     root = tmp_path_factory.mktemp("update")
     made: dict[str, Path] = {}
-    specs = {"full": FULL, "seed1": SEED1, "budget3": BUDGET3, "renamed_seed1": RENAMED_SEED1}
+    specs = {"full": FULL, "seed1": SEED1, "budget3": BUDGET3, "renamed_seed1": RENAMED_SEED1,
+             "no_knob_seed1": NO_KNOB_SEED1}
 
     def get(name: str) -> Path:
         if name not in made:
             out = root / name
-            outcome = lab.run_lab(_spec(**specs[name]), out, report=False)
+            outcome = lab.run_lab(_spec(**copy.deepcopy(specs[name])), out, report=False)
             assert outcome.ok, outcome.failed
             made[name] = out
         return made[name]
@@ -75,23 +79,26 @@ def _update(src: Path, dest: Path, **lab_kw):
     ("full", SEED1, "seed1"),                          # dropping a seed
     ("full", BUDGET3, "budget3"),                      # dropping a budget
     ("seed1", RENAMED_SEED1, "renamed_seed1"),         # renaming the lab
-], ids=["add-seed", "add-budget", "drop-seed", "drop-budget", "rename"])
+    ("seed1", NO_KNOB_SEED1, "no_knob_seed1"),         # dropping a knob (its arms)
+    ("no_knob_seed1", SEED1, "seed1"),                 # adding a knob (new arms)
+], ids=["add-seed", "add-budget", "drop-seed", "drop-budget", "rename", "drop-knob", "add-knob"])
 def test_update_ends_with_the_tables_of_a_fresh_lab(fresh, tmp_path, start, change, target):
     src = fresh(start)
     kept_runs = json.loads((src / "train" / "manifest.json").read_text())["models"]
-    outcome = _update(src, tmp_path / "lab", **change)
+    outcome = _update(src, tmp_path / "lab", **copy.deepcopy(change))
     assert outcome.ok, outcome.failed
     want = fresh(target)
     assert _tables(tmp_path / "lab") == _tables(want)
     runs = pd.read_csv(tmp_path / "lab" / "runs.csv")
-    spec = _spec(**change)
+    spec = _spec(**copy.deepcopy(change))
     assert set(runs["spec_sha256"]) == {spec.sha256}
     assert sorted(set(runs["seed"])) == sorted(spec.seeds)
     assert sorted(set(runs["budget"])) == sorted(spec.budget_steps())
     assert len(runs) == len(spec.arms()) * len(spec.seeds) * len(spec.budget_steps()) * 2
     # Finished runs of unchanged recipes were kept, not trained again.
     assert not set(outcome.trained) & set(kept_runs)
-    eff = pd.read_csv(tmp_path / "lab" / "effects.csv")
+    text = (tmp_path / "lab" / "effects.csv").read_text()
+    eff = pd.read_csv(tmp_path / "lab" / "effects.csv") if text.strip() else pd.DataFrame()  # no knob: no effects
     if "n_seeds" in eff.columns:
         assert eff["n_seeds"].max() <= len(spec.seeds)
 
