@@ -72,4 +72,4 @@ def test_a_result_read_as_another_class_says_which_it_holds(gain_json, tmp_path)
     assert tl.GainResult is GainResult and tl.SpectralSignature is SpectralSignature
     assert isinstance(tl.SpectralSignature, type)
     with pytest.raises(AttributeError, match="no attribute 'NoSuchResult'"):
-        getattr(tl, "NoSuchResult")
+        _ = tl.NoSuchResult
