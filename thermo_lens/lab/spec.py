@@ -237,7 +237,7 @@ def parse_lab_spec(data: dict[str, Any], *, path: str | None = None, text: str =
             raise LabSpecError(f"knob {name!r}: give at least two levels, one of them the base's value")
         levels = tuple(check_level(name, lv) for lv in levels_raw)
         if len(set(levels)) != len(levels):
-            raise LabSpecError(f"knob {name!r}: repeated level in {levels_raw!r}")
+            raise LabSpecError(f"knob {name!r}: repeated level in {excerpt(levels_raw, 120)}")
         if not isinstance(ctx_raw, dict):
             raise LabSpecError(f"knob {name!r}: context must be a table, e.g. context = {{ positions = \"rotary\" }}")
         ctx = []
@@ -248,8 +248,8 @@ def parse_lab_spec(data: dict[str, Any], *, path: str | None = None, text: str =
         ref_recipe = replace(base, **dict(ctx))
         reference = getattr(ref_recipe, KNOBS[name].field)
         if reference not in levels:
-            raise LabSpecError(f"knob {name!r}: levels {list(levels)!r} must include the base's value "
-                               f"{reference!r} (the reference every other level is compared with)")
+            raise LabSpecError(f"knob {name!r}: levels {excerpt(list(levels), 120)} must include the base's value "
+                               f"{excerpt(reference, 60)} (the reference every other level is compared with)")
         ks = KnobSpec(name=name, levels=levels, reference=reference, context=tuple(ctx))
         for lv in levels:
             r = replace(ref_recipe, **{KNOBS[name].field: lv})

@@ -45,8 +45,8 @@ from typing import Any
 from thermo_lens.lab.recipe import OPTIMIZERS, Recipe
 from thermo_lens.lab.run_record import (checkpoint_problem, folder_hashes, read_checkpoint_file, read_record,
                                         write_record)
-from thermo_lens.safe_io import (SafeIOError, atomic_write_bytes, atomic_write_text, make_folder, os_error_reason,
-                                 printable, safe_read_bytes)
+from thermo_lens.safe_io import (SafeIOError, atomic_write_bytes, atomic_write_text, disk_full, make_folder,
+                                 os_error_reason, printable, safe_read_bytes)
 
 __all__ = ["EOT", "checkpoint_steps", "get_tokenizer", "encode_stream", "train_run", "step_dir_name",
            "lr_at", "evaluate"]
@@ -404,7 +404,12 @@ def train_run(recipe: Recipe, seed: int, run_dir: str | os.PathLike, *, base: Re
                 "rng": rng_states()}))
         except OSError as e:  # disk full, permission: say so, with the folder
             raise SafeIOError(f"cannot write the step-{step} checkpoint in {printable(run_dir)}: "
-                              f"{os_error_reason(e)}") from None
+                              f"{os_error_reason(e, run_dir)}") from None
+        except Exception as e:  # safetensors wraps a full disk in its own error type
+            if not disk_full(e):
+                raise
+            raise SafeIOError(f"cannot write the step-{step} checkpoint in {printable(run_dir)}: no space left on "
+                              f"the device of {printable(run_dir)}; free some space and rerun") from None
         metrics[step] = m
         say(f"step {step}: val loss {m['val_loss']:.4f}")
 
