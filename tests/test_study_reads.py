@@ -99,3 +99,27 @@ def test_a_hard_linked_summary_outside_the_folder_is_never_written_through(tmp_p
     assert rc == 0, err
     assert outside.read_text() == "precious\n"
     assert "gpt2" in (out / "summary.csv").read_text() and os.stat(outside).st_nlink == 1
+
+
+@pytest.mark.parametrize("device_map", ['{ "" = 0 }', '{ "transformer.h" = 1, "lm_head" = "cpu" }', '{ "" = "cuda:0" }',
+                                        '"cuda"'])
+def test_a_gpu_device_map_on_a_machine_without_one_exits_2_before_any_load(tmp_path, capsys, monkeypatch, device_map):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    loaded = []
+    monkeypatch.setattr(study.run, "profile_one", lambda model, settings: loaded.append(model.id))
+    spec = tmp_path / "spec.toml"
+    spec.write_text(f'[study]\nname = "t"\n\n[[models]]\nzoo = "gpt2-tiny-wd"\ndevice_map = {device_map}\n')
+    rc, _, err = study_helpers.run_cli(["study", spec, "--out", tmp_path / "out"], capsys)
+    assert rc == 2, err
+    assert "model 'gpt2-tiny-wd'" in err and "device_map" in err and "no CUDA device is available here" in err, err
+    assert loaded == [] and not (tmp_path / "out").exists()
+
+
+def test_a_cpu_or_disk_device_map_is_still_accepted():
+    from thermo_lens import validate as V
+
+    assert V.device_map({"": "cpu", "lm_head": "disk"}) == {"": "cpu", "lm_head": "disk"}
+    assert V.device_map({"": 3}, here=False) == {"": 3}  # a spec that runs on Ray workers
