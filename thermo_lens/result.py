@@ -316,7 +316,7 @@ def _field_hints(cls: type) -> dict[str, Any]:
         import typing
 
         hints: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):  # type: ignore[arg-type]  # a registered Result is a dataclass
+        for f in dataclasses.fields(cls):
             owner = next((c for c in cls.__mro__ if f.name in getattr(c, "__annotations__", {})), cls)
             ns = dict(vars(sys.modules.get(owner.__module__, typing)))
             try:
