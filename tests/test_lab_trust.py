@@ -193,3 +193,26 @@ def test_reading_a_checkpoint_file_checks_link_and_hash(tmp_path):
     with pytest.raises(SafeIOError, match="symbolic link"):
         run_record.read_checkpoint_file(run, "step_000001/metrics.json", rec, 1000)
     assert "symbolic link" in run_record.checkpoint_problem(run, "step_000001", rec)
+
+
+@pytest.mark.slow
+def test_a_cached_tokenizer_is_used_only_as_written(trained, tmp_path):
+    """A cached tokenizer whose files were edited (or linked) is made anew, never read."""
+    from thermo_lens.lab.train import get_tokenizer
+
+    root, _ = trained
+    cache = tmp_path / "tok"
+    shutil.copytree(root / "tok", cache, symlinks=True)
+    key = next(p.name for p in cache.iterdir() if not p.name.startswith("."))
+    want = get_tokenizer(TINY, cache)("The cat sat on the mat.")["input_ids"]
+    vocab = cache / key / "tokenizer.json"
+    data = json.loads(vocab.read_text())
+    data["model"]["vocab"] = {t: (i + 7) % len(data["model"]["vocab"]) for t, i in data["model"]["vocab"].items()}
+    vocab.write_text(json.dumps(data))
+    assert get_tokenizer(TINY, cache)("The cat sat on the mat.")["input_ids"] == want
+    elsewhere = tmp_path / "elsewhere.json"
+    shutil.copy(cache / key / "tokenizer.json", elsewhere)
+    (cache / key / "tokenizer.json").unlink()
+    (cache / key / "tokenizer.json").symlink_to(elsewhere)
+    assert get_tokenizer(TINY, cache)("The cat sat on the mat.")["input_ids"] == want
+    assert not (cache / key / "tokenizer.json").is_symlink() and elsewhere.exists()

@@ -102,8 +102,10 @@ def get_tokenizer(recipe: Recipe, cache_dir: str | os.PathLike | None = None) ->
         if path.is_symlink():
             raise SafeIOError(f"cannot use {printable(path)}: it is a symbolic link, which thermo-lens does not "
                               "follow inside its output folder; remove the link and rerun")
-        if (path / "tokenizer.json").is_file():
-            return PreTrainedTokenizerFast.from_pretrained(str(path))
+        if path.is_dir():
+            if checkpoint_problem(path.parent, key, _tokenizer_record(path)) is None:
+                return PreTrainedTokenizerFast.from_pretrained(str(path))
+            shutil.rmtree(path)  # not what was written (edited, a planted link, from before records): made anew
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
     tok = _train_tokenizer(corpus.train_documents, recipe.vocab_size, recipe.min_frequency, recipe.n_ctx)
@@ -112,11 +114,38 @@ def get_tokenizer(recipe: Recipe, cache_dir: str | os.PathLike | None = None) ->
         make_folder(Path(cache_dir).parent, Path(cache_dir).name)  # never through a planted link
         tmp = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".{key}."))
         tok.save_pretrained(str(tmp))
+        hashes = folder_hashes(tmp, key)
+        atomic_write_bytes(tmp / _TOKENIZER_RECORD, json.dumps(hashes, indent=1, sort_keys=True).encode())
         try:
             os.rename(tmp, path)
         except OSError:  # another worker got there first: theirs is identical
             shutil.rmtree(tmp, ignore_errors=True)
     return tok
+
+
+_TOKENIZER_RECORD = "sha256.json"
+
+
+def _tokenizer_record(path: Path) -> dict[str, Any] | None:
+    """A cached tokenizer's record of its files' SHA-256 (in the form
+    :func:`~thermo_lens.lab.run_record.checkpoint_problem` checks), or ``None``."""
+    from thermo_lens.safe_io import safe_read_text, sha256_nofollow
+
+    f = path / _TOKENIZER_RECORD
+    if not os.path.lexists(f):
+        return None
+    try:
+        files = json.loads(safe_read_text(f, 1 << 20, follow_symlinks=False, what="tokenizer record"))
+    except (SafeIOError, ValueError):
+        return None
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        return None
+    # the record itself is listed so the folder holds exactly the recorded files
+    try:
+        record_sha = sha256_nofollow(f, what="tokenizer record")
+    except SafeIOError:
+        return None
+    return {"files": {**files, f"{path.name}/{_TOKENIZER_RECORD}": record_sha}, "train_state": []}
 
 
 def encode_stream(tokenizer: Any, docs: tuple[str, ...]) -> list[int]:
