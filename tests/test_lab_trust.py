@@ -216,3 +216,31 @@ def test_a_cached_tokenizer_is_used_only_as_written(trained, tmp_path):
     (cache / key / "tokenizer.json").symlink_to(elsewhere)
     assert get_tokenizer(TINY, cache)("The cat sat on the mat.")["input_ids"] == want
     assert not (cache / key / "tokenizer.json").is_symlink() and elsewhere.exists()
+
+
+def test_the_report_reads_the_lab_tables_only_as_written(tmp_path):
+    import hashlib
+
+    from thermo_lens.lab.report_section import read_tables
+    from thermo_lens.lab.run import TABLES_RECORD
+
+    lab_dir = tmp_path / "lab"
+    lab_dir.mkdir()
+    tables = {"runs.csv": b"arm,seed,val_loss\nbase,1,4.5\n", "effects.csv": b"knob,effect\nwd,0.1\n"}
+    for name, raw in tables.items():
+        (lab_dir / name).write_bytes(raw)
+    (lab_dir / TABLES_RECORD).write_text(json.dumps({k: hashlib.sha256(v).hexdigest() for k, v in tables.items()}))
+    runs, eff = read_tables(lab_dir)
+    assert runs["val_loss"].tolist() == [4.5] and eff["effect"].tolist() == [0.1]
+    secret = tmp_path / "secret.csv"
+    secret.write_bytes(b"password\nhunter2\n")
+    (lab_dir / "runs.csv").unlink()
+    (lab_dir / "runs.csv").symlink_to(secret)
+    why = read_tables(lab_dir)
+    assert isinstance(why, str) and "symbolic link" in why and "hunter2" not in why
+    (lab_dir / "runs.csv").unlink()
+    (lab_dir / "runs.csv").write_bytes(b"arm,seed,val_loss\nbase,1,0.001\n")
+    why = read_tables(lab_dir)
+    assert isinstance(why, str) and "runs.csv" in why and "do not match what the lab wrote" in why
+    (lab_dir / TABLES_RECORD).unlink()
+    assert "Rerun the lab" in read_tables(lab_dir)

@@ -50,6 +50,8 @@ from thermo_lens.safe_io import FolderLock, FolderLockedError, SafeIOError, atom
 __all__ = ["LabOutcome", "LabFolderError", "LabLockedError", "run_lab", "runs_frame", "write_tables", "LAB_JSON"]
 
 LAB_JSON = "lab.json"
+#: The SHA-256 of ``runs.csv`` and ``effects.csv`` as :func:`write_tables` wrote them.
+TABLES_RECORD = "tables.json"
 _LAB_JSON_LIMIT = 64 << 20
 
 
@@ -425,13 +427,20 @@ def write_tables(lab_dir: str | os.PathLike, spec: LabSpec) -> None:
 
     out = Path(lab_dir)
     runs = current_rows(runs_frame(out), spec)
-    atomic_write_bytes(out / "runs.csv", runs.to_csv(index=False, float_format="%.10g").encode())
+    tables = {"runs.csv": runs.to_csv(index=False, float_format="%.10g").encode()}
+    atomic_write_bytes(out / "runs.csv", tables["runs.csv"])
     if spec.budgets or spec.primary:
         eff = effects.budget_effects_frame(runs, spec.comparisons(), budgets=spec.budget_steps(),
                                            primary=spec.primary, primary_metrics=spec.primary_metrics)
     else:
         eff = effects.effects_frame(runs, spec.comparisons())
-    atomic_write_bytes(out / "effects.csv", eff.to_csv(index=False, float_format="%.10g").encode())
+    tables["effects.csv"] = eff.to_csv(index=False, float_format="%.10g").encode()
+    atomic_write_bytes(out / "effects.csv", tables["effects.csv"])
+    import hashlib
+
+    # What the report's lab section checks before it reads the tables back (TABLES_RECORD).
+    atomic_write_bytes(out / TABLES_RECORD, json.dumps({k: hashlib.sha256(v).hexdigest() for k, v in tables.items()},
+                                                       indent=1).encode() + b"\n")
     if len(runs):
         figs = make_folder(out, "figures")
         # With budgets, trajectories follow the longest budget's runs (one schedule per line).
