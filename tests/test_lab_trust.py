@@ -222,7 +222,7 @@ def test_the_report_reads_the_lab_tables_only_as_written(tmp_path):
     import hashlib
 
     from thermo_lens.lab.report_section import read_tables
-    from thermo_lens.lab.run import TABLES_RECORD
+    from thermo_lens.lab.run_record import TABLES_RECORD
 
     lab_dir = tmp_path / "lab"
     lab_dir.mkdir()

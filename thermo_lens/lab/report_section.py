@@ -67,7 +67,7 @@ def read_tables(lab_dir: Path) -> tuple[Any, Any] | str:
     import io
     import json
 
-    from thermo_lens.lab.run import TABLES_RECORD
+    from thermo_lens.lab.run_record import TABLES_RECORD
     from thermo_lens.safe_io import SafeIOError, printable, safe_read_bytes, safe_read_text
 
     try:

@@ -44,14 +44,13 @@ from typing import Any, Sequence
 
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.lab.recipe import Recipe
+from thermo_lens.lab.run_record import TABLES_RECORD
 from thermo_lens.lab.spec import LabSpec, canonical_spec, check_lab_spec, load_lab_spec, spec_fingerprint
 from thermo_lens.safe_io import FolderLock, FolderLockedError, SafeIOError, atomic_write_bytes, make_folder, printable
 
 __all__ = ["LabOutcome", "LabFolderError", "LabLockedError", "run_lab", "runs_frame", "write_tables", "LAB_JSON"]
 
 LAB_JSON = "lab.json"
-#: The SHA-256 of ``runs.csv`` and ``effects.csv`` as :func:`write_tables` wrote them.
-TABLES_RECORD = "tables.json"
 _LAB_JSON_LIMIT = 64 << 20
 
 

@@ -30,10 +30,12 @@ from typing import Any
 from thermo_lens.safe_io import (SafeIOError, atomic_write_bytes, printable, safe_read_bytes, safe_read_text,
                                  sha256_nofollow)
 
-__all__ = ["RECORD", "RECORD_VERSION", "read_record", "write_record", "checkpoint_problem", "read_checkpoint_file",
+__all__ = ["RECORD", "TABLES_RECORD", "RECORD_VERSION", "read_record", "write_record", "checkpoint_problem", "read_checkpoint_file",
            "folder_hashes"]
 
 RECORD = "record.json"
+#: In the lab folder: the SHA-256 of ``runs.csv`` and ``effects.csv`` as the lab wrote them.
+TABLES_RECORD = "tables.json"
 RECORD_VERSION = 2
 _RECORD_LIMIT = 16 << 20
 
