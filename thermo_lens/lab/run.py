@@ -421,7 +421,10 @@ def current_rows(runs: Any, spec: LabSpec) -> Any:
 
 
 def write_tables(lab_dir: str | os.PathLike, spec: LabSpec) -> None:
-    """``runs.csv``, ``effects.csv`` and ``figures/`` from what has finished in ``lab_dir``."""
+    """``runs.csv``, ``effects.csv`` and ``figures/`` from what has finished in ``lab_dir``: exactly
+    the rows of ``spec``'s runs, tagged by it (:func:`current_rows`), so after ``--update`` the
+    tables are those a fresh lab of the new spec writes; ``tables.json`` records their SHA-256 for
+    the report, which reads them back."""
     from thermo_lens.lab import effects, views
 
     out = Path(lab_dir)
