@@ -112,6 +112,49 @@ def test_every_lab_field_is_checked(field, value, valid):
     assert "\x1b" not in str(ei.value)
 
 
+@pytest.mark.parametrize("field,value,valid", [
+    ("budgets", [6, 10**18], "at most 10,000,000"), ("budgets", [10_000_001], "at most 10,000,000"),
+    ("budgets", [1], "larger than base.warmup_steps (1)"), ("budgets", list(range(2, 12)), "up to 8"),
+    ("budgets", [3, 3], "distinct"), ("checkpoint_every", 0, "[1, 2]"), ("checkpoint_every", 10**18, "[1, 2]"),
+])
+def test_budgets_and_checkpoint_every_are_bounded(field, value, valid):
+    """A budget past the recipe's 10,000,000-step cap is refused at once (it would never end)."""
+    with pytest.raises(LabSpecError) as ei:
+        parse_lab_spec(_data(**{field: value}))
+    assert f"field 'lab.{field}'" in str(ei.value) and valid in str(ei.value), str(ei.value)
+
+
+def test_the_budget_cap_is_the_recipe_step_cap():
+    from thermo_lens.lab.recipe import check_field
+    from thermo_lens.lab.spec import MAX_STEPS
+
+    assert check_field("steps", MAX_STEPS) == MAX_STEPS
+    with pytest.raises(LabSpecError):
+        check_field("steps", MAX_STEPS + 1)
+    assert parse_lab_spec(_data(budgets=[2, MAX_STEPS])).budgets == (2, MAX_STEPS)
+
+
+@pytest.mark.parametrize("field,value", [("budgets", (6, 10**18)), ("checkpoint_every", 10**18), ("seeds", (1, 1)),
+                                         ("seeds", (-1,)), ("seeds", ())])
+def test_numeric_lab_fields_of_a_spec_built_in_code_are_bounded(tmp_path, field, value):
+    import dataclasses
+
+    bad = dataclasses.replace(parse_lab_spec(_data()), **{field: value})
+    with pytest.raises(LabSpecError, match=f"field 'lab.{field}'"):
+        lab_run.run_lab(bad, tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_refuses_a_budget_past_the_cap_at_once(tmp_path, capsys):
+    import time
+
+    spec = _write(tmp_path / "s.toml", TINY.replace("[lab]\n", "[lab]\nbudgets = [6, 1000000000000000000]\n"))
+    t0 = time.monotonic()
+    rc, _, err = _main(["lab", spec, "--out", tmp_path / "o"], capsys)
+    assert rc == 2 and "field 'lab.budgets'" in err and "10,000,000" in err, err
+    assert time.monotonic() - t0 < 30 and not (tmp_path / "o").exists()
+
+
 def test_rotary_needs_an_even_number_of_rotary_dimensions():
     with pytest.raises(LabSpecError, match=r"field 'base.rotary_pct': 0.25 of the head dimension 4 is 1 rotary"):
         parse_lab_spec(_data({"positions": "rotary", "rotary_pct": 0.25}))  # 1 dimension: refused
@@ -255,7 +298,9 @@ def test_figures_link_is_never_followed(tmp_path, monkeypatch):
     victim = tmp_path / "victim"
     victim.mkdir()
     (out / "figures").symlink_to(victim)
-    runs = pd.DataFrame({"arm": ["base"], "seed": [1], "step": [0], "last_block_gain": [1.0], "penultimate_gain": [1.0]})
+    runs = pd.DataFrame({"arm": ["base"], "seed": [1], "step": [0], "last_block_gain": [1.0], "penultimate_gain": [1.0],
+                         "run": ["base__seed1"], "recipe_hash": [spec.base.hash], "knob": ["base"], "level": ["base"],
+                         "family": ["gpt2"], "budget": [spec.base.steps], "spec_sha256": [spec.sha256]})
     monkeypatch.setattr(lab_run, "runs_frame", lambda d: runs)
     monkeypatch.setattr("thermo_lens.lab.effects.effects_frame", lambda *a, **k: pd.DataFrame())
     with pytest.raises(safe_io.SafeIOError, match="figures: it is a symbolic link"):

@@ -110,7 +110,7 @@ def test_spec_budgets_primary_and_hash():
     ids = [i.run_id for i in _run_infos(spec)]
     assert len(ids) == 2 * 2 * 2 and "base__seed1__b150" in ids and "weight_decay=0.9__seed2__b300" in ids
     for bad, msg in (({"budgets": [10]}, "warmup"), ({"primary": [["weight_decay", 0.1]]}, "non-reference"),
-                     ({"primary": [["optimizer", "sgd-momentum"]]}, "knob"), ({"checkpoint_every": 0}, ">= 1"),
+                     ({"primary": [["optimizer", "sgd-momentum"]]}, "knob"), ({"checkpoint_every": 0}, r"steps in \[1, "),
                      ({"primary_metrics": ["nope"]}, "choose from")):
         with pytest.raises(LabSpecError, match=msg):
             parse_lab_spec({**data, "lab": {**data["lab"], **bad}})
@@ -170,13 +170,20 @@ def test_a_lab_with_budgets_end_to_end(tmp_path):
     write_report(out / "train", tmp_path / "r.html", panel=False, sections=[lab_section(out)])
     page = (tmp_path / "r.html").read_text()
     assert "Declared primary family" in page and "inverts the exact two-sided sign-flip test" in page
-    # A profile of another spec (its hash differs) never enters the tables.
-    other = load_lab_spec(spec_file)
+    # Tables written for a changed spec hold exactly its runs, tagged by it: a seed added but not yet
+    # trained has no rows, the kept runs' rows carry the new spec's SHA-256; a dropped seed's rows go.
     from dataclasses import replace
 
-    with pytest.warns(UserWarning, match="another spec's SHA-256"):
-        write_tables(out, replace(other, seeds=(1, 2, 3)))
-    assert len(pd.read_csv(out / "runs.csv")) == 0
+    before = pd.read_csv(out / "runs.csv")
+    wider = replace(load_lab_spec(spec_file), seeds=(*spec.seeds, 99))
+    write_tables(out, wider)
+    after = pd.read_csv(out / "runs.csv")
+    assert set(after["spec_sha256"]) == {wider.sha256}
+    assert after.drop(columns="spec_sha256").equals(before.drop(columns="spec_sha256"))
+    narrower = replace(load_lab_spec(spec_file), seeds=spec.seeds[:1])
+    write_tables(out, narrower)
+    after = pd.read_csv(out / "runs.csv")
+    assert set(after["seed"]) == {spec.seeds[0]} and len(after) == (before["seed"] == spec.seeds[0]).sum()
 
 
 # ------------------------------------------------------------------ regime per arm and budget

@@ -3,6 +3,7 @@
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -73,7 +74,7 @@ def test_a_profile_stored_by_thermo_lens_0_1_still_loads():
 
 @dataclass(frozen=True)
 class _Evolving(Result):
-    x: int
+    x: Any  # the tests store every kind of value here
     added_later: str = "default"
 
 

@@ -56,10 +56,35 @@ def test_disk_full_during_a_write_is_a_clear_error_and_cleans_up(tmp_path, monke
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(safe_io.os, "fsync", full)
-    with pytest.raises(SafeIOError, match=r"cannot write .*a\.json: no space left on the device"):
+    with pytest.raises(SafeIOError, match=r"cannot write .*a\.json: no space left on the device") as ei:
         atomic_write_bytes(p, b"new")
     monkeypatch.undo()
+    assert f"no space left on the device of {tmp_path};" in str(ei.value)  # names where
     assert p.read_bytes() == b"old" and not _temps(tmp_path)
+
+
+def test_disk_full_is_recognised_also_when_a_library_wraps_it():
+    assert safe_io.disk_full(OSError(errno.ENOSPC, "No space left on device"))
+    assert safe_io.disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"))
+    assert safe_io.disk_full(RuntimeError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
+                                          'message: "No space left on device" })'))
+    assert not safe_io.disk_full(OSError(errno.EACCES, "Permission denied"))
+    assert "no space left on the device of /data/x;" in safe_io.os_error_reason(OSError(errno.ENOSPC, "x"), "/data/x")
+    assert "no space left on the device of /f;" in safe_io.os_error_reason(OSError(errno.ENOSPC, "x", "/f"))
+    assert "disk quota exceeded on the device" in safe_io.os_error_reason(OSError(errno.EDQUOT, "x"))
+
+
+def test_a_hard_linked_output_is_replaced_not_written_through(tmp_path):
+    """A summary.csv that is a hard link to a file outside the folder: the write makes a new file
+    (temporary file and rename); the other name keeps its content."""
+    outside = tmp_path / "outside.csv"
+    outside.write_text("precious\n")
+    (tmp_path / "out").mkdir()
+    os.link(outside, tmp_path / "out" / "summary.csv")
+    atomic_write_bytes(tmp_path / "out" / "summary.csv", b"a,b\n1,2\n")
+    assert outside.read_text() == "precious\n"
+    assert (tmp_path / "out" / "summary.csv").read_bytes() == b"a,b\n1,2\n"
+    assert os.stat(outside).st_nlink == 1
 
 
 def test_write_into_missing_folder_or_onto_a_directory(tmp_path):

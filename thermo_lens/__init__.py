@@ -71,6 +71,11 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(_LAZY_ATTRS[name]), name)
         globals()[name] = value
         return value
+    from thermo_lens.result import _result_class
+
+    cls = _result_class(name) if name[:1].isupper() else None  # a result class, to read a stored one
+    if cls is not None and not name.startswith("_"):
+        return cls
     raise AttributeError(f"module 'thermo_lens' has no attribute {name!r}")
 
 

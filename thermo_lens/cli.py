@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Sequence
-from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.errors import FolderLockedError, ThermoLensInputError, ThermoLensSchemaError
 
 EXIT_OK, EXIT_FAILED_MODELS, EXIT_USAGE = 0, 1, 2
 DEFAULT_OUT = "thermo-lens-report"
@@ -132,12 +133,13 @@ def _prompts_arg(value: str) -> object:
             raise CLIError(f"{value}: the prompt file has no prompts")
         return lines
     if path.suffix or os.sep in value or "/" in value:  # meant as a file
-        raise CLIError(f"--prompts {value}: no such file (give a text file with one prompt per line, or a "
+        raise CLIError(f"--prompts {_printable(value, 200)}: no such file (give a text file with one prompt per line, or a "
                        f"built-in prompt set: {', '.join(prompts.names())})")
     try:
         prompts.get(value)
     except KeyError as e:
-        raise CLIError(f"--prompts: {e.args[0] if e.args else e}; and no file named {value!r} exists") from None
+        raise CLIError(f"--prompts: {_printable(e.args[0] if e.args else e)}; and no file named "
+                       f"{_printable(repr(value), 200)} exists") from None
     return value
 
 
@@ -303,13 +305,41 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.output is not None:
         _check_output(study.output_path(args.output, "--output file"))
     contents = study.read_study(d)
+    running = _still_running(d, contents)
+    if running:
+        raise CLIError(running)
     if not contents.profiles:
         _print_status(contents)
         raise CLIError(f"{d}: no finished model profiles to report (see {d / study.MANIFEST})")
     if contents.problems or contents.stale:
         _print_status(contents, runs=contents.manifest.get("study", {}).get("name") == "profile")
-    _write_outputs(str(d), contents, no_report=False, output=args.output)
+    try:
+        _write_outputs(str(d), contents, no_report=False, output=args.output)
+    except FolderLockedError:  # it started meanwhile
+        raise CLIError(_still_running(d, study.read_study(d)) or f"{d} is in use by another thermo-lens run") from None
     return EXIT_OK
+
+
+def _still_running(d: Path, contents) -> str | None:
+    """The message for ``report`` on a folder a study run holds (its lock is taken): which study,
+    how many of its models are unfinished, which; ``None`` when no run holds it."""
+    from thermo_lens.safe_io import FolderLock
+
+    try:
+        with FolderLock(d, what="thermo-lens run"):
+            return None
+    except FolderLockedError as e:
+        held = str(e)
+    study_rec = contents.manifest.get("study", {}) if isinstance(contents.manifest.get("study"), dict) else {}
+    entries = contents.manifest.get("models", {})
+    current = study_rec.get("models") or list(entries)
+    unfinished = [m for m in current if not (isinstance(entries.get(m), dict) and entries[m].get("status") in
+                                             ("done", "failed"))]
+    names = ", ".join(_printable(m, 60) for m in unfinished[:8]) + (" ..." if len(unfinished) > 8 else "")
+    pid = re.search(r"\(pid ([^)]*)\)", held)
+    return (f"the study {_printable(study_rec.get('name', '?'), 80)!r} in {_printable(d, 200)} is still running"
+            f"{f' (pid {pid.group(1)})' if pid else ''}: {len(unfinished)} of {len(current)} model(s) unfinished"
+            f"{f' ({names})' if names else ''}; run `thermo-lens report {_printable(d, 200)}` again when it ends")
 
 
 def _check_output(out: Path) -> None:
@@ -368,9 +398,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     handlers = {"profile": cmd_profile, "study": cmd_study, "report": cmd_report, "zoo": cmd_zoo, "lab": cmd_lab}
-    from thermo_lens.errors import ThermoLensInputError
-    from thermo_lens.errors import FolderLockedError
-
     report_error: type[Exception] = CLIError
     try:
         from thermo_lens.report import ReportError as report_error
@@ -381,7 +408,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return handlers[args.command](args)
-    except (CLIError, ThermoLensInputError, FolderLockedError, report_error, LabSpecError, OSError) as e:
+    except (CLIError, ThermoLensInputError, ThermoLensSchemaError, FolderLockedError, report_error, LabSpecError,
+            OSError) as e:
         if args.debug:
             raise
         msg = _os_error(e) if isinstance(e, OSError) else str(e)

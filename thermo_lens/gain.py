@@ -302,6 +302,23 @@ class GainResult(PairedMixin, ProvenanceFields, Result):
     schema_version: ClassVar[int] = 2
     renamed_fields: ClassVar[dict[int, dict[str, str]]] = {2: {"lengths": "n_tokens"}}
 
+    def _stored_problem(self) -> str | None:
+        """Sizes that must agree in a stored gain result (see :meth:`Result._stored_problem`)."""
+        n, layers = self.block_gain.shape
+        if tuple(self.norms.shape) != (n, layers + 1):
+            return f"norms has shape {list(self.norms.shape)}, block_gain {[n, layers]} (expected {[n, layers + 1]})"
+        if len(self.provenance.prompts) != n or tuple(self.provenance.lengths.shape) != (n,):
+            return f"{len(self.provenance.prompts)} prompts recorded for {n} rows of block_gain"
+        if self.norms_in is not None and tuple(self.norms_in.shape) != (n, layers):
+            return f"norms_in has shape {list(self.norms_in.shape)}, not {[n, layers]}"
+        if self.per_token_gain is not None and tuple(self.per_token_gain.shape[:2]) != (n, layers):
+            return f"per_token_gain has shape {list(self.per_token_gain.shape)}, not [{n}, {layers}, pos]"
+        if not (isinstance(self.level, float) and 0 < self.level < 1):
+            return f"level {self.level!r} is not in (0, 1)"
+        if self.regime_by not in self.summaries:
+            return f"regime_by {self.regime_by[:60]!r} is not one of its summaries"
+        return None
+
     # ------------------------------------------------------------ named summaries
     @property
     def last_block_gain(self) -> SummaryStats:

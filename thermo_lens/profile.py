@@ -95,6 +95,23 @@ class ThermoProfile(Result):
                 fields.pop(k, None)
         return fields
 
+    def _stored_problem(self) -> str | None:
+        """Each stored result is the class its measurement makes, and the meta holds the numbers
+        every table reads (see :meth:`Result._stored_problem`)."""
+        from thermo_lens.result import Result
+
+        wanted = {m.name: m.result for m in registry.measurements()}
+        for name, res in self.results.items():
+            want = wanted.get(name)
+            if not isinstance(res, Result) or (want is not None and type(res).__name__ != want):
+                got = type(res).__name__ if isinstance(res, Result) else f"a {type(res).__name__}"
+                return f"its {str(name)[:60]!r} result is {got}, not {want or 'a stored result'}"
+        for key in ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head"):
+            v = self.meta.get(key)
+            if key in self.meta and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                return f"meta[{key!r}] is {type(v).__name__} {str(v)[:40]!r}, not a size"
+        return None
+
     def __getattr__(self, name: str) -> Any:
         # A measurement's result by its name; None for a registered measurement this profile lacks.
         if name.startswith("_") or name in ("meta", "results"):

@@ -100,7 +100,10 @@ def _load_inputs(dir_or_profiles: Any) -> tuple[dict[str, Any], dict[str, Any], 
             f"them; got {type(dir_or_profiles).__name__}")
     for k, p in profiles.items():
         if not (hasattr(p, "meta") and hasattr(p, "gain")):
-            raise ReportError(f"{k!r} is a {type(p).__name__}, not a ThermoProfile (thermo_lens.profile(model, prompts))")
+            from thermo_lens.validate import excerpt
+
+            raise ReportError(f"{excerpt(k, 60)} is a {type(p).__name__}, not a ThermoProfile "
+                              "(thermo_lens.profile(model, prompts))")
     if not profiles:
         raise ReportError("no profiles given")
     return profiles, {"models": {}}, None

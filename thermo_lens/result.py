@@ -284,7 +284,117 @@ def _build(cls: Any, fields: dict[str, Any], version: int) -> Any:
             f"this {cls.__name__} (schema {version}) lacks the required field(s) {missing}; the file is "
             "damaged or was not written by thermo-lens"
         )
-    return cls(**{k: v for k, v in fields.items() if k in known})
+    kwargs = {k: v for k, v in fields.items() if k in known}
+    for name, value in kwargs.items():
+        hint = _field_hints(cls).get(name)
+        if hint is not None and not _conforms(value, hint, 0):
+            raise ThermoLensSchemaError(
+                f"this {cls.__name__}'s field {name!r} holds {_describe(value)}, not {_hint_name(hint)}; the file is "
+                "damaged or was not written by thermo-lens")
+    try:
+        obj = cls(**kwargs)
+    except ThermoLensError:
+        raise
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as e:
+        raise ThermoLensSchemaError(f"this {cls.__name__} cannot be rebuilt from its stored fields ({type(e).__name__}: "
+                                    f"{_excerpt(str(e))}); the file is damaged or was not written by thermo-lens") from None
+    why = obj._stored_problem()
+    if why:
+        raise ThermoLensSchemaError(f"this {cls.__name__} is inconsistent: {why}; the file is damaged or was not written "
+                                    "by thermo-lens")
+    return obj
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _field_hints(cls: type) -> dict[str, Any]:
+    """Field name -> resolved annotation, for the fields whose annotation resolves (the others are
+    not checked: an annotation that names a type only under ``TYPE_CHECKING``)."""
+    if cls not in _HINTS:
+        import sys
+        import typing
+
+        hints: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            owner = next((c for c in cls.__mro__ if f.name in getattr(c, "__annotations__", {})), cls)
+            ns = dict(vars(sys.modules.get(owner.__module__, typing)))
+            try:
+                hints[f.name] = typing.get_type_hints(owner, ns)[f.name] if isinstance(f.type, str) else f.type
+            except Exception:  # noqa: BLE001 - an annotation that does not resolve here is not checked
+                continue
+        _HINTS[cls] = hints
+    return _HINTS[cls]
+
+
+def _is_array_type(hint: Any) -> bool:
+    return hasattr(hint, "dim_str") and hasattr(hint, "dtypes")
+
+
+def _conforms(value: Any, hint: Any, depth: int) -> bool:
+    """Whether a decoded value fits a field's annotation: classes, unions, ``dict``/``list``/
+    ``tuple`` of them, ``Literal``, and jaxtyping arrays (dtype and number of axes). Anything
+    this does not understand passes (the class's own checks have the last word)."""
+    import types
+    import typing
+
+    if depth > 20 or hint is Any or hint is object:
+        return True
+    if _is_array_type(hint):
+        return isinstance(value, hint)
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_conforms(value, a, depth + 1) for a in args)
+    if origin is typing.Literal:
+        return value in args
+    if origin is typing.ClassVar:
+        return True
+    if hint is type(None):
+        return value is None
+    if origin in (dict, typing.Mapping, list, typing.Sequence, tuple) or hint in (dict, list, tuple):
+        return _container_conforms(value, origin or hint, args, depth)
+    if origin is not None:
+        hint = origin
+    if not isinstance(hint, type):
+        return True
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _container_conforms(value: Any, kind: Any, args: tuple, depth: int) -> bool:
+    import typing
+
+    if kind in (dict, typing.Mapping):
+        return isinstance(value, dict) and (len(args) != 2 or all(
+            _conforms(k, args[0], depth + 1) and _conforms(v, args[1], depth + 1) for k, v in value.items()))
+    if kind in (list, typing.Sequence):
+        ok = isinstance(value, (list, tuple)) if kind is typing.Sequence else isinstance(value, list)
+        return ok and (not args or all(_conforms(v, args[0], depth + 1) for v in value))
+    if not isinstance(value, tuple):
+        return False
+    if len(args) == 2 and args[1] is Ellipsis:
+        return all(_conforms(v, args[0], depth + 1) for v in value)
+    if args and args != ((),):
+        return len(args) == len(value) and all(_conforms(v, a, depth + 1) for v, a in zip(value, args))
+    return True
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {str(value.dtype).replace('torch.', '')} tensor of shape {list(value.shape)}"
+    if isinstance(value, np.ndarray):
+        return f"a {value.dtype} array of shape {list(value.shape)}"
+    return f"a {type(value).__name__} ({_excerpt(value)})"
+
+
+def _hint_name(hint: Any) -> str:
+    if _is_array_type(hint):
+        return f"a tensor {hint.__name__}"
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
 def _encode_column(values: Any, dtype: Any) -> Any:
@@ -337,6 +447,12 @@ class Result:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         _REGISTRY[cls.__name__] = cls
+
+    def _stored_problem(self) -> str | None:
+        """Why this result, just read back from JSON, is inconsistent (sizes that disagree between
+        fields, a value out of its range), or ``None``. Subclasses with such invariants override
+        it; :meth:`from_json` turns an answer into a :class:`ThermoLensSchemaError`."""
+        return None
 
     def plot(self, **kwargs: Any) -> Any:
         """This result's figure (a plotly ``Figure``): the view registered for its class
@@ -407,7 +523,9 @@ class Result:
             raise ThermoLensSchemaError(f"{where} is damaged or was not written by thermo-lens "
                                         f"({type(e).__name__}: {_excerpt(str(e))})") from None
         if not isinstance(obj, cls):
-            raise ThermoLensInputTypeError(f"JSON holds a {type(obj).__name__}, not a {cls.__name__}")
+            raise ThermoLensInputTypeError(
+                f"{where} holds a {type(obj).__name__}, not a {cls.__name__}; read it with "
+                f"{type(obj).__name__}.from_json (thermo_lens.{type(obj).__name__})")
         return obj
 
 

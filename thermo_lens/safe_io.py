@@ -49,6 +49,7 @@ __all__ = [
     "atomic_write_text",
     "safe_read_bytes",
     "safe_read_text",
+    "sha256_nofollow",
     "remove_stale_temps",
     "FolderLock",
     "FolderLockedError",
@@ -56,6 +57,7 @@ __all__ = [
     "neutralise_formulas",
     "printable",
     "os_error_reason",
+    "disk_full",
 ]
 
 TEMP_PREFIX = ".thermo-lens-tmp."
@@ -76,11 +78,12 @@ def printable(text: object, *, keep_newlines: bool = False) -> str:
     return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in s)
 
 
-def _reason(e: OSError) -> str:
-    if e.errno == errno.ENOSPC:
-        return "no space left on the device; free some space and rerun"
-    if e.errno == errno.EDQUOT:
-        return "disk quota exceeded; free some space and rerun"
+def _reason(e: OSError, where: str | os.PathLike | None = None) -> str:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        place = where if where is not None else e.filename
+        on = f"the device of {printable(place)[:300]}" if place not in (None, "") else "the device"
+        what = "no space left on" if e.errno == errno.ENOSPC else "disk quota exceeded on"
+        return f"{what} {on}; free some space and rerun"
     if e.errno in (errno.EACCES, errno.EPERM):
         return "permission denied"
     if e.errno == errno.EROFS:
@@ -96,10 +99,20 @@ def _reason(e: OSError) -> str:
     return e.strerror or type(e).__name__
 
 
-def os_error_reason(e: OSError) -> str:
-    """What an ``OSError`` means for the user, in words ("no space left on the device; free some
-    space and rerun", "permission denied", "it is a symbolic link ...")."""
-    return _reason(e)
+def os_error_reason(e: OSError, where: str | os.PathLike | None = None) -> str:
+    """What an ``OSError`` means for the user, in words ("no space left on the device of
+    ``where``; free some space and rerun", "permission denied", "it is a symbolic link ...").
+    ``where``: the file or folder being written (default: the error's own file name)."""
+    return _reason(e, where)
+
+
+def disk_full(e: BaseException) -> bool:
+    """Whether ``e`` says the disk is full: an ``OSError`` ENOSPC/EDQUOT, or a library's own error
+    that wraps one (safetensors raises ``SafetensorError("... No space left on device ...")``)."""
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    text = str(e)
+    return "No space left on device" in text or "StorageFull" in text or "Disk quota exceeded" in text
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -114,7 +127,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     try:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{TEMP_PREFIX}{path.name[:80]}.", suffix=".tmp")
     except OSError as e:
-        raise SafeIOError(f"cannot write {path}: {_reason(e)}") from None
+        raise SafeIOError(f"cannot write {path}: {_reason(e, folder)}") from None
     try:
         umask = os.umask(0)
         os.umask(umask)
@@ -130,7 +143,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         except OSError:
             pass
         if isinstance(e, OSError):
-            raise SafeIOError(f"cannot write {path}: {_reason(e)}") from None
+            raise SafeIOError(f"cannot write {path}: {_reason(e, folder)}") from None
         raise
     _fsync_dir(folder)
 
@@ -238,6 +251,34 @@ def safe_read_text(path: str | os.PathLike, limit: int, *, follow_symlinks: bool
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise SafeIOError(f"{what} {path} is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+
+
+def sha256_nofollow(path: str | os.PathLike, *, what: str = "file") -> str:
+    """SHA-256 (hex) of the regular file ``path``, read in chunks and never through a symbolic link
+    at its last component (a link, a folder, a FIFO or an unreadable file: :class:`SafeIOError`)."""
+    import hashlib
+    import stat
+
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | _CLOEXEC | getattr(os, "O_NONBLOCK", 0) | _NOFOLLOW)
+    except OSError as e:
+        raise SafeIOError(f"cannot read {what} {printable(path)}: {_reason(e)}") from None
+    except ValueError:
+        raise SafeIOError(f"cannot read {what} {printable(path)}: the path contains a NUL character") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SafeIOError(f"cannot read {what} {printable(path)}: not a regular file")
+        h = hashlib.sha256()
+        while chunk := os.read(fd, 1 << 20):
+            h.update(chunk)
+        return h.hexdigest()
+    except OSError as e:
+        if isinstance(e, SafeIOError):
+            raise
+        raise SafeIOError(f"cannot read {what} {printable(path)}: {_reason(e)}") from None
+    finally:
+        os.close(fd)
 
 
 def remove_stale_temps(folder: str | os.PathLike) -> list[str]:

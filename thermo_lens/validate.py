@@ -223,6 +223,11 @@ def device_map(value: Any, name: str = "device_map", *, here: bool = True) -> An
             if isinstance(v, bool) or not isinstance(v, (int, str)) or isinstance(v, int) and v < 0 \
                     or isinstance(v, str) and len(v) > 64:
                 raise _fail(f"{name}[{excerpt(k, 40)}]", v, 'a GPU index, "cpu" or "disk"')
+            # A GPU entry must name a GPU this machine has, before any weights are read.
+            if isinstance(v, int):
+                device(f"cuda:{v}", f"{name}[{excerpt(k, 40)}]", here=here)
+            elif v not in ("cpu", "disk", "meta"):
+                device(v, f"{name}[{excerpt(k, 40)}]", here=here)
         return value
     raise _fail(name, value, '"auto" or a {module: device} table')
 

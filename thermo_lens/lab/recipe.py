@@ -128,12 +128,12 @@ class Knob:
         """The level as the recipe stores it; :class:`LabSpecError` naming the knob if invalid."""
         if self.choices is not None:
             if level not in self.choices:
-                raise LabSpecError(f"knob {self.name!r}: unknown level {level!r}; valid levels: "
+                raise LabSpecError(f"knob {self.name!r}: unknown level {_excerpt(level)}; valid levels: "
                                    f"{', '.join(map(repr, self.choices))}")
             return level
         check = self.check  # a numeric knob has one (set with its range in KNOBS)
         if isinstance(level, bool) or not isinstance(level, (int, float)) or check is None or not check(level):
-            raise LabSpecError(f"knob {self.name!r}: bad level {level!r}; valid levels: {self.valid}")
+            raise LabSpecError(f"knob {self.name!r}: bad level {_excerpt(level)}; valid levels: {self.valid}")
         typ = type(getattr(Recipe(), self.field))
         return typ(level)
 
@@ -256,10 +256,17 @@ def check_recipe(r: Recipe) -> None:
         raise LabSpecError(str(e)) from None
 
 
+def _excerpt(value: Any) -> str:
+    """A value from the spec, quoted for a message and cut to a readable length."""
+    from thermo_lens.validate import excerpt
+
+    return excerpt(value, 60)
+
+
 def check_level(knob: str, level: Any) -> Any:
     """Validate ``level`` of ``knob``; errors name the knob and list the valid knobs or levels."""
     if knob not in KNOBS:
-        raise LabSpecError(f"unknown knob {knob!r}; valid knobs: {', '.join(KNOBS)}")
+        raise LabSpecError(f"unknown knob {_excerpt(knob)}; valid knobs: {', '.join(KNOBS)}")
     return KNOBS[knob].parse(level)
 
 

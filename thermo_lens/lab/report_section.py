@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from thermo_lens._lazy import pandas as pd
 
-__all__ = ["lab_section", "lab_dir_of"]
+__all__ = ["lab_section", "lab_dir_of", "read_tables"]
 
 
 def lab_dir_of(directory: str | Path) -> Path | None:
@@ -32,9 +32,12 @@ def lab_section(lab_dir: str | Path) -> Callable[[Any], None]:
     def section(doc: Any) -> None:
         from thermo_lens.lab import views as lab_views
 
-        if not (lab_dir / "runs.csv").is_file() or not (lab_dir / "effects.csv").is_file():
+        tables = read_tables(lab_dir)
+        if isinstance(tables, str):
+            doc.section("heritage-lab", "Heritage lab")
+            doc.p(tables, "note")
             return
-        runs, eff = pd.read_csv(lab_dir / "runs.csv"), pd.read_csv(lab_dir / "effects.csv")
+        runs, eff = tables
         doc.section("heritage-lab", "Heritage lab: what each knob does to the gain")
         if "basis" in eff.columns:  # a lab with budgets and a declared primary family
             _budget_lab(doc, runs, eff, lab_views)
@@ -55,6 +58,33 @@ def lab_section(lab_dir: str | Path) -> Callable[[Any], None]:
                 doc.figure(f"fig-lab-{metric}", lambda m=metric: lab_views.gain_trajectories(runs, m))
 
     return section
+
+
+def read_tables(lab_dir: Path) -> tuple[Any, Any] | str:
+    """``(runs, effects)`` frames of the lab, read without following a link and only when they are
+    what the lab wrote (the SHA-256 in ``tables.json``); else why not (shown in the report)."""
+    import hashlib
+    import io
+    import json
+
+    from thermo_lens.lab.run_record import TABLES_RECORD
+    from thermo_lens.safe_io import SafeIOError, printable, safe_read_bytes, safe_read_text
+
+    try:
+        record = json.loads(safe_read_text(lab_dir / TABLES_RECORD, 1 << 16, follow_symlinks=False, what="lab record"))
+        data = {name: safe_read_bytes(lab_dir / name, 1 << 30, follow_symlinks=False, what="lab table")
+                for name in ("runs.csv", "effects.csv")}
+    except (SafeIOError, ValueError) as e:
+        return f"The lab's tables are not shown: {printable(str(e))[:300]}. Rerun the lab to write them."
+    bad = [n for n, raw in data.items() if not isinstance(record, dict) or record.get(n) != hashlib.sha256(raw).hexdigest()]
+    if bad:
+        return (f"The lab's tables are not shown: {', '.join(bad)} in {printable(lab_dir)} do not match what the lab wrote "
+                f"(their SHA-256 in {TABLES_RECORD}). Rerun the lab to write them.")
+
+    def frame(raw: bytes) -> Any:
+        return pd.read_csv(io.BytesIO(raw)) if raw.strip() else pd.DataFrame()
+
+    return frame(data["runs.csv"]), frame(data["effects.csv"])
 
 
 def _budget_lab(doc: Any, runs: Any, eff: Any, lab_views: Any) -> None:

@@ -44,8 +44,9 @@ from typing import Any, Sequence
 
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.lab.recipe import Recipe
+from thermo_lens.lab.run_record import TABLES_RECORD
 from thermo_lens.lab.spec import LabSpec, canonical_spec, check_lab_spec, load_lab_spec, spec_fingerprint
-from thermo_lens.safe_io import FolderLock, FolderLockedError, atomic_write_bytes, make_folder, printable
+from thermo_lens.safe_io import FolderLock, FolderLockedError, SafeIOError, atomic_write_bytes, make_folder, printable
 
 __all__ = ["LabOutcome", "LabFolderError", "LabLockedError", "run_lab", "runs_frame", "write_tables", "LAB_JSON"]
 
@@ -138,33 +139,46 @@ class _Task:
                          tokenizer_cache=make_folder(self.lab_dir, "tokenizers"), eval_every=self.eval_every)
 
     def __call__(self, model: Any, settings: dict[str, Any]) -> str:
+        from thermo_lens.lab.run_record import checkpoint_problem, read_record
         from thermo_lens.lab.train import step_dir_name
+
+        def problem(step: int) -> str | None:
+            run_dir = Path(self.lab_dir) / info.run_dir
+            return checkpoint_problem(run_dir, step_dir_name(step), read_record(run_dir))
 
         if self.mode == "train":
             info = self.runs[model.id]
             step = Recipe(**info.recipe).steps
-            if not (Path(self.lab_dir) / info.run_dir / step_dir_name(step) / "metrics.json").is_file():
+            if problem(step) is not None:
                 step = max(self._train(info)["checkpoints"])  # else: trained already (e.g. a settings change)
         else:
             rid, _, step_s = model.id.rpartition("__step")
             info, step = self.runs[rid], int(step_s)
-        ckpt = Path(self.lab_dir) / info.run_dir / step_dir_name(step)
-        if not (ckpt / "metrics.json").is_file():  # deleted since: finish (or redo) the run first
+        if problem(step) is not None:  # deleted, replaced or linked since: finish (or redo) the run first
             self._train(info)
-        return _profile_checkpoint(model, settings, ckpt, info, step, self.spec_sha256)
+        why = problem(step)
+        if why is not None:
+            raise SafeIOError(f"run {printable(info.run_id)}: checkpoint {step_dir_name(step)} is not the one "
+                              f"training wrote ({why}); it is not profiled")
+        return _profile_checkpoint(model, settings, Path(self.lab_dir) / info.run_dir / step_dir_name(step), info,
+                                   step, self.spec_sha256)
 
 
 def _profile_checkpoint(model: Any, settings: dict[str, Any], ckpt: Path, info: _RunInfo, step: int,
                         spec_sha256: str = "") -> str:
+    """The profile of the checkpoint folder ``ckpt`` (checked against the run's record by the
+    caller), its ``meta["lab"]`` naming the run; ``metrics.json`` is read checked again."""
     import torch
 
+    from thermo_lens.lab.run_record import read_checkpoint_file, read_record
     from thermo_lens.profile import ThermoProfile
     from thermo_lens.study import profile_one
 
     torch.set_num_threads(1)
     text = profile_one(replace(model, name=str(ckpt), threads=1), settings)
     prof = ThermoProfile.from_json(text)
-    metrics = json.loads((ckpt / "metrics.json").read_text())
+    metrics = json.loads(read_checkpoint_file(ckpt.parent, f"{ckpt.name}/metrics.json", read_record(ckpt.parent),
+                                              1 << 20))
     meta = dict(prof.meta, source=f"{info.run_dir}/{ckpt.name}")
     meta["lab"] = {"run": info.run_id, "arm": info.arm, "knob": info.knob, "level": info.level, "seed": info.seed,
                    "step": step, "tokens_seen": metrics["tokens_seen"], "val_loss": metrics["val_loss"],
@@ -378,28 +392,57 @@ def runs_frame(lab_dir: str | os.PathLike) -> Any:
     return df.sort_values(["arm", "seed", "budget", "step"], kind="stable").reset_index(drop=True)
 
 
+def current_rows(runs: Any, spec: LabSpec) -> Any:
+    """The rows of ``runs`` (:func:`runs_frame`) that belong to ``spec``, tagged by it.
+
+    A row belongs when its run is one of the spec's (arm x seed x budget), trained from the same
+    recipe, at one of the spec's checkpoints of that run. Its spec-given columns (knob, level,
+    arm, seed, family, budget, ``spec_sha256``) are rewritten from ``spec``: a run kept across
+    ``--update`` (its recipe unchanged) is the run a fresh lab of the new spec would train, so its
+    rows are the same. Rows of runs the spec no longer has (a dropped seed, arm or budget) are
+    left out.
+    """
+    infos = {i.run_id: i for i in _run_infos(spec)}
+    keep, tags = [], []
+    for idx, row in runs.iterrows():
+        info = infos.get(row["run"])
+        if info is None:
+            continue
+        recipe = Recipe(**info.recipe)
+        if row["recipe_hash"] != recipe.hash or row["step"] not in _checkpoints(spec, recipe.steps):
+            continue
+        keep.append(idx)
+        tags.append({"knob": info.knob, "level": info.level, "arm": info.arm, "seed": info.seed,
+                     "family": _family(info), "budget": recipe.steps, "spec_sha256": spec.sha256})
+    out = runs.loc[keep].reset_index(drop=True)
+    for col in ("knob", "level", "arm", "seed", "family", "budget", "spec_sha256"):
+        out[col] = [t[col] for t in tags] if tags else out[col]
+    return out.sort_values(["arm", "seed", "budget", "step"], kind="stable").reset_index(drop=True)
+
+
 def write_tables(lab_dir: str | os.PathLike, spec: LabSpec) -> None:
-    """``runs.csv``, ``effects.csv`` and ``figures/`` from what has finished in ``lab_dir``."""
+    """``runs.csv``, ``effects.csv`` and ``figures/`` from what has finished in ``lab_dir``: exactly
+    the rows of ``spec``'s runs, tagged by it (:func:`current_rows`), so after ``--update`` the
+    tables are those a fresh lab of the new spec writes; ``tables.json`` records their SHA-256 for
+    the report, which reads them back."""
     from thermo_lens.lab import effects, views
 
     out = Path(lab_dir)
-    runs = runs_frame(out)
-    # Results of another spec (a profile written before the spec changed) never enter the tables.
-    recorded = runs["spec_sha256"].fillna("").astype(str) if "spec_sha256" in runs.columns else None
-    stale = (recorded.ne(spec.sha256) & recorded.ne("")) if recorded is not None else None
-    if stale is not None and stale.any():
-        import warnings
-
-        warnings.warn(f"{int(stale.sum())} checkpoint profile(s) in {out} carry another spec's SHA-256: left out of "
-                      "runs.csv and effects.csv (rerun the lab into a fresh folder for this spec)", stacklevel=2)
-        runs = runs.loc[~stale].reset_index(drop=True)
-    atomic_write_bytes(out / "runs.csv", runs.to_csv(index=False, float_format="%.10g").encode())
+    runs = current_rows(runs_frame(out), spec)
+    tables = {"runs.csv": runs.to_csv(index=False, float_format="%.10g").encode()}
+    atomic_write_bytes(out / "runs.csv", tables["runs.csv"])
     if spec.budgets or spec.primary:
         eff = effects.budget_effects_frame(runs, spec.comparisons(), budgets=spec.budget_steps(),
                                            primary=spec.primary, primary_metrics=spec.primary_metrics)
     else:
         eff = effects.effects_frame(runs, spec.comparisons())
-    atomic_write_bytes(out / "effects.csv", eff.to_csv(index=False, float_format="%.10g").encode())
+    tables["effects.csv"] = eff.to_csv(index=False, float_format="%.10g").encode()
+    atomic_write_bytes(out / "effects.csv", tables["effects.csv"])
+    import hashlib
+
+    # What the report's lab section checks before it reads the tables back (TABLES_RECORD).
+    atomic_write_bytes(out / TABLES_RECORD, json.dumps({k: hashlib.sha256(v).hexdigest() for k, v in tables.items()},
+                                                       indent=1).encode() + b"\n")
     if len(runs):
         figs = make_folder(out, "figures")
         # With budgets, trajectories follow the longest budget's runs (one schedule per line).

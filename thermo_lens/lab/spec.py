@@ -55,6 +55,7 @@ __all__ = ["Arm", "KnobSpec", "LabSpec", "load_lab_spec", "parse_lab_spec", "che
 MAX_SEEDS = 1000
 MAX_CHECKPOINTS = 1000
 MAX_SEED = 2**32 - 2  # torch seeds the batch order with seed + 1
+MAX_STEPS = 10_000_000  # the recipe's cap on steps (FIELD_RANGES["steps"])
 
 _LAB_FIELDS: dict[str, Any] = {"name": str, "seeds": list, "checkpoints": int, "prompts": (str, list),
                                "token_scope": str, "prepend_bos": (bool, str), "batch_size": int,
@@ -236,7 +237,7 @@ def parse_lab_spec(data: dict[str, Any], *, path: str | None = None, text: str =
             raise LabSpecError(f"knob {name!r}: give at least two levels, one of them the base's value")
         levels = tuple(check_level(name, lv) for lv in levels_raw)
         if len(set(levels)) != len(levels):
-            raise LabSpecError(f"knob {name!r}: repeated level in {levels_raw!r}")
+            raise LabSpecError(f"knob {name!r}: repeated level in {excerpt(levels_raw, 120)}")
         if not isinstance(ctx_raw, dict):
             raise LabSpecError(f"knob {name!r}: context must be a table, e.g. context = {{ positions = \"rotary\" }}")
         ctx = []
@@ -247,23 +248,17 @@ def parse_lab_spec(data: dict[str, Any], *, path: str | None = None, text: str =
         ref_recipe = replace(base, **dict(ctx))
         reference = getattr(ref_recipe, KNOBS[name].field)
         if reference not in levels:
-            raise LabSpecError(f"knob {name!r}: levels {list(levels)!r} must include the base's value "
-                               f"{reference!r} (the reference every other level is compared with)")
+            raise LabSpecError(f"knob {name!r}: levels {excerpt(list(levels), 120)} must include the base's value "
+                               f"{excerpt(reference, 60)} (the reference every other level is compared with)")
         ks = KnobSpec(name=name, levels=levels, reference=reference, context=tuple(ctx))
         for lv in levels:
             r = replace(ref_recipe, **{KNOBS[name].field: lv})
             _check_recipe(r, f"knob {name!r} level {lv!r}")
         knobs.append(ks)
     budgets = lab.get("budgets", [])
-    if budgets and (not all(isinstance(b, int) and not isinstance(b, bool) and b > base.warmup_steps for b in budgets)
-                    or len(set(budgets)) != len(budgets) or len(budgets) > 8):
-        raise LabSpecError(f"field 'lab.budgets': {excerpt(budgets, 60)}; give up to 8 distinct step counts, each larger "
-                           f"than base.warmup_steps ({base.warmup_steps}), e.g. [150, 300, 600]")
+    _check_budgets(budgets, base.warmup_steps)
     every = lab.get("checkpoint_every")
-    longest = max(budgets or [base.steps])
-    if every is not None and not 1 <= every or (every is not None and longest // every > MAX_CHECKPOINTS):
-        raise LabSpecError(f"field 'lab.checkpoint_every': {excerpt(every, 60)}; give a number of steps >= 1 and "
-                           f">= {-(-longest // MAX_CHECKPOINTS)} (at most {MAX_CHECKPOINTS} checkpoints per run)")
+    _check_every(every, max(budgets or [base.steps]))
     names = {k.name: k for k in knobs}
     primary = []
     for entry in lab.get("primary", []):
@@ -290,6 +285,34 @@ def parse_lab_spec(data: dict[str, Any], *, path: str | None = None, text: str =
     return spec
 
 
+MAX_BUDGETS = 8
+
+
+def _check_budgets(budgets: Any, warmup: int) -> None:
+    """Up to :data:`MAX_BUDGETS` distinct step counts, each above the warm-up and at most the
+    recipe's step cap (``steps`` in :data:`~thermo_lens.lab.recipe.FIELD_RANGES`)."""
+    from thermo_lens.validate import excerpt
+
+    top = MAX_STEPS
+    ok = isinstance(budgets, (list, tuple)) and len(budgets) <= MAX_BUDGETS and all(
+        isinstance(b, int) and not isinstance(b, bool) and warmup < b <= top for b in budgets)
+    if not ok or len(set(budgets)) != len(budgets):
+        raise LabSpecError(f"field 'lab.budgets': {excerpt(budgets, 60)}; give up to {MAX_BUDGETS} distinct step counts, "
+                           f"each larger than base.warmup_steps ({warmup}) and at most {top:,}, e.g. [150, 300, 600]")
+
+
+def _check_every(every: Any, longest: int) -> None:
+    """``None`` or a number of steps in [ceil(longest / MAX_CHECKPOINTS), longest]."""
+    from thermo_lens.validate import excerpt
+
+    if every is None:
+        return
+    lo = max(1, -(-longest // MAX_CHECKPOINTS))
+    if isinstance(every, bool) or not isinstance(every, int) or not lo <= every <= longest:
+        raise LabSpecError(f"field 'lab.checkpoint_every': {excerpt(every, 60)}; give a number of steps in "
+                           f"[{lo:,}, {longest:,}] (at most {MAX_CHECKPOINTS} checkpoints per run, none past its end)")
+
+
 def check_lab_spec(spec: LabSpec) -> None:
     """Check every field of a :class:`LabSpec` (also one built in code): the lab's settings and
     every arm's recipe, each in range (:data:`thermo_lens.lab.recipe.FIELD_RANGES`); nothing is
@@ -300,6 +323,13 @@ def check_lab_spec(spec: LabSpec) -> None:
 
     if not isinstance(spec.name, str) or not spec.name.strip() or len(spec.name) > 200 or not spec.name.isprintable():
         raise LabSpecError(f"field 'lab.name': {V.excerpt(spec.name, 60)}; give a name of 1 to 200 printable characters")
+    seeds = spec.seeds
+    if not isinstance(seeds, tuple) or not seeds or len(seeds) > MAX_SEEDS or len(set(seeds)) != len(seeds) \
+            or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_SEED for s in seeds):
+        raise LabSpecError(f"field 'lab.seeds': {V.excerpt(seeds, 60)}; give 1 to {MAX_SEEDS} distinct integers in "
+                           f"[0, {MAX_SEED}], e.g. (1, 2, 3)")
+    _check_budgets(spec.budgets, spec.base.warmup_steps)
+    _check_every(spec.checkpoint_every, max(spec.budget_steps()))
     steps = min(a.recipe.steps for a in spec.arms())
     for f, v, hi in (("checkpoints", spec.checkpoints, MAX_CHECKPOINTS),
                      ("batch_size", spec.batch_size, 1 << 16),

@@ -15,9 +15,18 @@ Protocol (all CPU, single-threaded, deterministic):
    an HF checkpoint (``save_pretrained``, safetensors, tokenizer) plus ``metrics.json`` (validation
    loss: mean next-token cross-entropy over every non-overlapping ``block_size`` window of the
    validation stream, in nats per token), written to a temporary directory and renamed;
-6. resume: after each checkpoint the training state (weights, optimiser, data generator, step) is
-   saved atomically to ``train_state.pt``; a rerun continues from it and produces the same weights
-   as an uninterrupted run.
+6. resume: after each checkpoint the training state (weights, optimiser, data generator, the
+   torch / numpy / Python random states, step) is saved atomically to ``train_state.pt``, as
+   tensors and plain lists, dicts, numbers and strings only, and read back with
+   ``torch.load(..., weights_only=True)``: nothing in a run folder is ever unpickled as code. A rerun
+   continues from it and produces the same weights as an uninterrupted run;
+7. trust: ``record.json`` (:mod:`thermo_lens.lab.run_record`) holds the SHA-256 of every checkpoint
+   file and of the training state. A checkpoint or state is read back only when it is a regular
+   file reached without a link and matches its record. A checkpoint that does not (a planted link,
+   an edited file) is trained anew; a training state that does not is refused with an error, never
+   loaded. A training state without any record (written before records existed, by the earlier
+   pickled format) is not loaded either: the run restarts from scratch, said in a warning, and ends
+   with the same weights (training is deterministic).
 
 The embedded zoo's recipe is this protocol with the zoo's hyperparameters (``recipes/zoo-*.toml``).
 """
@@ -34,13 +43,19 @@ from pathlib import Path
 from typing import Any
 
 from thermo_lens.lab.recipe import OPTIMIZERS, Recipe
-from thermo_lens.safe_io import SafeIOError, atomic_write_text, make_folder, os_error_reason, printable
+from thermo_lens.lab.run_record import (checkpoint_problem, folder_hashes, read_checkpoint_file, read_record,
+                                        write_record)
+from thermo_lens.safe_io import (SafeIOError, atomic_write_bytes, atomic_write_text, disk_full, make_folder,
+                                 os_error_reason, printable, safe_read_bytes)
 
 __all__ = ["EOT", "checkpoint_steps", "get_tokenizer", "encode_stream", "train_run", "step_dir_name",
            "lr_at", "evaluate"]
 
 EOT = "<|endoftext|>"
 STATE = "train_state.pt"
+STATE_FORMAT = 2
+_STATE_LIMIT = 8 << 30
+_METRICS_LIMIT = 1 << 20
 
 
 def checkpoint_steps(steps: int, n: int) -> list[int]:
@@ -87,8 +102,10 @@ def get_tokenizer(recipe: Recipe, cache_dir: str | os.PathLike | None = None) ->
         if path.is_symlink():
             raise SafeIOError(f"cannot use {printable(path)}: it is a symbolic link, which thermo-lens does not "
                               "follow inside its output folder; remove the link and rerun")
-        if (path / "tokenizer.json").is_file():
-            return PreTrainedTokenizerFast.from_pretrained(str(path))
+        if path.is_dir():
+            if checkpoint_problem(path.parent, key, _tokenizer_record(path)) is None:
+                return PreTrainedTokenizerFast.from_pretrained(str(path))
+            shutil.rmtree(path)  # not what was written (edited, a planted link, from before records): made anew
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
     tok = _train_tokenizer(corpus.train_documents, recipe.vocab_size, recipe.min_frequency, recipe.n_ctx)
@@ -97,11 +114,38 @@ def get_tokenizer(recipe: Recipe, cache_dir: str | os.PathLike | None = None) ->
         make_folder(Path(cache_dir).parent, Path(cache_dir).name)  # never through a planted link
         tmp = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".{key}."))
         tok.save_pretrained(str(tmp))
+        hashes = folder_hashes(tmp, key)
+        atomic_write_bytes(tmp / _TOKENIZER_RECORD, json.dumps(hashes, indent=1, sort_keys=True).encode())
         try:
             os.rename(tmp, path)
         except OSError:  # another worker got there first: theirs is identical
             shutil.rmtree(tmp, ignore_errors=True)
     return tok
+
+
+_TOKENIZER_RECORD = "sha256.json"
+
+
+def _tokenizer_record(path: Path) -> dict[str, Any] | None:
+    """A cached tokenizer's record of its files' SHA-256 (in the form
+    :func:`~thermo_lens.lab.run_record.checkpoint_problem` checks), or ``None``."""
+    from thermo_lens.safe_io import safe_read_text, sha256_nofollow
+
+    f = path / _TOKENIZER_RECORD
+    if not os.path.lexists(f):
+        return None
+    try:
+        files = json.loads(safe_read_text(f, 1 << 20, follow_symlinks=False, what="tokenizer record"))
+    except (SafeIOError, ValueError):
+        return None
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        return None
+    # the record itself is listed so the folder holds exactly the recorded files
+    try:
+        record_sha = sha256_nofollow(f, what="tokenizer record")
+    except SafeIOError:
+        return None
+    return {"files": {**files, f"{path.name}/{_TOKENIZER_RECORD}": record_sha}, "train_state": []}
 
 
 def encode_stream(tokenizer: Any, docs: tuple[str, ...]) -> list[int]:
@@ -154,29 +198,74 @@ def evaluate(model: Any, stream: list[int], block_size: int, batch_size: int = 3
     return total / count
 
 
-def _atomic_torch_save(obj: Any, path: Path) -> None:
+def rng_states() -> dict[str, Any]:
+    """The process's torch, numpy and Python random states as tensors and plain data (loadable
+    with ``weights_only=True``)."""
+    import random
+
+    import numpy as np
     import torch
 
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    version, words, gauss_next = random.getstate()
+    return {"torch": torch.get_rng_state(),
+            "numpy": {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+            "python": {"version": int(version), "state": [int(w) for w in words],
+                       "gauss_next": None if gauss_next is None else float(gauss_next)}}
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    """Restore what :func:`rng_states` returned."""
+    import random
+
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(states["torch"])
+    n = states["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    p = states["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))
+
+
+def state_bytes(state: dict[str, Any]) -> bytes:
+    """``state`` (tensors, dicts, lists, tuples, numbers, strings, ``None``) as ``torch.save`` bytes."""
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
+
+
+def load_state_bytes(data: bytes, where: Path) -> dict[str, Any]:
+    """A training state from ``torch.save`` bytes, with ``weights_only=True`` (no code runs)."""
+    import io
+    import pickle
+
+    import torch
+
     try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        state = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, TypeError, AttributeError) as e:
+        raise SafeIOError(f"{printable(where)} is not a thermo-lens training state (it holds something other than "
+                          f"tensors and plain data: {printable(str(e).splitlines()[0][:200] if str(e) else type(e).__name__)}); "
+                          f"it was not loaded. Delete it to restart the run from scratch") from None
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise SafeIOError(f"{printable(where)} is not a thermo-lens training state of format {STATE_FORMAT}; "
+                          "delete it to restart the run from scratch")
+    return state
 
 
-def _save_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: Any, metrics: dict[str, Any]) -> None:
+def _stage_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: Any, metrics: dict[str, Any]) -> Path:
+    """The checkpoint of ``step`` written into a new temporary folder of ``run_dir`` (not yet in place)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a per-shard bar for a 1 MB file is noise
-    dest = run_dir / step_dir_name(step)
-    if dest.is_symlink():
-        dest.unlink()  # a planted link is removed, never followed
-    elif dest.exists():
-        shutil.rmtree(dest)
-    tmp = Path(tempfile.mkdtemp(dir=run_dir, prefix=f".{dest.name}."))
+    tmp = Path(tempfile.mkdtemp(dir=run_dir, prefix=f".{step_dir_name(step)}."))
     model.save_pretrained(str(tmp), safe_serialization=True)
     tokenizer.save_pretrained(str(tmp))
     from thermo_lens.zoo import portable_tokenizer_config
@@ -186,7 +275,70 @@ def _save_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: Any, metri
     for f in tmp.iterdir():
         f.chmod(0o644)
     tmp.chmod(0o755)
+    return tmp
+
+
+def _place_checkpoint(run_dir: Path, step: int, tmp: Path) -> None:
+    dest = run_dir / step_dir_name(step)
+    if dest.is_symlink():
+        dest.unlink()  # a planted link is removed, never followed
+    elif dest.exists():
+        shutil.rmtree(dest)
     os.rename(tmp, dest)
+
+
+def _save_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: Any, metrics: dict[str, Any],
+                     state: bytes | None = None) -> None:
+    """Write the checkpoint of ``step`` (and the training state ``state``) in the order
+    :mod:`thermo_lens.lab.run_record` describes, recording every file's SHA-256."""
+    import hashlib
+
+    tmp = _stage_checkpoint(run_dir, step, model, tokenizer, metrics)
+    try:
+        name = step_dir_name(step)
+        record = read_record(run_dir) or {"files": {}, "train_state": []}
+        files = {k: v for k, v in record["files"].items() if not k.startswith(name + "/")}
+        files.update(folder_hashes(tmp, name))
+        states = record["train_state"][:1]
+        if state is not None:
+            states = [hashlib.sha256(state).hexdigest(), *states]
+        write_record(run_dir, {"files": files, "train_state": states})
+        _place_checkpoint(run_dir, step, tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if state is not None:
+        atomic_write_bytes(run_dir / STATE, state)
+
+
+def _resume_state(run_dir: Path, record: dict[str, Any] | None, say: Any) -> dict[str, Any] | None:
+    """The run's training state if it may be resumed from: a regular file (not a link) whose SHA-256
+    is recorded, loaded with ``weights_only=True``; ``None`` when there is none or it predates
+    records (the run restarts from scratch, with a warning).
+
+    Raises:
+        SafeIOError: a state that is not the one this run wrote (a link, an edited or planted
+            file): it is never loaded.
+    """
+    import hashlib
+    import warnings
+
+    path = run_dir / STATE
+    if not os.path.lexists(path):
+        return None
+    data = safe_read_bytes(path, _STATE_LIMIT, follow_symlinks=False, what="training state")
+    sha = hashlib.sha256(data).hexdigest()
+    if record is None:
+        msg = (f"{printable(path)} has no SHA-256 record (written by an earlier thermo-lens, in a format that is no "
+               "longer loaded): it is not loaded, and the run restarts from scratch (same weights, more time)")
+        warnings.warn(msg, stacklevel=3)
+        say(msg)
+        return None
+    if sha not in record["train_state"]:
+        raise SafeIOError(f"{printable(path)} is not the training state this run wrote (its SHA-256 is not in "
+                          f"{printable(run_dir / 'record.json')}): it was not loaded. Delete it to restart the run "
+                          "from scratch")
+    return load_state_bytes(data, path)
 
 
 def train_run(recipe: Recipe, seed: int, run_dir: str | os.PathLike, *, base: Recipe | None = None,
@@ -249,32 +401,44 @@ def train_run(recipe: Recipe, seed: int, run_dir: str | os.PathLike, *, base: Re
     ckpts = sorted(set(checkpoint_steps(recipe.steps, n_checkpoints)) | {s for s in extra_checkpoints if 0 <= s <= recipe.steps})
 
     start, history = 0, []
-    state_path = run_dir / STATE
-    if state_path.is_file():
-        state = torch.load(state_path, weights_only=False)
-        if state.get("recipe") == recipe.to_dict() and state.get("seed") == seed:
+    record = read_record(run_dir)
+    state = _resume_state(run_dir, record, say)
+    if state is not None and state.get("recipe") == recipe.to_dict() and state.get("seed") == seed:
+        # Every checkpoint up to the state's step must still be the one written; else start over
+        # (training is deterministic, so the same checkpoints are written again).
+        bad = [why for s in ckpts if s <= state["step"]
+               if (why := checkpoint_problem(run_dir, step_dir_name(s), record)) is not None]
+        if bad:
+            say(f"not resuming at step {state['step']}: {bad[0]}; training from scratch")
+        else:
             model.load_state_dict(state["model"])
             opt.load_state_dict(state["optimizer"])
             gen.set_state(state["generator"])
-            start, history = state["step"], state["history"]
+            set_rng_states(state["rng"])
+            start, history = state["step"], list(state["history"])
             say(f"resuming at step {start}")
     metrics: dict[int, dict[str, Any]] = {}
     for s in ckpts:
-        f = run_dir / step_dir_name(s) / "metrics.json"
-        if s <= start and f.is_file():
-            metrics[s] = json.loads(f.read_text())
+        if s <= start and start > 0:
+            metrics[s] = json.loads(read_checkpoint_file(run_dir, f"{step_dir_name(s)}/metrics.json", record,
+                                                         _METRICS_LIMIT))
 
     def checkpoint(step: int, train_loss: float | None) -> None:
         m = {"step": step, "tokens_seen": step * B * T, "val_loss": evaluate(model, val_ids, T),
              "train_loss_last_step": train_loss, "lr": lr_at(max(step - 1, 0), recipe) * lr_scale}
         try:
-            _save_checkpoint(run_dir, step, model, tok, m)
-            _atomic_torch_save({"recipe": recipe.to_dict(), "seed": seed, "step": step, "history": history,
-                                "model": model.state_dict(), "optimizer": opt.state_dict(),
-                                "generator": gen.get_state()}, state_path)
+            _save_checkpoint(run_dir, step, model, tok, m, state_bytes({
+                "format": STATE_FORMAT, "recipe": recipe.to_dict(), "seed": seed, "step": step, "history": history,
+                "model": model.state_dict(), "optimizer": opt.state_dict(), "generator": gen.get_state(),
+                "rng": rng_states()}))
         except OSError as e:  # disk full, permission: say so, with the folder
             raise SafeIOError(f"cannot write the step-{step} checkpoint in {printable(run_dir)}: "
-                              f"{os_error_reason(e)}") from None
+                              f"{os_error_reason(e, run_dir)}") from None
+        except Exception as e:  # safetensors wraps a full disk in its own error type
+            if not disk_full(e):
+                raise
+            raise SafeIOError(f"cannot write the step-{step} checkpoint in {printable(run_dir)}: no space left on "
+                              f"the device of {printable(run_dir)}; free some space and rerun") from None
         metrics[step] = m
         say(f"step {step}: val loss {m['val_loss']:.4f}")
 

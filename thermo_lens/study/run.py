@@ -131,7 +131,7 @@ def _check_local_devices(spec: StudySpec) -> None:
             V.device(m.device)
             V.device_map(m.device_map)
         except ThermoLensInputError as e:
-            raise ThermoLensInputError(f"model {m.id!r}: {e}") from None
+            raise ThermoLensInputError(f"model {V.excerpt(m.id, 60)}: {e}") from None
 
 
 def _now() -> str:
