@@ -20,7 +20,7 @@ from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.layout import BlockLayout, NormSite
 from thermo_lens.model import ModelView
 from thermo_lens.passes import Recorder, Reduction
-from thermo_lens.tokens import TERM_SCOPES, TokenBatch, scope_mask
+from thermo_lens.tokens import TERM_SCOPES, TokenBatch, scope_rows, to_device
 
 __all__ = ["attribution_terms", "sae_sites", "ATTRIBUTION_SCOPES", "ATTRIBUTION_DEFINITIONS", "TERM_COLUMNS"]
 
@@ -322,11 +322,9 @@ def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
     def scoped_rows(batch: TokenBatch, dev: torch.device) -> tuple[Tensor, Tensor, Tensor]:
         """The batch's scoped rows ``[n]`` (flat ``(prompt, position)`` indices), the prompt of
         each, and the per-prompt counts ``[batch, 1]`` (at least 1)."""
-        B, T = batch.tokens.shape
-        rows = scope_mask(batch.lengths, T, token_scope, dev).reshape(B * T).nonzero().squeeze(1)
-        prompt_of = rows // T
-        n = torch.bincount(prompt_of, minlength=B).to(torch.float64).clamp_min(1.0)[:, None]
-        return rows, prompt_of, n
+        # built on the host from the lengths: no nonzero/bincount (a device sync each) per batch
+        rows, prompt_of, n = scope_rows(batch.host_lengths, int(batch.tokens.shape[1]), token_scope)
+        return to_device(rows, dev), to_device(prompt_of, dev), to_device(n, dev)
 
     def reduction(view: ModelView, rec: Recorder) -> None:
         why = _not_splittable(view)

@@ -56,12 +56,11 @@ _TOKEN_SCOPE = "all real tokens (every query position 0..n-1 of each prompt; pad
 
 def _diagonal(a: Tensor, rec: Recorder, name: str) -> Tensor:
     """``[batch, head, pos]`` float32 ``A_ii``, NaN on padded query positions (a real query's NaN/inf
-    marks ``name`` in ``rec.nonfinite``)."""
+    counted by :meth:`Recorder.expect_finite`)."""
     d = torch.diagonal(a, dim1=-2, dim2=-1).float()
-    mask = rec.mask(a.device)
-    if not (torch.isfinite(d) | ~mask[:, None, :]).all():  # a real query's A_ii is NaN/inf
-        rec.nonfinite.append(name)
-    return d.masked_fill(~mask[:, None, :], float("nan"))
+    out = d.masked_fill(rec.pad_mask(a.device)[:, None, :], float("nan"))
+    rec.expect_finite(name, out, rec.n_real() * out.shape[1])  # a real query's A_ii is NaN/inf: checked after the pass
+    return out
 
 
 def _mass(rec: Recorder) -> Any:
