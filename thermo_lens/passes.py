@@ -218,7 +218,8 @@ class Recorder:
                 if self._batch is None:
                     raise RuntimeError("Recorder hook fired outside Recorder.batch(...)")
                 self._fired.add(_key)
-                out = _fn(act.detach(), self._batch)
+                # (under inference_mode, the pass's default, an activation has no graph to detach from)
+                out = _fn(act.detach() if act.requires_grad else act, self._batch)
                 if out is not None:  # None: a reduction that only keeps transient state
                     self._record(_key, out)
             hooks.append((hook_name, hook))

@@ -397,9 +397,9 @@ def _fit(view: ModelView, ids: list[int], i: int, truncate: bool, min_tokens: in
 
 def _batch(view: ModelView, rows: list[list[int]], index: Sequence[int], prepend_bos: Any,
            truncated: list[bool]) -> TokenBatch:
-    tokens = torch.full((len(rows), max(len(r) for r in rows)), _pad_id(view), dtype=torch.long)
-    for b, r in enumerate(rows):
-        tokens[b, : len(r)] = torch.tensor(r, dtype=torch.long)
+    width, pad = max(len(r) for r in rows), _pad_id(view)
+    # padded on the host, then one tensor (not one copy per row)
+    tokens = torch.tensor([list(r) + [pad] * (width - len(r)) for r in rows], dtype=torch.long)
     return TokenBatch(tokens=tokens, lengths=torch.tensor([len(r) for r in rows], dtype=torch.long),
                       prompt_index=torch.tensor(list(index), dtype=torch.long), prepend_bos=prepend_bos,
                       truncated=tuple(truncated), length_list=tuple(len(r) for r in rows))

@@ -426,13 +426,16 @@ def _record(rec: Recorder, pending: list[tuple[Any, ...]], prompt_of: Tensor, n:
         out = torch.zeros(terms.shape[0], B, terms.shape[2], dtype=torch.float64, device=dev)
         return out.index_add_(1, prompt_of, terms.to(dev, torch.float64)).div_(n)
 
-    rec.put_rows([("attr_head", l) for l in layers], means(torch.stack([p[1].to(dev) for p in pending])))
+    def on(t: Tensor) -> Tensor:  # (a model split over devices: blocks' terms on several; a no-op op otherwise)
+        return t if t.device == dev else t.to(dev)
+
+    rec.put_rows([("attr_head", l) for l in layers], means(torch.stack([on(p[1]) for p in pending])))
     # The columns as rows, [block * column, n, 1]: their means come out as [block * column, batch],
     # one contiguous row per key.
-    columns = torch.stack([c.to(dev) for p in pending for c in p[2]])[:, :, None]
+    columns = torch.stack([on(c) for p in pending for c in p[2]])[:, :, None]
     rec.put_rows([(f"attr_{column}", l) for l in layers for column in TERM_COLUMNS], means(columns)[:, :, 0])
     if pending[0][3] is not None:
-        rec.put_rows([("attr_expert", l) for l in layers], means(torch.stack([p[3].to(dev) for p in pending])))
+        rec.put_rows([("attr_expert", l) for l in layers], means(torch.stack([on(p[3]) for p in pending])))
 
 
 def _expert_terms(take: Any, experts: Any, E: int, v_m: Tensor) -> Tensor:

@@ -29,7 +29,9 @@ from thermo_lens.gain import DEFAULT_SCOPE
 from thermo_lens.inputs import Prompts, as_model_prompts
 from thermo_lens.model import ModelView, as_view
 from thermo_lens.settings import RunOptions, RunSettings
-from thermo_lens.sweeps.engine import Condition, HookLayout, capture, hook_layout, parse_measure, run_conditions
+from thermo_lens.sweeps import engine
+from thermo_lens.sweeps.engine import Condition, HookLayout, hook_layout, parse_measure
+from thermo_lens.sweeps.rows import CPU_ROWS, check_rows, halving_on_oom, rows_per_pass
 from thermo_lens.sweeps.result import SweepResult, build_result
 from thermo_lens.tokens import TokenScope, token_batch
 from thermo_lens.validate import validates_own_inputs
@@ -40,7 +42,10 @@ __all__ = ["patch_sweep", "ablation_sweep", "METHODS", "OVER"]
 METHODS = ("zero", "mean", "resample")
 #: The cell axes a sweep runs over (after ``layer``).
 OVER = ("head", "pos", ("head", "pos"))
-_DEFAULT_ROWS = 64  # rows per forward pass when no batch_size is given
+_DEFAULT_ROWS = CPU_ROWS  # rows per forward pass on the CPU when no batch_size is given ("auto")
+# The passes of a sweep, each run again with half its rows on an out-of-memory error (thermo_lens.sweeps.rows).
+capture = halving_on_oom(engine.capture, keyword="rows_per_pass")
+run_conditions = halving_on_oom(engine.run_conditions, position=6)
 
 
 def _over(over: Any) -> tuple[str, ...]:
@@ -166,9 +171,16 @@ def _sweep(view: ModelView, ps: Any, hook: Any, over: Any, measure: Any, *, laye
         reference=reference, provenance=provenance, passes=passes)
 
 
-def _rows(settings: RunSettings | None, run: dict[str, Any]) -> int:
-    return int(run["batch_size"]) if "batch_size" in run else (settings.batch_size if settings is not None
-                                                                 else _DEFAULT_ROWS)
+def _rows(view: ModelView, settings: RunSettings | None, run: dict[str, Any], prompts: Any) -> tuple[int, dict[str, Any]]:
+    """Rows per pass (``batch_size``: an int, or ``"auto"``, the default without settings:
+    :func:`thermo_lens.sweeps.rows.rows_per_pass`) and the run options without ``"auto"``."""
+    if "batch_size" in run:
+        check_rows(run["batch_size"])
+    width = 0
+    if run.get("batch_size", "auto" if settings is None else None) == "auto" and view.device.type == "cuda":
+        s = RunSettings.resolve(settings, **{k: v for k, v in run.items() if k != "batch_size"})
+        width = max(_lengths(view, as_model_prompts(view, prompts), s, 1))
+    return rows_per_pass(view, settings, run, width)
 
 
 @validates_own_inputs
@@ -228,7 +240,9 @@ def patch_sweep(
             layer from the corrupted run's residual there (blocks below it are the same with or without
             the patch; :mod:`thermo_lens.sweeps.start`); the result's ``passes`` says how they ran.
         settings, **run: run options (:class:`thermo_lens.settings.RunOptions`); ``batch_size`` bounds
-            the rows per forward pass (default here ``64``; at least one copy of the prompts runs per pass).
+            the rows per forward pass (default ``"auto"``: from the free device memory on CUDA, ``64`` on the CPU,
+            :mod:`thermo_lens.sweeps.rows`; a pass that runs out of memory runs again with half the rows; at
+            least one copy of the prompts runs per pass).
 
     Returns:
         :class:`thermo_lens.sweeps.SweepResult`.
@@ -239,7 +253,7 @@ def patch_sweep(
             unknown measure or ``over``.
     """
     view = as_view(model)
-    rows = _rows(settings, dict(run))
+    rows, run = _rows(view, settings, dict(run), corrupted)  # type: ignore[assignment]
     settings = RunSettings.resolve(settings, **run)
     cps, ps = as_model_prompts(view, clean), as_model_prompts(view, corrupted)
     if len(cps) != len(ps):
@@ -325,7 +339,8 @@ def ablation_sweep(
         token_scope: the gain measures' token scope (default ``"all_but_first"``).
         level: confidence level of the CIs (default ``0.95``).
         start_at_layer: as for :func:`patch_sweep` (default ``True``; the residual is the prompts' own).
-        settings, **run: run options; ``batch_size`` bounds the rows per pass (default here ``64``).
+        settings, **run: run options; ``batch_size`` bounds the rows per pass (default ``"auto"``, as for
+            :func:`patch_sweep`).
 
     Returns:
         :class:`thermo_lens.sweeps.SweepResult`.
@@ -336,7 +351,7 @@ def ablation_sweep(
             positions must align (``"mean"``, ``"resample"``); ``"resample"`` with one prompt.
     """
     view = as_view(model)
-    rows = _rows(settings, dict(run))
+    rows, run = _rows(view, settings, dict(run), prompts)  # type: ignore[assignment]
     settings = RunSettings.resolve(settings, **run)
     if method not in METHODS:
         raise ThermoLensInputError(f"unknown method {method!r}; choose one of {', '.join(map(repr, METHODS))}")
