@@ -22,7 +22,6 @@ from typing import Any, Callable, TypeVar
 import torch
 
 from thermo_lens.errors import ThermoLensInputError
-from thermo_lens.model import ModelView
 from thermo_lens.settings import RunSettings
 
 __all__ = ["CPU_ROWS", "HEADROOM", "MAX_AUTO_ROWS", "rows_per_pass", "row_bytes", "halving_on_oom", "check_rows"]
@@ -37,12 +36,13 @@ MAX_AUTO_ROWS = 8192
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def row_bytes(view: ModelView, width: int, logits: bool = True) -> int:
+def row_bytes(view: Any, width: int, logits: bool = True) -> int:
     """An upper estimate of the activation bytes one row of ``width`` tokens holds at the peak of a
     forward pass: the residual stream and a block's temporaries (``16 d_model + 2 d_mlp`` values per
-    token, 4 d_model of them in float32 for norms and reductions), the attention scores and pattern of
-    one layer (``2 n_heads width`` per token, float32), and the float32 logits (``d_vocab`` per
-    token) when the pass runs to them."""
+    token, in the compute dtype, at least 4 bytes each), the attention scores and pattern of one layer
+    (``2 n_heads width`` per token, float32), and the float32 logits (``d_vocab`` per token) when the
+    pass runs to them. ``view``: a :class:`~thermo_lens.model.ModelView`, or anything with its
+    ``device``, ``dtype``, ``d_model``, ``n_heads``, ``d_vocab`` and ``model.cfg``."""
     item = max(torch.finfo(view.dtype).bits // 8, 4) if view.dtype.is_floating_point else 4
     d_mlp = int(getattr(getattr(view.model, "cfg", None), "d_mlp", None) or 4 * view.d_model)
     per_token = item * (16 * view.d_model + 2 * d_mlp) + 4 * 2 * view.n_heads * width
@@ -51,7 +51,7 @@ def row_bytes(view: ModelView, width: int, logits: bool = True) -> int:
     return int(width) * per_token
 
 
-def rows_per_pass(view: ModelView, settings: RunSettings | None, run: dict[str, Any], width: int,
+def rows_per_pass(view: Any, settings: RunSettings | None, run: dict[str, Any], width: int,
                   logits: bool = True) -> tuple[int, dict[str, Any]]:
     """The rows per pass of a sweep and its run options without ``batch_size="auto"``.
 
