@@ -17,7 +17,8 @@ Definitions printed:
 * the marginal cost of a batch: ops(n batches) - ops(n - 1 batches), the same prompts' first
   ``(n - 1) x batch_size``; for ``profile()`` the fixed cost (result building, statistics) cancels,
   leaving what one more batch costs; the marginal ratio is profile's marginal / the bare pass's;
-* syncs per batch: the marginal syncs (what one more batch adds); the fixed syncs: those of a
+* syncs per batch: the marginal syncs (what one more batch adds; the host's own forward has one,
+  a ``bool(tensor)`` inside the bridge, counted in the bare pass too); the fixed syncs: those of a
   one-batch profile minus one marginal batch's (result building);
 * per measurement: ``tl.run(model, prompts, measure)`` of each measurement of the battery alone, the
   same marginal definition (spectral: weight-only, no pass: its cold ops, the cache cleared).
@@ -103,9 +104,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{b_full.syncs} syncs")
     print(f"  profile() warm:              {full.total} ops, {full.total / (L * n):.1f} per block per batch "
           f"({full.total / b_full.total:.2f}x the bare pass), {full.syncs} syncs ({full.syncs / n:.1f} per batch)")
+    b_sync = b_full.syncs - b_less.syncs
     print(f"  marginal batch: profile {marg} ops vs bare {b_marg} ops = {marg / b_marg:.2f}x "
           f"({marg / L:.1f} vs {b_marg / L:.1f} per block); {m_sync} syncs per extra batch "
-          f"(bare: {b_full.syncs - b_less.syncs})")
+          f"(the bare pass's own: {b_sync}; beyond them: {m_sync - b_sync})")
     fixed_sync = one.syncs - m_sync
     print(f"  fixed (result building, one-batch profile minus one marginal batch): {one.total - marg} ops, "
           f"{fixed_sync} syncs")
