@@ -29,8 +29,9 @@ from thermo_lens.gain import DEFAULT_SCOPE
 from thermo_lens.inputs import Prompts, as_model_prompts
 from thermo_lens.model import ModelView, as_view
 from thermo_lens.settings import RunOptions, RunSettings
-from thermo_lens.sweeps import engine
 from thermo_lens.sweeps.engine import Condition, HookLayout, hook_layout, parse_measure
+from thermo_lens.sweeps.engine import capture as _capture
+from thermo_lens.sweeps.engine import run_conditions as _run_conditions
 from thermo_lens.sweeps.rows import CPU_ROWS, check_rows, halving_on_oom, rows_per_pass
 from thermo_lens.sweeps.result import SweepResult, build_result
 from thermo_lens.tokens import TokenScope, token_batch
@@ -44,8 +45,8 @@ METHODS = ("zero", "mean", "resample")
 OVER = ("head", "pos", ("head", "pos"))
 _DEFAULT_ROWS = CPU_ROWS  # rows per forward pass on the CPU when no batch_size is given ("auto")
 # The passes of a sweep, each run again with half its rows on an out-of-memory error (thermo_lens.sweeps.rows).
-capture = halving_on_oom(engine.capture, keyword="rows_per_pass")
-run_conditions = halving_on_oom(engine.run_conditions, position=6)
+capture = halving_on_oom(_capture, keyword="rows_per_pass")
+run_conditions = halving_on_oom(_run_conditions, position=6)
 
 
 def _over(over: Any) -> tuple[str, ...]:
