@@ -128,3 +128,35 @@ def test_scope_rows_are_the_scope_masks_tokens(scope):
         assert torch.equal(prompt_of, rows // T)
         want = torch.bincount(rows // T, minlength=len(lengths)).to(torch.float64).clamp_min(1.0)[:, None]
         assert torch.equal(n, want)
+
+
+def test_results_kept_on_their_device_until_the_pass_ends_are_stored_as_at_each_batch():
+    """The GPU's path (every batch's results wait on the device; one host copy per dtype when the
+    pass ends), run on the CPU: the same parts, in batch order, as storing each batch at its end;
+    the finiteness counts read once then."""
+    from thermo_lens.passes import Recorder
+    from thermo_lens.tokens import TokenBatch
+
+    batches = [TokenBatch(tokens=torch.zeros(n, w, dtype=torch.long), lengths=torch.full((n,), w),
+                          prompt_index=torch.arange(n) + 10 * k, prepend_bos=True) for k, (n, w) in enumerate([(2, 3), (3, 5)])]
+    recs = [Recorder(), Recorder()]
+    recs[1].defer_host_copy = True
+    for rec in recs:
+        for k, batch in enumerate(batches):
+            g = torch.Generator().manual_seed(k)
+            n, w = batch.tokens.shape
+            with rec.batch(batch):
+                norms = torch.randn(n, w, generator=g)
+                if k == 1:
+                    norms[1, 2] = float("inf")
+                rec.put(("norm", 0), norms)
+                rec.expect_finite("blocks.0.hook_resid_pre", norms, n * w)
+                rec.put(("count", 0), torch.arange(n))
+                rec.put_rows([("r", 0), ("r", 1)], torch.randn(2, n, dtype=torch.float64, generator=g))
+                rec.put(("big", 0), torch.randn(n, 70_000, generator=g))  # kept as it is
+        assert (not rec._waiting) == (rec is recs[0])
+        rec.finish()
+        assert rec.nonfinite == ["blocks.0.hook_resid_pre"] and rec.nonfinite_batch is batches[1]
+    for key in recs[0]._parts:
+        a, b = list(recs[0]._parts[key]), list(recs[1]._parts[key])
+        assert len(a) == len(b) == 2 and all(torch.equal(x, y) and x.dtype == y.dtype for x, y in zip(a, b)), key

@@ -86,6 +86,9 @@ class Recorder:
         #: intervention hooks, hooks already on the model): they may change an activation between two
         #: reads. :func:`collect` sets it False for a pass that runs the reductions' hooks alone.
         self.foreign_hooks = True
+        #: Keep every batch's results on their device until the pass ends, as a pass on a GPU does,
+        #: also on the CPU (where they are otherwise stored when the batch ends): the GPU's path, testable.
+        self.defer_host_copy = False
 
     def add(self, hook_name: str, key: tuple[str, int], fn: Reduce) -> None:
         self._reductions.append((hook_name, key, fn))
@@ -150,15 +153,18 @@ class Recorder:
                 groups.setdefault((v.dtype, v.device), []).append(i)
             else:
                 large.append((key, v))  # kept as it is (a large result does not fragment the heap)
+        # A batch with anything on a device waits for the pass's end whole (and so does every batch
+        # after a waiting one): each key's parts are then stored in batch order.
+        defer = self.defer_host_copy or bool(self._waiting) or any(v.device.type != "cpu" for _, v in pending)
         waiting = _Waiting(large=large)
-        for group, idx in groups.items():
+        for idx in groups.values():
             flat = torch.cat([pending[i][1].reshape(-1) for i in idx])
             entries = [(pending[i][0], tuple(pending[i][1].shape)) for i in idx]
-            if group[1].type == "cpu":
-                self._store_flat(entries, flat)
-            else:
+            if defer:
                 waiting.flats.append((entries, flat))
-        if waiting.flats or any(v.device.type != "cpu" for _, v in large):
+            else:
+                self._store_flat(entries, flat)
+        if defer:
             self._waiting.append(waiting)
         else:
             for key, v in large:
