@@ -160,3 +160,19 @@ def test_results_kept_on_their_device_until_the_pass_ends_are_stored_as_at_each_
     for key in recs[0]._parts:
         a, b = list(recs[0]._parts[key]), list(recs[1]._parts[key])
         assert len(a) == len(b) == 2 and all(torch.equal(x, y) and x.dtype == y.dtype for x, y in zip(a, b)), key
+
+
+@pytest.mark.slow  # like the other benchmark smoke runs: a subprocess building a model
+def test_census_benchmark_runs_quick():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "census.py"), "--quick", "--prompts", "8",
+                          "--batch-size", "4", "--no-per-measurement"], capture_output=True, text=True, timeout=600,
+                         cwd=root)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for part in ("bare pass to the last block", "per block per batch", "marginal batch", "beyond them: 0",
+                 "spectral signature (cold"):
+        assert part in out.stdout, part
