@@ -346,8 +346,9 @@ def stream_one(n: int, args) -> None:
     def collect(*a, **kw):  # what the pass keeps for the results: the recorder's slabs and large parts
         c = real_collect(*a, **kw)
         rec = c.recorder
+        # the slabs (whole batch blocks kept with them included) and the large results kept as they are
         kept["bytes"] = rec._slabs.nbytes + sum(t.numel() * t.element_size() for parts in rec._parts.values()
-                                                for t in parts if t.untyped_storage().nbytes() != rec._slabs.SIZE)
+                                                for t in parts._kept if isinstance(t, torch.Tensor))
         return c
     measure.collect = collect
     release_freed_memory()

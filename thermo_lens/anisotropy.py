@@ -23,6 +23,7 @@ anisotropy])``).
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar, Unpack
@@ -60,6 +61,16 @@ register_metric(Metric(
     row="anisotropy_last", row_reduce=lambda v: float(np.nanmean(v[:, -1].double().numpy()))))
 
 
+def _tokens(rec: Recorder, device: torch.device, batch: TokenBatch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """What every state's anisotropy shares in a batch (made once per batch on ``device``): the
+    excluded positions ``[batch, pos, 1]`` (position 0 and padding), the tokens left ``m``
+    ``[batch]`` float32, ``m (m - 1)``, and ``m < 2``."""
+    mask = rec.mask(device).clone()
+    mask[:, 0] = False
+    m = mask.sum(dim=1).float()
+    return ~mask[..., None], m, m * (m - 1), m < 2
+
+
 def anisotropy(view: ModelView, rec: Recorder) -> None:
     """Per prompt and residual state, the mean pairwise cosine similarity of token states.
 
@@ -72,15 +83,13 @@ def anisotropy(view: ModelView, rec: Recorder) -> None:
     for l, name in enumerate(view.resid_hook_names):
         def fn(x: Tensor, batch: TokenBatch) -> Tensor:
             xf = x if x.dtype == torch.float32 else x.float()
-            mask = rec.mask(x.device).clone()
-            mask[:, 0] = False
-            m = mask.sum(dim=1).float()
+            excluded, m, denom, few = rec.per_batch(("anisotropy", str(x.device)), functools.partial(_tokens, rec, x.device))
             u = xf / torch.linalg.vector_norm(xf, dim=-1, keepdim=True).clamp_min(1e-30)
             # Zero the excluded rows in place (one temporary, not two); the sum over positions
             # runs in position order, so a prompt's value does not depend on its batch's padding.
-            s = u.masked_fill_(~mask[..., None], 0.0).sum(dim=1)
-            val = (s.pow(2).sum(-1) - m) / (m * (m - 1))
-            return val.masked_fill(m < 2, float("nan"))
+            s = u.masked_fill_(excluded, 0.0).sum(dim=1)
+            val = (s.pow(2).sum(-1) - m) / denom
+            return val.masked_fill(few, float("nan"))
         rec.add(name, ("anisotropy", l), fn)
 
 

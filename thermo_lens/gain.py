@@ -153,16 +153,15 @@ def residual_norms(view: ModelView, rec: Recorder) -> None:
     """Per-token L2 norms of every residual state ``x_0 .. x_L``, in float32.
 
     Records ``("resid_norm", l)`` for ``l = 0..L``: ``[batch, pos]`` with NaN on padding, and
-    marks a hook in ``rec.nonfinite`` when a real token's norm is NaN/inf. ``x_l`` is read where
+    counts the finite norms on the device (:meth:`Recorder.expect_finite`: a real token's NaN/inf
+    norm fails the pass when it ends). ``x_l`` is read where
     block ``l`` reads it (:attr:`~thermo_lens.model.ModelView.resid_hook_names`).
     """
     for l, name in enumerate(view.resid_hook_names):
         def fn(x: Tensor, batch: TokenBatch, _name: str = name) -> Tensor:
-            norms = _norms32(x)
-            mask = rec.mask(norms.device)
-            if not (torch.isfinite(norms) | ~mask).all():  # a real token's norm is NaN/inf
-                rec.nonfinite.append(_name)
-            return norms.masked_fill(~mask, float("nan"))
+            out = _norms32(x).masked_fill(rec.pad_mask(x.device), float("nan"))
+            rec.expect_finite(_name, out, rec.n_real())  # a real token's norm is NaN/inf: checked after the pass
+            return out
         rec.add(name, ("resid_norm", l), fn)
     # x_l (l < L) is read at blocks.{l}.hook_resid_pre (ModelView.resid_hook_names), after any user
     # hook or SAE there: block l's gain is measured against what it read, and a replacement between

@@ -87,7 +87,7 @@ def _rows_from_mask(ids: Tensor, mask: Any) -> list[tuple[int, ...]]:
             raise ThermoLensInputError(
                 f"row {b} of the attention_mask has holes; real tokens must be one contiguous run "
                 "(left or right padding)")
-        rows.append(tuple(int(t) for t in ids[b, lo:hi]))
+        rows.append(tuple(ids[b, lo:hi].tolist()))
     return rows
 
 
@@ -105,7 +105,7 @@ def _rows_from_lengths(ids: Tensor, lengths: Any) -> list[tuple[int, ...]]:
     for b, n in enumerate(lengths.tolist()):
         if not 1 <= int(n) <= ids.shape[1]:
             raise ThermoLensInputError(f"lengths[{b}] = {n} is not in 1..{ids.shape[1]} (the token width)")
-        rows.append(tuple(int(t) for t in ids[b, : int(n)]))
+        rows.append(tuple(ids[b, : int(n)].tolist()))
     return rows
 
 
@@ -116,7 +116,7 @@ def _pad_rule(ids: Tensor, tokenizer: Any, prepend_bos: bool) -> tuple[list[tupl
     pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
     B, T = ids.shape
     if pad is None or not bool((ids == int(pad)).any()):
-        return [tuple(int(t) for t in r) for r in ids], [0] * B, ""
+        return [tuple(r) for r in ids.tolist()], [0] * B, ""
     pad = int(pad)
     side = str(getattr(tokenizer, "padding_side", "right") or "right")
     bos = getattr(tokenizer, "bos_token_id", None)
@@ -150,7 +150,7 @@ def _pad_rule(ids: Tensor, tokenizer: Any, prepend_bos: bool) -> tuple[list[tupl
             raise ThermoLensInputError(
                 f"every token row starts with the pad token {shown}: left padding cannot be told apart from "
                 f"real tokens with the pad's id; {fix}")
-        rows = [tuple(int(t) for t in ids[b, starts[b]:]) for b in range(B)]
+        rows = [tuple(ids[b, starts[b]:].tolist()) for b in range(B)]
         n_pad = sum(starts)
         how = "before each row's first real token (left padding" + (
             "; the BOS, which shares the pad's id, kept" if bos_is_pad else "") + ")"
@@ -167,7 +167,7 @@ def _pad_rule(ids: Tensor, tokenizer: Any, prepend_bos: bool) -> tuple[list[tupl
                 f"pads on the right: left-padded tokens (set model.tokenizer.padding_side = 'left'), or real "
                 f"tokens with the pad's id? {fix}")
         lengths = [T - int(n) for n in trailing]
-        rows = [tuple(int(t) for t in ids[b, :lengths[b]]) for b in range(B)]
+        rows = [tuple(ids[b, :lengths[b]].tolist()) for b in range(B)]
         starts = [0] * B
         n_pad = int(trailing.sum())
         how = "after each row's last real token (right padding)"

@@ -24,20 +24,26 @@ from torch import Tensor
 __all__ = ["Slabs", "PackedParts"]
 
 _ALIGN = 64
+_OFFSET_BITS = 40  # a location: slab << 40 | byte offset (a whole batch kept as one block may exceed a slab)
 
 
 class Slabs:
     """Byte slabs that small CPU tensors are packed into, one after the other.
 
     Tensors larger than a quarter of a slab (or empty, or not on the CPU) are kept as they are: a
-    large allocation does not fragment the heap.
+    large allocation does not fragment the heap. A batch's results arrive as one flat tensor per
+    dtype (:meth:`put_pieces`): copied into a slab at once when small, else kept whole (one block
+    of its own, listed with the slabs); each result is then a handle into it, read back as a view
+    with one op (:meth:`get`).
     """
 
     SIZE = 1 << 20
 
     def __init__(self) -> None:
-        self._slabs: list[Tensor] = []
+        self._slabs: list[Tensor] = []  # uint8: SIZE-byte slabs, and whole batch tensors too large for one
+        self._cur = -1  # the slab being filled
         self._used = self.SIZE  # the first put opens a slab
+        self._typed: dict[tuple[int, torch.dtype], Tensor] = {}  # a slab viewed as a dtype (cached)
 
     @classmethod
     def small(cls, t: Tensor) -> bool:
@@ -54,7 +60,7 @@ class Slabs:
             return t
         nbytes = t.numel() * t.element_size()
         off = self._copy_in(t, nbytes)
-        return (len(self._slabs) - 1, off, nbytes, t.dtype, tuple(t.shape))
+        return (self._cur, off, nbytes, t.dtype, tuple(t.shape))
 
     def put_rows(self, t: Tensor) -> list[Any]:
         """Store every row ``t[i]`` of ``t`` (``[rows, ...]``) as :meth:`put` stores it, with one copy
@@ -63,34 +69,73 @@ class Slabs:
             return [self.put(row) for row in t]
         nbytes = t.numel() * t.element_size()
         off = self._copy_in(t, nbytes)
-        k, step, dtype, shape = len(self._slabs) - 1, nbytes // t.shape[0], t.dtype, tuple(t.shape[1:])
-        return [(k, off + i * step, step, dtype, shape) for i in range(t.shape[0])]
+        return self.row_handles((self._cur, off, nbytes, t.dtype, tuple(t.shape)), t.shape[0], tuple(t.shape[1:]))
+
+    def put_pieces(self, flat: Tensor, sizes: list[int], rows: list[int] | None = None) -> list[Any]:
+        """Store the 1-D CPU tensor ``flat``, the concatenation of pieces of ``sizes`` elements, with
+        at most one copy; returns a flat handle per piece (give it its shape with :meth:`shaped` or
+        :meth:`row_handles`). ``flat`` is copied into a slab when small; else kept whole, its own
+        block (cloned first when it is a view of a larger tensor, which it must not pin)."""
+        nbytes = flat.numel() * flat.element_size()
+        if flat.numel() and self.small(flat):
+            off = self._copy_in(flat, nbytes)
+            k = self._cur
+        else:
+            if flat.untyped_storage().nbytes() != nbytes:
+                flat = flat.clone()
+            self._slabs.append(flat.view(torch.uint8))
+            k, off = len(self._slabs) - 1, 0
+        out, item = [], flat.element_size()
+        for n in sizes:
+            out.append((k, off, n * item, flat.dtype, (n,)))
+            off += n * item
+        return out
+
+    @staticmethod
+    def shaped(handle: Any, shape: tuple[int, ...]) -> Any:
+        """A flat handle of :meth:`put_pieces` with the piece's shape."""
+        return handle[:4] + (tuple(shape),)
+
+    @staticmethod
+    def row_handles(handle: Any, n: int, shape: tuple[int, ...]) -> list[Any]:
+        """One handle per row of the piece under ``handle`` (``n`` rows of ``shape``)."""
+        k, off, nbytes, dtype = handle[:4]
+        step = nbytes // n if n else 0
+        return [(k, off + i * step, step, dtype, tuple(shape)) for i in range(n)]
 
     def _copy_in(self, t: Tensor, nbytes: int) -> int:
-        """Copy ``t`` (``nbytes``, at most a slab) to the end of the last slab, or of a new one;
+        """Copy ``t`` (``nbytes``, at most a slab) to the end of the current slab, or of a new one;
         returns its offset there."""
         off = -(-self._used // _ALIGN) * _ALIGN
         if off + nbytes > self.SIZE:
             self._slabs.append(torch.empty(self.SIZE, dtype=torch.uint8))
+            self._cur = len(self._slabs) - 1
             off = 0
         flat = t.detach().reshape(-1)
         if flat.stride(0) != 1:  # (a strided view, or one element of a strided view)
             flat = flat.clone(memory_format=torch.contiguous_format)
-        self._slabs[-1][off:off + nbytes].copy_(flat.view(torch.uint8))
+        self._slabs[self._cur][off:off + nbytes].copy_(flat.view(torch.uint8))
         self._used = off + nbytes
         return off
 
     def get(self, handle: Any) -> Tensor:
-        """The tensor stored under ``handle`` (a view into its slab)."""
+        """The tensor stored under ``handle`` (a view into its slab: one op)."""
         if isinstance(handle, Tensor):
             return handle
         k, off, nbytes, dtype, shape = handle
-        return self._slabs[k][off:off + nbytes].view(dtype).view(shape)
+        typed = self._typed.get((k, dtype))
+        if typed is None:
+            typed = self._typed[(k, dtype)] = self._slabs[k].view(dtype)
+        strides, step = [], 1
+        for n in reversed(shape):
+            strides.append(step)
+            step *= max(int(n), 1)
+        return typed.as_strided(shape, tuple(reversed(strides)), typed.storage_offset() + off // dtype.itemsize)
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the slabs."""
-        return len(self._slabs) * self.SIZE
+        """Bytes held by the slabs (and the whole batch tensors kept with them)."""
+        return sum(s.numel() for s in self._slabs)
 
 
 class PackedParts:
@@ -106,7 +151,7 @@ class PackedParts:
 
     def __init__(self, slabs: Slabs) -> None:
         self._slabs = slabs
-        self._loc = array("q")  # slab * SIZE + offset, or -1 - (index into _kept)
+        self._loc = array("q")  # slab << _OFFSET_BITS | offset, or -1 - (index into _kept)
         self._shape = array("q")  # ndim entries per tensor
         self._kept: list[Any] = []
         self._dtype: torch.dtype | None = None
@@ -126,7 +171,7 @@ class PackedParts:
             self._kept.append(handle)  # a tensor, or a full handle into the slabs
             self._shape.extend([0] * self._ndim)
         else:
-            self._loc.append(handle[0] * Slabs.SIZE + handle[1])
+            self._loc.append((handle[0] << _OFFSET_BITS) | handle[1])
             self._shape.extend(shape)
 
     def _get(self, i: int) -> Tensor:
@@ -135,7 +180,7 @@ class PackedParts:
             return self._slabs.get(self._kept[-1 - loc])
         assert self._dtype is not None
         shape = tuple(self._shape[i * self._ndim:(i + 1) * self._ndim])
-        k, off = divmod(loc, Slabs.SIZE)
+        k, off = loc >> _OFFSET_BITS, loc & ((1 << _OFFSET_BITS) - 1)
         nbytes = math.prod(shape) * self._dtype.itemsize
         return self._slabs.get((k, off, nbytes, self._dtype, shape))
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import copy
 import functools
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
@@ -40,7 +41,8 @@ from thermo_lens.model import ModelView, as_view
 from thermo_lens.packed import PackedParts, Slabs
 from thermo_lens.provenance import Provenance, attached_records, describe_hook
 from thermo_lens.settings import RunSettings
-from thermo_lens.tokens import HOST_BOS, MAX_PADDING, BatchInfo, TokenBatch, plan_batches, token_batch
+from thermo_lens.tokens import (HOST_BOS, MAX_PADDING, BatchInfo, TokenBatch, plan_batches, scope_rows, to_device,
+                                token_batch)
 
 __all__ = ["Recorder", "Collected", "Reduction", "collect", "collect_cached", "wrap_user_hooks"]
 
@@ -71,11 +73,22 @@ class Recorder:
         # A batch's results, recorded when the batch ends (:meth:`_flush`): on a GPU, one copy to the
         # host per dtype instead of one per hook, each of which waited for the device (~200 a batch).
         self._pending: list[tuple[Any, Tensor]] = []
-        self.nonfinite: list[str] = []  # hook names where a real token had NaN/inf
+        # Batches whose results are still on a device (not the CPU): copied to the host together when
+        # the pass ends (:meth:`finish`), one copy per dtype for the whole pass.
+        self._waiting: list[_Waiting] = []
+        # Finiteness checks of the current batch (:meth:`expect_finite`), and of the batches ended:
+        # device counts read once, when the pass ends, never inside a hook or between batches.
+        self._checks: list[tuple[str, Tensor, int]] = []
+        self._check_batches: list[tuple[TokenBatch, list[str], list[int], Tensor]] = []
+        self.nonfinite: list[str] = []  # hook names where a real token had NaN/inf (set by finish())
+        self.nonfinite_batch: TokenBatch | None = None  # the first batch with one
         #: Whether hooks other than the reductions' may run in the pass (user ``fwd_hooks``, thermo-lens'
         #: intervention hooks, hooks already on the model): they may change an activation between two
         #: reads. :func:`collect` sets it False for a pass that runs the reductions' hooks alone.
         self.foreign_hooks = True
+        #: Keep every batch's results on their device until the pass ends, as a pass on a GPU does,
+        #: also on the CPU (where they are otherwise stored when the batch ends): the GPU's path, testable.
+        self.defer_host_copy = False
 
     def add(self, hook_name: str, key: tuple[str, int], fn: Reduce) -> None:
         self._reductions.append((hook_name, key, fn))
@@ -112,25 +125,90 @@ class Recorder:
         else:
             self._part(key).append(value)
 
+    def expect_finite(self, hook_name: str, values: Tensor, n_real: int) -> None:
+        """Check, when the pass ends, that ``values`` (a reduction's result with NaN on padding only)
+        holds ``n_real`` finite entries: one fewer is a real token's NaN/inf at ``hook_name``. The count
+        stays on the device until :meth:`finish` (no host sync inside the hook)."""
+        if self._batch is None:
+            raise RuntimeError("Recorder.expect_finite used outside Recorder.batch(...)")
+        self._checks.append((hook_name, torch.isfinite(values).sum(), n_real))
+
     def _flush(self) -> None:
-        """Store the batch's pending results, in the order they were recorded: the tensors of one
-        dtype and device are concatenated there and copied to the host at once (a no-op move on
-        CPU), then split back into views of that one host tensor."""
+        """End the batch: its pending results, in the order they were recorded, are concatenated per
+        dtype and device into one flat tensor on that device (one op per dtype, no host sync). On the
+        CPU they are stored now; on a device they wait for :meth:`finish` (one copy to the host per
+        dtype for the whole pass). Its finiteness counts wait on their device too."""
         pending, self._pending = self._pending, []
+        checks, self._checks = self._checks, []
+        if checks:
+            assert self._batch is not None
+            self._check_batches.append((self._batch, [c[0] for c in checks], [c[2] for c in checks],
+                                        torch.stack([c[1] for c in checks])))
+        if not pending:
+            return
         groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
-        host: list[Tensor | None] = [None] * len(pending)
-        for i, (_, v) in enumerate(pending):
-            if not Slabs.small(v):
-                host[i] = v.to("cpu")  # what the slabs keep as it is must not pin the others' buffer
-            else:
+        large: list[tuple[Any, Tensor]] = []
+        for i, (key, v) in enumerate(pending):
+            if Slabs.small(v):
                 groups.setdefault((v.dtype, v.device), []).append(i)
+            else:
+                large.append((key, v))  # kept as it is (a large result does not fragment the heap)
+        # A batch with anything on a device waits for the pass's end whole (and so does every batch
+        # after a waiting one): each key's parts are then stored in batch order.
+        defer = self.defer_host_copy or bool(self._waiting) or any(v.device.type != "cpu" for _, v in pending)
+        waiting = _Waiting(large=large)
         for idx in groups.values():
-            flat = torch.cat([pending[i][1].reshape(-1) for i in idx]).to("cpu")
-            for i, piece in zip(idx, flat.split([pending[i][1].numel() for i in idx])):
-                host[i] = piece.view(pending[i][1].shape)
-        for (key, _), moved in zip(pending, host):
-            assert moved is not None
-            self._store(key, moved)
+            flat = torch.cat([pending[i][1].reshape(-1) for i in idx])
+            entries = [(pending[i][0], tuple(pending[i][1].shape)) for i in idx]
+            if defer:
+                waiting.flats.append((entries, flat))
+            else:
+                self._store_flat(entries, flat)
+        if defer:
+            self._waiting.append(waiting)
+        else:
+            for key, v in large:
+                self._store(key, v)
+
+    def _store_flat(self, entries: list[tuple[Any, tuple[int, ...]]], flat: Tensor) -> None:
+        """Store a batch's flat CPU tensor of one dtype (its ``entries``: key and shape, in order)."""
+        sizes = [math.prod(shape) for _, shape in entries]
+        rows = [shape[0] if isinstance(key, list) else 1 for key, shape in entries]
+        for (key, shape), handle in zip(entries, self._slabs.put_pieces(flat, sizes, rows)):
+            if isinstance(key, list):
+                for k, h in zip(key, self._slabs.row_handles(handle, len(key), shape[1:])):
+                    self._part(k).append_handle(h)
+            else:
+                self._part(key).append_handle(self._slabs.shaped(handle, shape))
+
+    def finish(self) -> None:
+        """End the pass: the results still on a device go to the host, one copy per dtype and device
+        for all batches, and the finiteness counts are read (one copy). Sets :attr:`nonfinite` (the
+        hook names, in the first failing batch, where a real token was NaN/inf) and
+        :attr:`nonfinite_batch`. Called by the pass (and by any read of the results)."""
+        waiting, self._waiting = self._waiting, []
+        if waiting:
+            groups: dict[tuple[torch.dtype, torch.device], list[Tensor]] = {}
+            for w in waiting:
+                for _, flat in w.flats:
+                    groups.setdefault((flat.dtype, flat.device), []).append(flat)
+            host = {g: iter(torch.cat(flats).to("cpu").split([f.numel() for f in flats]))
+                    for g, flats in groups.items()}
+            for w in waiting:
+                for entries, flat in w.flats:
+                    self._store_flat(entries, next(host[(flat.dtype, flat.device)]))
+                for key, v in w.large:
+                    self._store(key, v.to("cpu"))
+        checks, self._check_batches = self._check_batches, []
+        if checks and not self.nonfinite:
+            counts = torch.cat([c[3].reshape(-1) for c in checks]).tolist()
+            k = 0
+            for batch, names, expected, _ in checks:
+                got, k = counts[k:k + len(names)], k + len(names)
+                bad = [n for n, g, e in zip(names, got, expected) if g != e]
+                if bad:
+                    self.nonfinite, self.nonfinite_batch = bad, batch
+                    break
 
     def _part(self, key: tuple[str, int]) -> PackedParts:
         parts = self._parts.get(key)
@@ -146,7 +224,8 @@ class Recorder:
                 if self._batch is None:
                     raise RuntimeError("Recorder hook fired outside Recorder.batch(...)")
                 self._fired.add(_key)
-                out = _fn(act.detach(), self._batch)
+                # (under inference_mode, the pass's default, an activation has no graph to detach from)
+                out = _fn(act.detach() if act.requires_grad else act, self._batch)
                 if out is not None:  # None: a reduction that only keeps transient state
                     self._record(_key, out)
             hooks.append((hook_name, hook))
@@ -154,7 +233,26 @@ class Recorder:
 
     def mask(self, device: torch.device) -> Tensor:
         """The current batch's ``[batch, pos]`` real-token mask on ``device`` (cached per batch)."""
-        return self.per_batch(("mask", str(device)), lambda batch: batch.mask.to(device))
+        return self.per_batch(("mask", str(device)), lambda batch: to_device(batch.mask, device))
+
+    def pad_mask(self, device: torch.device) -> Tensor:
+        """The current batch's ``[batch, pos]`` padding mask (``~mask``) on ``device`` (cached per batch)."""
+        return self.per_batch(("pad_mask", str(device)), lambda batch: ~self.mask(device))
+
+    def n_real(self) -> int:
+        """The current batch's number of real tokens (from the host's lengths: no device read)."""
+        if self._batch is None:
+            raise RuntimeError("Recorder.n_real used outside Recorder.batch(...)")
+        return sum(self._batch.host_lengths)
+
+    def scope_rows(self, token_scope: str, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+        """:func:`thermo_lens.tokens.scope_rows` of the current batch on ``device``: the scoped
+        tokens' flat indices ``[n]``, their rows ``[n]`` and the per-row counts ``[batch, 1]``
+        float64 (at least 1). Built on the host from the lengths, moved once per batch."""
+        def build(batch: TokenBatch) -> tuple[Tensor, Tensor, Tensor]:
+            parts = scope_rows(batch.host_lengths, int(batch.tokens.shape[1]), token_scope)
+            return tuple(to_device(t, device) for t in parts)  # type: ignore[return-value]
+        return self.per_batch(("scope_rows", token_scope, str(device)), build)
 
     def per_batch(self, key: Any, build: Callable[[TokenBatch], Any]) -> Any:
         """``build(batch)`` for the current batch, computed once per batch under ``key`` and shared
@@ -183,10 +281,12 @@ class Recorder:
 
     @property
     def names(self) -> set[str]:
+        self.finish()
         return {k[0] for k in self._parts}
 
     def stack(self, name: str) -> Tensor:
         """All batches of reduction ``name`` concatenated, indices stacked on dim 0."""
+        self.finish()
         keys = sorted(k for k in self._parts if k[0] == name)
         if not keys:
             raise KeyError(f"no reduction named {name!r} was recorded; recorded: {sorted(self.names)}")
@@ -196,6 +296,7 @@ class Recorder:
         """Like :meth:`stack`, but ``fn`` (which must drop the position dimensions) is applied to
         each batch's own part first, so nothing is ever padded to the longest prompt of the
         whole run: memory follows each batch's real length (batches are length-bucketed)."""
+        self.finish()
         keys = sorted(k for k in self._parts if k[0] == name)
         if not keys:
             raise KeyError(f"no reduction named {name!r} was recorded; recorded: {sorted(self.names)}")
@@ -225,12 +326,23 @@ class _BatchContext:
         return self.rec
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        self.rec._batch = None
         self.rec._per_batch = {}
         if exc_type is None:
             self.rec._flush()
+            self.rec._batch = None
         else:  # a failed batch records nothing
+            self.rec._batch = None
             self.rec._pending = []
+            self.rec._checks = []
+
+
+@dataclass
+class _Waiting:
+    """One batch's results still on their device: per dtype, the keys and shapes of the flat tensor
+    that holds them, and the large results kept as they are."""
+
+    flats: list[tuple[list[tuple[Any, tuple[int, ...]]], Tensor]] = field(default_factory=list)
+    large: list[tuple[Any, Tensor]] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------- memory
@@ -571,9 +683,10 @@ def collect(
                     on_batch(None)
             if k % _TRIM_EVERY == _TRIM_EVERY - 1 and device.type == "cpu":
                 _release_freed_memory()
-            _check_pass(view, rec, batch)
+            _check_silent(view, rec)
             bar.update(len(batch.prompt_index))
     rec._per_pass.clear()  # e.g. a copy of W_O: not kept with the results
+    _check_finite(view, rec)  # the results reach the host here, once for the pass
     never = [i for i in range(len(settings.fwd_hooks)) if i not in current.fired]
     if never:
         name, fn = settings.fwd_hooks[never[0]]
@@ -599,8 +712,14 @@ def collect(
     )
 
 
-def _check_pass(view: ModelView, rec: Recorder, batch: TokenBatch) -> None:
-    """After a batch: every reduction's hook ran, and no real token was NaN/inf."""
+def _check_pass(view: ModelView, rec: Recorder) -> None:
+    """After a pass: every reduction's hook ran, and no real token was NaN/inf."""
+    _check_silent(view, rec)
+    _check_finite(view, rec)
+
+
+def _check_silent(view: ModelView, rec: Recorder) -> None:
+    """After a batch: every reduction's hook ran (host bookkeeping only: no device sync)."""
     silent = rec.silent_hooks()
     if silent:
         # Some hosts skip hook names they do not know without a word; never return a
@@ -611,7 +730,15 @@ def _check_pass(view: ModelView, rec: Recorder, batch: TokenBatch) -> None:
             "skipped them, so nothing was measured. This host does not expose TransformerLens' "
             "standard hook names there; use a supported host (see thermo_lens.host)."
         )
+
+
+def _check_finite(view: ModelView, rec: Recorder) -> None:
+    """After a pass (:meth:`Recorder.finish`: the results and the finiteness counts reach the host
+    here, once): no real token was NaN/inf; the error names the first hook point, in the first
+    failing batch, and that batch's prompts."""
+    rec.finish()
     if rec.nonfinite:
+        batch = rec.nonfinite_batch
         first = rec.nonfinite[0]
         layer = first.split(".")[1] if first.startswith("blocks.") else "?"
         where = f"{first} (layer {layer})" if layer != "?" else first
@@ -624,7 +751,7 @@ def _check_pass(view: ModelView, rec: Recorder, batch: TokenBatch) -> None:
                 " check the weights (e.g. a NaN/inf parameter) and any hooks you passed")
         raise ThermoLensNumericsError(
             f"{view.name} produced NaN/inf at {where} for prompt(s) "
-            f"{batch.prompt_index.tolist()};{hint}."
+            f"{batch.prompt_index.tolist() if batch is not None else '?'};{hint}."
         )
 
 
@@ -826,7 +953,7 @@ def collect_cached(
             name, fn = hooks[i]
             fn(_relayout(acts[present[name]], name, starts, width))
     rec._per_pass.clear()
-    _check_pass(view, rec, batch)
+    _check_pass(view, rec)
     sae = attached_records(h for h in attached.attached_hooks(view.model) if h.attached == "sae")
     return Collected(
         recorder=rec, lengths=batch.lengths, prompts=tuple(ps.texts), prepend_bos=batch.prepend_bos,

@@ -117,6 +117,39 @@ def scope_mask(lengths: Int[Tensor, " batch"], width: int, token_scope: str,
     return mask
 
 
+def scope_rows(lengths: Sequence[int], width: int, token_scope: str) -> tuple[Tensor, Tensor, Tensor]:
+    """The tokens a scope reduces over (:func:`scope_mask`'s True entries), built on the host from
+    the rows' lengths (Python ints: no device sync, no data-dependent shape on a device):
+    ``(rows, prompt_of, n)``, the flat ``b * width + t`` index ``[n_rows]`` int64 of each scoped
+    token in row-major order, its row ``b`` ``[n_rows]`` int64, and the scoped tokens per row
+    ``[batch, 1]`` float64, at least 1. On the CPU; move them once per batch."""
+    if token_scope not in TOKEN_SCOPES and token_scope != "frobenius":
+        raise ThermoLensInputError(
+            f"unknown token_scope {token_scope!r}; choose one of {', '.join(map(repr, TOKEN_SCOPES))}")
+    flat: list[int] = []
+    prompt_of: list[int] = []
+    counts: list[float] = []
+    for b, n in enumerate(lengths):
+        n = min(int(n), width)
+        first, stop = (n - 1, n) if token_scope == "last" else (1 if token_scope == "all_but_first" else 0, n)
+        first = max(first, 0)
+        flat.extend(range(b * width + first, b * width + stop))
+        prompt_of.extend([b] * max(stop - first, 0))
+        counts.append(float(max(stop - first, 1)))
+    return (torch.tensor(flat, dtype=torch.long), torch.tensor(prompt_of, dtype=torch.long),
+            torch.tensor(counts, dtype=torch.float64)[:, None])
+
+
+def to_device(t: Tensor, device: torch.device | str) -> Tensor:
+    """A host-built tensor (an index, a mask) on ``device``: on CUDA through pinned memory without
+    waiting (the copy is queued on the stream like a kernel: the host does not wait for the device);
+    elsewhere ``t.to(device)``."""
+    device = torch.device(device)
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 # ---------------------------------------------------------------------------- batches
 @dataclass(frozen=True)
 class TokenBatch:
@@ -128,6 +161,9 @@ class TokenBatch:
         prompt_index: ``[batch]`` index of each row in the caller's prompt list.
         prepend_bos: the BOS mode used (``"host"`` as it resolved; :data:`TOKENS_GIVEN` for ids).
         truncated: per row, whether the prompt was cut to the context.
+        length_list: ``lengths`` as Python ints (the host's own copy: the pass sizes and indexes
+            with it without reading a tensor back); empty when not given, then read from
+            ``lengths`` on first use (:attr:`host_lengths`).
     """
 
     tokens: Int[Tensor, "batch pos"]
@@ -135,6 +171,14 @@ class TokenBatch:
     prompt_index: Int[Tensor, " batch"]
     prepend_bos: Any
     truncated: tuple[bool, ...] = field(default=())
+    length_list: tuple[int, ...] = field(default=(), compare=False)
+
+    @property
+    def host_lengths(self) -> tuple[int, ...]:
+        """The rows' real lengths as Python ints."""
+        if len(self.length_list) != int(self.tokens.shape[0]):
+            object.__setattr__(self, "length_list", tuple(int(n) for n in self.lengths.tolist()))
+        return self.length_list
 
     @property
     def mask(self) -> Bool[Tensor, "batch pos"]:
@@ -147,14 +191,17 @@ class TokenBatch:
 
     def select(self, rows: Sequence[int]) -> "TokenBatch":
         """The sub-batch of ``rows`` (in that order), re-padded to its own longest prompt."""
-        idx = torch.as_tensor(list(rows), dtype=torch.long)
-        lengths = self.lengths[idx]
+        rows = [int(i) for i in rows]
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        own = self.host_lengths
+        length_list = tuple(own[i] for i in rows)
         return TokenBatch(
-            tokens=self.tokens[idx, : int(lengths.max())],
-            lengths=lengths,
+            tokens=self.tokens[idx, : max(length_list)],
+            lengths=self.lengths[idx],
             prompt_index=self.prompt_index[idx],
             prepend_bos=self.prepend_bos,
-            truncated=tuple(self.truncated[i] for i in idx.tolist()),
+            truncated=tuple(self.truncated[i] for i in rows),
+            length_list=length_list,
         )
 
 
@@ -220,7 +267,7 @@ def plan_batches(
     ablation against the clean run) holds exactly the hooks' effect, no float rounding of
     differently shaped batches.
     """
-    n = [int(x) for x in lengths]
+    n = [int(x) for x in (lengths.tolist() if isinstance(lengths, Tensor) else lengths)]
     if sort_by_length is None:
         if len(n) <= batch_size:
             return [list(range(len(n)))]
@@ -368,12 +415,12 @@ def _fit(view: ModelView, ids: list[int], i: int, truncate: bool, min_tokens: in
 
 def _batch(view: ModelView, rows: list[list[int]], index: Sequence[int], prepend_bos: Any,
            truncated: list[bool]) -> TokenBatch:
-    tokens = torch.full((len(rows), max(len(r) for r in rows)), _pad_id(view), dtype=torch.long)
-    for b, r in enumerate(rows):
-        tokens[b, : len(r)] = torch.tensor(r, dtype=torch.long)
+    width, pad = max(len(r) for r in rows), _pad_id(view)
+    # padded on the host, then one tensor (not one copy per row)
+    tokens = torch.tensor([list(r) + [pad] * (width - len(r)) for r in rows], dtype=torch.long)
     return TokenBatch(tokens=tokens, lengths=torch.tensor([len(r) for r in rows], dtype=torch.long),
                       prompt_index=torch.tensor(list(index), dtype=torch.long), prepend_bos=prepend_bos,
-                      truncated=tuple(truncated))
+                      truncated=tuple(truncated), length_list=tuple(len(r) for r in rows))
 
 
 def tokenize(

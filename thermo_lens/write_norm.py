@@ -37,7 +37,7 @@ from thermo_lens.provenance import Provenance, ProvenanceFields
 from thermo_lens.registry import BuildContext, Measurement, Metric, Option, register_measurement, register_metric
 from thermo_lens.result import Result
 from thermo_lens.settings import RunOptions, RunSettings
-from thermo_lens.tokens import TERM_SCOPES, TokenBatch, TokenScope, check_token_scope, scope_mask
+from thermo_lens.tokens import TERM_SCOPES, TokenBatch, TokenScope, check_token_scope, scope_rows, to_device
 from thermo_lens.validate import validates_own_inputs
 
 __all__ = ["HeadWriteNorms", "write_norms", "write_norm_terms"]
@@ -66,11 +66,9 @@ def write_norm_terms(token_scope: str = "all_but_first") -> Reduction:
         H, dh = view.n_heads, view.d_head
 
         def rows(batch: TokenBatch, dev: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-            B, T = batch.tokens.shape
-            flat = scope_mask(batch.lengths, T, token_scope, dev).reshape(B * T).nonzero().squeeze(1)
-            prompt_of = flat // T
-            n = torch.bincount(prompt_of, minlength=B).to(torch.float64).clamp_min(1.0)[:, None]
-            return flat, prompt_of, n
+            # built on the host from the lengths: no nonzero/bincount (a device sync each) per batch
+            flat, prompt_of, n = scope_rows(batch.host_lengths, int(batch.tokens.shape[1]), token_scope)
+            return to_device(flat, dev), to_device(prompt_of, dev), to_device(n, dev)
 
         for l in range(view.n_layers):
             def fn(z: Tensor, batch: TokenBatch, _l: int = l) -> Tensor:

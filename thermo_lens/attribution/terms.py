@@ -20,7 +20,7 @@ from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.layout import BlockLayout, NormSite
 from thermo_lens.model import ModelView
 from thermo_lens.passes import Recorder, Reduction
-from thermo_lens.tokens import TERM_SCOPES, TokenBatch, check_token_scope, scope_mask
+from thermo_lens.tokens import TERM_SCOPES, TokenBatch, check_token_scope, scope_rows, to_device
 
 __all__ = ["attribution_terms", "sae_sites", "ATTRIBUTION_SCOPES", "ATTRIBUTION_DEFINITIONS", "TERM_COLUMNS"]
 
@@ -317,11 +317,9 @@ def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
     def scoped_rows(batch: TokenBatch, dev: torch.device) -> tuple[Tensor, Tensor, Tensor]:
         """The batch's scoped rows ``[n]`` (flat ``(prompt, position)`` indices), the prompt of
         each, and the per-prompt counts ``[batch, 1]`` (at least 1)."""
-        B, T = batch.tokens.shape
-        rows = scope_mask(batch.lengths, T, token_scope, dev).reshape(B * T).nonzero().squeeze(1)
-        prompt_of = rows // T
-        n = torch.bincount(prompt_of, minlength=B).to(torch.float64).clamp_min(1.0)[:, None]
-        return rows, prompt_of, n
+        # built on the host from the lengths: no nonzero/bincount (a device sync each) per batch
+        rows, prompt_of, n = scope_rows(batch.host_lengths, int(batch.tokens.shape[1]), token_scope)
+        return to_device(rows, dev), to_device(prompt_of, dev), to_device(n, dev)
 
     def reduction(view: ModelView, rec: Recorder) -> None:
         why = _not_splittable(view)
@@ -423,13 +421,16 @@ def _record(rec: Recorder, pending: list[tuple[Any, ...]], prompt_of: Tensor, n:
         out = torch.zeros(terms.shape[0], B, terms.shape[2], dtype=torch.float64, device=dev)
         return out.index_add_(1, prompt_of, terms.to(dev, torch.float64)).div_(n)
 
-    rec.put_rows([("attr_head", l) for l in layers], means(torch.stack([p[1].to(dev) for p in pending])))
+    def on(t: Tensor) -> Tensor:  # (a model split over devices: blocks' terms on several; a no-op op otherwise)
+        return t if t.device == dev else t.to(dev)
+
+    rec.put_rows([("attr_head", l) for l in layers], means(torch.stack([on(p[1]) for p in pending])))
     # The columns as rows, [block * column, n, 1]: their means come out as [block * column, batch],
     # one contiguous row per key.
-    columns = torch.stack([c.to(dev) for p in pending for c in p[2]])[:, :, None]
+    columns = torch.stack([on(c) for p in pending for c in p[2]])[:, :, None]
     rec.put_rows([(f"attr_{column}", l) for l in layers for column in TERM_COLUMNS], means(columns)[:, :, 0])
     if pending[0][3] is not None:
-        rec.put_rows([("attr_expert", l) for l in layers], means(torch.stack([p[3].to(dev) for p in pending])))
+        rec.put_rows([("attr_expert", l) for l in layers], means(torch.stack([on(p[3]) for p in pending])))
 
 
 def _expert_terms(take: Any, experts: Any, E: int, v_m: Tensor) -> Tensor:

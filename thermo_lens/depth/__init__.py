@@ -402,8 +402,9 @@ def l_star_from_traces(
         notes.append("empirical L* = 0, so the APE |pred - emp| / emp is undefined (NaN)")
     per_prompt = None
     if per_prompt_traces is not None:
-        per_prompt = torch.tensor([_apply(np.asarray(row, dtype=np.float64), variant)[0] for row in per_prompt_traces],
-                                  dtype=torch.float64)
+        rows = (per_prompt_traces.detach().double().cpu().numpy() if isinstance(per_prompt_traces, torch.Tensor)
+                else np.asarray(per_prompt_traces, dtype=np.float64))  # one host read, not one per prompt
+        per_prompt = torch.tensor([_apply(row, variant)[0] for row in rows], dtype=torch.float64)
     return LStarResult(
         variant=variant,
         definition=L_STAR_RULES[variant].definition,

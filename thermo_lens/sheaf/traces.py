@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Unpack
 
@@ -56,23 +57,27 @@ _TOKEN_SCOPE = "all real tokens (every query position 0..n-1 of each prompt; pad
 
 def _diagonal(a: Tensor, rec: Recorder, name: str) -> Tensor:
     """``[batch, head, pos]`` float32 ``A_ii``, NaN on padded query positions (a real query's NaN/inf
-    marks ``name`` in ``rec.nonfinite``)."""
+    counted by :meth:`Recorder.expect_finite`)."""
     d = torch.diagonal(a, dim1=-2, dim2=-1).float()
-    mask = rec.mask(a.device)
-    if not (torch.isfinite(d) | ~mask[:, None, :]).all():  # a real query's A_ii is NaN/inf
-        rec.nonfinite.append(name)
-    return d.masked_fill(~mask[:, None, :], float("nan"))
+    pad = rec.per_batch(("attn_pad", str(a.device)), lambda batch: rec.pad_mask(a.device)[:, None, :])
+    out = d.masked_fill(pad, float("nan"))
+    rec.expect_finite(name, out, rec.n_real() * out.shape[1])  # a real query's A_ii is NaN/inf: checked after the pass
+    return out
 
 
 def _mass(rec: Recorder) -> Any:
+    def views(device: torch.device, dtype: torch.dtype, batch: TokenBatch) -> tuple[Tensor, Tensor, Tensor | None]:
+        mask = rec.mask(device).to(dtype)  # once per batch, shared by every layer
+        half = dtype not in (torch.float32, torch.float64)
+        return mask[:, None, :, None], mask[:, None, :], mask[:, None, :, None] * mask[:, None, None, :] if half else None
+
     def mass(a: Tensor, batch: TokenBatch) -> Tensor:
-        mask = rec.mask(a.device).to(a.dtype)
+        col, row, pair = rec.per_batch(("attn_mass", str(a.device), a.dtype), functools.partial(views, a.device, a.dtype))
         if a.dtype in (torch.float32, torch.float64):
             # sum_i m_i sum_j A_ij m_j: a matrix-vector product per head, no [pos, pos] mask.
-            rows = torch.matmul(a, mask[:, None, :, None]).squeeze(-1)  # [batch, head, pos]
-            return (rows * mask[:, None, :]).sum(dim=-1, dtype=torch.float32)
+            rows = torch.matmul(a, col).squeeze(-1)  # [batch, head, pos]
+            return (rows * row).sum(dim=-1, dtype=torch.float32)
         # half precision: mask and reduce in float32 (a product would round each row sum)
-        pair = mask[:, None, :, None] * mask[:, None, None, :]
         return (a * pair).sum(dim=(-1, -2), dtype=torch.float32)
     return mass
 

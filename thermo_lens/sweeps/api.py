@@ -42,8 +42,10 @@ from thermo_lens.gain import DEFAULT_SCOPE
 from thermo_lens.inputs import Prompts, as_model_prompts
 from thermo_lens.model import ModelView, as_view
 from thermo_lens.settings import RunOptions, RunSettings
-from thermo_lens.sweeps.engine import (Condition, HookLayout, Sources, capture, hook_layout, parse_measure,
-                                       run_conditions)
+from thermo_lens.sweeps.engine import Condition, HookLayout, Sources, hook_layout, parse_measure
+from thermo_lens.sweeps.engine import capture as _capture
+from thermo_lens.sweeps.engine import run_conditions as _run_conditions
+from thermo_lens.sweeps.rows import CPU_ROWS, halving_on_oom, rows_per_pass
 from thermo_lens.sweeps.result import SweepResult, build_result
 from thermo_lens.tokens import TokenScope, token_batch
 from thermo_lens.validate import excerpt, validates_own_inputs
@@ -54,7 +56,10 @@ __all__ = ["patch_sweep", "ablation_sweep", "METHODS", "OVER"]
 METHODS = ("zero", "mean", "resample")
 #: The cell axes a sweep runs over (after ``layer``).
 OVER = ("head", "pos", ("head", "pos"))
-_DEFAULT_ROWS = 64  # rows per forward pass when no batch_size is given
+_DEFAULT_ROWS = CPU_ROWS  # rows per forward pass on the CPU when no batch_size is given ("auto")
+# The passes of a sweep, each run again with half its rows on an out-of-memory error (thermo_lens.sweeps.rows).
+capture = halving_on_oom(_capture, keyword="rows_per_pass")
+run_conditions = halving_on_oom(_run_conditions, position=6)
 
 
 def _over(over: Any) -> tuple[str, ...]:
@@ -282,11 +287,25 @@ def _undefined(values: Tensor, clean: Tensor | None, conditions: Sequence[Condit
     return notes
 
 
-def _rows(settings: RunSettings, given: RunSettings | Mapping[str, Any] | None, run: Mapping[str, Any]) -> int:
-    """Rows per forward pass: the given batch size, else ``_DEFAULT_ROWS`` (checked by ``settings``)."""
-    named = "batch_size" in run or isinstance(given, RunSettings) or (
-        isinstance(given, Mapping) and "batch_size" in given)
-    return settings.batch_size if named else _DEFAULT_ROWS
+def _rows(view: ModelView, settings: RunSettings, given: RunSettings | Mapping[str, Any] | None,
+          run: Mapping[str, Any], auto: bool, prompts: Any) -> int:
+    """Rows per forward pass: the given batch size (checked by ``settings``), else ``"auto"``
+    (:func:`thermo_lens.sweeps.rows.rows_per_pass`: from the free device memory on CUDA,
+    ``_DEFAULT_ROWS`` elsewhere)."""
+    named = not auto and ("batch_size" in run or isinstance(given, RunSettings) or (
+        isinstance(given, Mapping) and "batch_size" in given))
+    if named:
+        return settings.batch_size
+    width = max(_lengths(view, as_model_prompts(view, prompts), settings, 1)) if view.device.type == "cuda" else 0
+    return rows_per_pass(view, None, {}, width)[0]
+
+
+def _auto(run: dict[str, Any]) -> bool:
+    """Whether ``batch_size="auto"`` was given (taken out of ``run``: the settings hold ints only)."""
+    if isinstance(run.get("batch_size"), str) and run["batch_size"] == "auto":
+        del run["batch_size"]
+        return True
+    return False
 
 
 @validates_own_inputs
@@ -352,7 +371,9 @@ def patch_sweep(
             layer from the corrupted run's residual there (blocks below it are the same with or without
             the patch; :mod:`thermo_lens.sweeps.start`); the result's ``passes`` says how they ran.
         settings, **run: run options (:class:`thermo_lens.settings.RunOptions`); ``batch_size`` bounds
-            the rows per forward pass (default here ``64``; at least one copy of the prompts runs per pass).
+            the rows per forward pass (default ``"auto"``: from the free device memory on CUDA, ``64`` on the CPU,
+            :mod:`thermo_lens.sweeps.rows`; a pass that runs out of memory runs again with half the rows; at
+            least one copy of the prompts runs per pass).
 
     Returns:
         :class:`thermo_lens.sweeps.SweepResult`. A cell whose measure is not a finite number for some
@@ -369,9 +390,10 @@ def patch_sweep(
     """
     ov = _check_options(over=over, level=level, start_at_layer=start_at_layer, token_scope=token_scope)
     view = as_view(model)
-    given_settings = settings
+    given_settings, run = settings, dict(run)
+    auto = _auto(run)
     settings = RunSettings.resolve(settings, **run)
-    rows = _rows(settings, given_settings, run)
+    rows = _rows(view, settings, given_settings, run, auto, corrupted)
     m = parse_measure(measure, view.n_layers, view.n_heads)
     cps, ps = as_model_prompts(view, clean), as_model_prompts(view, corrupted)
     if len(cps) != len(ps):
@@ -465,7 +487,8 @@ def ablation_sweep(
         token_scope: the gain measures' token scope (default ``"all_but_first"``).
         level: confidence level of the CIs (default ``0.95``).
         start_at_layer: as for :func:`patch_sweep` (default ``True``; the residual is the prompts' own).
-        settings, **run: run options; ``batch_size`` bounds the rows per pass (default here ``64``).
+        settings, **run: run options; ``batch_size`` bounds the rows per pass (default ``"auto"``, as for
+            :func:`patch_sweep`).
 
     Returns:
         :class:`thermo_lens.sweeps.SweepResult` (``alignment``: how positions aligned; ``notes``: NaN
@@ -487,9 +510,10 @@ def ablation_sweep(
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ThermoLensInputError(f"seed must be an int >= 0 (numpy's generator seed), got {excerpt(seed)}")
     view = as_view(model)
-    given_settings = settings
+    given_settings, run = settings, dict(run)
+    auto = _auto(run)
     settings = RunSettings.resolve(settings, **run)
-    rows = _rows(settings, given_settings, run)
+    rows = _rows(view, settings, given_settings, run, auto, prompts)
     parse_measure(measure, view.n_layers, view.n_heads)
     ps = as_model_prompts(view, prompts)
 

@@ -1,0 +1,178 @@
+"""Op and host-sync census of a pass (:mod:`thermo_lens.census`): what a batch of ``profile()``
+dispatches beyond a bare forward pass of the same batch, and the device-resident checks that keep
+host syncs out of the pass. On a GPU each op is a kernel launch and each sync stalls the host, so
+these counts guard the GPU behaviour on the CPU. ``benchmarks/census.py`` prints the full census."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import thermo_lens as tl
+from thermo_lens.census import OpCensus
+from thermo_lens.errors import ThermoLensNumericsError
+from thermo_lens.model import ModelView
+from thermo_lens.passes import collect
+
+#: The ops one more batch of profile() may dispatch, as a multiple of a bare pass's batch (tiny GPT-2,
+#: 3 blocks: the per-batch bookkeeping weighs more than on a 12-block model; the census of
+#: benchmarks/census.py measures GPT-2-small geometry).
+MAX_MARGINAL_RATIO = 3.0
+
+B = 4  # prompts per batch
+
+
+def _ids(view: ModelView, n: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(3)
+    return torch.randint(1, min(int(view.d_vocab or 250), 250), (n, 10), generator=gen)
+
+
+def _census(fn) -> OpCensus:
+    with OpCensus() as c:
+        fn()
+    return c
+
+
+def _bare(view: ModelView, ids: torch.Tensor):
+    last = f"blocks.{view.n_layers - 1}.hook_resid_post"
+
+    def go() -> None:
+        for s in range(0, ids.shape[0], B):
+            t = ids[s:s + B]
+            view.run(t, torch.ones_like(t, dtype=torch.bool), stop_after=last)
+    return go
+
+
+def test_the_census_counts_ops_and_host_syncs():
+    t = torch.arange(6.0)
+    with OpCensus() as c:
+        (t * 2).sum()
+        t[0].item()
+        float(t[1])
+        bool(t[2] > 0)
+        t.tolist()
+        t[t > 2]  # a data-dependent shape
+        torch.nonzero(t)
+    assert c.ops["aten.mul"] == 1 and c.ops["aten.sum"] == 1
+    assert c.sync_ops["Tensor.tolist"] == 1 and c.sync_ops["aten.nonzero"] == 1
+    assert c.sync_ops["aten.index (boolean mask)"] == 1
+    assert c.sync_ops["aten._local_scalar_dense"] + c.sync_ops["aten.item"] + c.sync_ops["aten.is_nonzero"] >= 3
+    assert c.syncs == sum(c.sync_ops.values()) >= 6
+    with OpCensus() as quiet:
+        (t + 1).mean()
+    assert quiet.syncs == 0 and quiet.total == 2
+
+
+def test_one_more_batch_of_a_profile_adds_no_host_sync_and_few_ops(bridge):
+    """The marginal batch (ops of n batches minus ops of n - 1, same-shaped batches, warm: the spectral
+    signature cached) of profile() against a bare pass's: no host-synchronising op beyond the bare
+    pass's own, and at most MAX_MARGINAL_RATIO times its ops."""
+    model = bridge("gpt2")
+    view = ModelView(model)
+    ids = _ids(view, 3 * B)
+
+    def prof(rows):
+        return lambda: tl.profile(model, ids[:rows], batch_size=B, progress=False, prepend_bos=False)
+
+    prof(B)()  # warm
+    full, less = _census(prof(3 * B)), _census(prof(2 * B))
+    b_full, b_less = _census(_bare(view, ids)), _census(_bare(view, ids[:2 * B]))
+    marginal, bare = full.total - less.total, b_full.total - b_less.total
+    syncs, bare_syncs = full.sync_ops - less.sync_ops, b_full.sync_ops - b_less.sync_ops
+    assert syncs - bare_syncs == {}, f"host syncs per batch beyond the bare pass: {dict(syncs - bare_syncs)}"
+    assert marginal <= MAX_MARGINAL_RATIO * bare, (
+        f"one more batch costs {marginal} ops against {bare} bare ({marginal / bare:.2f}x); most frequent: "
+        f"{(full.ops - less.ops).most_common(8)}")
+
+
+def test_a_nonfinite_token_fails_the_pass_naming_its_batch_prompts_and_layer(bridge):
+    """Finiteness is counted on the device and read once when the pass ends: a NaN in the second
+    batch still names that batch's prompts and the first hook point that saw it."""
+    view = ModelView(bridge("gpt2"))
+    ids = _ids(view, 2 * B)
+
+    def poison(x, hook):
+        if int(hook.ctx["batch"].batch) == 1:
+            x[0, 3] = float("nan")
+        return x
+
+    from thermo_lens.gain import residual_norms
+
+    with pytest.raises(ThermoLensNumericsError, match=r"blocks\.1\.hook_resid_post \(layer 1\).*prompt\(s\) \[4, 5, 6, 7\]"):
+        collect(view, ids, [residual_norms], prepend_bos=False, batch_size=B, progress=False,
+                sort_by_length=False, fwd_hooks=[("blocks.1.hook_resid_post", poison)])
+
+
+def test_a_padding_nan_is_not_a_real_tokens_nan(bridge):
+    """NaN on padding is how the results mark it: only a real token's NaN/inf fails the count."""
+    view = ModelView(bridge("gpt2"))
+    from thermo_lens.gain import residual_norms
+
+    got = collect(view, ["The cat sat on the mat today.", "Hi"], [residual_norms], prepend_bos=True,
+                  batch_size=2, progress=False)
+    norms = got.stack("resid_norm")
+    assert torch.isnan(norms).any() and not got.recorder.nonfinite
+
+
+@pytest.mark.parametrize("scope", ["all", "all_but_first", "last", "frobenius"])
+def test_scope_rows_are_the_scope_masks_tokens(scope):
+    from thermo_lens.tokens import scope_mask, scope_rows
+
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        lengths = torch.randint(1, 9, (int(torch.randint(1, 6, (1,), generator=gen)),), generator=gen)
+        T = int(lengths.max()) + int(torch.randint(0, 3, (1,), generator=gen))
+        rows, prompt_of, n = scope_rows(lengths.tolist(), T, scope)
+        mask = scope_mask(lengths, T, scope).reshape(-1)
+        assert torch.equal(rows, mask.nonzero().squeeze(1))
+        assert torch.equal(prompt_of, rows // T)
+        want = torch.bincount(rows // T, minlength=len(lengths)).to(torch.float64).clamp_min(1.0)[:, None]
+        assert torch.equal(n, want)
+
+
+def test_results_kept_on_their_device_until_the_pass_ends_are_stored_as_at_each_batch():
+    """The GPU's path (every batch's results wait on the device; one host copy per dtype when the
+    pass ends), run on the CPU: the same parts, in batch order, as storing each batch at its end;
+    the finiteness counts read once then."""
+    from thermo_lens.passes import Recorder
+    from thermo_lens.tokens import TokenBatch
+
+    batches = [TokenBatch(tokens=torch.zeros(n, w, dtype=torch.long), lengths=torch.full((n,), w),
+                          prompt_index=torch.arange(n) + 10 * k, prepend_bos=True) for k, (n, w) in enumerate([(2, 3), (3, 5)])]
+    recs = [Recorder(), Recorder()]
+    recs[1].defer_host_copy = True
+    for rec in recs:
+        for k, batch in enumerate(batches):
+            g = torch.Generator().manual_seed(k)
+            n, w = batch.tokens.shape
+            with rec.batch(batch):
+                norms = torch.randn(n, w, generator=g)
+                if k == 1:
+                    norms[1, 2] = float("inf")
+                rec.put(("norm", 0), norms)
+                rec.expect_finite("blocks.0.hook_resid_pre", norms, n * w)
+                rec.put(("count", 0), torch.arange(n))
+                rec.put_rows([("r", 0), ("r", 1)], torch.randn(2, n, dtype=torch.float64, generator=g))
+                rec.put(("big", 0), torch.randn(n, 70_000, generator=g))  # kept as it is
+        assert (not rec._waiting) == (rec is recs[0])
+        rec.finish()
+        assert rec.nonfinite == ["blocks.0.hook_resid_pre"] and rec.nonfinite_batch is batches[1]
+    for key in recs[0]._parts:
+        a, b = list(recs[0]._parts[key]), list(recs[1]._parts[key])
+        assert len(a) == len(b) == 2 and all(torch.equal(x, y) and x.dtype == y.dtype for x, y in zip(a, b)), key
+
+
+@pytest.mark.slow  # like the other benchmark smoke runs: a subprocess building a model
+def test_census_benchmark_runs_quick():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "census.py"), "--quick", "--prompts", "8",
+                          "--batch-size", "4", "--no-per-measurement"], capture_output=True, text=True, timeout=600,
+                         cwd=root)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for part in ("bare pass to the last block", "per block per batch", "marginal batch", "beyond them: 0",
+                 "spectral signature (cold"):
+        assert part in out.stdout, part
