@@ -1,0 +1,193 @@
+"""Per-feature split of SAE terms in the gain attribution (``sae_features=True``).
+
+References: each feature's term recomputed from the host's own ``run_with_cache`` (the SAE's latents
+``hook_sae_acts_post``, its decoder, and the residual states of the block it belongs to), averaged over
+the token scope by hand; the block's ``sae`` (or, for a transcoder, ``mlp``) term it must add up to;
+the full feature set against the top-k variant. SAEs are SAELens modules with seeded random weights
+(``thermo_lens.testing.random_sae``), never downloaded.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from test_gain import PROMPTS
+from test_hosts import LEGACY
+from thermo_lens import ThermoLensInputError, gain_attribution
+from thermo_lens.attribution import GainAttribution
+from thermo_lens.testing import hooked_transformer, random_sae
+
+pytestmark = pytest.mark.hosts
+sae_lens = pytest.importorskip(
+    "sae_lens", reason="sae-lens is not installed (it needs TransformerLens 2.16.x / 3.x): the "
+                       "tl2 / tl3 CI legs run these tests")
+if not LEGACY:  # pragma: no cover - sae-lens pins transformer-lens<4
+    pytest.skip("HookedSAETransformer needs TransformerLens 2.16.x / 3.x", allow_module_level=True)
+
+D_SAE = 64
+ARCHS = ("standard", "topk", "jumprelu", "gated")
+RTOL = 2e-4
+
+
+@pytest.fixture(scope="module")
+def host(checkpoint_dir):
+    return hooked_transformer(checkpoint_dir("gpt2"), cls=sae_lens.HookedSAETransformer)
+
+
+@pytest.fixture
+def model(host):
+    host.reset_saes()
+    yield host
+    host.reset_saes()
+
+
+def _states(model, prompt, hook):
+    """``(x_in, x_out)`` of the block an SAE at ``hook`` belongs to, and the cache, for one prompt."""
+    _, cache = model.run_with_cache(prompt, prepend_bos=True)
+    layer, where = int(hook.split(".")[1]), hook.split(".")[-1]
+    out = f"{hook}.hook_sae_output"
+    if where == "hook_resid_pre":  # blocks.{l}.hook_resid_pre belongs to block l - 1 (its x_out)
+        return cache[f"blocks.{layer - 1}.hook_resid_pre"][0], cache[out][0], cache
+    x_in = cache[f"blocks.{layer}.hook_resid_pre"][0]
+    post = out if where == "hook_resid_post" else f"blocks.{layer}.hook_resid_post"
+    return x_in, cache[post][0], cache
+
+
+def _reference(model, sae, hook):
+    """Per prompt: ``[d_sae]`` mean over positions 1.. (all_but_first) of ``f_i <W_dec[i], x_out + x_in>``,
+    and the rest ``<b_dec - x, x_out + x_in>``, from run_with_cache."""
+    feats, rests = [], []
+    for prompt in PROMPTS:
+        x_in, x_out, cache = _states(model, prompt, hook)
+        s = (x_out + x_in).double()[1:]
+        f = cache[f"{hook}.hook_sae_acts_post"][0].double()[1:]
+        x = cache[f"{hook}.hook_sae_input"][0].double()[1:]
+        W = sae.W_dec.detach().double()
+        feats.append((f * (s @ W.T)).mean(0))
+        rests.append(((sae.b_dec.detach().double() - x) * s).sum(-1).mean())
+    return torch.stack(feats), torch.stack(rests)
+
+
+@pytest.mark.parametrize("use_error_term", [False, True])
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("hook", ["blocks.1.hook_resid_pre", "blocks.1.hook_resid_mid", "blocks.1.hook_resid_post"])
+def test_each_feature_term_is_its_share_computed_from_the_cache(model, hook, arch, use_error_term):
+    sae = random_sae(hook, 32, D_SAE, seed=3, architecture=arch, b_dec=0.1, k=6)
+    model.add_sae(sae, use_error_term=use_error_term)
+    r = gain_attribution(model, PROMPTS, sae_features=True, prepend_bos=True)
+    layer = 0 if hook.endswith("pre") else 1
+    assert r.sae_feature_layer == {hook: layer} and r.sae_features[hook].shape == (len(PROMPTS), D_SAE)
+    feats, rest = _reference(model, sae, hook)
+    scale = float(feats.abs().max())
+    torch.testing.assert_close(r.sae_features[hook].double(), feats, atol=RTOL * scale, rtol=RTOL)
+    torch.testing.assert_close(r.sae_feature_rest[hook], rest, atol=RTOL * float(rest.abs().max()), rtol=RTOL)
+    # The features (every one of them active on some token: the test is not vacuous) and the rest close to
+    # the block's sae term, the error term's share kept apart.
+    assert (r.sae_features[hook] != 0).any(0).sum() > (6 if arch == "topk" else D_SAE // 4)
+    whole = r.sae_features[hook].double().sum(-1) + r.sae_feature_rest[hook] + r.sae_feature_error[hook]
+    torch.testing.assert_close(whole, r.sae[:, layer], atol=1e-6 * float(r.scale[:, layer].max()), rtol=0)
+    torch.testing.assert_close(r.sae_feature_error[hook], r.sae_error[:, layer], atol=1e-9, rtol=0)
+    if use_error_term:
+        assert r.sae_feature_error[hook].abs().min() > 0
+    else:
+        assert (r.sae_feature_error[hook] == 0).all()
+    assert float((r.sae_feature_closure[hook] / r.scale[:, layer]).max()) < 1e-5
+
+
+def test_jumprelu_threshold_is_part_of_the_latent(model):
+    """f_i = pre_i where pre_i > threshold, not pre_i - threshold: the features still close to the term."""
+    hook = "blocks.1.hook_resid_post"
+    sae = random_sae(hook, 32, D_SAE, seed=4, architecture="jumprelu", threshold=0.0)
+    model.add_sae(sae)
+    _, cache = model.run_with_cache(PROMPTS[0], prepend_bos=True)
+    pre = cache[f"{hook}.hook_sae_acts_pre"]
+    thr = float(pre[pre > 0].median())  # half the positive pre-activations fall below it
+    with torch.no_grad():
+        sae.threshold.fill_(thr)
+    r = gain_attribution(model, PROMPTS, sae_features=True, prepend_bos=True)
+    _, cache = model.run_with_cache(PROMPTS[0], prepend_bos=True)
+    f = cache[f"{hook}.hook_sae_acts_post"]
+    assert (f > 0).any() and (f[f > 0] > thr).all() and ((pre > 0) & (f == 0)).any()
+    torch.testing.assert_close(f[f > 0], pre[f > 0])  # the latent is the whole pre-activation
+    whole = r.sae_features[hook].double().sum(-1) + r.sae_feature_rest[hook]
+    torch.testing.assert_close(whole, r.sae[:, 1], atol=1e-6 * float(r.scale[:, 1].max()), rtol=0)
+
+
+def test_top_k_keeps_the_features_with_the_largest_mean_abs_term(model):
+    hook = "blocks.2.hook_resid_pre"
+    model.add_sae(random_sae(hook, 32, D_SAE, seed=5, b_dec=0.1))
+    full = gain_attribution(model, PROMPTS, sae_features=True, prepend_bos=True)
+    top = gain_attribution(model, PROMPTS, sae_features=True, sae_features_top_k=5, prepend_bos=True)
+    score = full.sae_features[hook].double().abs().mean(0)
+    expect = torch.argsort(score, descending=True)[:5]
+    assert top.sae_feature_index[hook].tolist() == expect.tolist()
+    assert score[expect].min() >= score[torch.argsort(score, descending=True)[5:]].max()
+    torch.testing.assert_close(top.sae_features[hook], full.sae_features[hook][:, expect], atol=0, rtol=0)
+    assert top.feature_ids(hook).tolist() == expect.tolist() and full.sae_feature_index is None
+    assert "top 5 by mean |term|" in repr(top)
+    df = top.feature_frame()
+    assert sorted(set(df["feature"])) == sorted(expect.tolist()) and len(df) == 5 * len(PROMPTS)
+
+
+def test_result_repr_frames_and_json_carry_the_features(model):
+    hook = "blocks.1.hook_resid_post"
+    model.add_sae(random_sae(hook, 32, D_SAE, seed=6, b_dec=0.1), use_error_term=True)
+    r = gain_attribution(model, PROMPTS, sae_features=True, sae_features_top_k=10, prepend_bos=True)
+    text = repr(r)
+    assert f"features of {hook} (block 1, top 10 by mean |term|)" in text and "most amplifying #" in text
+    back = GainAttribution.from_json(r.to_json())
+    for name in ("sae_features", "sae_feature_rest", "sae_feature_error", "sae_feature_index", "sae_feature_closure"):
+        a, b = getattr(r, name), getattr(back, name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    assert back.sae_feature_layer == r.sae_feature_layer and back.sae_features_top_k == 10
+    frame = r.feature_frame()
+    summary = r.feature_summary()
+    merged = frame.merge(summary, on=["hook", "feature"], suffixes=("", "_summary"))
+    assert len(merged) == len(frame) == 10 * len(PROMPTS)
+    one = summary.iloc[0]
+    x = r.sae_features[hook][:, 0].double().numpy()
+    from scipy import stats
+
+    ci = stats.ttest_1samp(x, 0).confidence_interval(0.95)
+    assert int(one["feature"]) == int(r.sae_feature_index[hook][0])
+    np.testing.assert_allclose([one["mean"], one["ci_low"], one["ci_high"]], [x.mean(), ci.low, ci.high], rtol=1e-6)
+    top = r.top_features(3, by="mean")
+    assert list(top["mean"]) == sorted(summary["mean"], reverse=True)[:3]
+    rest = r.feature_rest_frame()
+    np.testing.assert_allclose(rest["sae_feature_error"], r.sae_feature_error[hook].numpy())
+    assert {"token_scope", "block_layout"} <= set(frame.columns)
+
+
+def test_features_that_do_not_add_up_are_refused(model):
+    """A hook that edits the reconstruction breaks f W_dec + b_dec = output: the check fails, naming the SAE;
+    a NaN there fails it too (a NaN compares False with any tolerance)."""
+    hook = "blocks.1.hook_resid_post"
+    model.add_sae(random_sae(hook, 32, D_SAE, seed=7))
+
+    def shift(x, hook):
+        return x + 0.5
+
+    with pytest.raises(ThermoLensInputError, match=f"features of the SAE at {hook} do not add up"):
+        gain_attribution(model, PROMPTS, sae_features=True, fwd_hooks=[(f"{hook}.hook_sae_recons", shift)])
+
+    def nan_one(x, hook):
+        x = x.clone()
+        x[:, -1, 0] = float("nan")
+        return x
+
+    with pytest.raises(ThermoLensInputError, match="unexplained nan"):
+        gain_attribution(model, PROMPTS, sae_features=True, fwd_hooks=[(f"{hook}.hook_sae_acts_post", nan_one)])
+
+
+def test_bad_options_say_what_to_do(model):
+    with pytest.raises(ThermoLensInputError, match="no SAE is attached"):
+        gain_attribution(model, PROMPTS, sae_features=True)
+    with pytest.raises(ThermoLensInputError, match="needs sae_features=True"):
+        gain_attribution(model, PROMPTS, sae_features_top_k=3)
+    model.add_sae(random_sae("blocks.1.hook_resid_post", 32, D_SAE))
+    with pytest.raises(ThermoLensInputError, match="positive int"):
+        gain_attribution(model, PROMPTS, sae_features=True, sae_features_top_k=0)
+    with pytest.raises(ThermoLensInputError, match="has no per-feature SAE terms"):
+        gain_attribution(model, PROMPTS).feature_frame()
