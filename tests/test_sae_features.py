@@ -191,3 +191,87 @@ def test_bad_options_say_what_to_do(model):
         gain_attribution(model, PROMPTS, sae_features=True, sae_features_top_k=0)
     with pytest.raises(ThermoLensInputError, match="has no per-feature SAE terms"):
         gain_attribution(model, PROMPTS).feature_frame()
+
+
+def _block_states(model, prompt, layer):
+    _, cache = model.run_with_cache(prompt, prepend_bos=True)
+    return cache[f"blocks.{layer}.hook_resid_pre"][0], cache[f"blocks.{layer}.hook_resid_post"][0], cache
+
+
+@pytest.mark.parametrize("use_error_term", [False, True])
+@pytest.mark.parametrize("where", ["attn.hook_z", "hook_mlp_out"])
+def test_sae_inside_a_component_splits_it_per_feature(model, where, use_error_term):
+    """An SAE at attn.hook_z writes through W_O: feature i adds f_i W_dec[i] (per head, d_head each) W_O;
+    at hook_mlp_out it adds f_i W_dec[i]. Each term is <that, x_out + x_in> of the block, from the cache."""
+    layer, hook = 1, f"blocks.1.{where}"
+    sae = random_sae(hook, 32, D_SAE, seed=8, b_dec=0.1)
+    model.add_sae(sae, use_error_term=use_error_term)
+    r = gain_attribution(model, PROMPTS, sae_features=True, prepend_bos=True)
+    W = sae.W_dec.detach().double()
+    if where == "attn.hook_z":  # [d_sae, H * d_head] -> the stream: sum_h W_dec[i, h] W_O^h
+        W_O = model.W_O[layer].detach().double()  # [H, d_head, d_model]
+        W = torch.einsum("ihd,hdm->im", W.view(D_SAE, *W_O.shape[:2]), W_O)
+        b = torch.einsum("hd,hdm->m", sae.b_dec.detach().double().view(W_O.shape[:2]), W_O)
+    else:
+        b = sae.b_dec.detach().double()
+    feats, offsets = [], []
+    for prompt in PROMPTS:
+        x_in, x_out, cache = _block_states(model, prompt, layer)
+        s = (x_out + x_in).double()[1:]
+        f = cache[f"{hook}.hook_sae_acts_post"][0].double().flatten(1)[1:]
+        feats.append((f * (s @ W.T)).mean(0))
+        offsets.append((s @ b).mean())
+    feats_ref = torch.stack(feats)
+    torch.testing.assert_close(r.sae_features[hook].double(), feats_ref, atol=RTOL * float(feats_ref.abs().max()),
+                               rtol=RTOL)
+    whole = r.sae_features[hook].double().sum(-1) + r.sae_feature_rest[hook] + r.sae_feature_error[hook]
+    tol = 1e-6 * float(r.scale[:, layer].max())
+    torch.testing.assert_close(whole, r.sae[:, layer], atol=tol, rtol=0)
+    # The component as it ran (read at the SAE's input, plus the SAE's change) is the features, the
+    # decoder bias's write and the error term: x cancels.
+    component = (r.head[:, layer].sum(-1) if where == "attn.hook_z" else r.mlp[:, layer]) + r.sae[:, layer]
+    torch.testing.assert_close(component, r.sae_features[hook].double().sum(-1) + torch.stack(offsets)
+                               + r.sae_feature_error[hook], atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("use_error_term", [False, True])
+def test_transcoder_replacing_an_mlp_splits_the_mlp_term(model, use_error_term):
+    layer = 1
+    tc = random_sae(f"blocks.{layer}.ln2.hook_normalized", 32, D_SAE, seed=9, architecture="transcoder", b_dec=0.1,
+                    hook_name_out=f"blocks.{layer}.hook_mlp_out")
+    model.add_sae(tc, use_error_term=use_error_term)
+    key = f"blocks.{layer}.ln2.hook_normalized"
+    r = gain_attribution(model, PROMPTS, sae_features=True, prepend_bos=True)
+    assert r.sae_feature_layer == {key: layer}
+    W, b_out = tc.W_dec.detach().double(), model.b_out[layer].detach().double()
+    feats, rests = [], []
+    for prompt in PROMPTS:
+        x_in, x_out, cache = _block_states(model, prompt, layer)
+        s = (x_out + x_in).double()[1:]
+        f = cache[f"blocks.{layer}.hook_mlp_out.hook_sae_acts_post"][0].double()[1:]
+        feats.append((f * (s @ W.T)).mean(0))
+        rests.append((s @ (tc.b_dec.detach().double() - b_out)).mean())
+    ref = torch.stack(feats)
+    torch.testing.assert_close(r.sae_features[key].double(), ref, atol=RTOL * float(ref.abs().max()), rtol=RTOL)
+    torch.testing.assert_close(r.sae_feature_rest[key], torch.stack(rests), atol=1e-6, rtol=RTOL)
+    whole = r.sae_features[key].double().sum(-1) + r.sae_feature_rest[key] + r.sae_feature_error[key]
+    torch.testing.assert_close(whole, r.mlp[:, layer], atol=1e-6 * float(r.scale[:, layer].max()), rtol=0)
+    assert (r.sae_feature_error[key] != 0).all() == use_error_term
+
+
+def test_sae_transformer_bridge_gives_the_same_features(model, checkpoint_dir):
+    try:
+        from sae_lens.analysis.sae_transformer_bridge import SAETransformerBridge
+    except ImportError:
+        pytest.skip("this sae-lens / TransformerLens has no SAETransformerBridge (TransformerLens 3.x)")
+    bridge = SAETransformerBridge.boot_transformers(str(checkpoint_dir("gpt2")))
+    for hook in ("blocks.1.hook_resid_post", "blocks.2.hook_resid_pre"):
+        for m in (model, bridge):
+            m.add_sae(random_sae(hook, 32, D_SAE, seed=10, b_dec=0.1, architecture="topk", k=6), use_error_term=True)
+    a = gain_attribution(model, PROMPTS, sae_features=True, prepend_bos=True)
+    b = gain_attribution(bridge, PROMPTS, sae_features=True, prepend_bos=True)
+    assert a.sae_feature_layer == b.sae_feature_layer == {"blocks.1.hook_resid_post": 1, "blocks.2.hook_resid_pre": 1}
+    for k in a.sae_features:
+        scale = float(a.sae_features[k].abs().max())
+        torch.testing.assert_close(b.sae_features[k], a.sae_features[k], atol=1e-4 * scale, rtol=1e-4)
+        torch.testing.assert_close(b.sae_feature_rest[k], a.sae_feature_rest[k], atol=1e-4 * scale, rtol=1e-4)

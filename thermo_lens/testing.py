@@ -383,7 +383,9 @@ def random_sae(hook_name: str, d_in: int, d_sae: int, *, seed: int = 0, use_erro
     cls, cfg_cls = (getattr(sae_lens, n) for n in classes[architecture])
     extra: dict[str, Any] = {"k": k} if architecture == "topk" else {}
     if architecture == "transcoder":
-        extra = {"d_out": d_out or d_in}
+        extra = {"d_out": d_out or d_in, "apply_b_dec_to_input": False}
+    if hook_name.endswith("hook_z"):  # SAELens flattens [head, d_head] to d_in = head * d_head
+        extra["reshape_activations"] = "hook_z"
     cfg = cfg_cls(d_in=d_in, d_sae=d_sae, dtype="float32", device="cpu", **extra)
     cfg.metadata.hook_name = hook_name
     if hook_name_out is not None:
