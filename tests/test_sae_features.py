@@ -275,3 +275,113 @@ def test_sae_transformer_bridge_gives_the_same_features(model, checkpoint_dir):
         scale = float(a.sae_features[k].abs().max())
         torch.testing.assert_close(b.sae_features[k], a.sae_features[k], atol=1e-4 * scale, rtol=1e-4)
         torch.testing.assert_close(b.sae_feature_rest[k], a.sae_feature_rest[k], atol=1e-4 * scale, rtol=1e-4)
+
+
+def test_registered_feature_metrics_are_in_their_frames(model):
+    from thermo_lens import registry
+
+    model.add_sae(random_sae("blocks.1.hook_resid_post", 32, D_SAE, seed=11, b_dec=0.1), use_error_term=True)
+    r = gain_attribution(model, PROMPTS, sae_features=True, prepend_bos=True)
+    names = {"sae_feature_term", "sae_feature_rest", "sae_feature_error"}
+    for m in registry.metrics():
+        if m.name in names:
+            names.discard(m.name)
+            frame = getattr(r, m.frame)()
+            assert m.frame_column in frame.columns and np.isfinite(frame[m.frame_column]).all(), m.name
+            assert isinstance(m.values(r), dict)
+    assert not names
+
+
+# ---------------------------------------------------------------------------- feature sweeps
+def _tokens(n: int, seed: int) -> torch.Tensor:
+    """Token ids of one length (mean and resample need aligned positions)."""
+    return torch.randint(1, 250, (n, 7), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("method", ["zero", "mean", "resample"])
+def test_feature_ablation_sweep_equals_hand_written_hooks(model, method):
+    import thermo_lens as tl
+    from scipy import stats
+
+    hook = "blocks.1.hook_resid_post"
+    acts = f"{hook}.hook_sae_acts_post"
+    model.add_sae(random_sae(hook, 32, D_SAE, seed=12, b_dec=0.1), use_error_term=True)
+    toks = _tokens(4, 0)
+    full = gain_attribution(model, toks, sae_features=True)
+    feats = full.top_features(3, hook=hook)["feature"].astype(int).tolist()
+    res = tl.ablation_sweep(model, toks, acts, over="feature", features=feats, method=method,
+                            measure="total_amplification")
+    base = tl.residual_gain(model, toks).summaries["total_amplification"].values
+    _, cache = model.run_with_cache(toks)
+    clean_f = cache[acts]
+    src = list(range(len(toks)))
+    if method == "resample":  # the source of each prompt, as the result records it
+        src = [int(v) for v in res.reference.split("source=")[1].strip("[]").split(",")]
+        assert all(s != p for p, s in enumerate(src))
+    for c, f in enumerate(feats):
+        per = []
+        for p in range(len(toks)):
+            def edit(x, hook, p=p, f=f):
+                x = x.clone()
+                x[:, :, f] = {"zero": torch.zeros(()), "mean": clean_f[:, :, f].mean(0)[None],
+                              "resample": clean_f[src[p], :, f][None]}[method]
+                return x
+            g = tl.residual_gain(model, toks[p:p + 1], fwd_hooks=[(acts, edit)])
+            per.append(float(g.summaries["total_amplification"].values[0]) - float(base[p]))
+        np.testing.assert_allclose(res.per_prompt[:, 0, c].numpy(), per, rtol=1e-4, atol=1e-6)
+        ci = stats.ttest_1samp(per, 0).confidence_interval(0.95)
+        np.testing.assert_allclose([res.ci_low[0, c], res.ci_high[0, c]], [ci.low, ci.high], rtol=1e-3, atol=1e-9)
+    assert res.over == ("feature",) and res.heads == tuple(feats) and res.hook == acts
+    assert (res.per_prompt.abs() > 1e-6).any()
+    from thermo_lens.stats import holm
+
+    np.testing.assert_allclose(res.pvalue_adjusted.numpy().ravel(), holm(res.pvalue.numpy().ravel()))
+    df = res.to_frame()
+    assert list(df["feature"]) == feats and set(df["sae_hook"]) == {hook}
+    merged = df.merge(full.feature_summary(), on=["sae_hook", "feature"])
+    assert len(merged) == len(feats)
+    assert "over feature" in repr(res)
+
+
+def test_feature_patch_sweep_and_feature_readout(model):
+    import thermo_lens as tl
+
+    hook = "blocks.1.hook_resid_post"
+    acts = f"{hook}.hook_sae_acts_post"
+    model.add_sae(random_sae(hook, 32, D_SAE, seed=13, b_dec=0.1))
+    clean, corrupted = _tokens(2, 1), _tokens(2, 2)
+    res = tl.patch_sweep(model, clean, corrupted, acts, over="feature", features=[0, 5], measure="last_block_gain")
+    _, cache = model.run_with_cache(clean)
+    base = tl.residual_gain(model, corrupted).block_gain[:, -1]
+    for c, f in enumerate([0, 5]):
+        for p in range(2):
+            def patch(x, hook, p=p, f=f):
+                x = x.clone()
+                x[:, :, f] = cache[acts][p, :, f]
+                return x
+            g = tl.residual_gain(model, corrupted[p:p + 1], fwd_hooks=[(acts, patch)]).block_gain[0, -1]
+            np.testing.assert_allclose(float(res.per_prompt[p, 0, c]), float(g - base[p]), rtol=1e-4, atol=1e-7)
+    # The latent as a measure: a head sweep's readout of feature 5, against the cache by hand.
+    toks = _tokens(3, 3)
+    head_sweep = tl.ablation_sweep(model, toks, "attn.hook_z", layers=[0], heads=[1], measure=f"sae_feature:{hook}.5")
+    _, c0 = model.run_with_cache(toks)
+    ref = c0[acts][:, 1:, 5].double().mean(1)
+    np.testing.assert_allclose(head_sweep.baseline.numpy(), ref.numpy(), rtol=1e-5, atol=1e-8)
+    assert head_sweep.measure == f"sae_feature:{hook}.5"
+
+    def ablate_head(x, hook):
+        x = x.clone()
+        x[:, :, 1] = 0
+        return x
+    with model.hooks(fwd_hooks=[("blocks.0.attn.hook_z", ablate_head)]):
+        _, c1 = model.run_with_cache(toks)
+    np.testing.assert_allclose(head_sweep.per_prompt[:, 0, 0].numpy(),
+                               (c1[acts][:, 1:, 5].double().mean(1) - ref).numpy(), rtol=1e-4, atol=1e-7)
+    with pytest.raises(ThermoLensInputError, match="needs features="):
+        tl.ablation_sweep(model, toks, acts, over="feature")
+    with pytest.raises(ThermoLensInputError, match="out of range"):
+        tl.ablation_sweep(model, toks, acts, over="feature", features=[D_SAE])
+    with pytest.raises(ThermoLensInputError, match="no SAE is attached at"):
+        tl.ablation_sweep(model, toks, "blocks.0.hook_resid_post.hook_sae_acts_post", over="feature", features=[0])
+    with pytest.raises(ThermoLensInputError, match="pass over='feature'"):
+        tl.ablation_sweep(model, toks, "attn.hook_z", features=[0])

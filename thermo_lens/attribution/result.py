@@ -228,12 +228,13 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
     def feature_frame(self) -> pd.DataFrame:
         """One row per (prompt, SAE hook, feature): ``prompt, hook, layer, feature, sae_feature_term`` and
         the definition columns (``feature`` is the SAE's feature index: frames merge on ``(hook,
-        feature)``, e.g. with :meth:`feature_summary` or a feature sweep's frame)."""
+        feature)``, e.g. with :meth:`feature_summary`, and with a feature sweep's frame on ``(sae_hook,
+        feature)``)."""
         frames = []
         for hook, t in self._require_features().items():
             P, K = t.shape
             ids = self.feature_ids(hook).numpy()
-            frames.append(pd.DataFrame({"prompt": np.repeat(np.arange(P), K), "hook": hook,
+            frames.append(pd.DataFrame({"prompt": np.repeat(np.arange(P), K), "hook": hook, "sae_hook": hook,
                                         "layer": self._feature_layer(hook), "feature": np.tile(ids, P),
                                         "sae_feature_term": t.double().numpy().ravel()}))
         df = self._definition_columns(pd.concat(frames, ignore_index=True))
@@ -268,7 +269,7 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
             mean = x.mean(0)
             sd = x.std(0, ddof=1) if n > 1 else np.full_like(mean, np.nan)
             lo, hi = t_interval(mean, sd, np.full_like(mean, n), level)
-            frames.append(pd.DataFrame({"hook": hook, "layer": self._feature_layer(hook),
+            frames.append(pd.DataFrame({"hook": hook, "sae_hook": hook, "layer": self._feature_layer(hook),
                                         "feature": self.feature_ids(hook).numpy(), "mean": mean, "sd": sd,
                                         "se": sd / np.sqrt(n), "ci_low": lo, "ci_high": hi,
                                         "mean_abs": np.abs(x).mean(0), "n": n}))

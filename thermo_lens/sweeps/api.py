@@ -30,6 +30,7 @@ from thermo_lens.inputs import Prompts, as_model_prompts
 from thermo_lens.model import ModelView, as_view
 from thermo_lens.settings import RunOptions, RunSettings
 from thermo_lens.sweeps.engine import Condition, HookLayout, capture, hook_layout, parse_measure, run_conditions
+from thermo_lens.sweeps.features import feature_layout, feature_list
 from thermo_lens.sweeps.result import SweepResult, build_result
 from thermo_lens.tokens import TokenScope, token_batch
 from thermo_lens.validate import validates_own_inputs
@@ -166,6 +167,40 @@ def _sweep(view: ModelView, ps: Any, hook: Any, over: Any, measure: Any, *, laye
         reference=reference, provenance=provenance, passes=passes)
 
 
+def _feature_sweep(view: ModelView, ps: Any, hook: Any, features: Any, measure: Any, *, positions: Any,
+                   token_scope: str, level: float, settings: RunSettings, rows: int, sources_for: Callable[..., Any],
+                   kind: str, method: str) -> SweepResult:
+    """:func:`_sweep` over the latents of one SAE (``over="feature"``, :mod:`thermo_lens.sweeps.features`):
+    one cell per listed feature, every pass from the embedding."""
+    layout, layer, d_sae = feature_layout(view, hook)
+    feats = feature_list(features, d_sae)
+    m = parse_measure(measure, view.n_layers, view.n_heads)
+    validate.token_scope(token_scope)
+    if not isinstance(level, (int, float)) or not 0 < level < 1:
+        raise ThermoLensInputError(f"level must be a confidence level in (0, 1), got {level!r}")
+    min_tokens = m.min_tokens(token_scope)
+    lengths = _lengths(view, ps, settings, min_tokens)
+    _check_logit_function_lengths(m, lengths, "the prompts")
+    if m.kind == "logit_difference":
+        m.source.check(len(ps), lengths, view.d_vocab)
+    at = [_resolve(positions, lengths, "the")]
+    sources, clean_values, reference = sources_for(layout, [layer], min_tokens, lengths)
+    conditions = [Condition(layer, f, tuple(at[0])) for f in feats]
+    # Every pass from the embedding: a pass started at the SAE's block would read the stream downstream of
+    # the SAE for an SAE at hook_resid_pre, and never run it.
+    values, provenance, passes = run_conditions(view, ps, layout, conditions, sources, settings, rows,  # type: ignore[arg-type]
+                                                measure=m, token_scope=token_scope, min_tokens=min_tokens,
+                                                start_at_layer=False)
+    per_prompt = (values[1:] - values[0]).reshape(1, len(feats), len(ps)).movedim(-1, 0)
+    return build_result(
+        per_prompt=per_prompt, baseline=values[0], clean=clean_values, level=float(level), kind=kind, method=method,
+        hook=hook, over=("feature",), measure=m.label, layers=(layer,), heads=tuple(feats), positions=(),
+        token_scope=m.scope(token_scope), measure_definition=m.definition,
+        patched_positions="all" if positions is None else str(list(
+            [positions] if isinstance(positions, (int, np.integer)) else positions)),
+        reference=reference, provenance=provenance, passes=passes)
+
+
 def _rows(settings: RunSettings | None, run: dict[str, Any]) -> int:
     return int(run["batch_size"]) if "batch_size" in run else (settings.batch_size if settings is not None
                                                                  else _DEFAULT_ROWS)
@@ -182,6 +217,7 @@ def patch_sweep(
     measure: str | Callable[[Tensor], Tensor] = "total_amplification",
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
+    features: Sequence[int] | None = None,
     positions: Sequence[int] | None = None,
     token_scope: TokenScope = DEFAULT_SCOPE,
     level: float = 0.95,
@@ -219,6 +255,8 @@ def patch_sweep(
             your order, e.g. a logit difference; the passes then run to the logits).
         layers: layers to sweep (default ``None``: all).
         heads: heads to sweep (default ``None``: all).
+        features: with ``over="feature"`` and ``hook="<SAE hook>.hook_sae_acts_post"``, the SAE latents
+            to sweep, one cell each (:mod:`thermo_lens.sweeps.features`; every pass from the embedding).
         positions: with ``"pos"`` in ``over``, the swept positions (default ``None``: every position,
             which needs prompts of one length); otherwise the patched positions of each cell (default
             ``None``: every token). Negative from each prompt's end.
@@ -276,6 +314,13 @@ def patch_sweep(
         first = f"; first {cps.texts[0][:40]!r}" if cps.token_ids is None else f"; {len(cps)} token-id rows"
         return acts, clean_values, f"clean prompts ({cps.name}{first})"
 
+    if features is not None and over != "feature":
+        raise ThermoLensInputError("features= selects SAE latents to sweep: pass over='feature' and "
+                                   "hook='<SAE hook>.hook_sae_acts_post'")
+    if over == "feature":
+        return _feature_sweep(view, ps, hook, features, measure, positions=positions, token_scope=token_scope,
+                              level=level, settings=settings, rows=rows, sources_for=sources, kind="patch",
+                              method="patch")
     return _sweep(view, ps, hook, over, measure, layers=layers, heads=heads, positions=positions,
                   token_scope=token_scope, level=level, settings=settings, rows=rows, sources_for=sources,
                   kind="patch", method="patch", start_at_layer=start_at_layer)
@@ -294,6 +339,7 @@ def ablation_sweep(
     seed: int = 0,
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
+    features: Sequence[int] | None = None,
     positions: Sequence[int] | None = None,
     token_scope: TokenScope = DEFAULT_SCOPE,
     level: float = 0.95,
@@ -314,13 +360,15 @@ def ablation_sweep(
         model: the TransformerLens model (or ModelView).
         prompts: the prompts (anything :func:`thermo_lens.residual_gain` takes).
         hook: the per-layer hook point, as for :func:`patch_sweep`.
-        over: ``"head"`` (the default), ``"pos"`` or ``("head", "pos")``.
+        over: ``"head"`` (the default), ``"pos"``, ``("head", "pos")``, or ``"feature"`` (an SAE's latents:
+            ``hook="<SAE hook>.hook_sae_acts_post"`` and ``features=[...]``).
         method: ``"zero"`` (the default), ``"mean"`` or ``"resample"``.
         measure: as for :func:`patch_sweep` (default ``"total_amplification"``).
         reference: the prompts whose per-position mean ``"mean"`` writes (default ``None``: the prompts
             themselves); every prompt and reference prompt must then have one token length.
         seed: the resample draw's seed (default ``0``).
         layers, heads: layers and heads to sweep (default ``None``: all).
+        features: with ``over="feature"``, the SAE latents to ablate, one cell each.
         positions: as for :func:`patch_sweep` (default ``None``).
         token_scope: the gain measures' token scope (default ``"all_but_first"``).
         level: confidence level of the CIs (default ``0.95``).
@@ -373,6 +421,13 @@ def ablation_sweep(
                 f"mean over {len(refs)} reference prompt(s) at each position "
                 f"({'the prompts themselves' if reference is None else refs.name})")
 
+    if features is not None and over != "feature":
+        raise ThermoLensInputError("features= selects SAE latents to sweep: pass over='feature' and "
+                                   "hook='<SAE hook>.hook_sae_acts_post'")
+    if over == "feature":
+        return _feature_sweep(view, ps, hook, features, measure, positions=positions, token_scope=token_scope,
+                              level=level, settings=settings, rows=rows, sources_for=sources, kind="ablation",
+                              method=method)
     return _sweep(view, ps, hook, over, measure, layers=layers, heads=heads, positions=positions,
                   token_scope=token_scope, level=level, settings=settings, rows=rows, sources_for=sources,
                   kind="ablation", method=method, start_at_layer=start_at_layer)

@@ -61,6 +61,9 @@ MEASURE_DEFINITIONS: dict[str, str] = {
                            "(formula 'off_diagonal_mass'), over all real tokens whatever the token_scope",
     "sheaf_trace:<layer>.<head>": "sheaf_traces' trace[:, layer, head]: (n - sum_i A_ii) ||W_V^h||_F^2 (formula "
                                   "'off_diagonal_mass'; under GQA the head's KV head's W_V), over all real tokens",
+    "sae_feature:<hook>.<i>": "latent <i> of the SAE at <hook> (its hook_sae_acts_post: after the activation "
+                              "function, JumpReLU's threshold and top-k included), mean over the token_scope's tokens "
+                              "(thermo_lens.sweeps.features)",
     "LogitDifference(answer, wrong, pos)": "logits[p, pos, answer_p] - logits[p, pos, wrong_p] at a position of each "
                                            "prompt's real tokens, from the final residual: the model's final norm and "
                                            "the two unembedding columns (thermo_lens.sweeps.LogitDifference)",
@@ -126,7 +129,7 @@ class Measure:
     def min_tokens(self, token_scope: str) -> int:
         """Real tokens each prompt needs (``all_but_first`` drops position 0 of the scoped means)."""
         return 2 if token_scope == "all_but_first" and self.kind in ("gain", "attribution_total",
-                                                                      "attribution_head") else 1
+                                                                      "attribution_head", "sae_feature") else 1
 
     def scope(self, token_scope: str) -> str:
         """The token scope the numbers are in (checked): the run's for gain and attribution
@@ -142,8 +145,8 @@ class Measure:
         leaves the measure as it was without it."""
         if self.kind in ("logits", "logit_difference") or self.layer is None:
             return n_layers - 1
-        if self.kind == "sheaf_trace":
-            return self.layer
+        if self.kind in ("sheaf_trace", "sae_feature"):  # (an SAE's latents: the last block before them)
+            return max(self.layer, 0)
         return min(self.layer + 1, n_layers - 1)  # x_{layer+1} is read where block layer+1 reads it
 
     def start_layer(self, layer: int) -> int:
@@ -163,6 +166,10 @@ class Measure:
             return [_one_layer(attribution_terms(token_scope), self.layer)]
         if self.kind == "sheaf_trace":
             return [_one_layer(attention_diagonal, self.layer)]
+        if self.kind == "sae_feature":
+            from thermo_lens.sweeps import features as _features
+
+            return [_features.feature_readout(self.source, int(self.head or 0), token_scope)]
         return []
 
 
@@ -192,6 +199,13 @@ def parse_measure(measure: Any, n_layers: int, n_heads: int | None = None) -> Me
              "or a function of the logits [batch, pos, d_vocab] -> [batch]")
     if not isinstance(measure, str):
         raise ThermoLensInputError(f"unknown measure {measure!r}; {known}")
+    if measure.startswith("sae_feature:"):
+        from thermo_lens.sweeps import features as _features
+
+        hook, feature = _features.parse_feature_measure(measure)
+        return Measure(f"sae_feature:{hook[:-len('.hook_sae_acts_post')]}.{feature}", kind="sae_feature", head=feature,
+                       layer=_features.feature_measure_layer(hook), source=hook,
+                       definition=MEASURE_DEFINITIONS["sae_feature:<hook>.<i>"])
     if measure == "total_amplification":
         return Measure(measure, definition=MEASURE_DEFINITIONS[measure])
     if measure == "last_block_gain":
@@ -254,7 +268,7 @@ def _attribution_scope(token_scope: str) -> str:
 
 def _as_heads(x: Tensor, layout: HookLayout, n_heads: int) -> Tensor:
     """``x`` with its head axis split out (``[batch, pos, head * d]`` hosts give hook_z flat)."""
-    if layout.head_dim == 2 and x.ndim == 3:
+    if layout.head_dim == 2 and x.ndim == 3 and not getattr(layout, "features", False):  # (an SAE's latents: flat)
         return x.view(x.shape[0], x.shape[1], n_heads, -1)
     return x
 
@@ -266,6 +280,8 @@ def measure_values(got: Collected, measure: Measure, token_scope: str,
     closure as :func:`thermo_lens.gain_attribution` does."""
     if measure.kind == "logit_difference":
         return got.stack("logit_difference")[0].double()
+    if measure.kind == "sae_feature":
+        return got.stack("sae_feature")[0].double()
     if measure.kind == "gain":
         g = gain_from_collected(got, token_scope)
         if measure.layer is None:

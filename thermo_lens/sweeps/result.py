@@ -115,7 +115,7 @@ class SweepResult(ProvenanceFields, Result):
         fraction_ci_low, fraction_ci_high``, the means ``baseline`` (and ``clean``), and the settings and
         definition columns (``measure, method, hook, token_scope, prepend_bos, n_prompts, model, hooks`` ...).
         Merges with the spectral, sheaf and attribution frames on ``layer`` / ``head``."""
-        labels = {"layer": self.layers, "head": self.heads, "pos": self.positions}
+        labels = {"layer": self.layers, "head": self.heads, "pos": self.positions, "feature": self.heads}
         shape = tuple(self.effect.shape)
         grids = np.meshgrid(*[np.asarray(labels[d]) for d in self.dims], indexing="ij")
         df = pd.DataFrame({d: g.ravel() for d, g in zip(self.dims, grids)})
@@ -129,6 +129,8 @@ class SweepResult(ProvenanceFields, Result):
             df["fraction_ci_low"], df["fraction_ci_high"] = flat(self.fraction_low), flat(self.fraction_high)
             df["clean"] = float(self.clean.double().mean())
         df["baseline"] = float(self.baseline.double().mean())
+        if "feature" in self.over:  # an SAE's latents (heads holds the features): merges on (sae_hook, feature)
+            df["sae_hook"] = self.hook.removesuffix(".hook_sae_acts_post")
         assert len(df) == int(np.prod(shape))
         for k, v in self.settings().items():
             df[k] = v
