@@ -385,3 +385,37 @@ def test_feature_patch_sweep_and_feature_readout(model):
         tl.ablation_sweep(model, toks, "blocks.0.hook_resid_post.hook_sae_acts_post", over="feature", features=[0])
     with pytest.raises(ThermoLensInputError, match="pass over='feature'"):
         tl.ablation_sweep(model, toks, "attn.hook_z", features=[0])
+
+
+# ---------------------------------------------------------------------------- views
+def test_feature_chart_and_panel(model):
+    from thermo_lens.views import FeaturePanel, feature_panel
+
+    hook = "blocks.1.hook_resid_post"
+    sae = random_sae(hook, 32, D_SAE, seed=14, b_dec=0.1)
+    model.add_sae(sae)
+    r = gain_attribution(model, PROMPTS, sae_features=True, prepend_bos=True)
+    fig = r.plot_features(k=3)
+    summary = r.feature_summary()
+    amp = next(t for t in fig.data if t.meta["role"] == "amplify")
+    expect = summary.sort_values("mean", ascending=False).head(3)
+    expect = expect[expect["mean"] > 0]
+    assert amp.meta["features"] == expect["feature"].astype(int).tolist()
+    np.testing.assert_allclose(amp.x, expect["mean"])
+    np.testing.assert_allclose(np.asarray(amp.error_x.array) + amp.x, expect["ci_high"])
+    damp = [t for t in fig.data if t.meta["role"] == "damp"]
+    assert all((np.asarray(t.x) < 0).all() for t in damp)
+    f = int(expect["feature"].iloc[0])
+    panel = feature_panel(model, r, hook, f, PROMPTS[:2], include_js=False)
+    assert isinstance(panel, FeaturePanel)
+    torch.testing.assert_close(panel.terms, r.sae_features[hook][:, f].double())
+    _, cache = model.run_with_cache(PROMPTS[0], prepend_bos=True)
+    torch.testing.assert_close(panel.activations[0], cache[f"{hook}.hook_sae_acts_post"][0, :, f])
+    assert panel.decoder_norm == pytest.approx(float(sae.W_dec[f].detach().norm()))
+    # cosine with head h's output space: the norm of W_dec[f]'s projection on the row space of W_O^h
+    w = sae.W_dec[f].detach().double()
+    W_O = model.W_O[1].detach().double()
+    for h in range(W_O.shape[0]):
+        proj = W_O[h].T @ torch.linalg.lstsq(W_O[h].T, w[:, None]).solution
+        assert float(panel.head_cosine[h]) == pytest.approx(float(proj.norm() / w.norm()), rel=1e-5)
+    assert "ColoredTokens" in panel.html and len(panel.tokens[0]) == len(panel.activations[0])

@@ -291,6 +291,17 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
         key = {"mean": -df["mean"], "damp": df["mean"], "abs": -df["mean"].abs()}[by]
         return df.assign(_key=key).sort_values("_key", kind="stable").drop(columns="_key").head(k).reset_index(drop=True)
 
+    def plot_features(self, k: int = 8, level: float = 0.95) -> Any:
+        """Per SAE, the ``k`` features that amplify and damp their block most, with ``level`` t-CIs
+        (a plotly figure: :func:`thermo_lens.views.feature_chart`)."""
+        import importlib
+
+        from thermo_lens import result as _result
+
+        if "GainAttribution.features" not in _result._PLOTS:
+            importlib.import_module(_result._FIGURES_MODULE)  # views register their figures on import
+        return _result._PLOTS["GainAttribution.features"](self, k=k, level=level)
+
     def __repr__(self) -> str:
         m = self.model
         lt = self.total.mean(0).tolist()
