@@ -33,6 +33,8 @@ from thermo_lens.passes import Collected, Recorder, collect
 from thermo_lens.settings import RunSettings
 from thermo_lens.sheaf.traces import _w_v_frob_sq, attention_diagonal
 from thermo_lens.attribution.terms import attribution_terms
+from thermo_lens.sweeps.feature_measure import (FEATURE_MEASURE_DEFINITION, feature_measure_layer, feature_readout,
+                                                parse_feature_measure)
 from thermo_lens.sweeps.logits import LogitDifference
 from thermo_lens.sweeps.start import BLOCK_HOOK, StartView, start_support
 from thermo_lens.tokens import TokenBatch
@@ -61,9 +63,7 @@ MEASURE_DEFINITIONS: dict[str, str] = {
                            "(formula 'off_diagonal_mass'), over all real tokens whatever the token_scope",
     "sheaf_trace:<layer>.<head>": "sheaf_traces' trace[:, layer, head]: (n - sum_i A_ii) ||W_V^h||_F^2 (formula "
                                   "'off_diagonal_mass'; under GQA the head's KV head's W_V), over all real tokens",
-    "sae_feature:<hook>.<i>": "latent <i> of the SAE at <hook> (its hook_sae_acts_post: after the activation "
-                              "function, JumpReLU's threshold and top-k included), mean over the token_scope's tokens "
-                              "(thermo_lens.sweeps.features)",
+    "sae_feature:<hook>.<i>": FEATURE_MEASURE_DEFINITION,
     "LogitDifference(answer, wrong, pos)": "logits[p, pos, answer_p] - logits[p, pos, wrong_p] at a position of each "
                                            "prompt's real tokens, from the final residual: the model's final norm and "
                                            "the two unembedding columns (thermo_lens.sweeps.LogitDifference)",
@@ -167,9 +167,7 @@ class Measure:
         if self.kind == "sheaf_trace":
             return [_one_layer(attention_diagonal, self.layer)]
         if self.kind == "sae_feature":
-            from thermo_lens.sweeps import features as _features
-
-            return [_features.feature_readout(self.source, int(self.head or 0), token_scope)]
+            return [feature_readout(self.source, int(self.head or 0), token_scope)]
         return []
 
 
@@ -200,11 +198,9 @@ def parse_measure(measure: Any, n_layers: int, n_heads: int | None = None) -> Me
     if not isinstance(measure, str):
         raise ThermoLensInputError(f"unknown measure {measure!r}; {known}")
     if measure.startswith("sae_feature:"):
-        from thermo_lens.sweeps import features as _features
-
-        hook, feature = _features.parse_feature_measure(measure)
+        hook, feature = parse_feature_measure(measure)
         return Measure(f"sae_feature:{hook[:-len('.hook_sae_acts_post')]}.{feature}", kind="sae_feature", head=feature,
-                       layer=_features.feature_measure_layer(hook), source=hook,
+                       layer=feature_measure_layer(hook), source=hook,
                        definition=MEASURE_DEFINITIONS["sae_feature:<hook>.<i>"])
     if measure == "total_amplification":
         return Measure(measure, definition=MEASURE_DEFINITIONS[measure])

@@ -9,14 +9,13 @@ prompt's value (patch). With ``use_error_term`` the SAE's output is then its edi
 the unedited error, SAELens' convention. Passes run from the embedding (the stream a start-at-layer
 pass would take is read downstream of the SAE).
 
-The measure ``sae_feature:<hook>.<i>`` is latent ``i`` of the SAE at ``<hook>``, averaged over the
-run's token scope: usable by every sweep.
+The measure ``sae_feature:<hook>.<i>`` (:mod:`thermo_lens.sweeps.feature_measure`) is latent ``i`` of
+the SAE at ``<hook>``, averaged over the run's token scope: usable by every sweep.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,14 +24,9 @@ from torch import Tensor
 from thermo_lens import attached
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.model import ModelView
-from thermo_lens.passes import Recorder
-from thermo_lens.sweeps.engine import MEASURE_DEFINITIONS, HookLayout
-from thermo_lens.tokens import TokenBatch, scope_mask
+from thermo_lens.sweeps.engine import HookLayout
 
-__all__ = ["FeatureLayout", "feature_layout", "feature_list", "feature_readout", "parse_feature_measure",
-           "FEATURE_MEASURE_DEFINITION"]
-
-FEATURE_MEASURE_DEFINITION = MEASURE_DEFINITIONS["sae_feature:<hook>.<i>"]
+__all__ = ["FeatureLayout", "feature_layout", "feature_list"]
 
 _ACTS = ".hook_sae_acts_post"
 _SAE_HOOK = re.compile(r"^blocks\.(\d+)\.(.+)$")
@@ -90,48 +84,3 @@ def feature_list(features: Any, d_sae: int) -> list[int]:
         if not 0 <= int(f) < d_sae:
             raise ThermoLensInputError(f"feature {int(f)} out of range 0..{d_sae - 1} (d_sae={d_sae})")
     return [int(f) for f in vals]
-
-
-def feature_readout(hook: str, feature: int, token_scope: str) -> Callable[[ModelView, Recorder], None]:
-    """Reduction recording ``("sae_feature", 0)`` ``[batch]`` float64: latent ``feature`` at ``hook``
-    (a ``hook_sae_acts_post``), mean over the scoped real tokens of each prompt."""
-    def reduction(view: ModelView, rec: Recorder) -> None:
-        def fn(x: Tensor, batch: TokenBatch) -> Tensor:
-            B, T = x.shape[:2]
-            mask = scope_mask(batch.lengths, T, token_scope, x.device)
-            v = x[..., feature].double() * mask
-            return v.sum(1) / mask.sum(1).clamp_min(1)
-        rec.add(hook, ("sae_feature", 0), fn)
-    reduction.__qualname__ = f"sae_feature_readout[{hook}.{feature}, {token_scope}]"
-    return reduction
-
-
-def parse_feature_measure(measure: str) -> tuple[str, int]:
-    """``(acts hook, feature)`` of ``"sae_feature:<SAE hook>.<i>"``."""
-    body = measure.split(":", 1)[1].strip()
-    hook, dot, idx = body.rpartition(".")
-    if not dot or not idx.lstrip("-").isdigit() or not _SAE_HOOK.match(hook):
-        raise ThermoLensInputError(
-            f"measure {measure!r}: write 'sae_feature:<SAE hook>.<feature>', e.g. 'sae_feature:blocks.1.hook_resid_post.7'")
-    if hook.endswith(_ACTS):
-        hook = hook[: -len(_ACTS)]
-    return f"{hook}{_ACTS}", int(idx)
-
-
-def feature_measure_layer(hook: str) -> int:
-    """The last block that runs before the latents at ``hook`` (``<SAE hook>.hook_sae_acts_post``)
-    are computed: a cell in a later block leaves them as they were."""
-    m = _SAE_HOOK.match(hook)
-    assert m is not None
-    layer = int(m.group(1))
-    return layer - 1 if m.group(2).startswith("hook_resid_pre") else layer
-
-
-def check_readout(view: ModelView, hook: str, feature: int) -> None:
-    """The readout's SAE is attached and has the feature."""
-    _, _, d_sae = feature_layout(view, hook)
-    if not 0 <= feature < d_sae:
-        raise ThermoLensInputError(f"measure sae_feature:{hook[: -len(_ACTS)]}.{feature}: feature out of range "
-                                   f"0..{d_sae - 1}")
-
-
