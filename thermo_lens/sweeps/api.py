@@ -188,7 +188,7 @@ def _feature_sweep(view: ModelView, ps: Any, hook: Any, features: Any, measure: 
     conditions = [Condition(layer, f, tuple(at[0])) for f in feats]
     # Every pass from the embedding: a pass started at the SAE's block would read the stream downstream of
     # the SAE for an SAE at hook_resid_pre, and never run it.
-    values, provenance, passes = run_conditions(view, ps, layout, conditions, sources, settings, rows,  # type: ignore[arg-type]
+    values, provenance, passes = run_conditions(view, ps, layout, conditions, sources, settings, rows,
                                                 measure=m, token_scope=token_scope, min_tokens=min_tokens,
                                                 start_at_layer=False)
     per_prompt = (values[1:] - values[0]).reshape(1, len(feats), len(ps)).movedim(-1, 0)
