@@ -552,9 +552,9 @@ def gain_attribution(
         sae_features: also split each attached SAE's term per feature (``sae_features``,
             ``sae_feature_rest``, ``sae_feature_error``: SAELens standard, top-k, JumpReLU and gated
             SAEs in the stream, at ``attn.hook_z`` or ``hook_mlp_out``, and transcoders replacing
-            an MLP), checked to close in the pass; ``4 d_sae`` bytes per prompt and SAE.
+            an MLP), checked to close in the pass; ``4 d_sae`` bytes per prompt and SAE (default ``False``).
         sae_features_top_k: with ``sae_features``, keep only the ``k`` features with the largest
-            mean ``|term|`` over prompts (their indices in ``sae_feature_index``); None keeps all.
+            mean ``|term|`` over prompts (their indices in ``sae_feature_index``; default ``None``: all).
         settings, **run: run options (:class:`thermo_lens.RunSettings`): ``prepend_bos``,
             ``batch_size``, ``truncate``, ``fwd_hooks`` (e.g. a patch or ablation; attributed as it
             ran), ``progress``.

@@ -256,7 +256,8 @@ def patch_sweep(
         layers: layers to sweep (default ``None``: all).
         heads: heads to sweep (default ``None``: all).
         features: with ``over="feature"`` and ``hook="<SAE hook>.hook_sae_acts_post"``, the SAE latents
-            to sweep, one cell each (:mod:`thermo_lens.sweeps.features`; every pass from the embedding).
+            to sweep, one cell each (:mod:`thermo_lens.sweeps.features`; every pass from the embedding;
+            default ``None``: required with ``over="feature"``).
         positions: with ``"pos"`` in ``over``, the swept positions (default ``None``: every position,
             which needs prompts of one length); otherwise the patched positions of each cell (default
             ``None``: every token). Negative from each prompt's end.
@@ -368,7 +369,8 @@ def ablation_sweep(
             themselves); every prompt and reference prompt must then have one token length.
         seed: the resample draw's seed (default ``0``).
         layers, heads: layers and heads to sweep (default ``None``: all).
-        features: with ``over="feature"``, the SAE latents to ablate, one cell each.
+        features: with ``over="feature"``, the SAE latents to ablate, one cell each (default ``None``:
+            required with ``over="feature"``).
         positions: as for :func:`patch_sweep` (default ``None``).
         token_scope: the gain measures' token scope (default ``"all_but_first"``).
         level: confidence level of the CIs (default ``0.95``).
