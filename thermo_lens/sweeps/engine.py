@@ -298,8 +298,8 @@ def measure_values(got: Collected, measure: Measure, token_scope: str,
     closure, scale = got.stack("attr_closure")[0], got.stack("attr_scale")[0]
     rel = closure / scale.clamp_min(torch.finfo(torch.float32).tiny)
     rtol = _CLOSURE_RTOL if got.view.dtype in (torch.float32, torch.float64) else _CLOSURE_RTOL_HALF
-    if bool((rel > rtol).any()):
-        r = int((rel > rtol).nonzero()[0])
+    if bool((~(rel <= rtol)).any()):  # (a NaN fails the check)
+        r = int((~(rel <= rtol)).nonzero()[0])
         raise ThermoLensInputError(
             f"measure {measure.label}: block {measure.layer}'s output is not its input plus its heads, MLP and biases "
             f"under {row_name(r)} (unexplained {float(rel[r]):.2e} of ||x_out||^2 + ||x_in||^2): a condition edits "
