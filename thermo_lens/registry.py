@@ -66,7 +66,7 @@ _PROVIDERS = (
 
 #: Shapes a metric can have (dimension names as in the jaxtyping annotations).
 SHAPES = ("layer head", "layer kv_head", "layer", "prompt layer", "prompt state", "prompt",
-          "prompt layer head", "prompt head", "head", "", "prompt layer expert")
+          "prompt layer head", "prompt head", "head", "", "prompt layer expert", "prompt feature")
 
 
 @dataclass(frozen=True)

@@ -361,23 +361,53 @@ def hooked_encoder(directory: str | os.PathLike, **kwargs: Any) -> Any:
 
 
 def random_sae(hook_name: str, d_in: int, d_sae: int, *, seed: int = 0, use_error_term: bool = False,
-               scale: float = 0.5) -> Any:
-    """A SAELens ``StandardSAE`` with seeded random weights, reading ``hook_name`` (never downloaded).
+               scale: float = 0.5, architecture: str = "standard", b_dec: float = 0.0, k: int = 8,
+               threshold: float = 0.05, d_out: int | None = None, hook_name_out: str | None = None) -> Any:
+    """A SAELens SAE with seeded random weights, reading ``hook_name`` (never downloaded).
 
     ``W_dec = scale * W_enc.T / ||.||`` rows and a positive encoder bias, so the reconstruction is a
-    real (lossy) map of the activation, not zero.
+    real (lossy) map of the activation, not zero. ``architecture``: ``"standard"`` (``StandardSAE``),
+    ``"topk"`` (``TopKSAE``, ``k`` latents per token), ``"jumprelu"`` (``JumpReLUSAE``, every
+    threshold ``threshold``), ``"gated"`` (``GatedSAE``) or ``"transcoder"`` (``Transcoder`` from
+    ``hook_name`` to ``hook_name_out``, width ``d_out``, random decoder). ``b_dec``: the SD of a
+    random decoder bias (0: none).
     """
     import torch
-    from sae_lens import StandardSAE, StandardSAEConfig
+    import sae_lens
 
-    cfg = StandardSAEConfig(d_in=d_in, d_sae=d_sae, dtype="float32", device="cpu")
+    classes = {"standard": ("StandardSAE", "StandardSAEConfig"), "topk": ("TopKSAE", "TopKSAEConfig"),
+               "jumprelu": ("JumpReLUSAE", "JumpReLUSAEConfig"), "gated": ("GatedSAE", "GatedSAEConfig"),
+               "transcoder": ("Transcoder", "TranscoderConfig")}
+    if architecture not in classes:
+        raise ValueError(f"architecture must be one of {list(classes)}, got {architecture!r}")
+    cls, cfg_cls = (getattr(sae_lens, n) for n in classes[architecture])
+    extra: dict[str, Any] = {"k": k} if architecture == "topk" else {}
+    if architecture == "transcoder":
+        extra = {"d_out": d_out or d_in, "apply_b_dec_to_input": False}
+    if hook_name.endswith("hook_z"):  # SAELens flattens [head, d_head] to d_in = head * d_head
+        extra["reshape_activations"] = "hook_z"
+    cfg = cfg_cls(d_in=d_in, d_sae=d_sae, dtype="float32", device="cpu", **extra)
     cfg.metadata.hook_name = hook_name
-    sae = StandardSAE(cfg, use_error_term=use_error_term)
+    if hook_name_out is not None:
+        cfg.metadata.hook_name_out = hook_name_out
+    sae = cls(cfg) if architecture == "transcoder" else cls(cfg, use_error_term=use_error_term)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         w = torch.randn(d_in, d_sae, generator=g)
         sae.W_enc.copy_(w / w.norm(dim=0, keepdim=True))
-        sae.W_dec.copy_(scale * sae.W_enc.T * (d_in / d_sae) ** 0.5)
-        sae.b_enc.copy_(0.1 * torch.rand(d_sae, generator=g))
-        sae.b_dec.zero_()
+        if architecture == "transcoder":
+            wd = torch.randn(d_sae, cfg.d_out, generator=g)
+            sae.W_dec.copy_(scale * wd / wd.norm(dim=1, keepdim=True) * (cfg.d_out / d_sae) ** 0.5)
+        else:
+            sae.W_dec.copy_(scale * sae.W_enc.T * (d_in / d_sae) ** 0.5)
+        bias = 0.1 * torch.rand(d_sae, generator=g)
+        if architecture == "gated":
+            sae.b_gate.copy_(bias - 0.05)
+            sae.b_mag.copy_(bias)
+            sae.r_mag.copy_(0.1 * torch.randn(d_sae, generator=g))
+        else:
+            sae.b_enc.copy_(bias)
+        if architecture == "jumprelu":
+            sae.threshold.fill_(threshold)
+        sae.b_dec.copy_(b_dec * torch.randn(sae.b_dec.shape, generator=g))
     return sae

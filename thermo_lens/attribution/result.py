@@ -12,6 +12,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from thermo_lens import measure
+from thermo_lens.attribution.features import FEATURE_DEFINITIONS
 from thermo_lens.attribution.terms import (_CLOSURE_RTOL, _CLOSURE_RTOL_HALF, TERM_COLUMNS, _check_scope, _not_splittable,
                                            attribution_terms, sae_sites)
 from thermo_lens.errors import ThermoLensInputError, ThermoLensNumericsError
@@ -66,6 +67,22 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
         expert: ``Float[Tensor, "prompt layer expert"]`` mixture of experts: expert ``e``'s share
             ``<w_e E_e(x), u_mlp>`` (router weight times expert output; ``expert.sum(-1) == mlp``);
             a dense MLP is one expert chosen with weight 1 (``[prompt, layer, 1]``, equal to ``mlp``).
+        sae_features: ``{SAE hook: Float[Tensor, "prompt feature"]}`` (``gain_attribution(...,
+            sae_features=True)``; None otherwise): feature ``i``'s term ``<f_i(x) W_dec[i], u_sae>``
+            (float32 means over the scope; ``u_sae`` the adjoint where the SAE writes, ``x_out + x_in``
+            at a pre-LN block's ends). Every feature, or with ``sae_features_top_k=k`` the ``k`` with
+            the largest mean over prompts of ``|term|``, in that order, their indices in
+            ``sae_feature_index``. A transcoder (keyed by its input hook) splits the MLP term.
+        sae_feature_rest: ``{SAE hook: Float[Tensor, "prompt"]}`` ``<b_dec - x, u_sae>`` (a
+            transcoder: ``<b_dec - b_out, u_mlp>``); ``sae_features.sum(-1) + sae_feature_rest +
+            sae_feature_error`` is the SAE's ``sae`` term (a transcoder's: ``mlp``), all features kept.
+        sae_feature_error: ``{SAE hook: Float[Tensor, "prompt"]}`` its error term's share
+            (``use_error_term``; 0 without), part of ``sae_error`` for an SAE in the stream.
+        sae_feature_index: ``{SAE hook: Long[Tensor, "k"]}`` the features kept, or None (all kept).
+        sae_feature_layer: ``{SAE hook: block}`` the block whose term the SAE's features split.
+        sae_feature_closure: ``{SAE hook: Float[Tensor, "prompt"]}`` the scoped mean of the per-token
+            ``|term - features - rest - error|`` (checked against ``scale`` as ``closure`` is).
+        sae_features_top_k: the ``k`` of ``sae_features_top_k`` (None: every feature kept).
     """
 
     head: Tensor
@@ -81,9 +98,17 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
     sae_error: Tensor | None = None
     expert: Tensor | None = None
     splice: Tensor | None = None
+    sae_features: dict[str, Tensor] | None = None
+    sae_feature_rest: dict[str, Tensor] | None = None
+    sae_feature_error: dict[str, Tensor] | None = None
+    sae_feature_index: dict[str, Tensor] | None = None
+    sae_feature_layer: dict[str, int] | None = None
+    sae_feature_closure: dict[str, Tensor] | None = None
+    sae_features_top_k: int | None = None
 
     #: 2: the norm, sae, sae_error and expert terms (results stored under 1 read them as 0 / None).
-    schema_version = 2
+    #: 3: the per-feature split of SAE terms (None: not computed; results stored under 2 read None).
+    schema_version = 3
 
     def __post_init__(self) -> None:
         for name in ("norm", "sae", "sae_error", "splice"):
@@ -182,6 +207,101 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
                            "expert_term": self.expert.numpy().ravel()})
         return self._definition_columns(df)
 
+    # ------------------------------------------------------------------ SAE features
+    def _require_features(self) -> dict[str, Tensor]:
+        if not self.sae_features:
+            raise ThermoLensInputError(
+                "this attribution has no per-feature SAE terms: run gain_attribution(model, prompts, sae_features=True) "
+                "on a model with SAEs attached")
+        return self.sae_features
+
+    def feature_ids(self, hook: str) -> Tensor:
+        """``[k]`` the SAE feature index of each column of ``sae_features[hook]`` (all, in order, unless
+        ``sae_features_top_k`` kept a subset)."""
+        terms = self._require_features()
+        if hook not in terms:
+            raise ThermoLensInputError(f"no SAE features at {hook!r}; this attribution has {', '.join(map(repr, terms))}")
+        if self.sae_feature_index is not None and hook in self.sae_feature_index:
+            return self.sae_feature_index[hook]
+        return torch.arange(terms[hook].shape[1])
+
+    def feature_frame(self) -> pd.DataFrame:
+        """One row per (prompt, SAE hook, feature): ``prompt, hook, layer, feature, sae_feature_term`` and
+        the definition columns (``feature`` is the SAE's feature index: frames merge on ``(hook,
+        feature)``, e.g. with :meth:`feature_summary`, and with a feature sweep's frame on ``(sae_hook,
+        feature)``)."""
+        frames = []
+        for hook, t in self._require_features().items():
+            P, K = t.shape
+            ids = self.feature_ids(hook).numpy()
+            frames.append(pd.DataFrame({"prompt": np.repeat(np.arange(P), K), "hook": hook, "sae_hook": hook,
+                                        "layer": self._feature_layer(hook), "feature": np.tile(ids, P),
+                                        "sae_feature_term": t.double().numpy().ravel()}))
+        df = self._definition_columns(pd.concat(frames, ignore_index=True))
+        df["sae_features_kept"] = "all" if self.sae_features_top_k is None else f"top {self.sae_features_top_k} by mean |term|"
+        return df
+
+    def feature_rest_frame(self) -> pd.DataFrame:
+        """One row per (prompt, SAE hook): ``sae_feature_rest``, ``sae_feature_error``, the features' sum
+        (``features``; of the kept ones with ``sae_features_top_k``), the SAE's block and the definition columns."""
+        assert self.sae_feature_rest is not None and self.sae_feature_error is not None
+        rows = [pd.DataFrame({"prompt": np.arange(self.n_prompts), "hook": hook, "layer": self._feature_layer(hook),
+                              "features": t.double().sum(-1).numpy(),
+                              "sae_feature_rest": self.sae_feature_rest[hook].numpy(),
+                              "sae_feature_error": self.sae_feature_error[hook].numpy()})
+                for hook, t in self._require_features().items()]
+        return self._definition_columns(pd.concat(rows, ignore_index=True))
+
+    def _feature_layer(self, hook: str) -> int:
+        return int((self.sae_feature_layer or {})[hook])
+
+    def feature_summary(self, level: float = 0.95) -> pd.DataFrame:
+        """One row per (SAE hook, feature): ``mean`` of its term over prompts, ``sd`` (ddof=1), ``se``,
+        the Student-t ``ci_low`` / ``ci_high`` at ``level``, ``mean_abs`` and ``n`` (prompts), with
+        ``hook``, ``layer``, ``feature``: which features amplify (``mean > 0``) or damp the block's
+        stream, on these prompts."""
+        from thermo_lens.stats import t_interval
+
+        frames = []
+        for hook, t in self._require_features().items():
+            x = t.double().numpy()
+            n = x.shape[0]
+            mean = x.mean(0)
+            sd = x.std(0, ddof=1) if n > 1 else np.full_like(mean, np.nan)
+            lo, hi = t_interval(mean, sd, np.full_like(mean, n), level)
+            frames.append(pd.DataFrame({"hook": hook, "sae_hook": hook, "layer": self._feature_layer(hook),
+                                        "feature": self.feature_ids(hook).numpy(), "mean": mean, "sd": sd,
+                                        "se": sd / np.sqrt(n), "ci_low": lo, "ci_high": hi,
+                                        "mean_abs": np.abs(x).mean(0), "n": n}))
+        df = pd.concat(frames, ignore_index=True)
+        df["level"] = level
+        df["token_scope"] = self.token_scope
+        return df
+
+    def top_features(self, k: int = 10, *, hook: str | None = None, by: str = "abs", level: float = 0.95) -> pd.DataFrame:
+        """The ``k`` features (of ``hook``, or of every SAE) with the largest mean term (``by="mean"``: most
+        amplifying), the smallest (``by="damp"``: most damping) or the largest ``|mean|`` (``"abs"``),
+        as rows of :meth:`feature_summary`."""
+        if by not in ("mean", "damp", "abs"):
+            raise ThermoLensInputError(f"by must be 'mean', 'damp' or 'abs', got {by!r}")
+        df = self.feature_summary(level)
+        if hook is not None:
+            self.feature_ids(hook)  # names the hooks there are
+            df = df[df["hook"] == hook]
+        key = {"mean": -df["mean"], "damp": df["mean"], "abs": -df["mean"].abs()}[by]
+        return df.assign(_key=key).sort_values("_key", kind="stable").drop(columns="_key").head(k).reset_index(drop=True)
+
+    def plot_features(self, k: int = 8, level: float = 0.95) -> Any:
+        """Per SAE, the ``k`` features that amplify and damp their block most, with ``level`` t-CIs
+        (a plotly figure: :func:`thermo_lens.views.feature_chart`)."""
+        import importlib
+
+        from thermo_lens import result as _result
+
+        if "GainAttribution.features" not in _result._PLOTS:
+            importlib.import_module(_result._FIGURES_MODULE)  # views register their figures on import
+        return _result._PLOTS["GainAttribution.features"](self, k=k, level=level)
+
     def __repr__(self) -> str:
         m = self.model
         lt = self.total.mean(0).tolist()
@@ -211,6 +331,15 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
         if saes:
             lines.append("  SAEs: " + "; ".join(
                 f"{r['hook']} (d_sae={r['d_sae']}{', error term' if r['use_error_term'] else ''})" for r in saes))
+        for hook, t in (self.sae_features or {}).items():
+            mean = t.double().mean(0)
+            ids = self.feature_ids(hook)
+            hi, lo = int(mean.argmax()), int(mean.argmin())
+            kept = "all features" if self.sae_features_top_k is None else f"top {t.shape[1]} by mean |term|"
+            clo = float((self.sae_feature_closure or {})[hook].div(self.scale[:, self._feature_layer(hook)]).max())
+            lines.append(f"  features of {hook} (block {self._feature_layer(hook)}, {kept}): sum_i <f_i W_dec[i], u> + "
+                         f"<b_dec - x, u> + error = its term (max closure {clo:.1e}); most amplifying #{int(ids[hi])} "
+                         f"{float(mean[hi]):+.4g}, most damping #{int(ids[lo])} {float(mean[lo]):+.4g}")
         lines.append(f"  hooks: {self.provenance.hooks_text}")
         return "\n".join(lines)
 
@@ -242,6 +371,15 @@ for _name, _symbol, _formula, _shape, _attr, _frame in (
                            section="gain", unit="squared residual norm", attr=_attr, frame=_frame,
                            column=None if _name == "head_term" else _attr,
                            panel=_name == "head_term"))
+register_metric(Metric("sae_feature_term", symbol="<f_i(x) W_dec[i], u_sae>", formula=FEATURE_DEFINITIONS["sae_features"],
+                       shape="prompt feature", result="GainAttribution", section="gain", unit="squared residual norm",
+                       attr="sae_features", frame="feature_frame"))
+register_metric(Metric("sae_feature_rest", symbol="<b_dec - x, u_sae>", formula=FEATURE_DEFINITIONS["sae_feature_rest"],
+                       shape="prompt", result="GainAttribution", section="gain", unit="squared residual norm",
+                       attr="sae_feature_rest", frame="feature_rest_frame"))
+register_metric(Metric("sae_feature_error", symbol="<error, u_sae>", formula=FEATURE_DEFINITIONS["sae_feature_error"],
+                       shape="prompt", result="GainAttribution", section="gain", unit="squared residual norm",
+                       attr="sae_feature_error", frame="feature_rest_frame"))
 register_metric(Metric("expert_term", symbol="<w_e E_e(x), u_mlp>", formula="mixture-of-experts MLP: expert e's "
                        "share of the MLP term (router weight times expert output; sums to mlp_term over experts; a "
                        "dense MLP is one expert with weight 1)",
@@ -299,10 +437,13 @@ def _check_finite(view: Any, head: Tensor, get: dict[str, Tensor], expert: Tenso
                 f"({int(bad.sum())} value(s) in all): it is read from {where};{hint}")
 
 
-def attribution_from_collected(collected: Collected, token_scope: str = "all_but_first") -> GainAttribution:
+def attribution_from_collected(collected: Collected, token_scope: str = "all_but_first", *,
+                               sae_features: bool = False, sae_features_top_k: int | None = None) -> GainAttribution:
     """The :class:`GainAttribution` of a :func:`~thermo_lens.passes.collect` pass that ran
-    :func:`attribution_terms` (pure; checks that every block closes)."""
+    :func:`attribution_terms` (pure; checks that every block closes, and with ``sae_features`` that
+    every SAE's features close to its term)."""
     _check_scope(token_scope)
+    sae_features_top_k = _check_top_k(sae_features_top_k)
     if "attr_head" not in collected.recorder.names:
         raise ThermoLensInputError("this collection has no attribution terms: run collect(..., [attribution_terms(scope)])")
     head = collected.stack("attr_head").permute(1, 0, 2).contiguous()  # [P, L, H]
@@ -332,23 +473,80 @@ def attribution_from_collected(collected: Collected, token_scope: str = "all_but
                 f"{view.name}: block {l}'s experts do not add up to its MLP output (prompt {p}: "
                 f"{float(gap[p, l]):.2e} of the scale): the mixture of experts adds something besides router "
                 "weight x expert output (a shared expert, or a hook on the router)")
+    feats = _feature_fields(collected, get["scale"], rtol, sae_features_top_k) if sae_features else {}
     return GainAttribution(head=head, mlp=get["mlp"], bias=get["bias"], total=get["total"], closure=get["closure"],
                            scale=get["scale"], token_scope=token_scope, provenance=collected.provenance(),
                            norm=get["norm"], sae=get["sae"], sae_error=get["sae_error"], expert=expert,
-                           splice=get["splice"])
+                           splice=get["splice"], **feats)
 
 
-def _build(ctx: BuildContext, *, token_scope: str) -> GainAttribution:
-    return attribution_from_collected(ctx.collected, token_scope)
+def _check_top_k(k: Any) -> int | None:
+    if k is None:
+        return None
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or int(k) < 1:
+        raise ThermoLensInputError(f"sae_features_top_k must be a positive int (or None: keep every feature), got {k!r}")
+    return int(k)
+
+
+def _feature_fields(collected: Collected, scale: Tensor, rtol: float, top_k: int | None) -> dict[str, Any]:
+    """The ``sae_feature*`` fields of a pass that split SAE terms per feature (each SAE's closure checked;
+    with ``top_k`` only the ``k`` features with the largest mean ``|term|`` over prompts kept)."""
+    names = collected.recorder.names
+    keys = sorted({n.split(":", 1)[1] for n in names if n.startswith("attr_sae_feature:")})
+    view = collected.view
+    if not keys:
+        raise ThermoLensInputError(
+            f"sae_features=True, but no SAE is attached to {view.name} whose term can be split (attach one with "
+            "model.add_sae(sae) on a HookedSAETransformer / SAETransformerBridge), or run without sae_features")
+    out: dict[str, dict[str, Any]] = {k: {} for k in ("sae_features", "sae_feature_rest", "sae_feature_error",
+                                                      "sae_feature_index", "sae_feature_layer", "sae_feature_closure")}
+    for key in keys:
+        layer = int(next(k[1] for k in collected.recorder._parts if k[0] == f"attr_sae_feature:{key}"))
+        terms = collected.stack(f"attr_sae_feature:{key}")[0]  # [P, d_sae] float32
+        rest, err, clo = (collected.stack(f"attr_sae_{w}:{key}")[0] for w in ("rest", "ferror", "fclosure"))
+        rel = clo / scale[:, layer].clamp_min(torch.finfo(torch.float32).tiny)
+        if bool((~(rel <= rtol)).any()):
+            p = int((~(rel <= rtol)).nonzero()[0, 0])
+            raise ThermoLensInputError(
+                f"{view.name}: the features of the SAE at {key} do not add up to its term in block {layer} (prompt "
+                f"{p}: unexplained {float(rel[p]):.2e} of ||x_out||^2 + ||x_in||^2): its output is not f(x) W_dec + "
+                "b_dec (+ its error term); e.g. a hook edited hook_sae_recons or hook_sae_output, exclude_special_tokens "
+                "bypassed it on some tokens, or its decoder is not linear. Remove such hooks, or run without "
+                "sae_features")
+        if top_k is not None:
+            idx = torch.argsort(terms.double().abs().mean(0), descending=True, stable=True)[:top_k]
+            out["sae_feature_index"][key] = idx
+            terms = terms[:, idx].contiguous()
+        out["sae_features"][key] = terms
+        out["sae_feature_rest"][key], out["sae_feature_error"][key] = rest, err
+        out["sae_feature_closure"][key], out["sae_feature_layer"][key] = clo, layer
+    return {**out, "sae_feature_index": out["sae_feature_index"] if top_k is not None else None,
+            "sae_features_top_k": top_k}
+
+
+def _build(ctx: BuildContext, *, token_scope: str, sae_features: bool = False,
+           sae_features_top_k: int | None = None) -> GainAttribution:
+    return attribution_from_collected(ctx.collected, token_scope, sae_features=sae_features,
+                                      sae_features_top_k=sae_features_top_k)
+
+
+def _check_flag(v: Any) -> bool:
+    if not isinstance(v, (bool, np.bool_)):
+        raise ThermoLensInputError(f"sae_features must be True or False, got {v!r}")
+    return bool(v)
 
 
 register_measurement(Measurement(
     "attribution", title="Gain attribution", result="GainAttribution", section="gain",
     summary="each head's (and the MLP's, biases', norms', SAEs' and experts') exact share of each block's "
             "squared-norm change ||x_out||^2 - ||x_in||^2",
-    options={"token_scope": Option("all_but_first", _check_scope, "the tokens the per-token terms are averaged over")},
-    reductions=lambda *, token_scope: [attribution_terms(token_scope)], build=_build,
-    min_tokens=lambda *, token_scope: 2 if token_scope == "all_but_first" else 1,
+    options={"token_scope": Option("all_but_first", _check_scope, "the tokens the per-token terms are averaged over"),
+             "sae_features": Option(False, _check_flag, "also split each attached SAE's term per feature"),
+             "sae_features_top_k": Option(None, _check_top_k, "with sae_features: keep only the k features with "
+                                          "the largest mean |term| over prompts (None: all)")},
+    reductions=lambda *, token_scope, sae_features=False, **_: [attribution_terms(token_scope, sae_features)],
+    build=_build,
+    min_tokens=lambda *, token_scope, **_: 2 if token_scope == "all_but_first" else 1,
     applies=_not_splittable, optional=True,
 ))
 
@@ -359,6 +557,8 @@ def gain_attribution(
     prompts: Prompts,
     *,
     token_scope: TokenScope = "all_but_first",
+    sae_features: bool = False,
+    sae_features_top_k: int | None = None,
     settings: RunSettings | None = None,
     cache: Any = None,
     **run: Unpack[RunOptions],
@@ -377,6 +577,12 @@ def gain_attribution(
             ``HookedSAETransformer``, ``HookedEncoder``).
         prompts: anything :func:`thermo_lens.inputs.as_prompts` takes.
         token_scope: ``"all_but_first"`` (default), ``"all"`` or ``"last"``.
+        sae_features: also split each attached SAE's term per feature (``sae_features``,
+            ``sae_feature_rest``, ``sae_feature_error``: SAELens standard, top-k, JumpReLU and gated
+            SAEs in the stream, at ``attn.hook_z`` or ``hook_mlp_out``, and transcoders replacing
+            an MLP), checked to close in the pass; ``4 d_sae`` bytes per prompt and SAE (default ``False``).
+        sae_features_top_k: with ``sae_features``, keep only the ``k`` features with the largest
+            mean ``|term|`` over prompts (their indices in ``sae_feature_index``; default ``None``: all).
         settings, **run: run options (:class:`thermo_lens.RunSettings`): ``prepend_bos``,
             ``batch_size``, ``truncate``, ``fwd_hooks`` (e.g. a patch or ablation; attributed as it
             ran), ``progress``.
@@ -399,5 +605,9 @@ def gain_attribution(
     if why:
         raise ThermoLensInputError(why)
     view.warn_if_processed("the residual norms differ from the raw model's", stacklevel=2)
-    return measure.run(view, prompts, {"attribution": {"token_scope": token_scope}}, settings=settings, cache=cache,
-                       **run).attribution
+    options: dict[str, Any] = {"token_scope": token_scope}
+    if sae_features:
+        options.update(sae_features=True, sae_features_top_k=sae_features_top_k)
+    elif sae_features_top_k is not None:
+        raise ThermoLensInputError("sae_features_top_k needs sae_features=True")
+    return measure.run(view, prompts, {"attribution": options}, settings=settings, cache=cache, **run).attribution

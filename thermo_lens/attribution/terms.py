@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from thermo_lens import attached
+from thermo_lens.attribution.features import FEATURE_DEFINITIONS, FeatureSite, decoder, feature_sites, split_features
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.layout import BlockLayout, NormSite
 from thermo_lens.model import ModelView
@@ -46,6 +47,7 @@ ATTRIBUTION_DEFINITIONS: dict[str, str] = {
               "expert with weight 1)",
     "total": "||x_out||^2 - ||x_in||^2, x_in = x_layer, x_out = x_{layer+1} (the gain's residual states)",
     "closure": "total - (sum_h head + mlp + bias + norm + sae + splice): float32 rounding (checked)",
+    **FEATURE_DEFINITIONS,
 }
 
 #: The per-token columns of a block's terms after the heads' (then the experts', if any), each recorded
@@ -143,6 +145,8 @@ class _BlockPlan:
     splice: str | None = None  # where the block's output is read as written (the next block may read another)
     has_b_O: bool = True  # whether b_O / b_out has a non-zero entry
     has_b_out: bool = True
+    features: list[FeatureSite] = field(default_factory=list)  # SAEs split per feature (sae_features=True)
+    decoders: list[tuple[Tensor, Tensor]] = field(default_factory=list)  # (W, b_dec) of each, float32
     _on: dict = field(default_factory=dict, repr=False)  # device -> this plan's constants there
 
     def on(self, dev: torch.device) -> _BlockPlan:
@@ -156,14 +160,16 @@ class _BlockPlan:
         if moved is None:
             moved = replace(self, W_O=self.W_O.to(dev), b_O=self.b_O.to(dev), b_out=self.b_out.to(dev),
                             norms={m: (g.to(dev), None if beta is None else beta.to(dev))
-                                   for m, (g, beta) in self.norms.items()}, _on={})
+                                   for m, (g, beta) in self.norms.items()},
+                            decoders=[(W.to(dev), b.to(dev)) for W, b in self.decoders], _on={})
             self._on[dev] = moved
         return moved
 
 
-def _plan(view: ModelView, rec: Recorder | None = None) -> list[_BlockPlan]:
+def _plan(view: ModelView, rec: Recorder | None = None, sae_features: bool = False) -> list[_BlockPlan]:
     """Every block's plan; ``rec``: the recorder of the pass (shares ``W_O`` with other reductions,
-    and tells whether hooks other than the reductions' run: without them, no splice is read)."""
+    and tells whether hooks other than the reductions' run: without them, no splice is read);
+    ``sae_features``: also read the attached SAEs' latents, to split their terms per feature."""
     layout: BlockLayout = view.layout
     L, H, d = view.n_layers, view.n_heads, view.d_model
     W_O = view.W_O_layers() if rec is None else rec.per_pass(("W_O layers", torch.float32), view.W_O_layers)
@@ -181,6 +187,7 @@ def _plan(view: ModelView, rec: Recorder | None = None) -> list[_BlockPlan]:
         base = out[: -len(".hook_sae_output")] if isinstance(out, str) and out.endswith(".hook_sae_output") else hook
         return f"{base}.hook_sae_{which}"
 
+    fsites = feature_sites(view, sites, layout.mlp_hook, sae_hook) if sae_features else []
     plans = []
     for l in range(L):
         block = view.model.blocks[l]
@@ -203,6 +210,11 @@ def _plan(view: ModelView, rec: Recorder | None = None) -> list[_BlockPlan]:
             reads += [(sae_hook(site.hook, "input"), f"sae_in:{i}"), (sae_hook(site.hook, "output"), f"sae_out:{i}")]
             if site.error_term:
                 reads.append((sae_hook(site.hook, "error"), f"sae_err:{i}"))
+        mine_f = [fs for fs in fsites if fs.layer == l]
+        for j, fs in enumerate(mine_f):
+            reads.append((fs.acts, f"sae_f:{j}"))
+            if fs.error is not None:
+                reads.append((fs.error, f"tc_err:{j}"))
         # The block's output as it wrote it: x_out = x_{l+1} is read where block l+1 reads it, after any
         # hook between the two (e.g. a patch at blocks.{l+1}.hook_resid_pre); that change is the splice
         # term. Not for the last block (x_L is its output), nor where an SAE sits at x_{l+1}'s point (its
@@ -216,18 +228,24 @@ def _plan(view: ModelView, rec: Recorder | None = None) -> list[_BlockPlan]:
             layer=l, reads=reads, W_O=W_flat[l], b_O=zero if b_O is None else b_O,
             b_out=zero if b_out is None else b_out, norms={n.module: n.params(block) for n in layout.norm_sites},
             sites=mine, experts=experts, splice=splice, has_b_O=b_O is not None and bool(b_O.any()),
-            has_b_out=b_out is not None and bool(b_out.any())))
+            has_b_out=b_out is not None and bool(b_out.any()), features=mine_f,
+            decoders=[decoder(attached.sae_wrappers(view.model)[fs.key].sae) for fs in mine_f]))
     return plans
 
 
 def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_out: Tensor | None = None,
-                 sq_norms: Any = _sq_norms) -> tuple[Tensor, list[Tensor], Tensor | None]:
+                 sq_norms: Any = _sq_norms, features: Any = None) -> tuple[Tensor, list[Tensor], Tensor | None]:
     """The per-token terms of one block from its scoped activations (``take(key)`` -> ``[n, ...]``
     float32): the heads' ``[n, head]``, the columns of :data:`TERM_COLUMNS` (``[n]`` each: mlp,
     bias, norm, sae, sae_error, splice, scale, closure, total) and the experts' ``[n, expert]`` (None
     without a mixture of experts). ``y_out``: the block's output as it wrote it
     (:attr:`_BlockPlan.splice`), None where ``x_out`` is it. ``sq_norms``: per-row ``||x||^2``
-    (the pass shares block ``l``'s ``||x_out||^2`` with block ``l + 1``, whose ``x_in`` it is)."""
+    (the pass shares block ``l``'s ``||x_out||^2`` with block ``l + 1``, whose ``x_in`` it is).
+    ``features(j, v, part, error, rest_of)``: called once per SAE split per feature (``plan.features[j]``)
+    with the adjoint ``v`` ``[n, d]`` where it writes, the per-token term its features, rest and error
+    must add up to (``part``: the SAE's ``sae`` share, or the MLP term a transcoder writes), its error
+    share (None without an error term) and the vector its rest pairs with ``b_dec - rest_of``
+    (the SAE's input; a transcoder: the MLP's output bias)."""
     layout: BlockLayout = view.layout
     H, dev = view.n_heads, x_out.device
     plan = plan.on(dev)
@@ -279,12 +297,7 @@ def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_
         bias = bias + v_a @ b_O + v_m @ b_out
     norm = _owned_dot(u1 - s, x_in) if layout.stream_norms else zero
     adjoint = {"start": u1, "mid": u2, "attn_out": u1, "mlp_out": u2, "end": s, "z": u}
-    sae, sae_err = zero, zero
-    for i, site in enumerate(plan.sites):
-        v = adjoint[site.where]
-        sae = sae + _owned_dot(take(f"sae_out:{i}") - take(f"sae_in:{i}"), v)
-        if site.error_term:
-            sae_err = sae_err + _vec_dot(take(f"sae_err:{i}"), v)
+    sae, sae_err = _sae_terms(plan, take, adjoint, zero, v_m, mlp, features)
     # x_out = y_out + (what hooks changed between the blocks): the change is its own component (exactly 0
     # without such hooks: x_out and y_out are then the same tensor, and a pass without foreign hooks
     # does not read y_out at all)
@@ -302,8 +315,31 @@ def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_
     return head, [mlp, bias, norm, sae, sae_err, splice, scale, closure, total], experts
 
 
+def _sae_terms(plan: _BlockPlan, take: Any, adjoint: dict[str, Tensor], zero: Tensor, v_m: Tensor, mlp: Tensor,
+               features: Any) -> tuple[Tensor, Tensor]:
+    """``(sae, sae_error)`` ``[n]`` of the block's stream SAEs, and ``features(...)`` (see
+    :func:`_block_terms`) for each SAE split per feature, transcoders (which wrote the MLP output) last."""
+    sae, sae_err = zero, zero
+    split = {fs.site: j for j, fs in enumerate(plan.features) if fs.site is not None} if features else {}
+    for i, site in enumerate(plan.sites):
+        v = adjoint[site.where]
+        x = take(f"sae_in:{i}")
+        part = _owned_dot(take(f"sae_out:{i}") - x, v)
+        sae = sae + part
+        err = _vec_dot(take(f"sae_err:{i}"), v) if site.error_term else None
+        if err is not None:
+            sae_err = sae_err + err
+        if i in split:
+            features(split[i], v, part, err, x)
+    if features:
+        for j, fs in enumerate(plan.features):
+            if fs.site is None:  # a transcoder: it wrote the MLP output (its bias replaced b_out)
+                features(j, v_m, mlp, _vec_dot(take(f"tc_err:{j}"), v_m) if fs.error else None, plan.b_out)
+    return sae, sae_err
+
+
 @functools.lru_cache(maxsize=None)
-def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
+def attribution_terms(token_scope: str = "all_but_first", sae_features: bool = False) -> Reduction:
     """Reduction (for :func:`thermo_lens.passes.collect`) recording the scoped means, per block
     ``l``: ``("attr_head", l)`` ``[batch, head]``, ``("attr_mlp", l)``, ``("attr_bias", l)``,
     ``("attr_norm", l)``, ``("attr_sae", l)``, ``("attr_sae_error", l)``, ``("attr_splice", l)``,
@@ -311,7 +347,13 @@ def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
     ``("attr_closure", l)`` and ``("attr_scale", l)`` (the scoped mean of
     ``||x_out||^2 + ||x_in||^2``, the size the closure is compared with), each ``[batch]``
     float64, and for a mixture of experts ``("attr_expert", l)`` ``[batch, expert]``
-    (:data:`TERM_COLUMNS`: the order of the per-token columns after the heads)."""
+    (:data:`TERM_COLUMNS`: the order of the per-token columns after the heads).
+
+    With ``sae_features``, per SAE split per feature (:mod:`thermo_lens.attribution.features`, key
+    ``k`` its hook, ``l`` its block): ``("attr_sae_feature:k", l)`` ``[batch, d_sae]`` float32 means
+    of ``<f_i W_dec[i], u>``, ``("attr_sae_rest:k", l)``, ``("attr_sae_ferror:k", l)`` and
+    ``("attr_sae_fclosure:k", l)`` (the scoped mean of the per-token ``|part - features - rest -
+    error|``) ``[batch]`` float64."""
     _check_scope(token_scope)
 
     def scoped_rows(batch: TokenBatch, dev: torch.device) -> tuple[Tensor, Tensor, Tensor]:
@@ -327,7 +369,7 @@ def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
             raise ThermoLensInputError(why)
         names = view.resid_hook_names
         last = [-1]  # the last block whose hooks are registered (a sweep registers one block's)
-        for plan in _plan(view, rec):
+        for plan in _plan(view, rec, sae_features):
             state: dict[str, Tensor] = {}
 
             def keep(x: Tensor, batch: TokenBatch, _key: str, _state: dict = state) -> None:
@@ -366,7 +408,9 @@ def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
                 x_rows = x_out.reshape(B * T, -1).index_select(0, rows).float()
                 shared[names[_plan.layer + 1]] = x_rows
                 y_out = _state.pop("y_out", None)  # already the scoped rows (a copy, see keep_output)
-                terms = _block_terms(view, _plan, take, x_rows, None if y_out is None else y_out.float(), sq_norms)
+                split = functools.partial(_split_features, rec, _plan.on(dev), take, prompt_of, n) if _plan.features else None
+                terms = _block_terms(view, _plan, take, x_rows, None if y_out is None else y_out.float(), sq_norms,
+                                     split)
                 _state.clear()
                 # The per-prompt means of every block's terms are taken and recorded once per batch, by
                 # the last block of the pass (the total too: the hook returns None).
@@ -392,6 +436,35 @@ def attribution_terms(token_scope: str = "all_but_first") -> Reduction:
         last[0] = max((key[1] for key in rec.registered() if key[0] == "attr_total"), default=-1)
 
     return reduction
+
+
+def _split_features(rec: Recorder, plan: _BlockPlan, take: Any, prompt_of: Tensor, n: Tensor, j: int, v: Tensor,
+                    part: Tensor, error: Tensor | None, rest_of: Tensor) -> None:
+    """Record the per-prompt means of SAE ``plan.features[j]``'s feature terms, rest and error share,
+    and of the per-token gap by which they miss ``part`` (the closure, checked when the result is built)."""
+    fs = plan.features[j]
+    W, b_dec = plan.decoders[j]
+    f = take(f"sae_f:{j}")
+    if f.shape[-1] != W.shape[0] or v.shape[-1] != W.shape[1]:
+        raise ThermoLensInputError(
+            f"the SAE at {fs.key}: its latents have width {f.shape[-1]} and it writes width {v.shape[-1]}, but its "
+            f"W_dec is {tuple(W.shape)}; sae_features splits SAEs whose decoder maps the latents to the activation "
+            "they replace")
+    sums, per_token = split_features(f, W, v, prompt_of, n.shape[0])
+    rest = _vec_dot(b_dec - rest_of, v)
+    gap = part - per_token - rest
+    if error is not None:
+        gap = gap - error
+    B = n.shape[0]
+
+    def mean(t: Tensor) -> Tensor:
+        return torch.zeros(B, dtype=torch.float64, device=t.device).index_add_(0, prompt_of, t.double()).div_(n[:, 0])
+
+    rec.put((f"attr_sae_feature:{fs.key}", plan.layer), sums.div_(n).float())
+    rec.put_rows([(f"attr_sae_rest:{fs.key}", plan.layer), (f"attr_sae_ferror:{fs.key}", plan.layer),
+                  (f"attr_sae_fclosure:{fs.key}", plan.layer)],
+                 torch.stack([mean(rest), mean(error) if error is not None else rest.new_zeros(B, dtype=torch.float64),
+                              mean(gap.abs())]))
 
 
 def _check_read(view: ModelView, plan: _BlockPlan, state: dict[str, Tensor]) -> None:

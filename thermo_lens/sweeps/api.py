@@ -46,6 +46,7 @@ from thermo_lens.sweeps.engine import Condition, HookLayout, Sources, hook_layou
 from thermo_lens.sweeps.engine import capture as _capture
 from thermo_lens.sweeps.engine import run_conditions as _run_conditions
 from thermo_lens.sweeps.rows import CPU_ROWS, halving_on_oom, rows_per_pass
+from thermo_lens.sweeps.features import feature_layout, feature_list
 from thermo_lens.sweeps.result import SweepResult, build_result
 from thermo_lens.tokens import TokenScope, token_batch
 from thermo_lens.validate import excerpt, validates_own_inputs
@@ -63,11 +64,12 @@ run_conditions = halving_on_oom(_run_conditions, position=6)
 
 
 def _over(over: Any) -> tuple[str, ...]:
-    if over == "head" or over == "pos":
+    if over == "head" or over == "pos" or over == "feature":
         return (over,)
-    if isinstance(over, (tuple, list)) and tuple(over) in (("head", "pos"), ("head",), ("pos",)):
+    if isinstance(over, (tuple, list)) and tuple(over) in (("head", "pos"), ("head",), ("pos",), ("feature",)):
         return tuple(over)
-    raise ThermoLensInputError(f"over must be 'head', 'pos' or ('head', 'pos'), got {over!r}")
+    raise ThermoLensInputError(f"over must be 'head', 'pos', ('head', 'pos') or 'feature' (an SAE's latents), "
+                               f"got {excerpt(over)}")
 
 
 def _index_list(name: str, value: Any, n: int) -> list[int]:
@@ -308,6 +310,41 @@ def _auto(run: dict[str, Any]) -> bool:
     return False
 
 
+def _feature_sweep(view: ModelView, ps: Any, hook: Any, features: Any, measure: Any, *, positions: Any,
+                   token_scope: str, level: float, settings: RunSettings, rows: int, sources_for: SourceFn,
+                   kind: str, method: str) -> SweepResult:
+    """:func:`_sweep` over the latents of one SAE (``over="feature"``, :mod:`thermo_lens.sweeps.features`):
+    one cell per listed feature, every pass from the embedding."""
+    layout, layer, d_sae = feature_layout(view, hook)
+    feats = feature_list(features, d_sae)
+    m = parse_measure(measure, view.n_layers, view.n_heads)
+    min_tokens = m.min_tokens(token_scope)
+    lengths = _lengths(view, ps, settings, min_tokens)
+    _check_logit_function_lengths(m, lengths, "the prompts")
+    if m.kind == "logit_difference":
+        m.source.check(len(ps), lengths, view.d_vocab)
+    given = None if positions is None else _labels(positions)
+    slots: list[list[int] | None] = [given]
+    per_slot = [_resolve(sl, lengths, "the") for sl in slots]
+    sources, clean_values, reference, alignment = sources_for(layout, [layer], min_tokens, lengths, slots)
+    conditions = [Condition(layer, f, tuple(per_slot[0]), slot=0) for f in feats]
+    # Every pass from the embedding: a pass started at the SAE's block would read the stream downstream of
+    # the SAE for an SAE at hook_resid_pre, and never run it.
+    values, provenance, passes = run_conditions(view, ps, layout, conditions, sources, settings, rows,
+                                                measure=m, token_scope=token_scope, min_tokens=min_tokens,
+                                                start_at_layer=False)
+    notes = _undefined(values, clean_values, conditions, feats, [], ("feature",), m.label)
+    per_prompt = (values[1:] - values[0]).reshape(1, len(feats), len(ps)).movedim(-1, 0)
+    return build_result(
+        per_prompt=per_prompt, baseline=values[0], clean=clean_values, level=float(level), kind=kind, method=method,
+        hook=hook, over=("feature",), measure=m.label, layers=(layer,), heads=tuple(feats), positions=(),
+        token_scope=m.scope(token_scope), measure_definition=m.definition,
+        patched_positions="all" if given is None else str(given),
+        reference=reference, provenance=provenance, passes=passes, alignment=alignment, notes=tuple(notes))
+
+
+
+
 @validates_own_inputs
 def patch_sweep(
     model: Any,
@@ -319,6 +356,7 @@ def patch_sweep(
     measure: str | Callable[[Tensor], Tensor] = "total_amplification",
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
+    features: Sequence[int] | None = None,
     positions: Sequence[int] | None = None,
     token_scope: TokenScope = DEFAULT_SCOPE,
     level: float = 0.95,
@@ -358,6 +396,9 @@ def patch_sweep(
             your order, e.g. a logit difference; the passes then run to the logits).
         layers: layers to sweep (default ``None``: all).
         heads: heads to sweep (default ``None``: all).
+        features: with ``over="feature"`` and ``hook="<SAE hook>.hook_sae_acts_post"``, the SAE latents
+            to sweep, one cell each (:mod:`thermo_lens.sweeps.features`; every pass from the embedding;
+            default ``None``: required with ``over="feature"``).
         positions: with ``"pos"`` in ``over``, the swept positions (default ``None``: every position,
             which needs prompts of one length); otherwise the patched positions of each cell (default
             ``None``: every token, which needs each pair of one length). Each position is aligned in each
@@ -427,6 +468,13 @@ def patch_sweep(
         first = f"; first {cps.texts[0][:40]!r}" if cps.token_ids is None else f"; {len(cps)} token-id rows"
         return out, clean_values, f"clean prompts ({cps.name}{first})", _alignment(slots, cl, lengths)
 
+    if features is not None and ov != ("feature",):
+        raise ThermoLensInputError("features= selects SAE latents to sweep: pass over='feature' and "
+                                   "hook='<SAE hook>.hook_sae_acts_post'")
+    if ov == ("feature",):
+        return _feature_sweep(view, ps, hook, features, measure, positions=positions, token_scope=token_scope,
+                              level=level, settings=settings, rows=rows, sources_for=sources, kind="patch",
+                              method="patch")
     return _sweep(view, ps, hook, ov, measure, layers=layers, heads=heads, positions=positions,
                   token_scope=token_scope, level=level, settings=settings, rows=rows, sources_for=sources,
                   kind="patch", method="patch", start_at_layer=start_at_layer)
@@ -445,6 +493,7 @@ def ablation_sweep(
     seed: int = 0,
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
+    features: Sequence[int] | None = None,
     positions: Sequence[int] | None = None,
     token_scope: TokenScope = DEFAULT_SCOPE,
     level: float = 0.95,
@@ -475,13 +524,16 @@ def ablation_sweep(
         model: the TransformerLens model (or ModelView).
         prompts: the prompts (anything :func:`thermo_lens.residual_gain` takes).
         hook: the per-layer hook point, as for :func:`patch_sweep`.
-        over: ``"head"`` (the default), ``"pos"`` or ``("head", "pos")``.
+        over: ``"head"`` (the default), ``"pos"``, ``("head", "pos")``, or ``"feature"`` (an SAE's latents:
+            ``hook="<SAE hook>.hook_sae_acts_post"`` and ``features=[...]``).
         method: ``"zero"`` (the default), ``"mean"`` or ``"resample"``.
         measure: as for :func:`patch_sweep` (default ``"total_amplification"``).
         reference: the prompts whose per-position mean ``"mean"`` writes (default ``None``: the prompts
             themselves), averaged per aligned position over the reference prompts that have it.
         seed: the resample draw's seed, an int >= 0 (default ``0``).
         layers, heads: layers and heads to sweep (default ``None``: all).
+        features: with ``over="feature"``, the SAE latents to ablate, one cell each (default ``None``:
+            required with ``over="feature"``).
         positions: as for :func:`patch_sweep` (default ``None``: every token of each prompt; negative
             from each prompt's own end, non-negative from its start).
         token_scope: the gain measures' token scope (default ``"all_but_first"``).
@@ -538,6 +590,13 @@ def ablation_sweep(
                            f"{coverage} ({'the prompts themselves' if reference is None else refs.name})",
                 _alignment(slots, lengths, rl))
 
+    if features is not None and ov != ("feature",):
+        raise ThermoLensInputError("features= selects SAE latents to sweep: pass over='feature' and "
+                                   "hook='<SAE hook>.hook_sae_acts_post'")
+    if ov == ("feature",):
+        return _feature_sweep(view, ps, hook, features, measure, positions=positions, token_scope=token_scope,
+                              level=level, settings=settings, rows=rows, sources_for=sources, kind="ablation",
+                              method=method)
     return _sweep(view, ps, hook, ov, measure, layers=layers, heads=heads, positions=positions,
                   token_scope=token_scope, level=level, settings=settings, rows=rows, sources_for=sources,
                   kind="ablation", method=method, start_at_layer=start_at_layer)

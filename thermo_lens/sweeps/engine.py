@@ -33,6 +33,8 @@ from thermo_lens.passes import Collected, Recorder, collect
 from thermo_lens.settings import RunSettings
 from thermo_lens.sheaf.traces import _w_v_frob_sq, attention_diagonal
 from thermo_lens.attribution.terms import attribution_terms
+from thermo_lens.sweeps.feature_measure import (FEATURE_MEASURE_DEFINITION, feature_measure_layer, feature_readout,
+                                                parse_feature_measure)
 from thermo_lens.sweeps.logits import LogitDifference
 from thermo_lens.sweeps.start import BLOCK_HOOK, StartView, start_support
 from thermo_lens.tokens import TokenBatch
@@ -66,6 +68,7 @@ MEASURE_DEFINITIONS: dict[str, str] = {
                            "(formula 'off_diagonal_mass'), over all real tokens whatever the token_scope",
     "sheaf_trace:<layer>.<head>": "sheaf_traces' trace[:, layer, head]: (n - sum_i A_ii) ||W_V^h||_F^2 (formula "
                                   "'off_diagonal_mass'; under GQA the head's KV head's W_V), over all real tokens",
+    "sae_feature:<hook>.<i>": FEATURE_MEASURE_DEFINITION,
     "LogitDifference(answer, wrong, pos)": "logits[p, pos, answer_p] - logits[p, pos, wrong_p] at a position of each "
                                            "prompt's real tokens, from the final residual: the model's head (final norm; "
                                            "an LM-head transform or project_out where it has one), the two "
@@ -147,7 +150,7 @@ class Measure:
     def min_tokens(self, token_scope: str) -> int:
         """Real tokens each prompt needs (``all_but_first`` drops position 0 of the scoped means)."""
         return 2 if token_scope == "all_but_first" and self.kind in ("gain", "attribution_total",
-                                                                      "attribution_head") else 1
+                                                                      "attribution_head", "sae_feature") else 1
 
     def scope(self, token_scope: str) -> str:
         """The token scope the numbers are in (checked): the run's for gain and attribution
@@ -163,8 +166,8 @@ class Measure:
         leaves the measure as it was without it."""
         if self.kind in ("logits", "logit_difference") or self.layer is None:
             return n_layers - 1
-        if self.kind == "sheaf_trace":
-            return self.layer
+        if self.kind in ("sheaf_trace", "sae_feature"):  # (an SAE's latents: the last block before them)
+            return max(self.layer, 0)
         return min(self.layer + 1, n_layers - 1)  # x_{layer+1} is read where block layer+1 reads it
 
     def start_layer(self, layer: int) -> int:
@@ -184,6 +187,8 @@ class Measure:
             return [_one_layer(attribution_terms(token_scope), self.layer)]
         if self.kind == "sheaf_trace":
             return [_one_layer(attention_diagonal, self.layer)]
+        if self.kind == "sae_feature":
+            return [feature_readout(self.source, int(self.head or 0), token_scope)]
         return []
 
 
@@ -213,6 +218,11 @@ def parse_measure(measure: Any, n_layers: int, n_heads: int | None = None) -> Me
              "or a function of the logits [batch, pos, d_vocab] -> [batch]")
     if not isinstance(measure, str):
         raise ThermoLensInputError(f"unknown measure {measure!r}; {known}")
+    if measure.startswith("sae_feature:"):
+        hook, feature = parse_feature_measure(measure)
+        return Measure(f"sae_feature:{hook[:-len('.hook_sae_acts_post')]}.{feature}", kind="sae_feature", head=feature,
+                       layer=feature_measure_layer(hook), source=hook,
+                       definition=MEASURE_DEFINITIONS["sae_feature:<hook>.<i>"])
     if measure == "total_amplification":
         return Measure(measure, definition=MEASURE_DEFINITIONS[measure])
     if measure == "last_block_gain":
@@ -294,7 +304,7 @@ def _attribution_scope(token_scope: str) -> str:
 
 def _as_heads(x: Tensor, layout: HookLayout, view: ModelView) -> Tensor:
     """``x`` with its head axis split out (``[batch, pos, head * d]`` hosts give hook_z flat)."""
-    if layout.head_dim == 2 and x.ndim == 3:
+    if layout.head_dim == 2 and x.ndim == 3 and not getattr(layout, "features", False):  # (an SAE's latents: flat)
         return x.view(x.shape[0], x.shape[1], layout.n_heads(view), -1)
     return x
 
@@ -306,6 +316,8 @@ def measure_values(got: Collected, measure: Measure, token_scope: str,
     closure as :func:`thermo_lens.gain_attribution` does."""
     if measure.kind == "logit_difference":
         return got.stack("logit_difference")[0].double()
+    if measure.kind == "sae_feature":
+        return got.stack("sae_feature")[0].double()
     if measure.kind == "gain":
         try:
             g = gain_from_collected(got, token_scope)

@@ -156,6 +156,8 @@ class SweepResult(ProvenanceFields, Result):
             df["fraction_ci_low"], df["fraction_ci_high"] = flat(self.fraction_low), flat(self.fraction_high)
             df["clean"] = float(self.clean.double().mean())
         df["baseline"] = float(self.baseline.double().mean())
+        if "feature" in self.over:  # an SAE's latents (heads holds the features): merges on (sae_hook, feature)
+            df["sae_hook"] = self.hook.removesuffix(".hook_sae_acts_post")
         assert len(df) == int(np.prod(shape))
         for k, v in self.settings().items():
             df[k] = v
@@ -166,7 +168,7 @@ class SweepResult(ProvenanceFields, Result):
 
     def _cells(self) -> pd.DataFrame:
         """The cell labels, one row per cell in ``effect``'s (C) order."""
-        labels = {"layer": self.layers, self.head_kind: self.heads, "pos": self.positions}
+        labels = {"layer": self.layers, self.head_kind: self.heads, "feature": self.heads, "pos": self.positions}
         grids = np.meshgrid(*[np.asarray(labels[d]) for d in self.dims], indexing="ij")
         return pd.DataFrame({d: g.ravel() for d, g in zip(self.dims, grids)})
 

@@ -27,6 +27,10 @@ D'Elia (2026), "Thermodynamic Constraints in Transformer Architectures"; :mod:`t
 ``attention_panel``        circuitsvis attention patterns next to per-head metrics (offline HTML;
                            ``head=`` selects heads)
 ``sae_gain_change_plot``   gain with / without attached SAEs and the paired change (SAEGainChange)
+``feature_chart``          per SAE, the features that amplify / damp their block most, with CIs
+                           (``GainAttribution.plot_features()``, ``sae_features=True``)
+``feature_panel``          one SAE feature: its term per prompt, its latent per token (circuitsvis),
+                           decoder norm, cosine with the block's heads' output spaces
 ``sweep_heatmap``          a patching / ablation sweep's [layer, head] effect, non-significant cells
                            marked, CI and Holm p in the hover (SweepResult)
 ``paired_difference_plot`` a PairedDifference per layer with paired t-CIs (PairedDifference)
@@ -64,10 +68,14 @@ from thermo_lens.views.panels import (
 )
 from thermo_lens.views.sheaf import l_star_plot, restriction_norms, sheaf_plot
 from thermo_lens.views.sae import sae_gain_change_plot
+from thermo_lens.views.sae_features import FeaturePanel, feature_chart, feature_panel
 from thermo_lens.views.sweeps import paired_difference_plot, sweep_heatmap
 
 __all__ = [
     "sae_gain_change_plot",
+    "feature_chart",
+    "feature_panel",
+    "FeaturePanel",
     "POST_LN_NOTE",
     "ThermoLensViewError",
     "layer_dynamics",
