@@ -431,10 +431,10 @@ def patch_sweep(
     """
     ov = _check_options(over=over, level=level, start_at_layer=start_at_layer, token_scope=token_scope)
     view = as_view(model)
-    given_settings, run = settings, dict(run)
-    auto = _auto(run)
-    settings = RunSettings.resolve(settings, **run)
-    rows = _rows(view, settings, given_settings, run, auto, corrupted)
+    given_settings, opts = settings, dict(run)
+    auto = _auto(opts)
+    settings = RunSettings.resolve(settings, **opts)
+    rows = _rows(view, settings, given_settings, opts, auto, corrupted)
     m = parse_measure(measure, view.n_layers, view.n_heads)
     cps, ps = as_model_prompts(view, clean), as_model_prompts(view, corrupted)
     if len(cps) != len(ps):
@@ -562,10 +562,10 @@ def ablation_sweep(
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ThermoLensInputError(f"seed must be an int >= 0 (numpy's generator seed), got {excerpt(seed)}")
     view = as_view(model)
-    given_settings, run = settings, dict(run)
-    auto = _auto(run)
-    settings = RunSettings.resolve(settings, **run)
-    rows = _rows(view, settings, given_settings, run, auto, prompts)
+    given_settings, opts = settings, dict(run)
+    auto = _auto(opts)
+    settings = RunSettings.resolve(settings, **opts)
+    rows = _rows(view, settings, given_settings, opts, auto, prompts)
     parse_measure(measure, view.n_layers, view.n_heads)
     ps = as_model_prompts(view, prompts)
 
