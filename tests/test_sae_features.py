@@ -16,6 +16,7 @@ import torch
 from test_gain import PROMPTS
 from test_hosts import LEGACY
 from thermo_lens import ThermoLensInputError, gain_attribution
+from thermo_lens.errors import ThermoLensNumericsError
 from thermo_lens.attribution import GainAttribution
 from thermo_lens.testing import hooked_transformer, random_sae
 
@@ -177,7 +178,8 @@ def test_features_that_do_not_add_up_are_refused(model):
         x[:, -1, 0] = float("nan")
         return x
 
-    with pytest.raises(ThermoLensInputError, match="unexplained nan"):
+    # the NaN flows downstream; the block where it arose (the SAE's, block 1) is the one named
+    with pytest.raises(ThermoLensNumericsError, match="term of block 1 is NaN/inf"):
         gain_attribution(model, PROMPTS, sae_features=True, fwd_hooks=[(f"{hook}.hook_sae_acts_post", nan_one)])
 
 

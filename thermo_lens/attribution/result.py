@@ -423,18 +423,26 @@ def _check_finite(view: Any, head: Tensor, get: dict[str, Tensor], expert: Tenso
     """Refuses NaN/inf terms (``[prompt, layer, ...]``), naming the block, prompt and where the term is
     read: a NaN is never a number of the result, nor a closure that passes (``NaN > rtol`` is False)."""
     terms = {"head": head, **get, **({"expert": expert} if expert is not None else {})}
+    # A NaN flows downstream, so the shallowest block with a non-finite term is where it arose.
+    first: tuple[int, int, str, Tensor] | None = None
     for name, t in terms.items():
         bad = ~torch.isfinite(t)
         if bool(bad.any()):
-            idx = bad.nonzero()[0]
-            p, l = int(idx[0]), int(idx[1])
-            where = _TERM_SOURCES.get(name, name).format(l=l, l1=l + 1)
-            hint = (f" in {str(view.dtype).replace('torch.', '')} this is often overflow: try float32"
-                    if view.dtype in (torch.float16, torch.bfloat16) else
-                    " check the cache or hooks that supplied it, and the weights (a NaN/inf parameter)")
-            raise ThermoLensNumericsError(
-                f"{view.name}: the attribution's {name} term of block {l} is NaN/inf for prompt {p} "
-                f"({int(bad.sum())} value(s) in all): it is read from {where};{hint}")
+            idx = bad.nonzero()
+            k = int(idx[:, 1].argmin())
+            p, l = int(idx[k, 0]), int(idx[k, 1])
+            if first is None or l < first[0]:
+                first = (l, p, name, bad)
+    if first is None:
+        return
+    l, p, name, bad = first
+    where = _TERM_SOURCES.get(name, name).format(l=l, l1=l + 1)
+    hint = (f" in {str(view.dtype).replace('torch.', '')} this is often overflow: try float32"
+            if view.dtype in (torch.float16, torch.bfloat16) else
+            " check the cache or hooks that supplied it, and the weights (a NaN/inf parameter)")
+    raise ThermoLensNumericsError(
+        f"{view.name}: the attribution's {name} term of block {l} is NaN/inf for prompt {p} "
+        f"({int(bad.sum())} value(s) of that term in all): it is read from {where};{hint}")
 
 
 def attribution_from_collected(collected: Collected, token_scope: str = "all_but_first", *,

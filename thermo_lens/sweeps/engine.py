@@ -488,7 +488,8 @@ def _stacked(view: ModelView, ps: PromptList, layout: HookLayout, copies: Sequen
         def hook(x: Tensor, hook: Any = None) -> Tensor:
             batch: TokenBatch = state["batch"]
             x4 = _as_heads(x, layout, view)
-            if layout.head_dim is not None and x4.shape[layout.head_dim] != layout.n_heads(view):
+            if layout.head_dim is not None and not getattr(layout, "features", False) and \
+                    x4.shape[layout.head_dim] != layout.n_heads(view):  # (an SAE's latents: d_sae on that axis)
                 raise ThermoLensInputError(
                     f"{layout.name(layer)} has {x4.shape[layout.head_dim]} heads on axis {layout.head_dim} "
                     f"(shape {tuple(x4.shape)}), but the model's config gives {layout.n_heads(view)} "
