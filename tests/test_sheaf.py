@@ -434,7 +434,10 @@ def test_traces_result_frame_json_repr(bridge):
     t = sheaf_traces(view, PROMPTS)
     df = t.to_frame()
     assert len(df) == len(PROMPTS) * view.n_layers * view.n_heads
-    assert {"prompt", "layer", "head", "kv_head", "trace", "formula", "prepend_bos", "weights", "dtype", "post_ln"} <= set(df.columns)
+    assert {"prompt", "text", "layer", "head", "kv_head", "trace", "formula", "prepend_bos", "weights", "dtype", "post_ln"} <= set(df.columns)
+    # prompt is the index in the prompt list (as in the gain, attribution and sweep frames), text the prompt
+    assert df["prompt"].dtype.kind == "i" and df["prompt"].equals(df["prompt_index"])
+    assert list(df.drop_duplicates("prompt")["text"]) == list(t.prompts)
     row = df[(df.prompt_index == 2) & (df.layer == 1) & (df["head"] == 3)].iloc[0]
     assert row.trace == pytest.approx(float(t.trace[2, 1, 3])) and row.kv_head == 1
     t2 = SheafTraces.from_json(t.to_json())

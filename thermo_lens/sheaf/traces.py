@@ -199,15 +199,18 @@ class SheafTraces(PairedMixin, ProvenanceFields, Result):
         return l_star_from_traces(self, variant=variant)
 
     def to_frame(self) -> pd.DataFrame:
-        """Tidy frame: one row per (prompt, layer, head)."""
+        """Tidy frame: one row per (prompt, layer, head). ``prompt`` is the index in your prompt list
+        and ``text`` the prompt, as in every per-prompt frame of the package (``prompt_index``, the
+        same index, is kept for earlier code)."""
         P, L, H = self.trace.shape
         grid = np.meshgrid(np.arange(P), np.arange(L), np.arange(H), indexing="ij")
         p, l, h = (g.ravel() for g in grid)
         kv = kv_head_map(H, self.model.get("n_kv_heads")).numpy()
         return pd.DataFrame({
             "model": self.model.get("name"),
+            "prompt": p,
+            "text": np.asarray(self.prompts, dtype=object)[p],
             "prompt_index": p,
-            "prompt": np.asarray(self.prompts, dtype=object)[p],
             "layer": l,
             "head": h,
             "kv_head": kv[h],
