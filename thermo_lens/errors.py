@@ -34,11 +34,52 @@ __all__ = [
     "FolderLockedError",
     "SafeIOError",
     "ThermoLensWarning",
+    "readable",
 ]
 
 
+#: The longest unbroken run of characters an error message keeps (an echoed input: a value, a name),
+#: and the longest message; what is cut is said where it was.
+MAX_RUN = 160
+MAX_MESSAGE = 4000
+
+
+def readable(message: str) -> str:
+    """``message`` at a readable length: every unbroken run of characters longer than
+    :data:`MAX_RUN` (an echoed 1 MB string, say) keeps its head and tail around a note of how much
+    was cut, and a message still longer than :data:`MAX_MESSAGE` keeps its start and end."""
+    if len(message) <= MAX_RUN:
+        return message
+    out, start = [], 0
+    n = len(message)
+    while start < n:  # runs of non-space characters, one linear scan
+        end = start
+        while end < n and not message[end].isspace():
+            end += 1
+        run = message[start:end]
+        if len(run) > MAX_RUN:
+            run = f"{run[:MAX_RUN // 2]}...({len(run) - MAX_RUN + 20} characters cut)...{run[-(MAX_RUN // 2 - 20):]}"
+        out.append(run)
+        ws = end
+        while ws < n and message[ws].isspace():
+            ws += 1
+        out.append(message[end:ws])
+        start = ws
+    text = "".join(out)
+    if len(text) > MAX_MESSAGE:
+        cut = len(text) - MAX_MESSAGE
+        text = f"{text[:MAX_MESSAGE - 1000]} ...({cut} characters cut)... {text[-1000:]}"
+    return text
+
+
 class ThermoLensError(Exception):
-    """Base class of every error thermo-lens raises on purpose."""
+    """Base class of every error thermo-lens raises on purpose. Its message is kept readable
+    (:func:`readable`): an input echoed into it is cut, never printed in full."""
+
+    def __init__(self, *args: object) -> None:
+        if len(args) == 1 and isinstance(args[0], str) and len(args[0]) > MAX_RUN:
+            args = (readable(args[0]),)
+        super().__init__(*args)
 
 
 class ThermoLensInputError(ThermoLensError, ValueError):

@@ -47,6 +47,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from thermo_lens.errors import readable
+
 __all__ = ["DEFAULT", "HOSTS", "ZOO_DIR", "names", "path", "info", "family", "load", "portable_tokenizer_config"]
 
 #: Directory holding the embedded checkpoints.
@@ -77,8 +79,8 @@ def path(name: str) -> Path:
 
         close = difflib.get_close_matches(name, available, n=1, cutoff=0.8) if isinstance(name, str) else []
         guess = f"did you mean {close[0]!r}? " if close else ""
-        raise KeyError(
-            f"unknown thermo_lens.zoo model {name!r}; {guess}available: {', '.join(available) or '(none)'}"
+        raise KeyError(readable(
+            f"unknown thermo_lens.zoo model {name!r}; {guess}available: {', '.join(available) or '(none)'}")
         )
     return ZOO_DIR / name
 
