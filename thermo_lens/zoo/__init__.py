@@ -47,8 +47,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from thermo_lens.errors import readable
-
 __all__ = ["DEFAULT", "HOSTS", "ZOO_DIR", "names", "path", "info", "family", "load", "portable_tokenizer_config"]
 
 #: Directory holding the embedded checkpoints.
@@ -76,6 +74,8 @@ def path(name: str) -> Path:
     available = names()
     if not isinstance(name, str) or name not in available:
         import difflib
+
+        from thermo_lens.errors import readable  # here: the zoo's listing never imports the package (torch)
 
         close = difflib.get_close_matches(name, available, n=1, cutoff=0.8) if isinstance(name, str) else []
         guess = f"did you mean {close[0]!r}? " if close else ""
