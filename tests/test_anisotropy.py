@@ -65,6 +65,7 @@ def test_same_pass_as_the_gain(bridge):
     torch.testing.assert_close(g.block_gain, residual_gain(view, PROMPTS, token_scope="last", prepend_bos=True).block_gain)
 
 
+@pytest.mark.slow
 def test_short_prompts_are_nan_and_left_out(bridge):
     view = ModelView(bridge("gpt2"))
     short = "The"  # BOS + 1 token: no pair of tokens after position 0

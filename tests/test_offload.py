@@ -83,6 +83,7 @@ def test_accelerate_cpu_offload_of_a_booted_model(checkpoint_dir, tmp_path):
     torch.testing.assert_close(tl.spectral_signature(off).ov_norm, tl.spectral_signature(ref).ov_norm)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["gpt2", "neox"])
 def test_a_wholly_disk_offloaded_gpt2_or_neox_equals_the_model_in_memory(checkpoint_dir, bridge, arch, tmp_path):
     """device_map={'': 'disk'}: every module on disk, including GPT-2's fused QKV (Conv1D) and the

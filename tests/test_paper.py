@@ -200,6 +200,7 @@ def test_twin_and_hierarchy_numbers():
     assert f["hier_p_method"] == "exact permutation (all 60,540,480 labelings)" and round(f["hier_p"], 4) == 0.2959
 
 
+@pytest.mark.slow
 def test_holm_across_the_six_primary_tests():
     f = findings.compute()
     rows = f["primary_holm"]

@@ -47,6 +47,7 @@ def test_report_on_a_running_study_names_it_and_its_unfinished_models(tmp_path, 
     assert not (out / "report.html").exists()
 
 
+@pytest.mark.slow
 def test_report_on_a_type_tampered_result_names_the_field(tmp_path, capsys, fast):
     """A result whose field was changed to another type, its SHA-256 updated in the manifest: left
     out with the class and field named, the others reported; no internal error."""
@@ -89,6 +90,7 @@ def test_report_on_a_type_tampered_profile_file_is_a_clear_error(tmp_path):
         write_report(f, tmp_path / "r.html")
 
 
+@pytest.mark.slow
 def test_a_hard_linked_summary_outside_the_folder_is_never_written_through(tmp_path, capsys, fast):
     out = _study(tmp_path, capsys)
     outside = tmp_path / "precious.csv"

@@ -58,6 +58,7 @@ def test_zoo_prompts_are_ragged(zoo_model):
     assert all(_tokens(zoo_model, c).shape[1] != _tokens(zoo_model, d).shape[1] for c, d in zip(CLEAN, CORRUPTED))
 
 
+@pytest.mark.slow
 def test_patch_from_each_prompts_end_equals_each_pair_alone(zoo_model):
     """Position -1 (and -3) of the clean prompt into position -1 (-3) of the corrupted prompt,
     each at its own length; position 2 from each prompt's start."""
@@ -197,6 +198,7 @@ def test_equal_length_cells_are_unchanged_and_equal_single_runs(bridge):
     assert a.alignment.startswith("every prompt has 6 tokens")
 
 
+@pytest.mark.slow
 def test_zero_ablated_residual_gives_named_nan_cells_not_an_error(zoo_model):
     """Zeroing the last block's hook_resid_pre at the last token makes the norm of its input zero
     there: the last block's gain of that cell is undefined. The sweep keeps it NaN, names the cell, and the other cells are numbers."""
@@ -299,6 +301,7 @@ def test_key_value_hooks_sweep_their_kv_heads(bridge, hook):
         ablation_sweep(m, prompts, hook, heads=[3], layers=[1])
 
 
+@pytest.mark.slow
 def test_plot_pos_is_a_swept_position_and_holm_counts_its_family(bridge):
     m = bridge("gpt2")
     g = torch.Generator().manual_seed(7)

@@ -47,6 +47,7 @@ def test_auto_on_cuda_fills_the_headroom_of_the_free_memory(monkeypatch):
     assert rows.rows_per_pass(view, None, {}, 32)[0] == 1  # at least one row
 
 
+@pytest.mark.slow
 def test_a_pass_out_of_memory_runs_again_at_half_the_rows_with_the_same_cells(bridge, monkeypatch):
     from thermo_lens.sweeps import engine
 
