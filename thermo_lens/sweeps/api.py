@@ -202,11 +202,19 @@ SourceFn = Callable[[HookLayout, list[int], int, list[int], list[list[int] | Non
                     tuple[Sources, Tensor | None, str, str]]
 
 
-def _sweep(view: ModelView, ps: Any, hook: Any, over: Any, measure: Any, *, layers: Any, heads: Any,
+def _sweep(view: ModelView, ps: Any, hook: Any, over: Any, measure: Any, *, layers: Any, heads: Any, features: Any,
            positions: Any, token_scope: str, level: float, settings: RunSettings, rows: int,
            sources_for: SourceFn, kind: str, method: str, start_at_layer: bool) -> SweepResult:
-    """Shared body: cells, conditions, one multi-condition run, the result."""
+    """Shared body: cells, conditions, one multi-condition run, the result (an SAE's latents:
+    :func:`_feature_sweep`)."""
     ov = _over(over)
+    if features is not None and ov != ("feature",):
+        raise ThermoLensInputError("features= selects SAE latents to sweep: pass over='feature' and "
+                                   "hook='<SAE hook>.hook_sae_acts_post'")
+    if ov == ("feature",):
+        return _feature_sweep(view, ps, hook, features, measure, positions=positions, token_scope=token_scope,
+                              level=level, settings=settings, rows=rows, sources_for=sources_for, kind=kind,
+                              method=method)
     lays = _index_list("layers", layers, view.n_layers)
     # Every swept hook point exists (a misspelt hook is named as such, with the closest names) before
     # the head-axis check, which would call it a hook without heads.
@@ -468,14 +476,7 @@ def patch_sweep(
         first = f"; first {cps.texts[0][:40]!r}" if cps.token_ids is None else f"; {len(cps)} token-id rows"
         return out, clean_values, f"clean prompts ({cps.name}{first})", _alignment(slots, cl, lengths)
 
-    if features is not None and ov != ("feature",):
-        raise ThermoLensInputError("features= selects SAE latents to sweep: pass over='feature' and "
-                                   "hook='<SAE hook>.hook_sae_acts_post'")
-    if ov == ("feature",):
-        return _feature_sweep(view, ps, hook, features, measure, positions=positions, token_scope=token_scope,
-                              level=level, settings=settings, rows=rows, sources_for=sources, kind="patch",
-                              method="patch")
-    return _sweep(view, ps, hook, ov, measure, layers=layers, heads=heads, positions=positions,
+    return _sweep(view, ps, hook, ov, measure, layers=layers, heads=heads, features=features, positions=positions,
                   token_scope=token_scope, level=level, settings=settings, rows=rows, sources_for=sources,
                   kind="patch", method="patch", start_at_layer=start_at_layer)
 
@@ -590,14 +591,7 @@ def ablation_sweep(
                            f"{coverage} ({'the prompts themselves' if reference is None else refs.name})",
                 _alignment(slots, lengths, rl))
 
-    if features is not None and ov != ("feature",):
-        raise ThermoLensInputError("features= selects SAE latents to sweep: pass over='feature' and "
-                                   "hook='<SAE hook>.hook_sae_acts_post'")
-    if ov == ("feature",):
-        return _feature_sweep(view, ps, hook, features, measure, positions=positions, token_scope=token_scope,
-                              level=level, settings=settings, rows=rows, sources_for=sources, kind="ablation",
-                              method=method)
-    return _sweep(view, ps, hook, ov, measure, layers=layers, heads=heads, positions=positions,
+    return _sweep(view, ps, hook, ov, measure, layers=layers, heads=heads, features=features, positions=positions,
                   token_scope=token_scope, level=level, settings=settings, rows=rows, sources_for=sources,
                   kind="ablation", method=method, start_at_layer=start_at_layer)
 

@@ -159,6 +159,10 @@ class SweepResult(ProvenanceFields, Result):
         if "feature" in self.over:  # an SAE's latents (heads holds the features): merges on (sae_hook, feature)
             df["sae_hook"] = self.hook.removesuffix(".hook_sae_acts_post")
         assert len(df) == int(np.prod(shape))
+        return self._with_settings(df)
+
+    def _with_settings(self, df: pd.DataFrame) -> pd.DataFrame:
+        """``df`` with the settings and provenance columns (a column already there is kept)."""
         for k, v in self.settings().items():
             df[k] = v
         for k, v in self.provenance.columns().items():
@@ -187,12 +191,7 @@ class SweepResult(ProvenanceFields, Result):
         df["baseline"] = np.repeat(self.baseline.double().numpy(), C)
         if self.kind == "patch":
             df["clean"] = np.repeat(self.clean.double().numpy(), C)
-        for k, v in self.settings().items():
-            df[k] = v
-        for k, v in self.provenance.columns().items():
-            if k not in df:
-                df[k] = v
-        return df
+        return self._with_settings(df)
 
     def top(self, k: int = 10) -> pd.DataFrame:
         """The ``k`` cells with the largest ``|effect|`` (rows of :meth:`to_frame`)."""
