@@ -26,7 +26,7 @@ def pytest_configure(config):
     else:
         os.environ.pop("THERMO_LENS_TEST_TIER", None)
 
-# The fast tier's architectures; the slow tier's matrix (tests/test_architectures.py) boots the rest.
+# The fast tier's architectures; the slow tier's matrix (tests/models/test_architectures.py) boots the rest.
 ARCHS = FAST_ARCHITECTURES
 # Architectures with causal attention (all but BERT).
 CAUSAL_ARCHS = tuple(a for a in ARCHS if a != "bert")
@@ -58,7 +58,7 @@ def bridge(checkpoint_dir):
         if arch not in booted:
             torch.manual_seed(0)
             # On the CPU: the host's default is a GPU where there is one, and the tests compare
-            # with CPU computations (tests/test_cuda.py boots on the GPU on purpose).
+            # with CPU computations (tests/scale/test_cuda.py boots on the GPU on purpose).
             booted[arch] = TransformerBridge.boot_transformers(str(checkpoint_dir(arch)), device="cpu")
         return booted[arch]
 

@@ -2,7 +2,7 @@
 
 These read the HF state dict directly (not through TransformerLens) so tests can check that
 ModelView / the bridge slice fused and interleaved QKV projections correctly. Also the HF
-modules the architecture matrix (``tests/test_architectures.py``) hooks: each family's decoder
+modules the architecture matrix (``tests/models/test_architectures.py``) hooks: each family's decoder
 layers, the attention output projection (whose input is the per-head ``z``) and its norms.
 Returned shapes: W_V ``[n_kv_heads, d_model, d_head]``, W_O ``[n_heads, d_head, d_model]``,
 W_Q ``[n_heads, d_model, d_head]``, W_K ``[n_kv_heads, d_model, d_head]``

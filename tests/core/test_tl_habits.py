@@ -1,7 +1,7 @@
 """The API boundary of the trust fixes (issues 21 and 27), fast: hook return values, hook names,
 token padding, batch plans, paired t-tests, caches given as prompts, patch arguments.
 
-The same behaviours on every host, against ``run_with_cache``, are in ``tests/test_hosts_trust.py``.
+The same behaviours on every host, against ``run_with_cache``, are in ``tests/hosts/test_hosts_tl_habits.py``.
 """
 
 from __future__ import annotations
@@ -201,5 +201,5 @@ def test_a_patch_says_which_hooks_already_on_the_model_its_clean_run_ran_under(b
         patch = tl.patch_from(model, PROMPTS[:1], "blocks.1.hook_resid_pre", positions=-1)
     finally:
         model.reset_hooks()
-    assert "clean run under hooks already on the model: blocks.0.attn.hook_z <- test_trust._zero" in patch.description
+    assert "clean run under hooks already on the model: blocks.0.attn.hook_z <- test_tl_habits._zero" in patch.description
     assert "clean run under" not in tl.patch_from(model, PROMPTS[:1], "blocks.1.hook_resid_pre").description

@@ -276,7 +276,7 @@ def test_unsupported_transformer_lens_version_is_refused(any_host_gpt2, monkeypa
 
 
 def test_encoder_decoder_is_refused_with_what_to_load_instead():
-    """HookedEncoder is read (tests/test_attribution.py); an encoder-decoder is not one stream."""
+    """HookedEncoder is read (tests/measures/test_attribution.py); an encoder-decoder is not one stream."""
     HookedEncoderDecoder = type("HookedEncoderDecoder", (torch.nn.Module,),
                                 {"__module__": "transformer_lens.HookedEncoderDecoder"})
     enc = HookedEncoderDecoder()

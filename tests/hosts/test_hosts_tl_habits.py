@@ -104,7 +104,7 @@ def test_1_hooks_already_on_the_model_are_applied_and_recorded(host, host_model)
     rec = [h for h in g.hooks if h.attached == "add_hook"]
     assert [h.hook_point for h in rec] == ["blocks.1.attn.hook_z"] and rec[0].function.endswith("zero_head0")
     for r in (g, traces):
-        assert "blocks.1.attn.hook_z <- test_hosts_trust.zero_head0 (attached to the model with model.add_hook)" in repr(r)
+        assert "blocks.1.attn.hook_z <- test_hosts_tl_habits.zero_head0 (attached to the model with model.add_hook)" in repr(r)
         assert "zero_head0" in r.to_frame()["hooks"].iloc[0]
         assert type(r).from_json(r.to_json()).provenance.hooks == r.provenance.hooks
     # inside `with model.hooks(...)`, and a permanent hook: the same numbers, recorded as such

@@ -16,7 +16,7 @@ from thermo_lens.lab.architecture import (Architecture, ArchitectureError, build
 from thermo_lens.lab.recipe import KNOBS, LabSpecError, Recipe
 from thermo_lens.lab.spec import parse_lab_spec
 
-MICRO = Path(__file__).parent / "data" / "lab_micro.toml"
+MICRO = Path(__file__).parents[1] / "data" / "lab_micro.toml"
 MICRO_BASE = dict(n_layers=2, d_model=16, n_heads=2, d_mlp=32, n_ctx=32, block_size=16, batch_size=4,
                   vocab_size=320, steps=6, warmup_steps=2)
 

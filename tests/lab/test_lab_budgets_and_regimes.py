@@ -188,7 +188,7 @@ def test_a_lab_with_budgets_end_to_end(tmp_path):
 
 # ------------------------------------------------------------------ regime per arm and budget
 
-V2 = pathlib.Path(__file__).resolve().parents[1] / "results" / "heritage-lab-v2"
+V2 = pathlib.Path(__file__).resolve().parents[2] / "results" / "heritage-lab-v2"
 
 
 def _synthetic_runs(tmp_path):

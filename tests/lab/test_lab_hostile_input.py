@@ -182,7 +182,7 @@ def test_a_spec_built_in_code_is_checked_before_anything_is_written(tmp_path):
 
 def test_the_shipped_specs_still_validate():
     """A guard for the ranges (passes before them too): the specs shipped with thermo-lens are in range."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     for f in ("recipes/heritage-lab.toml", "recipes/zoo.toml", "recipes/zoo-neox.toml", "tutorials/heritage_micro.toml",
               "tests/data/lab_micro.toml"):
         load_lab_spec(root / f)

@@ -15,8 +15,8 @@ import pytest
 
 from thermo_lens import lab
 
-MICRO = Path(__file__).parent / "data" / "lab_micro.toml"
-ROOT = Path(__file__).resolve().parents[1]
+MICRO = Path(__file__).parents[1] / "data" / "lab_micro.toml"
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 

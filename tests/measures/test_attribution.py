@@ -7,7 +7,7 @@ formed explicitly, which the in-hook reduction never does), with and without a h
 Post-LN blocks are checked against the LayerNorms' frozen maps applied forward; SAEs spliced in
 with SAELens (``hosts`` marker: TransformerLens 2.16 / 3.x legs) against ``run_with_cache`` at the
 SAE's input and output. The other families (sandwich, multiplier, MoE) are the slow tier's
-architecture matrix (``tests/test_architectures.py``), against the HF model's own tensors.
+architecture matrix (``tests/models/test_architectures.py``), against the HF model's own tensors.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from thermo_lens.depth import (
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.sheaf import sheaf_traces
 
-TABLE = Path(__file__).resolve().parents[1] / "thermo_lens" / "data" / "paper_reference_table.csv"
+TABLE = Path(__file__).resolve().parents[2] / "thermo_lens" / "data" / "paper_reference_table.csv"
 
 
 def test_predicted_formula_by_hand():
@@ -226,7 +226,7 @@ def test_one_account_of_l_star_definitions_and_docstring():
     from thermo_lens.depth.__main__ import render
     from thermo_lens.depth.rules import L_STAR_RULES, RULES_BEGIN
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     flat = lambda s: re.sub(r"\s+", " ", s)  # noqa: E731
     for path, indent in ((root / "thermo_lens" / "definitions.md", ""),):
         text = path.read_text(encoding="utf-8")

@@ -539,7 +539,7 @@ def test_paper_metric_B_defaults_to_paper25(bridge):
 # ---------------------------------------------------------------------------- benchmark smoke test
 @pytest.mark.slow
 def test_benchmark_script_runs_quick():
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gain.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gain.py"
     out = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]

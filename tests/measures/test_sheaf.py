@@ -34,7 +34,7 @@ from thermo_lens.sheaf import (
 
 PROMPT = "The capital of France is Paris"
 PROMPTS = ["The capital of France is Paris", "Water", "the early bird catches the worm, and the cat"]
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------------------- the definition

@@ -29,7 +29,7 @@ from thermo_lens.spectral import (
     spectral_signature,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _numpy_reference(wv, wo, kv_head_of, wq=None, wk=None):

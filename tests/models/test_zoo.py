@@ -179,7 +179,7 @@ def test_provenance_names_the_fixed_corpus_and_the_lab_spec():
 
     from thermo_lens.lab import corpora, load_lab_spec
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     for n in zoo.names():
         prov = zoo.info(n)["provenance"]
         assert prov["corpus_file_sha256"] == corpora.describe("stdlib-docstrings")["sha256"]
@@ -223,7 +223,7 @@ def test_hooked_host_missing_says_what_to_install():
         with pytest.raises(UnsupportedHostError, match=r"sae-lens is not installed: pip install 'thermo-lens\[sae\]'"):
             zoo.load("gpt2-tiny-wd", host="hooked_sae")
     if has_hooked and importlib.util.find_spec("sae_lens") is not None:
-        pytest.skip("every host is installed here (tested in tests/test_hosts_zoo.py)")
+        pytest.skip("every host is installed here (tested in tests/hosts/test_hosts_zoo.py)")
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

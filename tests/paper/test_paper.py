@@ -13,7 +13,7 @@ import thermo_lens as tl
 from thermo_lens import paper
 from thermo_lens.paper import findings, reference
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _readme_block() -> str:

@@ -495,7 +495,7 @@ def test_attention_panel_gqa_and_bad_input(bridge, tmp_path):
 
 
 def test_every_result_plots_itself_through_the_views_it_registered(measured, bridge):
-    # Results never import views (tests/test_architecture.py); .plot() finds the figure views
+    # Results never import views (tests/package/test_architecture.py); .plot() finds the figure views
     # registered for the class, or draws the first registered metric from its shape.
     import plotly.graph_objects as go
 

@@ -168,7 +168,7 @@ def test_census_benchmark_runs_quick():
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, str(root / "benchmarks" / "census.py"), "--quick", "--prompts", "8",
                           "--batch-size", "4", "--no-per-measurement"], capture_output=True, text=True, timeout=600,
                          cwd=root)

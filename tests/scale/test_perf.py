@@ -17,7 +17,7 @@ from thermo_lens.profile import profile
 from thermo_lens.spectral import signature_from_weights, spectral_signature
 from thermo_lens.testing import boot, make_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["The capital of France is", "Water freezes at a temperature of",
            "Birds of a feather flock", "The Voynich manuscript's undeciphered text",
            "a", "Colorless green ideas sleep furiously while the quantum teapot hums.",

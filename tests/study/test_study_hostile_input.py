@@ -42,7 +42,7 @@ def fast(template, monkeypatch):
 
     monkeypatch.setattr(study.run, "profile_one", fake)
     # These tests are about folders and files: the report's laws on the paper's tables plus the
-    # user's models (seconds of exact permutation tests; tests/test_report_first_run.py) are skipped.
+    # user's models (seconds of exact permutation tests; tests/report/test_report_default.py) are skipped.
     monkeypatch.setattr("thermo_lens.report._paper_plus_laws", lambda doc, rows: doc.p("(laws skipped in this test)"))
     return calls
 

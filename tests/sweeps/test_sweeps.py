@@ -276,7 +276,7 @@ def test_sweep_benchmark_runs_quick():
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, str(root / "benchmarks" / "sweeps.py"), "--quick", "--pairs", "3",
                           "--tokens", "5"], capture_output=True, text=True, timeout=300, cwd=root, env=env)

@@ -30,7 +30,7 @@ def measured():
 
 
 #: Metrics only an attribution with SAEs attached carries (``sae_features=True`` needs sae-lens): their
-#: frames are checked on an SAE host in tests/test_sae_features.py, and they are drawn per feature by
+#: frames are checked on an SAE host in tests/measures/test_sae_features.py, and they are drawn per feature by
 #: GainAttribution.plot_features, not by metric_plot.
 _NEEDS_SAES = {"sae_feature_term", "sae_feature_rest", "sae_feature_error"}
 

@@ -47,7 +47,7 @@ def test_round_trip_is_exact(tmp_path):
 
 
 # ------------------------------------------------------------------------------ schema evolution
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 
 def test_a_profile_stored_by_thermo_lens_0_1_still_loads():
@@ -221,5 +221,5 @@ def test_a_stored_profile_reads_back_in_a_fresh_process():
             f"p = ThermoProfile.from_json({str(DATA / 'profile_schema1.json')!r}); "
             "print(sorted(type(r).__name__ for r in p.results.values()))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                       cwd=Path(__file__).parent.parent)
+                       cwd=Path(__file__).parents[2])
     assert r.returncode == 0 and "'LStarResult'" in r.stdout, r.stderr[-2000:]
