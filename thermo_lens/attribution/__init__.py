@@ -24,7 +24,7 @@ changes the squared norm by ``2 <c, x_in> + ||c||^2 + 2 sum_{c'} <c, c'>``, whic
 share by the other half of the cross terms, and in a real ablation later sublayers also react.
 The two can have opposite signs: two heads that write opposite directions (``o_1 = -0.75 o_0``)
 give head 0 a positive share although ablating it *raises* the norm
-(``tests/test_attribution_share.py`` builds this on a model). Read a positive head term as "its
+(``tests/measures/test_attribution_share.py`` builds this on a model). Read a positive head term as "its
 share of the block's growth", not as "the head expands the stream"; ablate to learn what
 removing it does. With frozen norms (below) the same holds with each norm's scale held too.
 
@@ -87,7 +87,7 @@ d_model`` the projection that removes the mean over ``d_model`` (pre-LN blocks):
 
 With every step (``from_pretrained``'s default), ``head = <(z_h - b_V^h - b_ln W_V^h) W_O^h, P s>``
 with ``z_h``, ``b_V``, ``b_ln`` and ``s`` the raw model's (tested against a raw model's
-``run_with_cache`` in ``tests/test_hosts_trust.py``).
+``run_with_cache`` in ``tests/hosts/test_hosts_tl_habits.py``).
 """
 
 from thermo_lens.attribution.terms import (ATTRIBUTION_DEFINITIONS, ATTRIBUTION_SCOPES, attribution_terms,
