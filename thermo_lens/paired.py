@@ -179,9 +179,8 @@ class PairedDifference(PairedTest, Result):
                 out.flat[k] = f"paired t, df = {n - 1}"
         return out.reshape(np.shape(self.summary.sd))
 
-    @property
-    def n_prompts(self) -> int:
-        return int(self.difference.shape[0])
+    def _dim_arrays(self) -> list[tuple[tuple[str, ...], Any]]:
+        return [(("prompt",) + tuple(self.dims), self.difference)]
 
     @property
     def mean(self) -> Tensor:

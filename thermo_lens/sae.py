@@ -103,10 +103,6 @@ class SAEGainChange(PairedDifference):
         return self.summary
 
     @property
-    def n_layers(self) -> int:
-        return int(self.difference.shape[1])
-
-    @property
     def definition(self) -> str:
         g = self.with_saes
         scope = g.token_scope if g is not None else "?"

@@ -155,9 +155,8 @@ class SweepResult(PairedTest, ProvenanceFields, Result):
         return (f"Holm over the {n} cells with a p-value ({total - n} of {total} have none: NaN, from fewer than 2 "
                 "prompts, zero variance or an undefined measure)")
 
-    @property
-    def n_prompts(self) -> int:
-        return int(self.per_prompt.shape[0])
+    def _dim_arrays(self) -> list[tuple[tuple[str, ...], Any]]:
+        return [(("prompt",) + self.dims, self.per_prompt)]
 
     def settings(self) -> dict[str, Any]:
         """The definition of every number: ``kind, method, hook, measure, token_scope, prepend_bos,
