@@ -38,7 +38,7 @@ from torch import Tensor
 
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.provenance import Provenance
-from thermo_lens.result import Result
+from thermo_lens.result import Result, cell_frame
 from thermo_lens.stats import SummaryStats, holm, summarize
 from thermo_lens.stats.exact import ConfidenceInterval
 
@@ -219,10 +219,8 @@ class PairedDifference(PairedTest, Result):
         """One row per element (``layer`` / ``head`` ...): ``mean_difference, sd, se, ci_low,
         ci_high, t, pvalue, t_test`` (the test, or why it is undefined), ``n, mean_a, mean_b``, the
         two runs' hooks and the ``notes``."""
-        shape = tuple(self.difference.shape[1:])
-        grids = np.meshgrid(*[np.arange(n) for n in shape], indexing="ij") if shape else []
         s = self.summary
-        df = pd.DataFrame({name: g.ravel() for name, g in zip(self.dims, grids)})
+        df = cell_frame(self.dims, [np.arange(n) for n in self.difference.shape[1:]])
         flat = lambda v: np.atleast_1d(np.asarray(v, dtype=np.float64)).ravel()  # noqa: E731
         for col, v in (("mean_difference", s.mean), ("sd", s.sd), ("se", s.se), ("ci_low", s.ci_low),
                        ("ci_high", s.ci_high), ("t", self.statistic), ("pvalue", self.pvalue),

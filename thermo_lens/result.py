@@ -28,7 +28,7 @@ import json
 import math
 import os
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
@@ -447,6 +447,13 @@ def label(**index: int) -> str:
     return "".join(f"{DIM_LABELS.get(d, d)}{int(i)}" for d, i in index.items())
 
 
+def cell_frame(dims: Sequence[str], coords: Sequence[Any]) -> pd.DataFrame:
+    """One row per cell of the grid ``coords`` (one sequence of labels per dimension in ``dims``),
+    in C order (the order of a ``[*dims]`` tensor's ``ravel``), a column per dimension."""
+    grids = np.meshgrid(*[np.asarray(c) for c in coords], indexing="ij") if len(dims) else []
+    return pd.DataFrame({d: g.ravel() for d, g in zip(dims, grids)})
+
+
 class Result:
     """Mixin for frozen-dataclass results: ``to_json`` / ``from_json`` / ``save`` / ``load``, and
     the named dimensions of their values.
@@ -558,8 +565,7 @@ class Result:
             if tuple(np.shape(v)) != shape or len(shape) != len(dims):
                 raise ThermoLensInputError(f"{type(self).__name__}.{m.name} has shape {tuple(np.shape(v))}, not "
                                            f"[{' '.join(dims)}] {shape}")
-        grids = np.meshgrid(*[np.arange(n) for n in shape], indexing="ij")
-        df = pd.DataFrame({d: g.ravel() for d, g in zip(dims, grids)})
+        df = cell_frame(dims, [np.arange(n) for n in shape])
         for m, v in values:
             df[m.frame_column] = (v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)).reshape(-1)
         return self._definition_columns(df)

@@ -31,7 +31,7 @@ from thermo_lens._lazy import scipy_stats
 from thermo_lens.errors import ThermoLensWarning
 from thermo_lens.paired import PairedDifference, PairedTest, deprecated_alias, paired_t
 from thermo_lens.provenance import Provenance, ProvenanceFields
-from thermo_lens.result import Result
+from thermo_lens.result import Result, cell_frame
 
 __all__ = ["SweepResult", "build_result", "fraction_restored"]
 
@@ -204,8 +204,7 @@ class SweepResult(PairedTest, ProvenanceFields, Result):
     def _cells(self) -> pd.DataFrame:
         """The cell labels, one row per cell in ``effect``'s (C) order."""
         labels = {"layer": self.layers, self.head_kind: self.heads, "feature": self.heads, "pos": self.positions}
-        grids = np.meshgrid(*[np.asarray(labels[d]) for d in self.dims], indexing="ij")
-        return pd.DataFrame({d: g.ravel() for d, g in zip(self.dims, grids)})
+        return cell_frame(self.dims, [labels[d] for d in self.dims])
 
     def prompt_frame(self) -> pd.DataFrame:
         """One row per (prompt, cell): ``prompt`` (the index in your prompt list, as every per-prompt
