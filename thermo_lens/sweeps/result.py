@@ -132,7 +132,9 @@ class SweepResult(PairedTest, ProvenanceFields, Result):
     def paired(self) -> PairedDifference:
         """The sweep as a :class:`~thermo_lens.paired.PairedDifference` over its cells: ``a`` the
         measure without the condition (``baseline``, on every cell), ``b`` with it (``baseline +
-        per_prompt``), ``difference`` the per-prompt effects; its tests are this sweep's."""
+        per_prompt``), ``difference`` the per-prompt effects; its tests are this sweep's. Its cells are
+        positions along ``layers`` / ``heads`` / ``positions`` (its frame numbers them from 0): the
+        sweep's own :meth:`to_frame` carries the labels."""
         return _paired(self.per_prompt.double(), self.baseline.double(), self.level, self.provenance, self.measure,
                        self.dims, self.notes)
 
@@ -295,7 +297,7 @@ def _paired(d: Tensor, baseline: Tensor, level: float, provenance: Provenance, m
             dims: tuple[str, ...], notes: tuple[str, ...]) -> PairedDifference:
     """The paired difference of a sweep: per-prompt effects ``d`` ``[prompt, *cells]`` against the
     measure without any condition, ``baseline`` ``[prompt]``."""
-    a = baseline.reshape((-1,) + (1,) * (d.ndim - 1)).expand_as(d).clone()
+    a = baseline.reshape((-1,) + (1,) * (d.ndim - 1)).expand_as(d)  # a view: the same value on every cell
     summary, t, p = paired_t(d, level)
     return PairedDifference(quantity=measure, result_type="SweepResult", dims=dims, difference=d, a=a, b=a + d,
                             summary=summary, statistic=t, pvalue=p, provenance_a=provenance, provenance_b=provenance,
