@@ -124,11 +124,8 @@ class AnisotropyResult(PairedMixin, ProvenanceFields, Result):
         return torch.as_tensor(np.asarray(self.stats.mean), dtype=torch.float32)
 
     @property
-    def n_prompts(self) -> int:
-        return int(self.values.shape[0])
-
-    @property
     def n_layers(self) -> int:
+        """``L``: the blocks, one fewer than the residual states ``x_0..x_L`` (``n_states``)."""
         return int(self.values.shape[1]) - 1
 
     def to_frame(self) -> pd.DataFrame:

@@ -351,14 +351,6 @@ class GainResult(PairedMixin, ProvenanceFields, Result):
 
     # ------------------------------------------------------------ derived views
     @property
-    def n_prompts(self) -> int:
-        return int(self.block_gain.shape[0])
-
-    @property
-    def n_layers(self) -> int:
-        return int(self.block_gain.shape[1])
-
-    @property
     def scope_definition(self) -> str:
         return TOKEN_SCOPES[self.token_scope]
 

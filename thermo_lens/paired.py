@@ -4,13 +4,16 @@
 same prompts, model and settings and differing only in their user hooks, and returns per-prompt
 differences ``b - a`` with, per layer (and head), the mean difference, its Student-t CI (paired:
 computed from the per-prompt differences, SD with ``ddof=1``) and a two-sided paired t-test
-(``H0``: mean difference 0). The t statistic is undefined (NaN, and the frame's ``t_test`` column
-says why) with fewer than 2 prompts or when every difference is equal (zero variance: e.g. a
-layer upstream of an ablation, or an identity hook, whose differences are exactly 0: two runs of
-the same prompts and settings batch identically, so nothing but the hooks differs). Pairs on
-different prompts or settings are refused with the reason; hooks already on the model that differ
-between the two runs (``model.add_hook``, ``model.hooks(...)``, SAEs), a different batch plan or a
-cache are said in ``notes`` (repr and frame).
+(``H0``: mean difference 0). The test reads as scipy's (``scipy.stats.ttest_rel``): ``statistic``,
+``pvalue``, ``df``, ``confidence_interval(level)`` (computed from the stored per-prompt
+differences at any level), and ``pvalue_holm`` (Holm over every element with a p-value).
+The t statistic is undefined (NaN, and the frame's ``t_test`` column says why) with fewer than 2
+prompts or when every difference is equal (zero variance: e.g. a layer upstream of an ablation, or
+an identity hook, whose differences are exactly 0: two runs of the same prompts and settings batch
+identically, so nothing but the hooks differs). Pairs on different prompts or settings are refused
+with the reason; hooks already on the model that differ between the two runs (``model.add_hook``,
+``model.hooks(...)``, SAEs), a different batch plan or a cache are said in ``notes`` (repr and
+frame).
 
 Quantities compared, by result type:
 
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
@@ -35,10 +38,11 @@ from torch import Tensor
 
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.provenance import Provenance
-from thermo_lens.result import Result
-from thermo_lens.stats import SummaryStats, summarize
+from thermo_lens.result import Result, cell_frame
+from thermo_lens.stats import SummaryStats, holm, summarize
+from thermo_lens.stats.exact import ConfidenceInterval
 
-__all__ = ["PairedDifference", "paired_difference", "paired_t", "QUANTITIES"]
+__all__ = ["PairedDifference", "PairedTest", "paired_difference", "paired_t", "QUANTITIES"]
 
 #: result type -> (default quantity, {quantity: dimension names after "prompt"}).
 QUANTITIES: dict[str, tuple[str, dict[str, tuple[str, ...]]]] = {
@@ -50,8 +54,60 @@ QUANTITIES: dict[str, tuple[str, dict[str, tuple[str, ...]]]] = {
 }
 
 
+def deprecated_alias(old: str, new: str, since: str = "0.4") -> property:
+    """A read-only property ``old`` that returns attribute ``new`` with a :class:`DeprecationWarning`
+    (the old name of a result attribute, kept for one release)."""
+    def get(self: Any) -> Any:
+        warnings.warn(f"{type(self).__name__}.{old} is deprecated since thermo-lens {since} and will be removed in "
+                      f"the next release; use .{new} (the scipy.stats name)", DeprecationWarning, stacklevel=2)
+        return getattr(self, new)
+    return property(get, doc=f"Deprecated alias of :attr:`{new}`.")
+
+
+class PairedTest:
+    """The scipy.stats vocabulary of a two-sided paired t-test per element, computed from stored
+    per-prompt differences ``[prompt, *cells]`` (:meth:`paired_values`).
+
+    Shared by :class:`PairedDifference` and :class:`~thermo_lens.sweeps.SweepResult` (whose
+    per-prompt effects are paired differences): ``df`` (``n - 1``) and
+    ``confidence_interval(level)`` (the Student-t interval of the mean difference at any level,
+    ``scipy.stats.t.interval(level, n - 1, mean, se)``: the interval that inverts the t-test).
+    ``statistic``, ``pvalue`` and ``pvalue_holm`` are each class's own (stored or derived).
+    """
+
+    if TYPE_CHECKING:
+        level: float
+
+    def paired_values(self) -> Tensor:
+        """The per-prompt differences ``[prompt, *cells]`` (float64) the tests are computed from."""
+        raise NotImplementedError
+
+    def _per_cell(self, values: np.ndarray) -> Any:
+        """Per-cell values in this result's array type (numpy here; a sweep gives tensors)."""
+        return values
+
+    @property
+    def df(self) -> Any:
+        """Degrees of freedom of each element's t-test, ``n - 1`` (as ``scipy.stats.ttest_rel``)."""
+        d = self.paired_values()
+        return self._per_cell(np.full(tuple(d.shape[1:]), float(d.shape[0] - 1)))
+
+    def confidence_interval(self, level: float = 0.95) -> ConfidenceInterval:
+        """``(low, high)`` per element: the ``level`` Student-t interval of the mean difference
+        (SD with ``ddof=1``, ``n - 1`` degrees of freedom), computed from the per-prompt
+        differences; NaN with fewer than 2 prompts. The interval of the paired t-test: it excludes
+        0 exactly when the two-sided ``pvalue`` is below ``1 - level``."""
+        if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < float(level) < 1:
+            raise ThermoLensInputError(f"level must be a number in (0, 1), got {level!r}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            s = summarize(self.paired_values(), level=float(level), keep_values=False)
+        lo, hi = (np.asarray(v, dtype=np.float64) for v in (s.ci_low, s.ci_high))
+        return ConfidenceInterval(self._per_cell(lo), self._per_cell(hi))
+
+
 @dataclass(frozen=True, repr=False, eq=False)
-class PairedDifference(Result):
+class PairedDifference(PairedTest, Result):
     """Per-prompt differences ``b - a`` of two paired runs, with paired CIs and t-tests.
 
     Attributes:
@@ -60,9 +116,13 @@ class PairedDifference(Result):
         difference: ``[prompt, *dims]`` float64, ``b - a`` per prompt.
         a, b: the per-prompt values of each run.
         summary: mean, SD (ddof=1), SE and the ``level`` t-CI of the difference per element.
-        t_statistic, pvalue: two-sided paired t-test per element; NaN where it is undefined
-            (fewer than 2 prompts, or zero variance: every difference equal), see :attr:`t_test`.
+        statistic, pvalue: two-sided paired t-test per element (t and its p, as
+            ``scipy.stats.ttest_rel``); NaN where it is undefined (fewer than 2 prompts, or zero
+            variance: every difference equal), see :attr:`t_test`. ``t_statistic`` is the
+            deprecated old name of ``statistic``.
         provenance_a, provenance_b: what each run was (prompts, settings, hooks).
+        level: the confidence level of ``summary`` and of the repr and frame's ``ci_low`` /
+            ``ci_high``; :meth:`confidence_interval` gives any other level.
         notes: what the comparison must say besides its numbers (hooks already on the model that
             differ between the runs, another batch plan, a cache).
     """
@@ -74,12 +134,34 @@ class PairedDifference(Result):
     a: Tensor
     b: Tensor
     summary: SummaryStats
-    t_statistic: np.ndarray
+    statistic: np.ndarray
     pvalue: np.ndarray
     provenance_a: Provenance
     provenance_b: Provenance
     level: float = 0.95
     notes: tuple[str, ...] = ()
+
+    # 2: ``t_statistic`` is stored as ``statistic``
+    schema_version: ClassVar[int] = 2
+
+    @classmethod
+    def migrate(cls, fields: dict[str, Any], version: int) -> dict[str, Any]:
+        """Results stored before schema 2 hold ``statistic`` as ``t_statistic`` (by name, not by
+        version: a subclass numbers its own versions)."""
+        fields = super().migrate(fields, version)
+        if "t_statistic" in fields and "statistic" not in fields:
+            fields["statistic"] = fields.pop("t_statistic")
+        return fields
+
+    t_statistic = deprecated_alias("t_statistic", "statistic")
+
+    def paired_values(self) -> Tensor:
+        return self.difference
+
+    @property
+    def pvalue_holm(self) -> np.ndarray:
+        """Holm-adjusted ``pvalue`` over every element with a p-value (one family; NaN stays NaN)."""
+        return holm(self.pvalue).reshape(np.shape(self.pvalue))
 
     @property
     def t_test(self) -> np.ndarray:
@@ -97,9 +179,8 @@ class PairedDifference(Result):
                 out.flat[k] = f"paired t, df = {n - 1}"
         return out.reshape(np.shape(self.summary.sd))
 
-    @property
-    def n_prompts(self) -> int:
-        return int(self.difference.shape[0])
+    def _dim_arrays(self) -> list[tuple[tuple[str, ...], Any]]:
+        return [(("prompt",) + tuple(self.dims), self.difference)]
 
     @property
     def mean(self) -> Tensor:
@@ -138,13 +219,11 @@ class PairedDifference(Result):
         """One row per element (``layer`` / ``head`` ...): ``mean_difference, sd, se, ci_low,
         ci_high, t, pvalue, t_test`` (the test, or why it is undefined), ``n, mean_a, mean_b``, the
         two runs' hooks and the ``notes``."""
-        shape = tuple(self.difference.shape[1:])
-        grids = np.meshgrid(*[np.arange(n) for n in shape], indexing="ij") if shape else []
         s = self.summary
-        df = pd.DataFrame({name: g.ravel() for name, g in zip(self.dims, grids)})
+        df = cell_frame(self.dims, [np.arange(n) for n in self.difference.shape[1:]])
         flat = lambda v: np.atleast_1d(np.asarray(v, dtype=np.float64)).ravel()  # noqa: E731
         for col, v in (("mean_difference", s.mean), ("sd", s.sd), ("se", s.se), ("ci_low", s.ci_low),
-                       ("ci_high", s.ci_high), ("t", self.t_statistic), ("pvalue", self.pvalue),
+                       ("ci_high", s.ci_high), ("t", self.statistic), ("pvalue", self.pvalue),
                        ("mean_a", self.a.mean(0).numpy()), ("mean_b", self.b.mean(0).numpy())):
             df[col] = flat(v)
         df["t_test"] = np.atleast_1d(self.t_test).ravel()
@@ -208,7 +287,7 @@ def _build(quantity: str, rtype: str, dims: tuple[str, ...], a: Tensor, b: Tenso
     d = (b - a).double()
     summary, t, p = paired_t(d, level)
     return PairedDifference(quantity=quantity, result_type=rtype, dims=dims, difference=d, a=a.double(), b=b.double(),
-                            summary=summary, t_statistic=t, pvalue=p, provenance_a=pa, provenance_b=pb, level=level,
+                            summary=summary, statistic=t, pvalue=p, provenance_a=pa, provenance_b=pb, level=level,
                             notes=tuple(notes))
 
 

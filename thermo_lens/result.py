@@ -28,14 +28,14 @@ import json
 import math
 import os
 import warnings
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
 import torch
 from thermo_lens.errors import ThermoLensError, ThermoLensInputError, ThermoLensInputTypeError, ThermoLensSchemaError
 
-__all__ = ["Result", "encode", "decode", "register_plot", "MAX_JSON_BYTES", "MAX_DEPTH"]
+__all__ = ["Result", "encode", "decode", "register_plot", "label", "DIM_LABELS", "MAX_JSON_BYTES", "MAX_DEPTH"]
 
 #: The largest JSON text (characters, or bytes of a file) :meth:`Result.from_json` reads.
 MAX_JSON_BYTES = 1 << 31
@@ -436,17 +436,151 @@ def _decode_frame(f: Any, depth: int = 0) -> pd.DataFrame:
     return df
 
 
+#: How a cell is labelled per named dimension: ``label(layer=3, head=1) == "L3H1"``.
+DIM_LABELS: dict[str, str] = {"layer": "L", "head": "H", "kv_head": "KV", "expert": "E", "feature": "F",
+                              "state": "S", "pos": "pos", "prompt": "p"}
+
+
+def label(**index: int) -> str:
+    """The label of one cell, its dimensions in the order given: ``label(layer=3, head=1)`` is
+    ``"L3H1"`` (:data:`DIM_LABELS`; another dimension is written with its own name)."""
+    return "".join(f"{DIM_LABELS.get(d, d)}{int(i)}" for d, i in index.items())
+
+
+def cell_frame(dims: Sequence[str], coords: Sequence[Any]) -> pd.DataFrame:
+    """One row per cell of the grid ``coords`` (one sequence of labels per dimension in ``dims``),
+    in C order (the order of a ``[*dims]`` tensor's ``ravel``), a column per dimension."""
+    grids = np.meshgrid(*[np.asarray(c) for c in coords], indexing="ij") if len(dims) else []
+    return pd.DataFrame({d: g.ravel() for d, g in zip(dims, grids)})
+
+
 class Result:
-    """Mixin for frozen-dataclass results: ``to_json`` / ``from_json`` / ``save`` / ``load``."""
+    """Mixin for frozen-dataclass results: ``to_json`` / ``from_json`` / ``save`` / ``load``, and
+    the named dimensions of their values.
+
+    **Named dimensions.** A result's values are arrays over named dimensions (``prompt``, ``layer``,
+    ``head``, ``kv_head``, ``expert``, ``state``, ``feature`` ...), declared once in the registry by
+    the shape of each metric it carries (``"prompt layer head"``; a result with no registered
+    metric declares them in :meth:`_dim_arrays`). From them every result has :attr:`sizes`,
+    ``n_<dim>s`` (``n_prompts``, ``n_layers``, ``n_heads``, ``n_kv_heads``, ``n_experts`` ...: the
+    size of that dimension), :meth:`labels` (``"L3H1"``) and :meth:`tidy_frame`, the frame of its
+    metrics one row per cell.
+    """
 
     schema_version: ClassVar[int] = 1
     #: Fields renamed in a schema version: ``{version: {old name: new name}}``; results stored
     #: under an older version are read with the new names (:meth:`migrate`).
     renamed_fields: ClassVar[dict[int, dict[str, str]]] = {}
 
+    if TYPE_CHECKING:  # read through __getattr__ from the declared dimensions (a class may store or define its own)
+        @property
+        def n_prompts(self) -> int: ...
+        @property
+        def n_layers(self) -> int: ...
+        @property
+        def n_heads(self) -> int: ...
+        @property
+        def n_kv_heads(self) -> int: ...
+        @property
+        def n_experts(self) -> int: ...
+        @property
+        def n_states(self) -> int: ...
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         _REGISTRY[cls.__name__] = cls
+
+    # ------------------------------------------------------------------ named dimensions
+    def _dim_arrays(self) -> list[tuple[tuple[str, ...], Any]]:
+        """``(dimension names, values)`` pairs that declare this result's dimensions: the values
+        of each metric registered for its class, with the metric's shape. Results without
+        registered metrics (a paired difference, a sweep) override it."""
+        from thermo_lens import registry
+
+        out = []
+        for m in registry.metrics(result=type(self).__name__):
+            if not m.dims:
+                continue
+            try:
+                values = m.values(self)
+            except (AttributeError, KeyError, TypeError):  # an optional value this result does not hold
+                continue
+            out.append((m.dims, values))
+        return out
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """``{dimension: size}`` of the named dimensions of this result's values (``{"prompt": 4,
+        "layer": 12, "head": 12}``), in the order the declared shapes name them."""
+        sizes: dict[str, int] = {}
+        for dims, values in self._dim_arrays():
+            shape = getattr(values, "shape", None)
+            if shape is None or len(shape) != len(dims):
+                continue
+            for d, n in zip(dims, shape):
+                sizes.setdefault(d, int(n))
+        return sizes
+
+    def __getattr__(self, name: str) -> Any:
+        # ``n_<dim>s`` / ``n_<dim>``: the size of a named dimension. Only reached when normal lookup
+        # fails (a class's own field or property of that name wins).
+        if name.startswith("n_") and len(name) > 2 and not name.startswith("n__"):
+            sizes = self.sizes
+            dim = name[2:]
+            for d in (dim, dim[:-1] if dim.endswith("s") else dim):
+                if d in sizes:
+                    return sizes[d]
+            raise AttributeError(f"{type(self).__name__} has no {name!r}: its values have no {dim.rstrip('s')!r} "
+                                 f"dimension (its dimensions: {', '.join(sizes) or 'none'})")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def labels(self, *dims: str) -> list[str]:
+        """The labels of every cell over ``dims`` (default: the dimensions after ``prompt``), in C
+        order: ``["L0H0", "L0H1", ..., "L11H11"]`` for ``("layer", "head")``."""
+        sizes = self.sizes
+        dims = dims or tuple(d for d in sizes if d != "prompt")
+        unknown = [d for d in dims if d not in sizes]
+        if unknown:
+            raise ThermoLensInputError(f"{type(self).__name__} has no dimension(s) {unknown}; its dimensions: "
+                                       f"{', '.join(sizes) or 'none'}")
+        return [label(**dict(zip(dims, idx))) for idx in np.ndindex(*(sizes[d] for d in dims))]
+
+    def tidy_frame(self, frame: str = "to_frame") -> pd.DataFrame:
+        """The generic frame of the metrics registered with ``frame`` (their :attr:`Metric.frame`
+        method) and no frame options: one row per cell of their shared shape (``prompt, layer,
+        head``), a column per dimension (the 0-based index) and per metric (its values, C order),
+        then :meth:`_definition_columns` (``token_scope`` where the result has one, and the
+        provenance's columns: model, BOS, dtype, weights, hooks ...)."""
+        from thermo_lens import registry
+
+        chosen = [m for m in registry.metrics(result=type(self).__name__) if m.frame == frame and not m.frame_kwargs]
+        shapes = {m.dims for m in chosen}
+        if len(shapes) != 1:
+            raise ThermoLensInputError(f"{type(self).__name__} has no single-shape frame {frame!r} "
+                                       f"(registered metrics of shapes {sorted(' '.join(s) for s in shapes)})")
+        dims = shapes.pop()
+        values = [(m, m.values(self)) for m in chosen]
+        shape = tuple(int(n) for n in np.shape(values[0][1]))
+        for m, v in values:
+            if tuple(np.shape(v)) != shape or len(shape) != len(dims):
+                raise ThermoLensInputError(f"{type(self).__name__}.{m.name} has shape {tuple(np.shape(v))}, not "
+                                           f"[{' '.join(dims)}] {shape}")
+        df = cell_frame(dims, [np.arange(n) for n in shape])
+        for m, v in values:
+            df[m.frame_column] = (v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)).reshape(-1)
+        return self._definition_columns(df)
+
+    def _definition_columns(self, df: pd.DataFrame) -> pd.DataFrame:
+        """``df`` with the columns that define its numbers: ``token_scope`` (where this result has
+        one) and the provenance's (model, BOS, dtype, weights, hooks ...)."""
+        scope = getattr(self, "token_scope", None)
+        if isinstance(scope, str):
+            df["token_scope"] = scope
+        provenance = getattr(self, "provenance", None)
+        if provenance is not None:
+            for k, v in provenance.columns().items():
+                df[k] = v
+        return df
 
     def _stored_problem(self) -> str | None:
         """Why this result, just read back from JSON, is inconsistent (sizes that disagree between

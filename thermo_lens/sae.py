@@ -59,7 +59,7 @@ class SAEGainChange(PairedDifference):
     of ``block_gain`` (``b`` with the SAEs, ``a`` without), with the two runs and the SAEs.
 
     Attributes (besides :class:`~thermo_lens.paired.PairedDifference`'s ``difference``,
-    ``summary``, ``t_statistic``, ``pvalue``, ``t_test``, ``notes`` ...):
+    ``summary``, ``statistic``, ``pvalue``, ``t_test``, ``notes`` ...):
         with_saes, without_saes: the two :class:`~thermo_lens.gain.GainResult` (same prompts, same
             tokens, same token scope, same run options and ``fwd_hooks``); their provenance
             records the SAEs among the hooks.
@@ -74,7 +74,8 @@ class SAEGainChange(PairedDifference):
     without_saes: GainResult | None = None
     saes: tuple[dict[str, Any], ...] = ()
 
-    schema_version: ClassVar[int] = 2
+    # 3: the t statistic is stored as ``statistic`` (``t_statistic`` before; PairedDifference.migrate)
+    schema_version: ClassVar[int] = 3
 
     @classmethod
     def migrate(cls, fields: dict[str, Any], version: int) -> dict[str, Any]:
@@ -88,7 +89,7 @@ class SAEGainChange(PairedDifference):
             a, b = wo.block_gain.double(), w.block_gain.double()
             summary, t, p = paired_t(b - a, float(fields.get("level", 0.95)))
             fields.update(quantity="block_gain", result_type="GainResult", dims=("layer",), difference=b - a,
-                          a=a, b=b, summary=summary, t_statistic=t, pvalue=p, provenance_a=wo.provenance,
+                          a=a, b=b, summary=summary, statistic=t, pvalue=p, provenance_a=wo.provenance,
                           provenance_b=w.provenance)
         return fields
 
@@ -100,10 +101,6 @@ class SAEGainChange(PairedDifference):
     @property
     def delta_summary(self) -> SummaryStats:
         return self.summary
-
-    @property
-    def n_layers(self) -> int:
-        return int(self.difference.shape[1])
 
     @property
     def definition(self) -> str:
@@ -264,6 +261,6 @@ def sae_gain_change(
                      f"/ with: {'; '.join(other_b) or 'none'}")
     return SAEGainChange(
         quantity="block_gain", result_type="GainResult", dims=("layer",), difference=b - a, a=a, b=b,
-        summary=summary, t_statistic=t, pvalue=p, provenance_a=without.provenance, provenance_b=with_.provenance,
+        summary=summary, statistic=t, pvalue=p, provenance_a=without.provenance, provenance_b=with_.provenance,
         level=float(level), notes=tuple(notes), with_saes=with_, without_saes=without, saes=tuple(compared),
     )

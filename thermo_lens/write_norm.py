@@ -23,7 +23,6 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Unpack
 
-import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -35,7 +34,7 @@ from thermo_lens.model import ModelView, as_view
 from thermo_lens.passes import Collected, Recorder, Reduction
 from thermo_lens.provenance import Provenance, ProvenanceFields
 from thermo_lens.registry import BuildContext, Measurement, Metric, Option, register_measurement, register_metric
-from thermo_lens.result import Result
+from thermo_lens.result import Result, label
 from thermo_lens.settings import RunOptions, RunSettings
 from thermo_lens.tokens import TERM_SCOPES, TokenBatch, TokenScope, check_token_scope, scope_rows, to_device
 from thermo_lens.validate import validates_own_inputs
@@ -113,21 +112,15 @@ class HeadWriteNorms(ProvenanceFields, Result):
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (prompt, layer, head): ``prompt, layer, head, write_norm`` and the definition
-        columns (merges with the attribution, spectral and sheaf frames on ``layer`` and ``head``)."""
-        P, L, H = self.write_norm.shape
-        p, l, h = np.meshgrid(np.arange(P), np.arange(L), np.arange(H), indexing="ij")
-        df = pd.DataFrame({"prompt": p.ravel(), "layer": l.ravel(), "head": h.ravel(),
-                           "write_norm": self.write_norm.numpy().ravel()})
-        df["token_scope"] = self.token_scope
-        for k, v in self.provenance.columns().items():
-            df[k] = v
-        return df
+        columns (merges with the attribution, spectral and sheaf frames on ``layer`` and ``head``):
+        the generic frame of its registered metric (:meth:`Result.tidy_frame`)."""
+        return self.tidy_frame()
 
     def __repr__(self) -> str:
         m = self.mean_head
         top = torch.argsort(m.flatten(), descending=True)[:3].tolist()
         H = m.shape[1]
-        tops = ", ".join(f"L{i // H}H{i % H} {float(m.flatten()[i]):.4g}" for i in top)
+        tops = ", ".join(f"{label(layer=i // H, head=i % H)} {float(m.flatten()[i]):.4g}" for i in top)
         return (f"HeadWriteNorms({self.model.get('name')}: {self.write_norm.shape[0]} prompts x {m.shape[0]} layers x "
                 f"{H} heads; token_scope={self.token_scope!r}, BOS={self.prepend_bos!r}, weights {self.weights}, "
                 f"{self.dtype})\n  {DEFINITION}\n  largest (mean over prompts): {tops}\n"

@@ -160,6 +160,14 @@ def test_sae_gain_change_is_the_paired_difference_with_ci(model, plain):
     assert df.loc[0, "t_test"].startswith("undefined: zero variance")
     back = SAEGainChange.from_json(res.to_json())
     torch.testing.assert_close(back.delta, res.delta, atol=0, rtol=0)
+    # stored by the schema before the scipy names (version 2, its t statistic as t_statistic): still loads
+    import json
+    data = json.loads(res.to_json())
+    data["version"] = data["thermo_lens_schema"] = 2
+    data["fields"]["t_statistic"] = data["fields"].pop("statistic")
+    old = SAEGainChange.from_json(json.dumps(data))
+    np.testing.assert_array_equal(old.statistic, res.statistic)
+    np.testing.assert_array_equal(old.df, np.full(3, len(PROMPTS) - 1.0))
     assert "layer 1" in repr(res)
     fig = res.plot()
     roles = [t.meta.get("role") for t in fig.data if isinstance(t.meta, dict)]

@@ -86,3 +86,45 @@ def test_gain_select_by_prompt_and_layer(bridge):
     with pytest.raises(tl.ThermoLensInputError, match="out of range"):
         g.layers(3)
     np.testing.assert_array_equal(s.to_frame()["text"].unique(), [PROMPTS[0], PROMPTS[-1]])
+
+
+def test_scipy_vocabulary_and_deprecated_names(bridge):
+    """statistic / pvalue / df / pvalue_holm / confidence_interval(level) as scipy's ttest_rel;
+    t_statistic is a deprecated alias; a difference stored with t_statistic still loads."""
+    import json
+    import warnings
+
+    model = bridge("gpt2")
+    clean = tl.residual_gain(model, PROMPTS)
+    abl = tl.residual_gain(model, PROMPTS, fwd_hooks=[("blocks.1.attn.hook_z", _zero_head(0))])
+    d = abl - clean
+    a, b = clean.block_gain.double().numpy(), abl.block_gain.double().numpy()
+    ps = []
+    for l in (1, 2):
+        ref = stats.ttest_rel(b[:, l], a[:, l])
+        assert d.statistic[l] == pytest.approx(ref.statistic, rel=1e-9) and d.df[l] == ref.df == len(PROMPTS) - 1
+        for level in (0.95, 0.8):
+            ci = ref.confidence_interval(level)
+            assert (d.confidence_interval(level).low[l], d.confidence_interval(level).high[l]) == \
+                pytest.approx((ci.low, ci.high), rel=1e-9)
+        ps.append(ref.pvalue)
+    # the stored level's interval is the summary's; Holm over the elements with a p-value (block 0: none)
+    np.testing.assert_array_equal(d.confidence_interval(d.level).low, d.summary.ci_low)
+    assert np.isnan(d.pvalue_holm[0])
+    m = len(ps)
+    order = np.argsort(ps)
+    expect = np.maximum.accumulate([min(1.0, (m - r) * ps[i]) for r, i in enumerate(order)])
+    np.testing.assert_allclose(d.pvalue_holm[1:][order], expect, rtol=1e-12)
+    with pytest.warns(DeprecationWarning, match=r"t_statistic is deprecated.*\.statistic"):
+        old = d.t_statistic
+    np.testing.assert_array_equal(old, d.statistic)
+    with pytest.raises(tl.ThermoLensInputError, match="level"):
+        d.confidence_interval(1.5)
+    # JSON written before the rename (schema 1, field t_statistic) reads back with the new name
+    data = json.loads(d.to_json())
+    data["version"] = data["thermo_lens_schema"] = 1
+    data["fields"]["t_statistic"] = data["fields"].pop("statistic")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        back = tl.paired.PairedDifference.from_json(json.dumps(data))
+    np.testing.assert_array_equal(back.statistic, d.statistic)

@@ -149,6 +149,30 @@ def test_frame_stats_and_round_trip(bridge):
     assert torch.equal(back.per_prompt, s.per_prompt) and back.hook == "attn.hook_z"
     assert "last_block_gain" in repr(s) and "Holm" in repr(s)
 
+    # scipy's vocabulary, from the sweep's PairedDifference: t, df, any level's CI; old names warn
+    ref = st.ttest_1samp(d, 0.0)
+    np.testing.assert_allclose(s.statistic.numpy().ravel(), ref.statistic, rtol=1e-9)
+    assert (s.df.numpy() == 2).all() and isinstance(s.paired, tl.paired.PairedDifference)
+    assert torch.equal(s.paired.difference, s.per_prompt) and s.paired.dims == ("layer", "head")
+    np.testing.assert_allclose(s.pvalue_holm.numpy().ravel(), tl.stats.holm(p), rtol=1e-6)
+    assert torch.equal(s.confidence_interval(s.level).low, s.ci_low) and torch.equal(s.confidence_interval().high,
+                                                                                     s.ci_high)
+    ci = ref.confidence_interval(0.8)
+    np.testing.assert_allclose(s.confidence_interval(0.8).low.numpy().ravel(), ci.low, rtol=1e-9)
+    np.testing.assert_allclose(s.confidence_interval(0.8).high.numpy().ravel(), ci.high, rtol=1e-9)
+    with pytest.warns(DeprecationWarning, match="pvalue_adjusted is deprecated"):
+        assert torch.equal(s.pvalue_adjusted, s.pvalue_holm)
+    # a sweep stored before the rename (schema 1, pvalue_adjusted) still loads
+    import json
+    import warnings
+    data = json.loads(s.to_json())
+    data["version"] = data["thermo_lens_schema"] = 1
+    data["fields"]["pvalue_adjusted"] = data["fields"].pop("pvalue_holm")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        old = SweepResult.from_json(json.dumps(data))
+    assert torch.equal(old.pvalue_holm, s.pvalue_holm)
+
 
 def test_bad_input_is_a_clear_error(bridge):
     m = bridge("gpt2")

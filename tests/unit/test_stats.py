@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from tiers import examples
 from scipy import stats
 
-from thermo_lens.stats import SummaryStats, summarize
+from thermo_lens.stats import SummaryStats, partial_correlation, summarize
 
 finite = st.floats(min_value=-1e3, max_value=1e3, allow_nan=False, allow_infinity=False)
 
@@ -303,3 +303,25 @@ def test_logistic_exact_and_mean_difference_by_enumeration():
     assert md.pvalue == pytest.approx(np.mean(np.array(ds) >= abs(u.mean() - v.mean()) - 1e-12))
     lo, hi = md.confidence_interval(0.9)
     assert lo < md.statistic < hi and md.pvalue_at(lo - 1e-3) <= 0.1 < md.pvalue_at(lo + 1e-3)
+
+
+def test_confidence_interval_at_any_level_and_df():
+    """SummaryStats and PartialCorrelation: confidence_interval(level) as scipy's, df."""
+    x = np.array([[1.0, 2.0], [1.4, 2.5], [0.7, 1.1], [1.2, 3.0]])
+    s = summarize(x)
+    for level in (0.95, 0.9, 0.5):
+        lo, hi = s.confidence_interval(level)
+        ref = stats.t.interval(level, 3, loc=x.mean(0), scale=stats.sem(x, axis=0))
+        np.testing.assert_allclose(lo, ref[0], rtol=1e-12)
+        np.testing.assert_allclose(hi, ref[1], rtol=1e-12)
+    np.testing.assert_array_equal(s.confidence_interval().low, s.ci_low)
+    assert list(s.df) == [3, 3] and summarize([1.0, 2.0, 4.0]).df == 2
+    with pytest.raises(ValueError, match="level"):
+        s.confidence_interval(0.0)
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=12)
+    pc = partial_correlation(z + rng.normal(size=12), z + rng.normal(size=12), z)
+    assert pc.df == 9 and pc.confidence_interval() == pytest.approx((pc.ci_low, pc.ci_high), rel=1e-12)
+    se, q = 1 / np.sqrt(12 - 4), stats.norm.ppf(0.95)
+    expect = np.tanh(np.arctanh(pc.statistic) + np.array([-q, q]) * se)
+    assert pc.confidence_interval(0.9) == pytest.approx(tuple(expect), rel=1e-12)

@@ -22,7 +22,7 @@ from thermo_lens.paired import PairedMixin
 from thermo_lens.passes import Collected
 from thermo_lens.provenance import Provenance, ProvenanceFields
 from thermo_lens.registry import BuildContext, Measurement, Metric, Option, register_measurement, register_metric
-from thermo_lens.result import Result
+from thermo_lens.result import Result, label
 from thermo_lens.settings import RunOptions, RunSettings
 from thermo_lens.tokens import TokenScope
 from thermo_lens.validate import validates_own_inputs
@@ -118,24 +118,6 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
             object.__setattr__(self, "expert", self.mlp[..., None].clone())
 
     @property
-    def n_experts(self) -> int:
-        """Experts per MLP (1 for a dense MLP)."""
-        assert self.expert is not None
-        return int(self.expert.shape[-1])
-
-    @property
-    def n_prompts(self) -> int:
-        return int(self.head.shape[0])
-
-    @property
-    def n_layers(self) -> int:
-        return int(self.head.shape[1])
-
-    @property
-    def n_heads(self) -> int:
-        return int(self.head.shape[2])
-
-    @property
     def block_layout(self) -> str:
         """The block layout the terms follow (``thermo_lens.definitions`` §7), e.g. ``"pre-LN"``."""
         lay = self.model.get("block_layout") or {}
@@ -169,12 +151,9 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
     def to_frame(self) -> pd.DataFrame:
         """One row per (prompt, layer, head): ``prompt, layer, head, head_term`` plus the
         definition columns. ``layer`` is the 0-based block index (merges with the spectral and
-        sheaf frames on ``layer`` and ``head``)."""
-        P, L, H = self.head.shape
-        p, l, h = np.meshgrid(np.arange(P), np.arange(L), np.arange(H), indexing="ij")
-        df = pd.DataFrame({"prompt": p.ravel(), "layer": l.ravel(), "head": h.ravel(),
-                           "head_term": self.head.numpy().ravel()})
-        return self._definition_columns(df)
+        sheaf frames on ``layer`` and ``head``): the generic frame of the metric registered for it
+        (:meth:`Result.tidy_frame`)."""
+        return self.tidy_frame()
 
     def _definition_columns(self, df: pd.DataFrame) -> pd.DataFrame:
         df["token_scope"] = self.token_scope
@@ -199,13 +178,8 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
 
     def expert_frame(self) -> pd.DataFrame:
         """One row per (prompt, layer, expert): ``expert_term`` and the definition columns (a dense
-        MLP is expert 0, router weight 1)."""
-        assert self.expert is not None
-        P, L, E = self.expert.shape
-        p, l, e = np.meshgrid(np.arange(P), np.arange(L), np.arange(E), indexing="ij")
-        df = pd.DataFrame({"prompt": p.ravel(), "layer": l.ravel(), "expert": e.ravel(),
-                           "expert_term": self.expert.numpy().ravel()})
-        return self._definition_columns(df)
+        MLP is expert 0, router weight 1): the generic frame of its registered metric."""
+        return self.tidy_frame("expert_frame")
 
     # ------------------------------------------------------------------ SAE features
     def _require_features(self) -> dict[str, Tensor]:
@@ -307,7 +281,7 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
         lt = self.total.mean(0).tolist()
         shown = ", ".join(f"{v:.4g}" for v in lt[:12]) + (", ..." if len(lt) > 12 else "")
         top = self.top_heads(3)
-        tops = ", ".join(f"L{r.layer}H{r.head} {r.head_term:+.4g}" for r in top.itertuples())
+        tops = ", ".join(f"{label(layer=r.layer, head=r.head)} {r.head_term:+.4g}" for r in top.itertuples())
         parts = ["sum_h head", "mlp", "bias"]
         assert self.norm is not None and self.sae is not None
         if bool((self.norm != 0).any()):

@@ -179,18 +179,6 @@ class SheafTraces(PairedMixin, ProvenanceFields, Result):
         (its "GPT-2 62,696 vs OPT-125m 2,368", over 4 prompts in float32)."""
         return float(self.mean_layer_trace.mean())
 
-    @property
-    def n_prompts(self) -> int:
-        return int(self.trace.shape[0])
-
-    @property
-    def n_layers(self) -> int:
-        return int(self.trace.shape[1])
-
-    @property
-    def n_heads(self) -> int:
-        return int(self.trace.shape[2])
-
     def l_star(self, variant: str = "steepest_step") -> Any:
         """L* from these traces (:func:`thermo_lens.depth.l_star_from_traces`; the default rule
         ``steepest_step``, with the paper's ``argmax_abs_gradient`` beside it)."""

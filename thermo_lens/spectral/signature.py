@@ -103,7 +103,7 @@ class SpectralSignature(Result):
             raise AttributeError(
                 f"{name} was not computed for this signature (it needs "
                 f"{' and '.join(_metric_weights(name))}; spectral_signature(model) computes every metric)")
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return super().__getattr__(name)  # n_layers, n_heads, n_kv_heads: the sizes of the named dimensions
 
     @property
     def definitions(self) -> dict[str, str]:
@@ -112,18 +112,6 @@ class SpectralSignature(Result):
         return {m.name: m.formula for m in metrics(result="SpectralSignature", load=False) if m.name in present}
 
     # ------------------------------------------------------------------ geometry
-    @property
-    def n_layers(self) -> int:
-        return int(self.W_O_norm.shape[0])
-
-    @property
-    def n_heads(self) -> int:
-        return int(self.W_O_norm.shape[1])
-
-    @property
-    def n_kv_heads(self) -> int:
-        return int(self.W_V_norm_kv.shape[1])
-
     @property
     def d_head(self) -> int:
         return int(self.model["d_head"])

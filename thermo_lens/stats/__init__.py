@@ -73,6 +73,26 @@ class SummaryStats(Result):
         return self.ci_low, self.ci_high
 
     @property
+    def df(self) -> Any:
+        """Degrees of freedom of the t interval, ``n - 1`` (an int, or an array as ``n``)."""
+        n = np.asarray(self.n)
+        return int(n) - 1 if n.ndim == 0 else n - 1
+
+    def confidence_interval(self, level: float = 0.95) -> Any:
+        """``(low, high)``: the ``level`` Student-t interval of the mean,
+        ``scipy.stats.t.interval(level, n - 1, mean, se)``, at any level (``ci_low`` / ``ci_high``
+        hold the one at :attr:`level`); NaN where ``n < 2``.
+
+        Raises:
+            ValueError: ``level`` not in (0, 1).
+        """
+        from thermo_lens.stats.exact import ConfidenceInterval
+
+        if not 0.0 < level < 1.0:
+            raise ValueError(f"confidence_interval: level must be in (0, 1), got {level!r}")
+        return ConfidenceInterval(*t_interval(self.mean, self.sd, self.n, level))
+
+    @property
     def sd_ddof0(self) -> Any:
         """Population SD (``numpy.std`` default, ``ddof=0``), as the paper's result files store."""
         n = np.asarray(self.n, dtype=float)
@@ -319,6 +339,21 @@ class PartialCorrelation(Result):
     ci_high: float
     r_xz: float
     r_xz_pvalue: float
+
+    @property
+    def df(self) -> int:
+        """Degrees of freedom of the t statistic behind ``pvalue``: ``n - 3`` (one control)."""
+        return self.n - 3
+
+    def confidence_interval(self, level: float = 0.95) -> Any:
+        """``(low, high)``: the ``level`` Fisher-z interval of the partial r, ``se = 1/sqrt(n - 4)``
+        (:func:`fisher_z_ci` with one control); ``ci_low`` / ``ci_high`` hold the interval at the level
+        :func:`partial_correlation` was given (0.95 by default)."""
+        from thermo_lens.stats.exact import ConfidenceInterval
+
+        if not 0.0 < level < 1.0:
+            raise ValueError(f"confidence_interval: level must be in (0, 1), got {level!r}")
+        return ConfidenceInterval(*fisher_z_ci(self.statistic, self.n, level, n_controls=1))
 
     def __repr__(self) -> str:
         return (f"PartialCorrelation(r({self.y}, {self.x} | {self.control}) = {self.statistic:.4f}, "

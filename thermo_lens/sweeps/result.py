@@ -5,7 +5,12 @@ The effect of a cell (a layer and head, a layer and position, or all three) on p
 clean prompt, or ablated) minus the measure of the same prompt without it. Across prompts: the
 mean, its Student-t CI (SD with ``ddof=1``), a two-sided paired t-test (``H0``: mean effect 0;
 NaN with fewer than 2 prompts or zero variance), and Holm-adjusted p-values over every cell of
-the sweep (one family). For patching, the fraction of the clean-vs-corrupted difference the
+the sweep (one family). The per-prompt effects are paired differences (the measure with the
+condition minus without it), so the statistics are those of a
+:class:`~thermo_lens.paired.PairedDifference` (:attr:`SweepResult.paired`), in scipy.stats'
+vocabulary: ``statistic``, ``pvalue``, ``df``, ``pvalue_holm``, ``confidence_interval(level)``.
+
+For patching, the fraction of the clean-vs-corrupted difference the
 cell restores, ``mean_p(effect) / mean_p(m(clean_p) - m(corrupted_p))``, with a delta-method
 t-CI (a ratio of means, so prompts with a small clean-corrupted gap do not blow it up).
 """
@@ -14,7 +19,8 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -23,16 +29,15 @@ from torch import Tensor
 from thermo_lens._lazy import pandas as pd
 from thermo_lens._lazy import scipy_stats
 from thermo_lens.errors import ThermoLensWarning
-from thermo_lens.paired import paired_t
+from thermo_lens.paired import PairedDifference, PairedTest, deprecated_alias, paired_t
 from thermo_lens.provenance import Provenance, ProvenanceFields
-from thermo_lens.result import Result
-from thermo_lens.stats import holm
+from thermo_lens.result import Result, cell_frame
 
 __all__ = ["SweepResult", "build_result", "fraction_restored"]
 
 
 @dataclass(frozen=True, repr=False, eq=False)
-class SweepResult(ProvenanceFields, Result):
+class SweepResult(PairedTest, ProvenanceFields, Result):
     """Per-cell effects of a patching or ablation sweep (:func:`thermo_lens.patch_sweep`,
     :func:`thermo_lens.ablation_sweep`).
 
@@ -51,8 +56,10 @@ class SweepResult(ProvenanceFields, Result):
             float64, the effect per prompt and cell.
         baseline: ``[prompt]`` the measure without any condition (the corrupted prompts for patching).
         clean: ``[prompt]`` the measure of the clean prompts (patching; empty for ablation).
-        effect, ci_low, ci_high, pvalue, pvalue_adjusted: per cell (``per_prompt`` without the
-            prompt axis): mean effect, its ``level`` t-CI, paired t-test p, Holm over the cells.
+        effect, ci_low, ci_high, pvalue, pvalue_holm: per cell (``per_prompt`` without the
+            prompt axis): mean effect, its ``level`` t-CI (:meth:`confidence_interval` gives any
+            level), the paired t-test's p (its t: :attr:`statistic`, with :attr:`df`), Holm over the
+            cells. ``pvalue_adjusted`` is the deprecated old name of ``pvalue_holm``.
         fraction, fraction_low, fraction_high: patching: the fraction of the clean-corrupted
             difference each cell restores and its delta-method t-CI (empty for ablation).
         token_scope: the measure's token scope (``"n/a"`` for a logit measure; all real tokens for a
@@ -89,7 +96,7 @@ class SweepResult(ProvenanceFields, Result):
     ci_low: Tensor
     ci_high: Tensor
     pvalue: Tensor
-    pvalue_adjusted: Tensor
+    pvalue_holm: Tensor
     fraction: Tensor
     fraction_low: Tensor
     fraction_high: Tensor
@@ -104,10 +111,37 @@ class SweepResult(ProvenanceFields, Result):
     head_kind: str = "head"
     notes: tuple[str, ...] = ()
 
+    # 2: ``pvalue_adjusted`` is stored as ``pvalue_holm``
+    schema_version: ClassVar[int] = 2
+    renamed_fields: ClassVar[dict[int, dict[str, str]]] = {2: {"pvalue_adjusted": "pvalue_holm"}}
+
+    pvalue_adjusted = deprecated_alias("pvalue_adjusted", "pvalue_holm")
+
     @property
     def dims(self) -> tuple[str, ...]:
         """The cell axes' names: ``layer``, then ``head`` (``kv_head`` for a key/value hook) and/or ``pos``."""
-        return ("layer",) + tuple(self.head_kind if d == "head" else d for d in self.over)
+        return _cell_dims(self.over, self.head_kind)
+
+    def paired_values(self) -> Tensor:
+        return self.per_prompt.double()
+
+    def _per_cell(self, values: np.ndarray) -> Tensor:
+        return torch.as_tensor(np.ascontiguousarray(values, dtype=np.float64))
+
+    @cached_property
+    def paired(self) -> PairedDifference:
+        """The sweep as a :class:`~thermo_lens.paired.PairedDifference` over its cells: ``a`` the
+        measure without the condition (``baseline``, on every cell), ``b`` with it (``baseline +
+        per_prompt``), ``difference`` the per-prompt effects; its tests are this sweep's. Its cells are
+        positions along ``layers`` / ``heads`` / ``positions`` (its frame numbers them from 0): the
+        sweep's own :meth:`to_frame` carries the labels."""
+        return _paired(self.per_prompt.double(), self.baseline.double(), self.level, self.provenance, self.measure,
+                       self.dims, self.notes)
+
+    @property
+    def statistic(self) -> Tensor:
+        """Per cell, the paired t statistic of the effect (NaN where the test is undefined)."""
+        return self._per_cell(self.paired.statistic)
 
     @property
     def n_tested(self) -> int:
@@ -123,9 +157,8 @@ class SweepResult(ProvenanceFields, Result):
         return (f"Holm over the {n} cells with a p-value ({total - n} of {total} have none: NaN, from fewer than 2 "
                 "prompts, zero variance or an undefined measure)")
 
-    @property
-    def n_prompts(self) -> int:
-        return int(self.per_prompt.shape[0])
+    def _dim_arrays(self) -> list[tuple[tuple[str, ...], Any]]:
+        return [(("prompt",) + self.dims, self.per_prompt)]
 
     def settings(self) -> dict[str, Any]:
         """The definition of every number: ``kind, method, hook, measure, token_scope, prepend_bos,
@@ -148,7 +181,7 @@ class SweepResult(ProvenanceFields, Result):
         shape = tuple(self.effect.shape)
         flat = lambda t: t.double().numpy().reshape(-1)  # noqa: E731
         for col, t in (("effect", self.effect), ("ci_low", self.ci_low), ("ci_high", self.ci_high),
-                       ("pvalue", self.pvalue), ("pvalue_adjusted", self.pvalue_adjusted)):
+                       ("pvalue", self.pvalue), ("pvalue_adjusted", self.pvalue_holm)):
             df[col] = flat(t)
         df["significant"] = df["pvalue_adjusted"] < 1 - self.level
         if self.kind == "patch":
@@ -173,8 +206,7 @@ class SweepResult(ProvenanceFields, Result):
     def _cells(self) -> pd.DataFrame:
         """The cell labels, one row per cell in ``effect``'s (C) order."""
         labels = {"layer": self.layers, self.head_kind: self.heads, "feature": self.heads, "pos": self.positions}
-        grids = np.meshgrid(*[np.asarray(labels[d]) for d in self.dims], indexing="ij")
-        return pd.DataFrame({d: g.ravel() for d, g in zip(self.dims, grids)})
+        return cell_frame(self.dims, [labels[d] for d in self.dims])
 
     def prompt_frame(self) -> pd.DataFrame:
         """One row per (prompt, cell): ``prompt`` (the index in your prompt list, as every per-prompt
@@ -217,7 +249,7 @@ class SweepResult(ProvenanceFields, Result):
             lines.append(f"  positions: {self.alignment}")
         lines.append(f"  baseline mean {float(self.baseline.double().mean()):.4g}"
                      + (f"; clean mean {float(self.clean.double().mean()):.4g}" if self.kind == "patch" else ""))
-        p = self.pvalue_adjusted.numpy()
+        p = self.pvalue_holm.numpy()
         n_sig = int(np.sum(p < 1 - self.level))
         lines.append(f"  {n_sig} of {self.n_tested} tested cells with Holm-adjusted p < {1 - self.level:.2g}; "
                      "largest |effect|:")
@@ -257,16 +289,33 @@ def fraction_restored(effect: Tensor, gap: Tensor, level: float) -> tuple[Tensor
     return r, r - q * se, r + q * se
 
 
+def _cell_dims(over: tuple[str, ...], head_kind: str) -> tuple[str, ...]:
+    return ("layer",) + tuple(head_kind if d == "head" else d for d in over)
+
+
+def _paired(d: Tensor, baseline: Tensor, level: float, provenance: Provenance, measure: str,
+            dims: tuple[str, ...], notes: tuple[str, ...]) -> PairedDifference:
+    """The paired difference of a sweep: per-prompt effects ``d`` ``[prompt, *cells]`` against the
+    measure without any condition, ``baseline`` ``[prompt]``."""
+    a = baseline.reshape((-1,) + (1,) * (d.ndim - 1)).expand_as(d)  # a view: the same value on every cell
+    summary, t, p = paired_t(d, level)
+    return PairedDifference(quantity=measure, result_type="SweepResult", dims=dims, difference=d, a=a, b=a + d,
+                            summary=summary, statistic=t, pvalue=p, provenance_a=provenance, provenance_b=provenance,
+                            level=level, notes=notes)
+
+
 def build_result(*, per_prompt: Tensor, baseline: Tensor, clean: Tensor | None, level: float,
                  **fields: Any) -> SweepResult:
-    """Summaries, tests and Holm over the cells of ``per_prompt`` ``[prompt, *cells]``."""
+    """Summaries, tests and Holm over the cells of ``per_prompt`` ``[prompt, *cells]``: those of
+    its :class:`~thermo_lens.paired.PairedDifference` (:func:`_paired`)."""
     d = per_prompt.double()
-    summary, _, p = paired_t(d, level)
     cells = tuple(d.shape[1:])
+    test = _paired(d, baseline.double(), level, fields["provenance"], str(fields.get("measure", "")),
+                   _cell_dims(tuple(fields.get("over", ())), str(fields.get("head_kind", "head"))), ())
+    summary, p, adj = test.summary, test.pvalue, test.pvalue_holm
 
     def t(v: Any) -> Tensor:
         return torch.as_tensor(np.broadcast_to(np.asarray(v, dtype=np.float64), cells).copy())
-    adj = holm(p).reshape(cells)
     empty = torch.zeros(0, dtype=torch.float64)
     notes = list(fields.pop("notes", ()))
     if clean is not None:
@@ -286,5 +335,5 @@ def build_result(*, per_prompt: Tensor, baseline: Tensor, clean: Tensor | None, 
         frac = lo = hi = empty
     return SweepResult(per_prompt=d, baseline=baseline.double(), clean=empty if clean is None else clean.double(),
                        effect=t(summary.mean), ci_low=t(summary.ci_low), ci_high=t(summary.ci_high), pvalue=t(p),
-                       pvalue_adjusted=t(adj), fraction=frac, fraction_low=lo, fraction_high=hi, level=level,
+                       pvalue_holm=t(adj), fraction=frac, fraction_low=lo, fraction_high=hi, level=level,
                        notes=tuple(notes), **fields)

@@ -70,7 +70,7 @@ def sweep_heatmap(sweep: Any, *, pos: int | None = None, head: int | None = None
     fraction of the clean-corrupted difference restored, with its CI).
     """
     check_type(sweep, "SweepResult", "sweep_heatmap", "Pass thermo_lens.patch_sweep(...) or ablation_sweep(...).")
-    arrays = {k: to_numpy(getattr(sweep, k)) for k in ("effect", "ci_low", "ci_high", "pvalue", "pvalue_adjusted")}
+    arrays = {k: to_numpy(getattr(sweep, k)) for k in ("effect", "ci_low", "ci_high", "pvalue", "pvalue_holm")}
     patch = sweep.kind == "patch"
     if patch:
         arrays.update(fraction=to_numpy(sweep.fraction), fraction_low=to_numpy(sweep.fraction_low),
@@ -89,7 +89,7 @@ def sweep_heatmap(sweep: Any, *, pos: int | None = None, head: int | None = None
             arrays = {name: v[:, :, k] for name, v in arrays.items()}
             sel = f", position {sweep.positions[k]}"
     z = arrays["effect"]
-    fields = ["ci_low", "ci_high", "pvalue", "pvalue_adjusted"] + (["fraction", "fraction_low", "fraction_high"]
+    fields = ["ci_low", "ci_high", "pvalue", "pvalue_holm"] + (["fraction", "fraction_low", "fraction_high"]
                                                                    if patch else [])
     custom = np.stack([arrays[f] for f in fields], axis=-1)
     lines = [f"layer %{{y}}, {col_name} %{{x}}", "effect %{z:+.4g}",
@@ -103,7 +103,7 @@ def sweep_heatmap(sweep: Any, *, pos: int | None = None, head: int | None = None
     fig = go.Figure(go.Heatmap(z=z, x=x, y=y, customdata=custom, colorscale="RdBu_r", zmid=0.0,
                                colorbar=dict(title="effect"), hovertemplate=hover(lines + [wrap(definition, 90)]),
                                meta={"role": "heatmap", "definition": definition}))
-    ns = ~(arrays["pvalue_adjusted"] < 1 - sweep.level)
+    ns = ~(arrays["pvalue_holm"] < 1 - sweep.level)
     li, ci = np.nonzero(ns)
     threshold = f"Holm-adjusted p >= {1 - sweep.level:.2g}"
     fig.add_trace(go.Scatter(x=[x[c] for c in ci], y=[y[r] for r in li], mode="markers", hoverinfo="skip",
