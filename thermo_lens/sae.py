@@ -31,6 +31,7 @@ from torch import Tensor
 
 from thermo_lens.gain import DEFAULT_SCOPE, GainResult, residual_gain
 from thermo_lens import attached
+from thermo_lens.inputs import Prompts
 from thermo_lens.model import ModelView, as_view
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.paired import PairedDifference, paired_t
@@ -173,7 +174,7 @@ def _check_sae(view: ModelView, hook: str, d_in: int, what: str) -> None:
 
 def sae_gain_change(
     model: Any,
-    prompts: Any,
+    prompts: Prompts,
     *,
     saes: Any = None,
     use_error_term: bool | None = None,
