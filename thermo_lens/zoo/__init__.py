@@ -142,7 +142,7 @@ HOSTS: tuple[str, ...] = ("bridge", "hooked", "hooked_sae")
 
 def load(name: str, host: str = "bridge", *, device: str | torch.device | None = None, dtype: torch.dtype | None = None,
          processed: bool = False,
-         **boot_kwargs: Any):
+         **boot_kwargs: object):
     """Boot the embedded checkpoint ``name`` as a TransformerLens model, fully offline.
 
     ``HF_HUB_OFFLINE`` (and ``TRANSFORMERS_OFFLINE``) are set to ``1`` for the
@@ -247,7 +247,7 @@ def _hooked_class(host: str) -> type[HookedTransformer]:
 
 
 def _load_hooked(name: str, ckpt: Path, host: str, *, device: str | torch.device | None, dtype: torch.dtype,
-                 processed: bool, **kwargs: Any) -> HookedTransformer:
+                 processed: bool, **kwargs: object) -> HookedTransformer:
     cls = _hooked_class(host)
     from thermo_lens.testing import hooked_transformer
 
