@@ -164,7 +164,7 @@ def _unique_id(base: str, seen: set[str]) -> str:
     return out
 
 
-def model_from_name(name: object, seen: Iterable[str] = (), **options: Any) -> ModelSpec:
+def model_from_name(name: object, seen: Iterable[str] = (), **options: object) -> ModelSpec:
     """A :class:`ModelSpec` for a model name (zoo name, local folder or hub id) with an id unique
     among ``seen`` (lower-case ids); ``options`` are further ``ModelSpec`` fields."""
     from thermo_lens import zoo
