@@ -560,7 +560,7 @@ def _definitions_html() -> str:
     return intro + _metric_glossary_html() + options + page
 
 
-def _panel_model(profiles: dict[str, Any], panel: Any) -> tuple[Any, str, Any] | tuple[None, str, None]:
+def _panel_model(profiles: dict[str, Any], panel: object) -> tuple[Any, str, Any] | tuple[None, str, None]:
     """``(model, reason, profile)`` for the attention panel, or ``(None, why not, None)``."""
     if panel is False or panel is None:
         return None, "attention panel disabled (panel=False)", None
@@ -688,7 +688,7 @@ def _reference_section(doc: _Doc, rows: pd.DataFrame) -> None:
         doc.figure(f"fig-reference-{metric}", functools.partial(views.reference_overlay, rows, metric=metric))
 
 
-def _panel_section(doc: _Doc, profiles: dict[str, Any], panel: Any, panel_layer: int | None) -> None:
+def _panel_section(doc: _Doc, profiles: dict[str, Any], panel: object, panel_layer: int | None) -> None:
     doc.section("panel", "Attention patterns and per-head metrics (circuitsvis)")
     if not profiles:
         doc.p("Skipped: no profiles.", "note")
@@ -746,7 +746,7 @@ def _page(doc: _Doc, name: str) -> str:
     )
 
 
-def render_report(dir_or_profiles: ReportInput, *, title: str | None = None, panel: Any = "auto",
+def render_report(dir_or_profiles: ReportInput, *, title: str | None = None, panel: object = "auto",
                   panel_layer: int | None = None, sections: Sequence[Callable[[Page], None]] = ()) -> tuple[str, list[str]]:
     """The report's HTML text and the ids of its plotly figures (see :func:`write_report`)."""
     profiles, manifest, directory = _load_inputs(dir_or_profiles)
@@ -770,7 +770,7 @@ def render_report(dir_or_profiles: ReportInput, *, title: str | None = None, pan
 
 
 def write_report(dir_or_profiles: ReportInput, output: str | os.PathLike | None = None, *, title: str | None = None,
-                 panel: Any = "auto", panel_layer: int | None = None,
+                 panel: object = "auto", panel_layer: int | None = None,
                  sections: Sequence[Callable[[Page], None]] = ()) -> Path:
     """Write ONE self-contained offline HTML report; returns its path.
 
