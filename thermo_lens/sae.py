@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, ClassVar, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Unpack
 
 import pandas as pd
 from jaxtyping import Float
@@ -37,6 +37,9 @@ from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.paired import PairedDifference, paired_t
 from thermo_lens.settings import RunOptions, RunSettings
 from thermo_lens.stats import SummaryStats
+
+if TYPE_CHECKING:
+    from sae_lens import SAE
 
 __all__ = ["SAEGainChange", "sae_gain_change", "sae_position"]
 
@@ -176,7 +179,7 @@ def sae_gain_change(
     model: Any,
     prompts: Prompts,
     *,
-    saes: Any = None,
+    saes: SAE | list[SAE] | tuple[SAE, ...] | None = None,
     use_error_term: bool | None = None,
     token_scope: str = DEFAULT_SCOPE,
     level: float = 0.95,
