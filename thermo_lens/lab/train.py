@@ -265,7 +265,7 @@ def load_state_bytes(data: bytes, where: Path) -> dict[str, Any]:
     return state
 
 
-def _stage_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: Any, metrics: dict[str, Any]) -> Path:
+def _stage_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: PreTrainedTokenizerFast, metrics: dict[str, Any]) -> Path:
     """The checkpoint of ``step`` written into a new temporary folder of ``run_dir`` (not yet in place)."""
     from transformers.utils import logging as hf_logging
 
@@ -292,7 +292,7 @@ def _place_checkpoint(run_dir: Path, step: int, tmp: Path) -> None:
     os.rename(tmp, dest)
 
 
-def _save_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: Any, metrics: dict[str, Any],
+def _save_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: PreTrainedTokenizerFast, metrics: dict[str, Any],
                      state: bytes | None = None) -> None:
     """Write the checkpoint of ``step`` (and the training state ``state``) in the order
     :mod:`thermo_lens.lab.run_record` describes, recording every file's SHA-256."""
