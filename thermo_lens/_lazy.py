@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["pandas", "scipy_stats"]
 
@@ -30,5 +30,9 @@ class _LazyModule:
         return f"<lazy module {self._name!r}{'' if self._module is None else ' (imported)'}>"
 
 
-pandas: Any = _LazyModule("pandas")
-scipy_stats: Any = _LazyModule("scipy.stats")
+if TYPE_CHECKING:  # type checkers see the modules themselves
+    import pandas
+    from scipy import stats as scipy_stats
+else:
+    pandas = _LazyModule("pandas")
+    scipy_stats = _LazyModule("scipy.stats")

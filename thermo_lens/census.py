@@ -15,6 +15,7 @@ bare forward pass, and ``tests/scale/test_census.py`` guards the ratio and the p
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -45,7 +46,8 @@ class _Dispatch(TorchDispatchMode):
         super().__init__()
         self.census = census
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(self, func: torch._ops.OpOverload, types: Sequence[type], args: tuple = (),
+                           kwargs: dict[str, object] | None = None) -> object:
         name = str(func.overloadpacket)
         self.census.ops[name] += 1
         if name in SYNC_OPS:
@@ -64,7 +66,8 @@ class _Function(TorchFunctionMode):
         super().__init__()
         self.census = census
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+    def __torch_function__(self, func: Callable[..., object], types: Sequence[type], args: tuple = (),
+                           kwargs: dict[str, object] | None = None) -> object:
         name = getattr(func, "__name__", "")
         if name in _HOST_READS:
             self.census.sync_ops[f"Tensor.{name}"] += 1
@@ -99,7 +102,7 @@ class OpCensus:
             m.__enter__()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         assert self._modes is not None
         for m in reversed(self._modes):
             m.__exit__(*exc)

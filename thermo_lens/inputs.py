@@ -28,7 +28,7 @@ as prompts and the cache as ``cache=`` (the activation measures accept it).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence, TypeAlias, Union
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence, TypeAlias, TypeGuard, Union
 
 import torch
 from torch import Tensor
@@ -36,6 +36,10 @@ from torch import Tensor
 from thermo_lens.errors import ThermoLensInputError, ThermoLensInputTypeError
 
 if TYPE_CHECKING:  # for the alias only; the module itself is imported on use
+    from numpy.typing import ArrayLike
+    from transformers import PreTrainedTokenizerBase
+
+    from thermo_lens.model import ModelView
     from thermo_lens.prompts import PromptSet
 
 __all__ = ["Prompts", "PromptList", "as_prompts", "as_model_prompts"]
@@ -44,6 +48,12 @@ __all__ = ["Prompts", "PromptList", "as_prompts", "as_model_prompts"]
 #: ``{category: [strings]}``, a :class:`~thermo_lens.prompts.PromptSet`, a ``[batch, pos]`` token
 #: tensor, or a mapping with ``input_ids`` and ``attention_mask`` / ``lengths``.
 Prompts: TypeAlias = Union[str, Sequence[str], Mapping[str, Sequence[str]], "PromptSet", Tensor, Mapping[str, Any], "PromptList"]
+
+
+class _Activations(Protocol):
+    """An ``ActivationCache``, or a ``{hook name: activation}`` dict like one."""
+
+    def keys(self) -> Iterable[str]: ...
 
 
 @dataclass(frozen=True)
@@ -72,7 +82,7 @@ class PromptList:
         return len(self.texts)
 
 
-def _rows_from_mask(ids: Tensor, mask: Any) -> list[tuple[int, ...]]:
+def _rows_from_mask(ids: Tensor, mask: Tensor | ArrayLike) -> list[tuple[int, ...]]:
     """The real tokens of each row under an attention mask (left or right padding)."""
     mask = torch.as_tensor(mask).to(torch.bool)
     if tuple(mask.shape) != tuple(ids.shape):
@@ -91,7 +101,7 @@ def _rows_from_mask(ids: Tensor, mask: Any) -> list[tuple[int, ...]]:
     return rows
 
 
-def _rows_from_lengths(ids: Tensor, lengths: Any) -> list[tuple[int, ...]]:
+def _rows_from_lengths(ids: Tensor, lengths: Tensor | ArrayLike | None) -> list[tuple[int, ...]]:
     """The first ``lengths[b]`` tokens of each row (right padding; all tokens when None)."""
     if lengths is None:
         lengths = torch.full((ids.shape[0],), ids.shape[1])
@@ -109,13 +119,13 @@ def _rows_from_lengths(ids: Tensor, lengths: Any) -> list[tuple[int, ...]]:
     return rows
 
 
-def _pad_rule(ids: Tensor, tokenizer: Any, prepend_bos: bool) -> tuple[list[tuple[int, ...]], list[int], str]:
+def _pad_rule(ids: Tensor, tokenizer: PreTrainedTokenizerBase | None, prepend_bos: bool) -> tuple[list[tuple[int, ...]], list[int], str]:
     """Rows of a token tensor given without a mask, its padding found the way TransformerLens'
     ``utils.get_attention_mask`` finds it (see the module docstring); ``(rows, starts, description)``.
     Ambiguous layouts raise."""
     pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
     B, T = ids.shape
-    if pad is None or not bool((ids == int(pad)).any()):
+    if tokenizer is None or pad is None or not bool((ids == int(pad)).any()):
         return [tuple(r) for r in ids.tolist()], [0] * B, ""
     pad = int(pad)
     side = str(getattr(tokenizer, "padding_side", "right") or "right")
@@ -176,7 +186,8 @@ def _pad_rule(ids: Tensor, tokenizer: Any, prepend_bos: bool) -> tuple[list[tupl
     return rows, starts, desc
 
 
-def _from_tokens(ids: Any, mask: Any, lengths: Any, tokenizer: Any, vocab_size: int | None,
+def _from_tokens(ids: Tensor | ArrayLike, mask: Tensor | ArrayLike | None, lengths: Tensor | ArrayLike | None,
+                 tokenizer: PreTrainedTokenizerBase | None, vocab_size: int | None,
                  prepend_bos: bool = True) -> PromptList:
     ids = torch.as_tensor(ids)
     if ids.ndim == 1:
@@ -212,7 +223,7 @@ def _from_tokens(ids: Any, mask: Any, lengths: Any, tokenizer: Any, vocab_size: 
                       padding=padding, starts=tuple(starts))
 
 
-def _is_cache(obj: Any) -> bool:
+def _is_cache(obj: object) -> TypeGuard[_Activations]:
     """An ``ActivationCache`` (or a ``{hook name: activation}`` dict like one)."""
     if type(obj).__name__ == "ActivationCache" or hasattr(obj, "cache_dict"):
         return True
@@ -220,7 +231,7 @@ def _is_cache(obj: Any) -> bool:
             and all(isinstance(v, Tensor) for v in obj.values()))
 
 
-def as_prompts(prompts: Any, tokenizer: Any = None, *, vocab_size: int | None = None,
+def as_prompts(prompts: object, tokenizer: PreTrainedTokenizerBase | None = None, *, vocab_size: int | None = None,
                prepend_bos: bool = True) -> PromptList:
     """Normalise ``prompts`` (see the module docstring) into :class:`PromptList`.
 
@@ -251,8 +262,9 @@ def as_prompts(prompts: Any, tokenizer: Any = None, *, vocab_size: int | None = 
         raise ThermoLensInputError(
             f"prompts given as a {type(prompts).__name__}, which has no order: per-prompt results could not be "
             "matched to your prompts. Pass a list (e.g. sorted(prompts))")
-    if type(prompts).__name__ == "ndarray" and getattr(getattr(prompts, "dtype", None), "kind", "") in "iu":
-        prompts = torch.as_tensor(prompts.astype("int64"))  # numpy token ids, of any integer dtype
+    astype = getattr(prompts, "astype", None)
+    if type(prompts).__name__ == "ndarray" and getattr(getattr(prompts, "dtype", None), "kind", "") in "iu" and astype:
+        prompts = torch.as_tensor(astype("int64"))  # numpy token ids, of any integer dtype
     if isinstance(prompts, Tensor):
         return _from_tokens(prompts, None, None, tokenizer, vocab_size, prepend_bos)
     if isinstance(prompts, Mapping) and "input_ids" in prompts:
@@ -288,7 +300,7 @@ def as_prompts(prompts: Any, tokenizer: Any = None, *, vocab_size: int | None = 
     return PromptList(tuple(ps.prompts), tuple(ps.categories), ps.name)
 
 
-def as_model_prompts(view: Any, prompts: Any) -> PromptList:
+def as_model_prompts(view: ModelView, prompts: object) -> PromptList:
     """:func:`as_prompts` with ``view``'s tokenizer, vocabulary and BOS default
     (``view`` a :class:`~thermo_lens.model.ModelView`)."""
     if isinstance(prompts, PromptList):

@@ -16,10 +16,16 @@ from __future__ import annotations
 
 import math
 from array import array
-from typing import Any, Iterator
+from collections.abc import Sequence
+from typing import Iterator, TypeAlias, Union, overload
 
 import torch
 from torch import Tensor
+
+#: Where a part lies in the slabs: ``(slab, byte offset, bytes, dtype, shape)``.
+SlabHandle: TypeAlias = tuple[int, int, int, torch.dtype, tuple[int, ...]]
+#: What :meth:`Slabs.put` returns: a slab handle, or the tensor itself when it is kept as it is.
+Handle: TypeAlias = Union[Tensor, SlabHandle]
 
 __all__ = ["Slabs", "PackedParts"]
 
@@ -54,7 +60,7 @@ class Slabs:
         """Whether ``t`` goes into a slab (small, non-empty, on the CPU)."""
         return t.device.type == "cpu" and self.small(t)
 
-    def put(self, t: Tensor) -> Any:
+    def put(self, t: Tensor) -> Handle:
         """Store ``t`` (copied into a slab when small); returns the handle :meth:`get` takes."""
         if not self._packs(t):
             return t
@@ -62,7 +68,7 @@ class Slabs:
         off = self._copy_in(t, nbytes)
         return (self._cur, off, nbytes, t.dtype, tuple(t.shape))
 
-    def put_rows(self, t: Tensor) -> list[Any]:
+    def put_rows(self, t: Tensor) -> Sequence[Handle]:
         """Store every row ``t[i]`` of ``t`` (``[rows, ...]``) as :meth:`put` stores it, with one copy
         for all of them when ``t`` is small; returns one handle per row."""
         if not self._packs(t):
@@ -71,7 +77,7 @@ class Slabs:
         off = self._copy_in(t, nbytes)
         return self.row_handles((self._cur, off, nbytes, t.dtype, tuple(t.shape)), t.shape[0], tuple(t.shape[1:]))
 
-    def put_pieces(self, flat: Tensor, sizes: list[int], rows: list[int] | None = None) -> list[Any]:
+    def put_pieces(self, flat: Tensor, sizes: list[int], rows: list[int] | None = None) -> list[SlabHandle]:
         """Store the 1-D CPU tensor ``flat``, the concatenation of pieces of ``sizes`` elements, with
         at most one copy; returns a flat handle per piece (give it its shape with :meth:`shaped` or
         :meth:`row_handles`). ``flat`` is copied into a slab when small; else kept whole, its own
@@ -85,19 +91,20 @@ class Slabs:
                 flat = flat.clone()
             self._slabs.append(flat.view(torch.uint8))
             k, off = len(self._slabs) - 1, 0
-        out, item = [], flat.element_size()
+        out: list[SlabHandle] = []
+        item = flat.element_size()
         for n in sizes:
             out.append((k, off, n * item, flat.dtype, (n,)))
             off += n * item
         return out
 
     @staticmethod
-    def shaped(handle: Any, shape: tuple[int, ...]) -> Any:
+    def shaped(handle: SlabHandle, shape: tuple[int, ...]) -> SlabHandle:
         """A flat handle of :meth:`put_pieces` with the piece's shape."""
         return handle[:4] + (tuple(shape),)
 
     @staticmethod
-    def row_handles(handle: Any, n: int, shape: tuple[int, ...]) -> list[Any]:
+    def row_handles(handle: SlabHandle, n: int, shape: tuple[int, ...]) -> list[SlabHandle]:
         """One handle per row of the piece under ``handle`` (``n`` rows of ``shape``)."""
         k, off, nbytes, dtype = handle[:4]
         step = nbytes // n if n else 0
@@ -118,7 +125,7 @@ class Slabs:
         self._used = off + nbytes
         return off
 
-    def get(self, handle: Any) -> Tensor:
+    def get(self, handle: Handle) -> Tensor:
         """The tensor stored under ``handle`` (a view into its slab: one op)."""
         if isinstance(handle, Tensor):
             return handle
@@ -153,14 +160,14 @@ class PackedParts:
         self._slabs = slabs
         self._loc = array("q")  # slab << _OFFSET_BITS | offset, or -1 - (index into _kept)
         self._shape = array("q")  # ndim entries per tensor
-        self._kept: list[Any] = []
+        self._kept: list[Handle] = []
         self._dtype: torch.dtype | None = None
         self._ndim = 0
 
     def append(self, t: Tensor) -> None:
         self.append_handle(self._slabs.put(t))
 
-    def append_handle(self, handle: Any) -> None:
+    def append_handle(self, handle: Handle) -> None:
         """Append a part already stored in this list's slabs (a handle of :meth:`Slabs.put` or
         :meth:`Slabs.put_rows`), or a tensor they keep as it is."""
         dtype, shape = (handle.dtype, tuple(handle.shape)) if isinstance(handle, Tensor) else handle[3:]
@@ -190,7 +197,12 @@ class PackedParts:
     def __iter__(self) -> Iterator[Tensor]:
         return (self._get(i) for i in range(len(self)))
 
-    def __getitem__(self, i: Any) -> Any:
+    @overload
+    def __getitem__(self, i: int) -> Tensor: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Tensor]: ...
+
+    def __getitem__(self, i: int | slice) -> Tensor | list[Tensor]:
         if isinstance(i, slice):
             return [self._get(j) for j in range(len(self))[i]]
         return self._get(range(len(self))[i])  # (negative indices; IndexError past the end)

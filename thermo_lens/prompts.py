@@ -37,7 +37,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from typing import Any
 
 __all__ = [
     "PromptSet",
@@ -209,7 +208,7 @@ def get(name: str = DEFAULT) -> PromptSet:
     return _build(canonical)
 
 
-def as_prompt_set(obj: Any,  # a PromptSet, set name, list of strings or {category: [...]}; checked below
+def as_prompt_set(obj: object,  # a PromptSet, set name, list of strings or {category: [...]}; checked below
                   name: str | None = None) -> PromptSet:
     """Turn ``obj`` into a :class:`PromptSet`.
 

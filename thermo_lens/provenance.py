@@ -13,13 +13,16 @@ one in its repr, frame, JSON or report.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 from torch import Tensor
 
 from thermo_lens.attached import hook_source as _source, qualname as _qualname
 from thermo_lens.result import Result
+
+if TYPE_CHECKING:
+    from thermo_lens.attached import AttachedHook
 
 __all__ = ["Provenance", "HookRecord", "ATTACHED", "describe_hook", "attached_records", "hooks_text",
            "fold_legacy_fields", "ProvenanceFields"]
@@ -66,13 +69,13 @@ class HookRecord(Result):
         return f"{self.hook_point} <- {self.function}" + (f" [{self.source}]" if self.source else "") + how
 
 
-def describe_hook(hook_point: Any, fn: Callable) -> HookRecord:
+def describe_hook(hook_point: str | Callable[[str], bool], fn: Callable) -> HookRecord:
     """The :class:`HookRecord` of one ``(hook_point, fn)`` pair."""
     point = hook_point if isinstance(hook_point, str) else f"filter {_qualname(hook_point)}"
     return HookRecord(hook_point=point, function=_qualname(fn), source=_source(fn))
 
 
-def attached_records(hooks: Any) -> tuple[HookRecord, ...]:
+def attached_records(hooks: Iterable[AttachedHook]) -> tuple[HookRecord, ...]:
     """:class:`HookRecord` of each :class:`thermo_lens.attached.AttachedHook` (what
     :func:`thermo_lens.attached.attached_hooks` finds on a model)."""
     return tuple(HookRecord(h.hook_point, h.function, h.source, attached=h.attached) for h in hooks)

@@ -34,7 +34,7 @@ import re
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, TypeAlias, Union
 
 import numpy as np
 import pandas as pd
@@ -42,6 +42,16 @@ import plotly.graph_objects as go
 
 from thermo_lens import registry
 from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.views.sections import Document
+
+if TYPE_CHECKING:
+    from thermo_lens.laws.base import LawResult
+    from thermo_lens.profile import ThermoProfile
+
+    #: What a report is made from: a study or profile folder, a profile JSON file, a ThermoProfile, or
+    #: a list or ``{name: profile}`` dict of them.
+    ReportInput: TypeAlias = Union[str, os.PathLike[str], ThermoProfile, Sequence[ThermoProfile],
+                                   Mapping[str, ThermoProfile]]
 
 __all__ = ["write_report", "render_report", "ReportError"]
 
@@ -57,11 +67,18 @@ class ReportError(ThermoLensInputError):
     """The report cannot be written from this input; the message says what to pass."""
 
 
+class Page(Document, Protocol):
+    """The report page an extra section writes into: the section renderers' document, plus
+    :meth:`section` (a titled section, listed in the table of contents)."""
+
+    def section(self, anchor: str, title: str) -> None: ...
+
+
 esc = html.escape
 
 
 # ---------------------------------------------------------------------------- inputs
-def _load_inputs(dir_or_profiles: Any) -> tuple[dict[str, Any], dict[str, Any], Path | None]:
+def _load_inputs(dir_or_profiles: ReportInput) -> tuple[dict[str, Any], dict[str, Any], Path | None]:
     """``({id: profile}, manifest, directory or None)``."""
     if isinstance(dir_or_profiles, (str, os.PathLike)):
         path = Path(dir_or_profiles)
@@ -84,7 +101,7 @@ def _load_inputs(dir_or_profiles: Any) -> tuple[dict[str, Any], dict[str, Any], 
             manifest = {**manifest, "models": {k: v for k, v in manifest["models"].items() if k in current}}
         return study.load_profiles(path), manifest, path
     if isinstance(dir_or_profiles, Mapping):
-        profiles = {str(k): v for k, v in dir_or_profiles.items()}
+        profiles: dict[str, Any] = {str(k): v for k, v in dir_or_profiles.items()}
     elif isinstance(dir_or_profiles, (list, tuple)):
         profiles = {}
         for i, p in enumerate(dir_or_profiles):
@@ -109,7 +126,7 @@ def _load_inputs(dir_or_profiles: Any) -> tuple[dict[str, Any], dict[str, Any], 
     return profiles, {"models": {}}, None
 
 
-def _meta(p: Any) -> dict[str, Any]:
+def _meta(p: object) -> dict[str, Any]:
     m = getattr(p, "meta", None)
     return dict(m) if isinstance(m, Mapping) else {}
 
@@ -255,7 +272,7 @@ def _settings_table(profiles: dict[str, Any]) -> tuple[str, list[str]]:
                             "norm_placement", "source", "hooks"]), warn
 
 
-def prompt_set_label(name: Any) -> str:
+def prompt_set_label(name: object) -> str:
     """A prompt set's name as Settings and the tables show it: ``paper25 (grand_unified_twin_gpt2_gptj_25)``
     for a built-in set with a short alias (whichever of the two was recorded), else the name."""
     from thermo_lens import prompts
@@ -474,7 +491,7 @@ def _metric_glossary_html() -> str:
             "</table></div>")
 
 
-def _tests_table(result: Any) -> str:
+def _tests_table(result: LawResult) -> str:
     """A law result's tests: effect with CI, small-n p, Holm, leave-one-out (one row per test)."""
     df = result.tests_frame()
     if df.empty:
@@ -543,7 +560,7 @@ def _definitions_html() -> str:
     return intro + _metric_glossary_html() + options + page
 
 
-def _panel_model(profiles: dict[str, Any], panel: Any) -> tuple[Any, str, Any] | tuple[None, str, None]:
+def _panel_model(profiles: dict[str, Any], panel: object) -> tuple[Any, str, Any] | tuple[None, str, None]:
     """``(model, reason, profile)`` for the attention panel, or ``(None, why not, None)``."""
     if panel is False or panel is None:
         return None, "attention panel disabled (panel=False)", None
@@ -671,7 +688,7 @@ def _reference_section(doc: _Doc, rows: pd.DataFrame) -> None:
         doc.figure(f"fig-reference-{metric}", functools.partial(views.reference_overlay, rows, metric=metric))
 
 
-def _panel_section(doc: _Doc, profiles: dict[str, Any], panel: Any, panel_layer: int | None) -> None:
+def _panel_section(doc: _Doc, profiles: dict[str, Any], panel: object, panel_layer: int | None) -> None:
     doc.section("panel", "Attention patterns and per-head metrics (circuitsvis)")
     if not profiles:
         doc.p("Skipped: no profiles.", "note")
@@ -729,8 +746,8 @@ def _page(doc: _Doc, name: str) -> str:
     )
 
 
-def render_report(dir_or_profiles: Any, *, title: str | None = None, panel: Any = "auto",
-                  panel_layer: int | None = None, sections: Sequence[Callable[[Any], None]] = ()) -> tuple[str, list[str]]:
+def render_report(dir_or_profiles: ReportInput, *, title: str | None = None, panel: object = "auto",
+                  panel_layer: int | None = None, sections: Sequence[Callable[[Page], None]] = ()) -> tuple[str, list[str]]:
     """The report's HTML text and the ids of its plotly figures (see :func:`write_report`)."""
     profiles, manifest, directory = _load_inputs(dir_or_profiles)
     study_info = manifest.get("study") or {}
@@ -752,9 +769,9 @@ def render_report(dir_or_profiles: Any, *, title: str | None = None, panel: Any 
     return _page(doc, name), list(doc.figure_ids)
 
 
-def write_report(dir_or_profiles: Any, output: str | os.PathLike | None = None, *, title: str | None = None,
-                 panel: Any = "auto", panel_layer: int | None = None,
-                 sections: Sequence[Callable[[Any], None]] = ()) -> Path:
+def write_report(dir_or_profiles: ReportInput, output: str | os.PathLike | None = None, *, title: str | None = None,
+                 panel: object = "auto", panel_layer: int | None = None,
+                 sections: Sequence[Callable[[Page], None]] = ()) -> Path:
     """Write ONE self-contained offline HTML report; returns its path.
 
     Args:

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
 from scipy import stats as _st
 
 from thermo_lens.gain import SUMMARIES, GainResult, regime_from_summary, residual_gain
-from thermo_lens.inputs import as_prompts
+from thermo_lens.inputs import Prompts, as_prompts
 from thermo_lens.model import as_view
 from thermo_lens.prompts import PromptSet
 from thermo_lens.errors import ThermoLensInputError
@@ -134,7 +134,7 @@ class RobustnessResult(Result):
 
 def robustness_from_gain(
     gain: GainResult,
-    categories: Any,
+    categories: Iterable[str],
     *,
     metric: str | None = None,
     prompt_set: str = "custom",
@@ -185,7 +185,7 @@ def robustness_from_gain(
 
 def input_robustness(
     model: Any,
-    prompt_set: Any = "paper25",
+    prompt_set: Prompts = "paper25",
     *,
     metric: str | None = None,
     **gain_kwargs: Any,

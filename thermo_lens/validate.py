@@ -76,7 +76,7 @@ RESERVED_IDS = frozenset({
 _MAX_ID = 200
 
 
-def excerpt(value: Any, limit: int = EXCERPT) -> str:
+def excerpt(value: object, limit: int = EXCERPT) -> str:
     """``repr(value)`` cut to ``limit`` characters (with the full length when cut); containers are
     shown a few items deep (:mod:`reprlib`), so a huge or self-referencing value costs nothing."""
     import reprlib
@@ -94,11 +94,11 @@ def excerpt(value: Any, limit: int = EXCERPT) -> str:
     return r
 
 
-def _fail(name: str, value: Any, expected: str) -> ThermoLensInputError:
+def _fail(name: str, value: object, expected: str) -> ThermoLensInputError:
     return ThermoLensInputError(f"{name} must be {expected}, got {type(value).__name__} {excerpt(value)}")
 
 
-def boolean(name: str, value: Any) -> bool:
+def boolean(name: str, value: object) -> bool:
     """``True`` or ``False`` (numpy bools too); no truthy strings or numbers."""
     if isinstance(value, bool):
         return value
@@ -109,7 +109,7 @@ def boolean(name: str, value: Any) -> bool:
     raise _fail(name, value, "True or False")
 
 
-def positive_int(name: str, value: Any, *, maximum: int | None = None) -> int:
+def positive_int(name: str, value: object, *, maximum: int | None = None) -> int:
     """An ``int`` >= 1 (not a bool, not a float)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
         raise _fail(name, value, "a positive integer (1, 2, ...)")
@@ -118,11 +118,11 @@ def positive_int(name: str, value: Any, *, maximum: int | None = None) -> int:
     return int(value)
 
 
-def optional_positive_int(name: str, value: Any, *, maximum: int | None = None) -> int | None:
+def optional_positive_int(name: str, value: object, *, maximum: int | None = None) -> int | None:
     return None if value is None else positive_int(name, value, maximum=maximum)
 
 
-def non_negative_number(name: str, value: Any) -> float | int:
+def non_negative_number(name: str, value: object) -> float | int:
     """A finite real number >= 0 (not a bool, not NaN)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)) \
             or float(value) < 0:
@@ -130,7 +130,7 @@ def non_negative_number(name: str, value: Any) -> float | int:
     return value if isinstance(value, int) else float(value)
 
 
-def text(name: str, value: Any, *, max_len: int = 1000) -> str:
+def text(name: str, value: object, *, max_len: int = 1000) -> str:
     """A non-empty ``str`` of at most ``max_len`` characters without NUL."""
     if not isinstance(value, str) or not value.strip():
         raise _fail(name, value, "a non-empty string")
@@ -141,23 +141,23 @@ def text(name: str, value: Any, *, max_len: int = 1000) -> str:
     return value
 
 
-def optional_text(name: str, value: Any, *, max_len: int = 1000) -> str | None:
+def optional_text(name: str, value: object, *, max_len: int = 1000) -> str | None:
     return None if value is None else text(name, value, max_len=max_len)
 
 
-def prepend_bos(value: Any, name: str = "prepend_bos") -> bool | str:
+def prepend_bos(value: object, name: str = "prepend_bos") -> bool | str:
     """``"host"`` (exactly what the host's ``model.to_tokens`` does), ``True``, ``False`` or ``"tokenizer"``."""
     if isinstance(value, bool) or isinstance(value, str) and value in ("host", "tokenizer"):
         return value
     raise _fail(name, value, '"host", True, False or "tokenizer"')
 
 
-def token_scope(value: Any, name: str = "token_scope") -> str:
+def token_scope(value: object, name: str = "token_scope") -> str:
     """One of :data:`TOKEN_SCOPES` (:func:`thermo_lens.tokens.check_token_scope`)."""
     return check_token_scope(value, TOKEN_SCOPES, name=name)
 
 
-def dtype(value: Any, name: str = "dtype") -> str | None:
+def dtype(value: object, name: str = "dtype") -> str | None:
     """A dtype name from :data:`DTYPES` (a ``torch.dtype`` is named); None means the default."""
     if value is None:
         return None
@@ -167,7 +167,7 @@ def dtype(value: Any, name: str = "dtype") -> str | None:
     raise _fail(name, value, "one of " + ", ".join(DTYPES))
 
 
-def device(value: Any, name: str = "device", *, here: bool = True) -> str | None:
+def device(value: object, name: str = "device", *, here: bool = True) -> str | None:
     """A torch device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``; with ``here=True`` (default)
     it must also exist on this machine (``here=False`` for a spec that may run on Ray workers)."""
     if value is None:
@@ -206,7 +206,7 @@ def device(value: Any, name: str = "device", *, here: bool = True) -> str | None
     raise ThermoLensInputError(f"{name}={excerpt(shown)}: only cpu, cuda and mps devices are supported")
 
 
-def device_map(value: Any, name: str = "device_map", *, here: bool = True) -> Any:
+def device_map(value: object, name: str = "device_map", *, here: bool = True) -> str | dict[str, int | str] | None:
     """``"auto"``/``"balanced"``/... or a small ``{module: device}`` mapping (accelerate's form)."""
     if value is None:
         return None
@@ -232,7 +232,7 @@ def device_map(value: Any, name: str = "device_map", *, here: bool = True) -> An
     raise _fail(name, value, '"auto" or a {module: device} table')
 
 
-def fwd_hooks(value: Any, name: str = "fwd_hooks") -> list[tuple[Any, Callable]]:
+def fwd_hooks(value: object, name: str = "fwd_hooks") -> list[tuple[Any, Callable]]:
     """A list of ``(hook_name_or_filter, fn)`` pairs, as ``run_with_hooks`` takes."""
     if value is None:
         raise ThermoLensInputError(f"{name} must be a list of (hook_name, fn) pairs; for none, pass [] or leave it out")
@@ -262,7 +262,7 @@ def looks_like_path(name: str) -> bool:
             or name.count("/") > 1 or "\\" in name)
 
 
-def model_name(value: Any, name: str = "name", *, hub_id: bool = True) -> str:
+def model_name(value: object, name: str = "name", *, hub_id: bool = True) -> str:
     """A hub id (``org/name``), an existing local checkpoint folder or a zoo name.
 
     A name that can only be a path (see :func:`looks_like_path`) must exist, so a typo gives
@@ -294,7 +294,7 @@ def slug(value: str) -> str:
     return s
 
 
-def file_id(value: Any, name: str = "id") -> str:
+def file_id(value: object, name: str = "id") -> str:
     """A model id given by the user: it names ``<id>.json`` in the output folder, so it must
     already be a slug (:func:`slug`) and not a reserved name."""
     value = text(name, value, max_len=_MAX_ID)

@@ -57,7 +57,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal, Protocol, TypeGuard, runtime_checkable
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
@@ -72,6 +72,11 @@ from thermo_lens.depth.rules import (DEFAULT_L_STAR_RULE, DEPRECATED_VARIANTS, L
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.registry import Metric, register_metric
 from thermo_lens.result import Result
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+
+    from thermo_lens.registry import BuildContext
 
 __all__ = [
     "L_STAR_RULES",
@@ -119,7 +124,7 @@ register_metric(Metric(
     row="l_star_predicted", summary_table=True))
 
 
-def _check_variant(variant: Any) -> str:
+def _check_variant(variant: object) -> str:
     if isinstance(variant, str) and variant in DEPRECATED_VARIANTS:
         new = DEPRECATED_VARIANTS[variant]
         why = ("it accepts valleys as well as peaks" if variant == "first_sign_change" else
@@ -136,13 +141,13 @@ def _check_variant(variant: Any) -> str:
     return str(variant)
 
 
-def _positive_int(v: Any, what: str) -> int:
+def _positive_int(v: object, what: str) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) < 1:
         raise ThermoLensInputError(f"{what} must be a positive integer, got {v!r}")
     return int(v)
 
 
-def _as_trace(layer_trace: Any, minimum: int) -> np.ndarray:
+def _as_trace(layer_trace: Tensor | ArrayLike, minimum: int) -> np.ndarray:
     t = layer_trace.detach().cpu().double().numpy() if isinstance(layer_trace, Tensor) else np.asarray(layer_trace, dtype=np.float64)
     if t.ndim != 1:
         raise ThermoLensInputError(
@@ -156,7 +161,7 @@ def _as_trace(layer_trace: Any, minimum: int) -> np.ndarray:
     return t
 
 
-def trace_derivative(layer_trace: Any, variant: str = DEFAULT_L_STAR_RULE) -> np.ndarray:
+def trace_derivative(layer_trace: Tensor | ArrayLike, variant: str = DEFAULT_L_STAR_RULE) -> np.ndarray:
     """``dT/dl`` as the rule reads it: ``np.gradient(T)`` ``[L]`` or ``np.diff(T)`` ``[L-1]``."""
     rule = L_STAR_RULES[_check_variant(variant)]
     t = _as_trace(layer_trace, 2)
@@ -168,7 +173,7 @@ def _apply(t: np.ndarray, variant: str) -> tuple[float, str]:
     return rule.apply(_as_trace(t, rule.min_layers))
 
 
-def empirical_l_star(layer_trace: Any, variant: str = DEFAULT_L_STAR_RULE) -> float:
+def empirical_l_star(layer_trace: Tensor | ArrayLike, variant: str = DEFAULT_L_STAR_RULE) -> float:
     """Empirical L* of a layer trace ``T [layer]`` (0-based block index; NaN when undefined).
 
     ``variant``: a rule of :data:`L_STAR_RULES` (see the module docstring). The default
@@ -179,7 +184,7 @@ def empirical_l_star(layer_trace: Any, variant: str = DEFAULT_L_STAR_RULE) -> fl
     return _apply(_as_trace(layer_trace, 1), variant)[0]
 
 
-def l_star_note(layer_trace: Any, variant: str = DEFAULT_L_STAR_RULE) -> str:
+def l_star_note(layer_trace: Tensor | ArrayLike, variant: str = DEFAULT_L_STAR_RULE) -> str:
     """Why :func:`empirical_l_star` is NaN (or conventional) on this trace under ``variant``; "" when it is not."""
     variant = _check_variant(variant)
     return _apply(_as_trace(layer_trace, 1), variant)[1]
@@ -338,13 +343,37 @@ class LStarResult(Result):
         )
 
 
-def _is_sheaf_traces(obj: Any) -> bool:
+@runtime_checkable
+class LayerTraces(Protocol):
+    """What L* reads of a :class:`thermo_lens.sheaf.SheafTraces` (duck-typed: depth does not import sheaf)."""
+
+    @property
+    def mean_layer_trace(self) -> Tensor: ...
+    @property
+    def layer_trace(self) -> Tensor: ...
+    @property
+    def formula(self) -> str: ...
+    @property
+    def definition(self) -> str: ...
+    @property
+    def prepend_bos(self) -> object: ...
+    @property
+    def n_prompts(self) -> int: ...
+    @property
+    def model(self) -> object: ...
+    @property
+    def n_layers(self) -> int: ...
+    @property
+    def n_heads(self) -> int: ...
+
+
+def _is_sheaf_traces(obj: object) -> TypeGuard[LayerTraces]:
     # Duck-typed so that depth does not import sheaf (sheaf's SheafTraces.l_star imports depth).
     return all(hasattr(obj, a) for a in ("mean_layer_trace", "layer_trace", "formula", "n_heads"))
 
 
 def l_star_from_traces(
-    traces: Any,
+    traces: LayerTraces | Tensor | ArrayLike,
     n_layers: int | None = None,
     n_heads: int | None = None,
     *,
@@ -432,7 +461,7 @@ def l_star_from_traces(
 
 
 # ---------------------------------------------------------------------------- the measurement
-def _build(ctx: Any, *, variant: str) -> LStarResult:
+def _build(ctx: BuildContext, *, variant: str) -> LStarResult:
     return l_star_from_traces(ctx.results["sheaf"], variant=variant)
 
 

@@ -13,7 +13,6 @@ Eq. 6 is quadratic in ``L``, so for deep models it predicts ``L* > L``, outside 
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import numpy as np
 
@@ -35,7 +34,7 @@ class LStarBeyondDepthWarning(ThermoLensWarning):
     """Eq. 6 predicted an L* outside the network (larger than its depth L)."""
 
 
-def _positive_int(v: Any, what: str) -> int:
+def _positive_int(v: object, what: str) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) < 1:
         raise ThermoLensInputError(f"{what} must be a positive integer, got {v!r}")
     return int(v)

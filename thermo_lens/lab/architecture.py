@@ -37,9 +37,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
 from torch import Tensor
 from thermo_lens.errors import ThermoLensInputError
 
@@ -103,7 +106,7 @@ def family_of(arch: Architecture) -> str:
     return "gpt_neox"
 
 
-def hf_config(arch: Architecture, vocab_size: int, special_id: int) -> Any:
+def hf_config(arch: Architecture, vocab_size: int, special_id: int) -> PretrainedConfig:
     """The ``transformers`` config of ``arch`` (dropout 0, eager attention)."""
     import transformers
 
@@ -134,7 +137,7 @@ def hf_config(arch: Architecture, vocab_size: int, special_id: int) -> Any:
     return cfg
 
 
-def build_model(arch: Architecture, vocab_size: int, special_id: int) -> Any:
+def build_model(arch: Architecture, vocab_size: int, special_id: int) -> PreTrainedModel:
     """A freshly initialised HF model of ``arch`` (draws from torch's global RNG)."""
     import transformers
 
@@ -281,7 +284,7 @@ def _extra(name: str, seed: int, shape: tuple[int, ...], std: float) -> Tensor:
 
 
 def init_model(arch: Architecture, base: Architecture, *, seed: int, vocab_size: int, special_id: int,
-               init_scale: float = 1.0) -> Any:
+               init_scale: float = 1.0) -> PreTrainedModel:
     """The initial model of an arm with architecture ``arch`` in a lab whose base is ``base``.
 
     ``torch.manual_seed(seed)`` then the HF initialiser of the *base* family; when ``arch`` is

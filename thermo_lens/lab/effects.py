@@ -21,11 +21,16 @@ what a knob *can* do to the gain, not about what it did in any published model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
 from thermo_lens.stats.exact import sign_flip_pvalue
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from numpy.typing import ArrayLike
+
 
 __all__ = ["PairedEffect", "paired_effect", "effects_frame", "budget_effects_frame", "matched_loss_frame",
            "sign_flip_pvalue", "sign_flip_interval", "regime_of", "flip_by_intervals", "METRICS", "GAIN_METRICS"]
@@ -35,11 +40,11 @@ GAIN_METRICS = ("last_block_gain", "penultimate_gain", "first_block_gain", "geom
 METRICS = GAIN_METRICS + ("W_V_W_O_ratio", "val_loss")
 
 
-def _mean(x: np.ndarray, axis: int = -1) -> Any:
+def _mean(x: np.ndarray, axis: int = -1) -> np.floating | np.ndarray:
     return np.mean(x, axis=axis)
 
 
-def last_checkpoints(runs: Any) -> Any:
+def last_checkpoints(runs: pd.DataFrame) -> pd.DataFrame:
     """The rows of ``runs`` at each run's last checkpoint (a run = one arm, seed and budget)."""
     return runs.loc[runs.groupby("run")["step"].transform("max") == runs["step"]]
 
@@ -56,7 +61,7 @@ class PairedEffect:
     min_pvalue: float
 
 
-def paired_effect(reference: Any, level: Any, *, confidence: float = 0.95) -> PairedEffect:
+def paired_effect(reference: ArrayLike, level: ArrayLike, *, confidence: float = 0.95) -> PairedEffect:
     """Mean paired difference ``level - reference``, its t CI and the exact sign-flip p-value.
 
     Args:
@@ -86,8 +91,8 @@ def paired_effect(reference: Any, level: Any, *, confidence: float = 0.95) -> Pa
                         min_pvalue=min(1.0, 2.0 / 2 ** n) if n else nan)
 
 
-def effects_frame(runs: Any, comparisons: Sequence[tuple[str, Any, Any, str, str]],
-                  metrics: Sequence[str] = METRICS, step: int | None = None) -> Any:
+def effects_frame(runs: pd.DataFrame, comparisons: Sequence[tuple[str, Any, Any, str, str]],
+                  metrics: Sequence[str] = METRICS, step: int | None = None) -> pd.DataFrame:
     """One row per (knob, level, metric): the paired effect at the last checkpoint (or ``step``).
 
     Args:
@@ -135,10 +140,10 @@ class _SeedPair:
     y: np.ndarray  # compared arm, [seed]
     seeds: list[Any]
     n_left_out: int  # seeds finished in one arm only
-    level_runs: Any  # the compared arm's rows, indexed by seed
+    level_runs: pd.DataFrame  # the compared arm's rows, indexed by seed
 
 
-def _seed_pairs(final: Any, comparisons: Sequence[tuple[str, Any, Any, str, str]],
+def _seed_pairs(final: pd.DataFrame, comparisons: Sequence[tuple[str, Any, Any, str, str]],
                 metrics: Sequence[str]) -> Iterator[tuple[tuple[str, Any, Any, str, str], str, _SeedPair]]:
     """``(comparison, metric, pair)`` for every comparison and every metric ``final`` has: the
     seed-paired values both effects frames compare (only seeds finished in both arms)."""
@@ -157,7 +162,7 @@ def _seed_pairs(final: Any, comparisons: Sequence[tuple[str, Any, Any, str, str]
 # ------------------------------------------------------------------ v2: budgets, matched loss, family
 # The exact sign-flip test itself lives in the stats module (thermo_lens.stats.exact.sign_flip_pvalue).
 
-def sign_flip_interval(d: Any, level: float = 0.95) -> tuple[float, float]:
+def sign_flip_interval(d: ArrayLike, level: float = 0.95) -> tuple[float, float]:
     """The interval that inverts :func:`sign_flip_pvalue`: the shifts ``delta`` with
     ``p(d - delta) > 1 - level``, found by bisection on each side of the mean. Unbounded
     (``-inf``/``inf``) when even an extreme shift cannot reach ``1 - level`` (``2 / 2**n >= 1 - level``:
@@ -176,7 +181,7 @@ def sign_flip_interval(d: Any, level: float = 0.95) -> tuple[float, float]:
     return lo, hi
 
 
-def regime_of(values: Any, level: float = 0.95) -> str:
+def regime_of(values: ArrayLike, level: float = 0.95) -> str:
     """``"expander"`` when the t-interval of the seed mean of a gain lies above 1, ``"dampener"``
     below 1, ``"undetermined"`` when it contains 1 (or fewer than 2 seeds)."""
     from thermo_lens.stats import summarize
@@ -195,7 +200,7 @@ def flip_by_intervals(reference_regime: str, level_regime: str) -> bool | None:
     return reference_regime != level_regime
 
 
-def matched_loss_frame(runs: Any, budget: int, target: float | None = None,
+def matched_loss_frame(runs: pd.DataFrame, budget: int, target: float | None = None,
                        metrics: Sequence[str] = METRICS) -> tuple[Any, float]:
     """Every ``budget`` run's metrics at the first step its validation loss reaches ``target``.
 
@@ -232,10 +237,10 @@ def matched_loss_frame(runs: Any, budget: int, target: float | None = None,
     return pd.DataFrame(rows), float(target)
 
 
-def budget_effects_frame(runs: Any, comparisons: Sequence[tuple[str, Any, Any, str, str]], *,
+def budget_effects_frame(runs: pd.DataFrame, comparisons: Sequence[tuple[str, Any, Any, str, str]], *,
                          budgets: Sequence[int], primary: Sequence[tuple[str, Any]] = (),
                          primary_metrics: Sequence[str] = ("last_block_gain", "penultimate_gain"),
-                         metrics: Sequence[str] = METRICS, level: float = 0.95) -> Any:
+                         metrics: Sequence[str] = METRICS, level: float = 0.95) -> pd.DataFrame:
     """Seed-paired effects at every budget's last step and at matched validation loss (largest
     budget), with the declared primary family Holm-adjusted.
 

@@ -256,7 +256,7 @@ def check_recipe(r: Recipe) -> None:
         raise LabSpecError(str(e)) from None
 
 
-def _excerpt(value: Any) -> str:
+def _excerpt(value: object) -> str:
     """A value from the spec, quoted for a message and cut to a readable length."""
     from thermo_lens.validate import excerpt
 

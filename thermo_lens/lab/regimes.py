@@ -22,9 +22,15 @@ concatenated before the table is made (:func:`read_runs`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import os
+
+    import pandas as pd
+
 
 __all__ = ["REGIME_METRICS", "read_runs", "arm_regimes", "knob_flips", "format_regimes"]
 
@@ -32,7 +38,7 @@ __all__ = ["REGIME_METRICS", "read_runs", "arm_regimes", "knob_flips", "format_r
 REGIME_METRICS: dict[str, str] = {"last_block_gain": "G_L", "penultimate_gain": "G_(L-1)"}
 
 
-def read_runs(paths: Sequence[Any]) -> Any:
+def read_runs(paths: Sequence[str | os.PathLike[str]]) -> pd.DataFrame:
     """The rows of several lab ``runs.csv`` files, concatenated (missing files are an error)."""
     import pandas as pd
 
@@ -54,14 +60,14 @@ def read_runs(paths: Sequence[Any]) -> Any:
     return pd.concat(frames, ignore_index=True)
 
 
-def _finished(runs: Any) -> Any:
+def _finished(runs: pd.DataFrame) -> pd.DataFrame:
     """Rows at the checkpoint ``step == budget`` (each finished run once; later duplicates dropped)."""
     done = runs.loc[runs["step"] == runs["budget"]]
     return done.drop_duplicates(subset=["arm", "seed", "budget"], keep="last")
 
 
-def arm_regimes(runs: Any, metrics: Sequence[str] = tuple(REGIME_METRICS), *, min_seeds: int | None = None,
-                level: float = 0.95) -> Any:
+def arm_regimes(runs: pd.DataFrame, metrics: Sequence[str] = tuple(REGIME_METRICS), *, min_seeds: int | None = None,
+                level: float = 0.95) -> pd.DataFrame:
     """One row per (metric, arm, budget): the seed-mean gain, its t-interval and the regime.
 
     Args:
@@ -102,7 +108,7 @@ def arm_regimes(runs: Any, metrics: Sequence[str] = tuple(REGIME_METRICS), *, mi
                                        "n_below_1", "regime", "n_unfinished"])
 
 
-def knob_flips(regimes: Any, reference_arm: str = "base") -> Any:
+def knob_flips(regimes: pd.DataFrame, reference_arm: str = "base") -> pd.DataFrame:
     """One row per (metric, budget, arm other than the reference): does the knob flip the regime?
 
     ``flips`` is True / False when both regimes are determined (they differ / agree) and None
@@ -125,7 +131,7 @@ def knob_flips(regimes: Any, reference_arm: str = "base") -> Any:
     return pd.DataFrame(rows, columns=["metric", "budget", "arm", "reference_regime", "level_regime", "flips"])
 
 
-def format_regimes(regimes: Any, flips: Any, reference_arm: str = "base") -> str:
+def format_regimes(regimes: pd.DataFrame, flips: pd.DataFrame, reference_arm: str = "base") -> str:
     """The two tables as text: per metric, a line per arm and budget, then one verdict per budget."""
     lines = ["Regime of each arm's seed-mean gain by its 95% t-interval against 1 (expander: above 1; "
              "dampener: below 1; undetermined: contains 1; incomplete: fewer seeds than required, no claim). "

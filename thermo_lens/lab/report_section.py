@@ -7,10 +7,17 @@ The report (:mod:`thermo_lens.report`, a layer below the lab) takes extra sectio
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from thermo_lens._lazy import pandas as pd
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from thermo_lens.report import Page
+
 
 __all__ = ["lab_section", "lab_dir_of", "read_tables"]
 
@@ -25,11 +32,11 @@ def lab_dir_of(directory: str | Path) -> Path | None:
     return None
 
 
-def lab_section(lab_dir: str | Path) -> Callable[[Any], None]:
+def lab_section(lab_dir: str | Path) -> Callable[[Page], None]:
     """The section drawing the effects and trajectories of the lab at ``lab_dir`` (``fn(doc)``)."""
     lab_dir = Path(lab_dir)
 
-    def section(doc: Any) -> None:
+    def section(doc: Page) -> None:
         from thermo_lens.lab import views as lab_views
 
         tables = read_tables(lab_dir)
@@ -55,12 +62,12 @@ def lab_section(lab_dir: str | Path) -> Callable[[Any], None]:
                            "n_seeds", "flips_regime"]], left=["knob", "reference", "level", "metric"])
         for metric in ("last_block_gain", "penultimate_gain"):
             if len(runs) and metric in runs.columns:
-                doc.figure(f"fig-lab-{metric}", lambda m=metric: lab_views.gain_trajectories(runs, m))
+                doc.figure(f"fig-lab-{metric}", functools.partial(lab_views.gain_trajectories, runs, metric))
 
     return section
 
 
-def read_tables(lab_dir: Path) -> tuple[Any, Any] | str:
+def read_tables(lab_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame] | str:
     """``(runs, effects)`` frames of the lab, read without following a link and only when they are
     what the lab wrote (the SHA-256 in ``tables.json``); else why not (shown in the report)."""
     import hashlib
@@ -81,13 +88,13 @@ def read_tables(lab_dir: Path) -> tuple[Any, Any] | str:
         return (f"The lab's tables are not shown: {', '.join(bad)} in {printable(lab_dir)} do not match what the lab wrote "
                 f"(their SHA-256 in {TABLES_RECORD}). Rerun the lab to write them.")
 
-    def frame(raw: bytes) -> Any:
+    def frame(raw: bytes) -> pd.DataFrame:
         return pd.read_csv(io.BytesIO(raw)) if raw.strip() else pd.DataFrame()
 
     return frame(data["runs.csv"]), frame(data["effects.csv"])
 
 
-def _budget_lab(doc: Any, runs: Any, eff: Any, lab_views: Any) -> None:
+def _budget_lab(doc: Page, runs: pd.DataFrame, eff: pd.DataFrame, lab_views: ModuleType) -> None:
     """The section of a lab with training budgets: the declared primary family first, then every
     comparison at the longest budget; trajectories of the longest budget's runs."""
     longest = int(eff.loc[eff["basis"] == "budget", "budget"].max()) if len(eff) else None
@@ -114,4 +121,4 @@ def _budget_lab(doc: Any, runs: Any, eff: Any, lab_views: Any) -> None:
     runs_longest = runs.loc[runs["budget"] == longest] if longest is not None and "budget" in runs.columns else runs
     for metric in ("last_block_gain", "penultimate_gain"):
         if len(runs_longest) and metric in runs_longest.columns:
-            doc.figure(f"fig-lab-{metric}", lambda m=metric: lab_views.gain_trajectories(runs_longest, m))
+            doc.figure(f"fig-lab-{metric}", functools.partial(lab_views.gain_trajectories, runs_longest, metric))

@@ -40,13 +40,17 @@ import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.lab.recipe import Recipe
 from thermo_lens.lab.run_record import TABLES_RECORD
 from thermo_lens.lab.spec import LabSpec, canonical_spec, check_lab_spec, load_lab_spec, spec_fingerprint
 from thermo_lens.safe_io import FolderLock, FolderLockedError, SafeIOError, atomic_write_bytes, make_folder, printable
+
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 __all__ = ["LabOutcome", "LabFolderError", "LabLockedError", "run_lab", "runs_frame", "write_tables", "LAB_JSON"]
 
@@ -237,7 +241,7 @@ def run_lab(spec: LabSpec | str | os.PathLike, out_dir: str | os.PathLike, *, ex
         return _run_locked(spec, out, executor, ray_address, progress, report)
 
 
-def _prepare_lab_out(out_dir: Any) -> Path:
+def _prepare_lab_out(out_dir: str | os.PathLike[str]) -> Path:
     """The lab folder: new, empty, or a lab folder (see the module docstring); created if needed."""
     from thermo_lens.study.folder import check_out, foreign_entries, make_out
 
@@ -354,7 +358,7 @@ def _run_locked(spec: LabSpec, out: Path, executor: str, ray_address: str | None
                       failed=failed)
 
 
-def runs_frame(lab_dir: str | os.PathLike) -> Any:
+def runs_frame(lab_dir: str | os.PathLike) -> pd.DataFrame:
     """One row per trained run and checkpoint, from the finished checkpoint profiles of ``lab_dir``.
 
     Columns: ``knob, level, arm, seed, step, tokens_seen, val_loss``, every named gain summary
@@ -392,7 +396,7 @@ def runs_frame(lab_dir: str | os.PathLike) -> Any:
     return df.sort_values(["arm", "seed", "budget", "step"], kind="stable").reset_index(drop=True)
 
 
-def current_rows(runs: Any, spec: LabSpec) -> Any:
+def current_rows(runs: pd.DataFrame, spec: LabSpec) -> pd.DataFrame:
     """The rows of ``runs`` (:func:`runs_frame`) that belong to ``spec``, tagged by it.
 
     A row belongs when its run is one of the spec's (arm x seed x budget), trained from the same

@@ -151,7 +151,7 @@ class LabSpec:
         return out
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: object) -> str:
     return format(v, "g") if isinstance(v, float) else str(v)
 
 
@@ -288,20 +288,21 @@ def parse_lab_spec(data: dict[str, Any], *, path: str | None = None, text: str =
 MAX_BUDGETS = 8
 
 
-def _check_budgets(budgets: Any, warmup: int) -> None:
+def _check_budgets(budgets: object, warmup: int) -> None:
     """Up to :data:`MAX_BUDGETS` distinct step counts, each above the warm-up and at most the
     recipe's step cap (``steps`` in :data:`~thermo_lens.lab.recipe.FIELD_RANGES`)."""
     from thermo_lens.validate import excerpt
 
     top = MAX_STEPS
     ok = isinstance(budgets, (list, tuple)) and len(budgets) <= MAX_BUDGETS and all(
-        isinstance(b, int) and not isinstance(b, bool) and warmup < b <= top for b in budgets)
-    if not ok or len(set(budgets)) != len(budgets):
+        isinstance(b, int) and not isinstance(b, bool) and warmup < b <= top for b in budgets) \
+        and len(set(budgets)) == len(budgets)
+    if not ok:
         raise LabSpecError(f"field 'lab.budgets': {excerpt(budgets, 60)}; give up to {MAX_BUDGETS} distinct step counts, "
                            f"each larger than base.warmup_steps ({warmup}) and at most {top:,}, e.g. [150, 300, 600]")
 
 
-def _check_every(every: Any, longest: int) -> None:
+def _check_every(every: object, longest: int) -> None:
     """``None`` or a number of steps in [ceil(longest / MAX_CHECKPOINTS), longest]."""
     from thermo_lens.validate import excerpt
 

@@ -40,7 +40,11 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerFast
 
 from thermo_lens.lab.recipe import OPTIMIZERS, Recipe
 from thermo_lens.lab.run_record import (checkpoint_problem, folder_hashes, read_checkpoint_file, read_record,
@@ -73,7 +77,8 @@ def step_dir_name(step: int) -> str:
 
 
 # ---------------------------------------------------------------------------- tokenizer and data
-def _train_tokenizer(docs: tuple[str, ...], vocab_size: int, min_frequency: int, model_max_length: int) -> Any:
+def _train_tokenizer(docs: tuple[str, ...], vocab_size: int, min_frequency: int,
+                     model_max_length: int) -> PreTrainedTokenizerFast:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -89,7 +94,7 @@ def _train_tokenizer(docs: tuple[str, ...], vocab_size: int, min_frequency: int,
                                    clean_up_tokenization_spaces=False)
 
 
-def get_tokenizer(recipe: Recipe, cache_dir: str | os.PathLike | None = None) -> Any:
+def get_tokenizer(recipe: Recipe, cache_dir: str | os.PathLike | None = None) -> PreTrainedTokenizerFast:
     """The recipe's tokenizer, trained once per (corpus, vocab, min_frequency, n_ctx) and cached."""
     from transformers import PreTrainedTokenizerFast
 
@@ -148,7 +153,7 @@ def _tokenizer_record(path: Path) -> dict[str, Any] | None:
     return {"files": {**files, f"{path.name}/{_TOKENIZER_RECORD}": record_sha}, "train_state": []}
 
 
-def encode_stream(tokenizer: Any, docs: tuple[str, ...]) -> list[int]:
+def encode_stream(tokenizer: PreTrainedTokenizerFast, docs: tuple[str, ...]) -> list[int]:
     """``<|endoftext|> doc0 <|endoftext|> doc1 ...`` as one flat list of ids."""
     eot = tokenizer.convert_tokens_to_ids(EOT)
     ids: list[int] = []
@@ -158,7 +163,7 @@ def encode_stream(tokenizer: Any, docs: tuple[str, ...]) -> list[int]:
     return ids
 
 
-def batch_offsets(n_tokens: int, batch_size: int, block_size: int, generator: Any) -> Any:
+def batch_offsets(n_tokens: int, batch_size: int, block_size: int, generator: torch.Generator) -> torch.Tensor:
     """Start offsets ``[batch_size]`` of one step's windows of ``block_size + 1`` tokens: uniform over
     the stream, drawn from the run's data generator (the same draws in every arm of a seed)."""
     import torch
@@ -260,7 +265,7 @@ def load_state_bytes(data: bytes, where: Path) -> dict[str, Any]:
     return state
 
 
-def _stage_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: Any, metrics: dict[str, Any]) -> Path:
+def _stage_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: PreTrainedTokenizerFast, metrics: dict[str, Any]) -> Path:
     """The checkpoint of ``step`` written into a new temporary folder of ``run_dir`` (not yet in place)."""
     from transformers.utils import logging as hf_logging
 
@@ -287,7 +292,7 @@ def _place_checkpoint(run_dir: Path, step: int, tmp: Path) -> None:
     os.rename(tmp, dest)
 
 
-def _save_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: Any, metrics: dict[str, Any],
+def _save_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: PreTrainedTokenizerFast, metrics: dict[str, Any],
                      state: bytes | None = None) -> None:
     """Write the checkpoint of ``step`` (and the training state ``state``) in the order
     :mod:`thermo_lens.lab.run_record` describes, recording every file's SHA-256."""
@@ -311,7 +316,7 @@ def _save_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: Any, metri
         atomic_write_bytes(run_dir / STATE, state)
 
 
-def _resume_state(run_dir: Path, record: dict[str, Any] | None, say: Any) -> dict[str, Any] | None:
+def _resume_state(run_dir: Path, record: dict[str, Any] | None, say: Callable[[str], object]) -> dict[str, Any] | None:
     """The run's training state if it may be resumed from: a regular file (not a link) whose SHA-256
     is recorded, loaded with ``weights_only=True``; ``None`` when there is none or it predates
     records (the run restarts from scratch, with a warning).
@@ -343,7 +348,7 @@ def _resume_state(run_dir: Path, record: dict[str, Any] | None, say: Any) -> dic
 
 def train_run(recipe: Recipe, seed: int, run_dir: str | os.PathLike, *, base: Recipe | None = None,
               n_checkpoints: int = 8, extra_checkpoints: tuple[int, ...] = (), tokenizer_cache: str | os.PathLike | None = None,
-              eval_every: int | None = None, log: Any = None) -> dict[str, Any]:
+              eval_every: int | None = None, log: Callable[[str], object] | None = None) -> dict[str, Any]:
     """Train (or finish training) one run; returns ``{step: metrics}`` for every checkpoint.
 
     Args:

@@ -6,7 +6,7 @@ Both take the lab's tables (:func:`thermo_lens.lab.run.runs_frame`,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import plotly.graph_objects as go
@@ -14,6 +14,10 @@ from plotly.subplots import make_subplots
 
 from thermo_lens.lab.effects import last_checkpoints
 from thermo_lens.views._common import HEIGHT, base_layout, color_of, log_ticks, wrap
+
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 __all__ = ["gain_trajectories", "effect_sizes", "per_seed_effects"]
 
@@ -29,7 +33,7 @@ _GAIN_DEFS = {
 }
 
 
-def gain_trajectories(runs: Any, metric: str = "last_block_gain") -> go.Figure:
+def gain_trajectories(runs: pd.DataFrame, metric: str = "last_block_gain") -> go.Figure:
     """``metric`` against training step, one colour per arm: thin lines per seed, thick the seed mean.
 
     Step 0 (the initial model) is drawn at step 0.5 on the log axis. A dotted line marks 1 (the
@@ -70,7 +74,7 @@ def gain_trajectories(runs: Any, metric: str = "last_block_gain") -> go.Figure:
     return fig
 
 
-def effect_sizes(effects: Any, metrics: tuple[str, ...] = ("last_block_gain", "penultimate_gain",
+def effect_sizes(effects: pd.DataFrame, metrics: tuple[str, ...] = ("last_block_gain", "penultimate_gain",
                                                           "W_V_W_O_ratio", "val_loss")) -> go.Figure:
     """Forest plot: per knob level, the seed-paired effect with its 95% CI, one panel per metric."""
     import pandas as pd
@@ -112,7 +116,7 @@ def effect_sizes(effects: Any, metrics: tuple[str, ...] = ("last_block_gain", "p
     return fig
 
 
-def per_seed_effects(runs: Any, reference_arm: str, arm: str,
+def per_seed_effects(runs: pd.DataFrame, reference_arm: str, arm: str,
                      metrics: tuple[str, ...] = ("last_block_gain", "penultimate_gain")) -> go.Figure:
     """Each seed's paired difference ``metric(arm, s) - metric(reference, s)`` at the last step of
     every training budget: one grey line per seed, the seed mean in colour, 0 dotted."""

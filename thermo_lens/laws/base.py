@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -30,6 +30,9 @@ import pandas as pd
 from thermo_lens.laws.table import _py
 from thermo_lens.result import Result
 from thermo_lens.stats import fisher_z_ci, format_p, holm, permutation_correlation_pvalue
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 __all__ = ["LawResult", "StatTest", "TestResult", "CorrelationResult", "correlation",
            "tests_frame", "leave_one_out", "declare", "ROLES"]
@@ -289,7 +292,7 @@ class CorrelationResult(LawResult):
                 f"permutation, {_fmt_p(self.spearman_pvalue)} t-approx.))")
 
 
-def _check_xy(x: Any, y: Any, x_name: str, y_name: str) -> tuple[np.ndarray, np.ndarray]:
+def _check_xy(x: ArrayLike, y: ArrayLike, x_name: str, y_name: str) -> tuple[np.ndarray, np.ndarray]:
     xa = np.asarray(x, dtype=float).ravel()
     ya = np.asarray(y, dtype=float).ravel()
     if xa.shape != ya.shape:
@@ -304,7 +307,7 @@ def _check_xy(x: Any, y: Any, x_name: str, y_name: str) -> tuple[np.ndarray, np.
     return xa, ya
 
 
-def correlation(x: Any, y: Any, x_name: str = "x", y_name: str = "y") -> CorrelationResult:
+def correlation(x: ArrayLike, y: ArrayLike, x_name: str = "x", y_name: str = "y") -> CorrelationResult:
     """Pearson and Spearman correlation of two equal-length numeric vectors (>= 3, finite).
 
     Raises ``ValueError`` for fewer than 3 points, unequal lengths, NaN/inf or a constant vector

@@ -20,10 +20,10 @@ says which models were used, and the result's ``sample`` which of the table's ar
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from itertools import combinations, islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -31,9 +31,12 @@ import pandas as pd
 from thermo_lens.laws.base import (CorrelationResult, LawResult, StatTest, _fmt_p, correlation, declare,
                                    leave_one_out)
 from thermo_lens.laws.logistic import LogisticFit, logistic_fit
-from thermo_lens.laws.table import _as_frame, _labels, _numeric, _regimes, _rho
+from thermo_lens.laws.table import Table, _as_frame, _labels, _numeric, _regimes, _rho
 from thermo_lens.stats import PartialCorrelation, partial_correlation
 from thermo_lens.stats.exact import LogisticExact, logistic_exact_test
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 __all__ = ["CrowdingResult", "CrowdingComparison", "crowding", "crowding_comparison",
            "threshold_rule_pvalue"]
@@ -61,7 +64,7 @@ def _labelings(n: int, k: int, chunk: int = 50_000):
         yield labs
 
 
-def threshold_rule_pvalue(rho: Any, dampener: Any, thresholds: Any, seed: int = 0,
+def threshold_rule_pvalue(rho: ArrayLike, dampener: ArrayLike, thresholds: ArrayLike, seed: int = 0,
                           n_resamples: int = 20_000, exact_max: int = _EXACT_LABELINGS) -> tuple[float, str]:
     """Permutation p of the best accuracy of ``rho > t => dampener`` over the threshold grid.
 
@@ -177,7 +180,7 @@ class CrowdingResult(LawResult):
         return "\n".join(lines)
 
 
-def _sample(labels: list[str], fitted_on: Any) -> str:
+def _sample(labels: list[str], fitted_on: Iterable[object] | None) -> str:
     if fitted_on is None:
         return "unknown"
     fit = {str(m) for m in fitted_on}
@@ -189,8 +192,8 @@ def _sample(labels: list[str], fitted_on: Any) -> str:
     return f"partly in-sample ({len(inside)} of {len(labels)}: {', '.join(inside)})"
 
 
-def crowding(table: Any, thresholds: Any = None, rho: str = "rho", regime: str = "regime",
-             gain: str = "gain", n_layers: str = "n_layers", fitted_on: Any = None) -> CrowdingResult:
+def crowding(table: Table, thresholds: ArrayLike | None = None, rho: str = "rho", regime: str = "regime",
+             gain: str = "gain", n_layers: str = "n_layers", fitted_on: Iterable[object] | None = None) -> CrowdingResult:
     """Accuracy of ``rho > rho_crit => dampener`` over a threshold grid, a logistic fit, and the
     depth confound.
 
@@ -355,7 +358,7 @@ class CrowdingComparison(LawResult):
         return "\n".join(lines)
 
 
-def crowding_comparison(scopes: Mapping[str, Any], **kwargs: Any) -> CrowdingComparison:
+def crowding_comparison(scopes: Mapping[str, Table], **kwargs: Any) -> CrowdingComparison:
     """:func:`crowding` on each named table (``{"within Pythia": t1, "across labs": t2}``)."""
     if not isinstance(scopes, Mapping) or not scopes:
         raise ValueError("crowding_comparison: pass a non-empty mapping of scope name -> table")

@@ -16,13 +16,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from itertools import combinations
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from thermo_lens.laws.base import LawResult, StatTest, _fmt_p, declare, leave_one_out
-from thermo_lens.laws.table import REGIMES, _as_frame, _group_stats, _labels, _numeric, _regimes, _require
+from thermo_lens.laws.table import REGIMES, Table, _as_frame, _group_stats, _labels, _numeric, _regimes, _require
 from thermo_lens.stats import holm
 from thermo_lens.stats.exact import fisher_exact
 
@@ -157,7 +156,7 @@ def _association(labs_col: np.ndarray, damp: np.ndarray, seed: int = 0) -> tuple
     return obs, float(np.mean(chi2(labs) >= obs - 1e-9)), how
 
 
-def heritage(table: Any, lab: str = "lab", regime: str = "regime", gain: str = "gain",
+def heritage(table: Table, lab: str = "lab", regime: str = "regime", gain: str = "gain",
              primary_lab: str = PAPER_HERITAGE_LAB) -> HeritageResult:
     """Lab x regime contingency, per-lab exact tests (Blaker) and per-lab mean gain +- SE.
 

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from thermo_lens.laws.base import LawResult, StatTest, declare, leave_one_out
 from thermo_lens.stats.exact import permutation_mean_difference
-from thermo_lens.laws.table import _as_frame, _group_stats, _labels, _numeric, _require
+from thermo_lens.laws.table import Table, _as_frame, _group_stats, _labels, _numeric, _require
 
 __all__ = ["HierarchyResult", "hierarchy", "family_of", "KRUSKAL_EXACT_MAX"]
 
@@ -89,7 +88,7 @@ class HierarchyResult(LawResult):
         return "\n".join(lines)
 
 
-def hierarchy(table: Any, by: str = "lab", gain: str = "gain", level: float = 0.95,
+def hierarchy(table: Table, by: str = "lab", gain: str = "gain", level: float = 0.95,
               ascending: bool = True, exact_max: int = KRUSKAL_EXACT_MAX) -> HierarchyResult:
     """Rank groups of models by mean gain, with SE and a t-based CI.
 

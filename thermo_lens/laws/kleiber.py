@@ -10,16 +10,20 @@ it is a claim about every block's gain, so ``G_1`` and each gain metric are held
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dataclasses import dataclass, field, replace
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 
 from thermo_lens.laws.base import (CorrelationResult, LawResult, StatTest, correlation,
                                    correlation_tests, declare)
-from thermo_lens.laws.table import _as_frame, _labels, _numeric, _rho, gain_ci
+from thermo_lens.laws.table import Table, _as_frame, _labels, _numeric, _rho, gain_ci
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 __all__ = ["KleiberResult", "kleiber_bound", "kleiber", "kleiber_violations", "BOUND_GAINS", "bound_table"]
 
@@ -29,7 +33,7 @@ BOUND_GAINS: tuple[str, ...] = ("gain", "first_block_gain", "penultimate_gain", 
                                 "max_block_gain", "geometric_mean_gain")
 
 
-def kleiber_bound(n_layers: Any) -> np.ndarray | float:
+def kleiber_bound(n_layers: ArrayLike) -> np.ndarray | float:
     """The paper's bound ``G_max = 10**(1/L)`` (so that ``G_max**L = 10``; paper eq. 3)."""
     L = np.asarray(n_layers, dtype=float)
     if np.any(~np.isfinite(L)) or np.any(L <= 0):
@@ -139,7 +143,7 @@ def _gain_ci(df: pd.DataFrame, g: np.ndarray, std: str, n_prompts: str, std_ddof
     return np.where(ddof == 0, lo0, lo1), np.where(ddof == 0, hi0, hi1)
 
 
-def kleiber(table: Any, gain: str = "gain", n_layers: str = "n_layers",
+def kleiber(table: Table, gain: str = "gain", n_layers: str = "n_layers",
             rho: str | None = "rho", std: str = "std", n_prompts: str = "n_prompts",
             std_ddof: int | None = None, bound_gains: Sequence[str] | None = None) -> KleiberResult:
     """Test the paper's "Kleiber's law" ``G_max = 10**(1/L)`` on one row per model.
@@ -204,7 +208,7 @@ def kleiber(table: Any, gain: str = "gain", n_layers: str = "n_layers",
                                             gain=gain))
 
 
-def kleiber_violations(*tables: Any, names: Any = None, gain: str = "gain",
+def kleiber_violations(*tables: Table, names: Iterable[object] | None = None, gain: str = "gain",
                        n_layers: str = "n_layers", std: str = "std", n_prompts: str = "n_prompts",
                        std_ddof: int | None = None) -> pd.DataFrame:
     """Every model that exceeds its bound ``10**(1/L)``, over every table passed, with CIs.
@@ -235,7 +239,7 @@ def kleiber_violations(*tables: Any, names: Any = None, gain: str = "gain",
 
 
 
-def bound_table(table: Any, gains: Sequence[str] | None = None, n_layers: str = "n_layers", std: str = "std",
+def bound_table(table: Table, gains: Sequence[str] | None = None, n_layers: str = "n_layers", std: str = "std",
                 n_prompts: str = "n_prompts", std_ddof: int | None = None, gain: str = "gain") -> pd.DataFrame:
     """Each gain column against the bound ``10**(1/L)``, model by model.
 

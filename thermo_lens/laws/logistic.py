@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from thermo_lens.laws.base import LawResult, _fmt_p
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 __all__ = ["LogisticFit", "logistic_fit"]
 
@@ -47,7 +51,7 @@ class LogisticFit(LawResult):
     n_positive: int
     note: str = ""
 
-    def predict_proba(self, x: Any) -> Any:
+    def predict_proba(self, x: ArrayLike) -> np.ndarray | float:
         """Fitted P(y = 1) at ``x`` (a step function at ``x50`` when separated)."""
         xa = np.asarray(x, dtype=float)
         if self.separated:
@@ -66,7 +70,7 @@ class LogisticFit(LawResult):
                 f"x at P=0.5: {self.x50:.4g})")
 
 
-def logistic_fit(x: Any, y: Any) -> LogisticFit:
+def logistic_fit(x: ArrayLike, y: ArrayLike) -> LogisticFit:
     """Logistic regression of binary ``y`` (0/1 or bool) on one predictor ``x``; see :class:`LogisticFit`."""
     xa = np.asarray(x, dtype=float).ravel()
     ya = np.asarray(y).ravel()

@@ -13,17 +13,24 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias, Union
 
 import numpy as np
 import pandas as pd
 
 from thermo_lens.stats import REGIMES, regime_from_ci, t_interval
 
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+
 __all__ = ["REGIMES", "regime_from_gain", "gain_ci", "add_regimes"]
 
+#: A per-model table as the laws take it: a DataFrame, a dict of columns, or rows (dicts, objects
+#: with ``.to_row()`` / ``.to_dict()``, dataclasses).
+Table: TypeAlias = Union[pd.DataFrame, Mapping[str, object], Iterable[object]]
 
-def _as_frame(table: Any, func: str) -> pd.DataFrame:
+
+def _as_frame(table: Table, func: str) -> pd.DataFrame:
     """A fresh DataFrame from a DataFrame, a dict of columns or a sequence of rows."""
     if isinstance(table, pd.DataFrame):
         return table.copy()
@@ -93,7 +100,7 @@ def _rho(df: pd.DataFrame, rho: str, func: str) -> np.ndarray:
                      "no 'n_heads' and 'd_head' columns to compute it from")
 
 
-def _py(v: Any) -> Any:
+def _py(v: object) -> object:
     """JSON-friendly python value."""
     if isinstance(v, pd.DataFrame):
         return [{k: _py(x) for k, x in r.items()} for r in v.to_dict(orient="records")]
@@ -116,7 +123,7 @@ def _py(v: Any) -> Any:
     return v
 
 
-def regime_from_gain(gain: Any, ci_low: Any = None, ci_high: Any = None) -> str | np.ndarray:
+def regime_from_gain(gain: ArrayLike, ci_low: ArrayLike | None = None, ci_high: ArrayLike | None = None) -> str | np.ndarray:
     """Regime of a gain measurement: ``"expander"``, ``"dampener"`` or ``"neutral"``.
 
     With a confidence interval (``ci_low``, ``ci_high``): expander if ``ci_low > 1``, dampener if
@@ -143,8 +150,8 @@ def regime_from_gain(gain: Any, ci_low: Any = None, ci_high: Any = None) -> str 
     return regime_from_ci(lo, hi, 1.0)
 
 
-def gain_ci(mean: Any, std: Any, n: Any, std_ddof: int = 1,
-            level: float = 0.95) -> tuple[Any, Any]:
+def gain_ci(mean: ArrayLike, std: ArrayLike, n: ArrayLike, std_ddof: int = 1,
+            level: float = 0.95) -> tuple[np.float64, np.float64] | tuple[np.ndarray, np.ndarray]:
     """t-based confidence interval of a mean gain over ``n`` prompts (``numpy.float64`` for scalar
     input, arrays otherwise).
 
@@ -169,7 +176,7 @@ def gain_ci(mean: Any, std: Any, n: Any, std_ddof: int = 1,
     return np.asarray(lo), np.asarray(hi)
 
 
-def add_regimes(table: Any, gain: str = "gain", std: str = "std", n: str = "n_prompts",
+def add_regimes(table: Table, gain: str = "gain", std: str = "std", n: str = "n_prompts",
                 std_ddof: int = 1, level: float = 0.95) -> pd.DataFrame:
     """Copy of ``table`` with ``ci_low``, ``ci_high`` (:func:`gain_ci`) and ``regime`` columns.
 

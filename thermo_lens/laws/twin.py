@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from thermo_lens.laws.base import LawResult, StatTest, declare, leave_one_out
-from thermo_lens.laws.table import _as_frame, _numeric, _require
+from thermo_lens.laws.table import Table, _as_frame, _numeric, _require
 from thermo_lens.stats.exact import signed_rank_test
 
 __all__ = ["TwinResult", "twin"]
@@ -62,7 +61,7 @@ class TwinResult(LawResult):
         return "\n".join(lines)
 
 
-def twin(table: Any, model: str = "model", base: str = "base", gain: str = "gain") -> TwinResult:
+def twin(table: Table, model: str = "model", base: str = "base", gain: str = "gain") -> TwinResult:
     """Compare fine-tuned models with their bases.
 
     Two input shapes:

@@ -15,10 +15,15 @@ per model, the columns :mod:`thermo_lens.laws` takes), e.g. a study's ``profiles
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thermo_lens.paper import reference
 from thermo_lens.paper.lstar import l_star_predictor_test, predicted_l_star
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from thermo_lens.laws.table import Table
 
 __all__ = ["compute", "readme_section", "crowding_scopes", "l_star_validation_table", "law_results",
            "RHO_CRIT_FITTED_ON", "bound_tables", "PUBLIC_DEPTHS", "primary_holm"]
@@ -80,7 +85,7 @@ def bound_tables(fill_public_depths: bool = False):
     return pd.concat(frames, ignore_index=True)
 
 
-def law_results(extra: Any = None) -> dict[str, Any]:
+def law_results(extra: Table | None = None) -> dict[str, Any]:
     """The laws on the paper's tables, with ``extra`` rows (your models) added to each.
 
     ``extra``: ``None`` or a table with one row per model (``model``, ``gain``, ``n_layers``,
@@ -97,7 +102,7 @@ def law_results(extra: Any = None) -> dict[str, Any]:
     from thermo_lens import laws
     from thermo_lens.laws.table import _as_frame
 
-    def plus(t: Any, need: tuple[str, ...] = ()) -> Any:
+    def plus(t: pd.DataFrame, need: tuple[str, ...] = ()) -> pd.DataFrame:
         if extra is None:
             return t
         e = _as_frame(extra, "law_results")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
@@ -26,13 +26,16 @@ from thermo_lens.depth.predicted import (L_STAR_BASELINES, PREDICTED_DEFINITION,
                                          l_star_baselines, predicted_l_star)
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.result import Result
-from thermo_lens.stats.exact import SignedRankTest, signed_rank_test
+from thermo_lens.stats.exact import ConfidenceInterval, SignedRankTest, signed_rank_test
+
+if TYPE_CHECKING:
+    from thermo_lens.laws.table import Table
 
 __all__ = ["PREDICTED_DEFINITION", "L_STAR_BASELINES", "predicted_l_star", "l_star_baselines",
            "l_star_comparison", "LStarBeyondDepthWarning", "LStarPredictorTest", "l_star_predictor_test"]
 
 
-def l_star_comparison(table: Any, empirical: str = "empirical", n_layers: str = "n_layers",
+def l_star_comparison(table: Table, empirical: str = "empirical", n_layers: str = "n_layers",
                       n_heads: str = "n_heads") -> pd.DataFrame:
     """Eq. 6 against the trivial baselines on a table of models with an empirical L*.
 
@@ -103,7 +106,7 @@ class LStarPredictorTest(Result):
     def pvalue(self) -> float:
         return self.test.pvalue
 
-    def confidence_interval(self, level: float = 0.95) -> Any:
+    def confidence_interval(self, level: float = 0.95) -> ConfidenceInterval:
         """Interval of the median paired difference eq. 6 minus ``L / 2`` (inverting the same test)."""
         return self.test.confidence_interval(level)
 
@@ -119,7 +122,7 @@ class LStarPredictorTest(Result):
                 + (f"\n  caveat: {self.caveat}" if self.caveat else ""))
 
 
-def l_star_predictor_test(table: Any, metric: str = "paper", level: float = 0.95, caveat: str = "") -> LStarPredictorTest:
+def l_star_predictor_test(table: Table, metric: str = "paper", level: float = 0.95, caveat: str = "") -> LStarPredictorTest:
     """Is eq. 6 better than ``L / 2``? A paired exact signed-rank test of their per-model errors.
 
     ``table`` as :func:`l_star_comparison` takes. The verdict says ``"indistinguishable"`` unless

@@ -16,6 +16,7 @@ from thermo_lens._lazy import pandas as pd
 
 from thermo_lens.gain import GainResult, residual_gain
 from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.inputs import Prompts
 from thermo_lens.result import Result
 from thermo_lens.stats import SummaryStats
 
@@ -55,7 +56,7 @@ class PaperMetric(Result):
     reference_measurement: str
     summary: str
     token_scope: str
-    prepend_bos: Any
+    prepend_bos: bool | str
     paper_definition: str
     note: str = ""
 
@@ -122,7 +123,7 @@ class PaperMetricResult(Result):
 
 def paper_metric(
     model: Any,
-    prompts: Any = None,
+    prompts: Prompts | None = None,
     metric: str = "A",
     *,
     experiment: str | None = None,

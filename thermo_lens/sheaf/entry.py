@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Unpack
 
 import torch
 from jaxtyping import Float
@@ -10,7 +10,8 @@ from torch import Tensor
 
 from thermo_lens.passes import Collected, Recorder, collect
 from thermo_lens.model import ModelView, as_view
-from thermo_lens.tokens import TokenBatch, encode
+from thermo_lens.settings import RunOptions, RunSettings
+from thermo_lens.tokens import BosMode, TokenBatch, encode
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.sheaf.operator import LayerSheafLaplacian, SheafLaplacian
 from thermo_lens.sheaf.validation import (
@@ -106,7 +107,7 @@ def laplacian_from_collected(
     return LayerSheafLaplacian(heads=heads, layer=layer)
 
 
-def _token_strings(view: ModelView, prompt: str, prepend_bos: Any, n: int) -> tuple[str, ...] | None:
+def _token_strings(view: ModelView, prompt: str, prepend_bos: BosMode, n: int) -> tuple[str, ...] | None:
     try:
         ids = encode(view, prompt, prepend_bos)[:n]
         return tuple(str(t) for t in view.tokenizer.convert_ids_to_tokens(ids))
@@ -116,13 +117,13 @@ def _token_strings(view: ModelView, prompt: str, prepend_bos: Any, n: int) -> tu
 
 def sheaf_laplacian(
     model: Any,
-    prompt: Any,
+    prompt: object,
     layer: int,
     head: int | None = None,
     *,
     convention: str = "directed",
-    settings: Any = None,
-    **run: Any,
+    settings: RunSettings | None = None,
+    **run: Unpack[RunOptions],
 ) -> SheafLaplacian | LayerSheafLaplacian:
     """The factored sheaf Laplacian of one head (or all heads) of one layer on one prompt.
 

@@ -3,12 +3,30 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Protocol, runtime_checkable
 
 import torch
 
 from thermo_lens.result import Result
 from thermo_lens.sheaf.validation import _EPS
+
+
+@runtime_checkable
+class _Factored(Protocol):
+    """What :func:`gap_reason` reads of a factored Laplacian ``L = M (x) W_V W_V^T``."""
+
+    @property
+    def n(self) -> int: ...
+    @property
+    def d_model(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def convention(self) -> str: ...
+    @property
+    def is_diagonal(self) -> bool: ...
+    @property
+    def M(self) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,7 +74,7 @@ class SpectralGap(Result):
         )
 
 
-def gap_reason(lap: Any, kernel: int, n_nz_mu: int, rank: int) -> str:
+def gap_reason(lap: _Factored, kernel: int, n_nz_mu: int, rank: int) -> str:
     """Why ``lambda_2`` of the Laplacian ``lap`` is what it is, in words (which factor supplies
     the kernel). ``kernel`` = ``dim ker L``, ``n_nz_mu`` = nonzero eigenvalues of ``M``,
     ``rank`` = ``rank(W_V)``."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypedDict, Unpack, overload
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
@@ -29,6 +30,30 @@ from thermo_lens.sheaf.validation import (
     _check_dense,
     _check_edge,
 )
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+
+
+class LaplacianMetadata(TypedDict, total=False):
+    """What a Laplacian built from a pattern may record of where it came from (all optional)."""
+
+    layer: int | None
+    head: int | None
+    kv_head: int | None
+    prompt: str | None
+    tokens: tuple[str, ...] | None
+    prepend_bos: bool | str | None
+    model: dict | None
+
+
+class LayerMetadata(TypedDict, total=False):
+    """What a layer's Laplacian built from patterns may record (each head gets its index itself)."""
+
+    prompt: str | None
+    tokens: tuple[str, ...] | None
+    prepend_bos: bool | str | None
+    model: dict | None
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,17 +91,17 @@ class SheafLaplacian(Result):
     kv_head: int | None = None
     prompt: str | None = None
     tokens: tuple[str, ...] | None = None
-    prepend_bos: Any = None
+    prepend_bos: bool | str | None = None
     model: dict | None = None
 
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_pattern(
         cls,
-        A: Any,
-        W_V: Any,
+        A: Tensor | ArrayLike,
+        W_V: Tensor | ArrayLike,
         convention: str = "directed",
-        **metadata: Any,
+        **metadata: Unpack[LaplacianMetadata],
     ) -> "SheafLaplacian":
         """Build the Laplacian from a pattern ``A [n, n]`` and value weights ``W_V [d_model, d_head]``
         (tensors or arrays; checked here, with clear errors).
@@ -282,7 +307,14 @@ class SheafLaplacian(Result):
         )
 
     # ------------------------------------------------------------------ products
-    def __matmul__(self, x: Any) -> Any:
+    @overload
+    def __matmul__(self, x: Tensor) -> Tensor: ...
+    @overload
+    def __matmul__(self, x: np.ndarray) -> np.ndarray: ...
+    @overload
+    def __matmul__(self, x: Sequence[object]) -> Tensor: ...
+
+    def __matmul__(self, x: object) -> Tensor | np.ndarray:
         """``L @ x`` without forming ``L``: ``(M (x) S) vec(X) = vec(M X S)`` (``S`` symmetric).
 
         ``x``: a vector of length ``n d_model`` (token-major: ``x[i * d_model + k]`` is coordinate
@@ -390,12 +422,13 @@ class LayerSheafLaplacian(Result):
         A: Float[Tensor, "head n n"],
         W_V: Float[Tensor, "head d_model d_head"],
         convention: str = "directed",
-        **metadata: Any,
+        *,
+        layer: int | None = None,
+        **metadata: Unpack[LayerMetadata],
     ) -> "LayerSheafLaplacian":
         """From per-head patterns ``[head, n, n]`` and per-(query-)head ``W_V [head, d_model, d_head]``."""
         if len(A) != len(W_V):
             raise ThermoLensInputError(f"got {len(A)} patterns but {len(W_V)} W_V matrices; pass one per head")
-        layer = metadata.pop("layer", None)
         heads = tuple(
             SheafLaplacian.from_pattern(A[h], W_V[h], convention, layer=layer, head=h, **metadata)
             for h in range(len(A))
@@ -466,7 +499,14 @@ class LayerSheafLaplacian(Result):
                            smallest_nonzero=min(nz) if nz else math.nan, graph_gap=math.nan,
                            size=self.size, convention=self.convention)
 
-    def __matmul__(self, x: Any) -> Any:
+    @overload
+    def __matmul__(self, x: Tensor) -> Tensor: ...
+    @overload
+    def __matmul__(self, x: np.ndarray) -> np.ndarray: ...
+    @overload
+    def __matmul__(self, x: Sequence[object]) -> Tensor: ...
+
+    def __matmul__(self, x: object) -> Tensor | np.ndarray:
         """Block-diagonal product: ``x`` is ``[n_heads * n * d_model]`` or ``[head, n, d_model]``."""
         is_np = isinstance(x, np.ndarray)
         t = _as_float64(x, "the vector x")

@@ -7,7 +7,7 @@ to pass instead, before any compute.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ DENSE_LIMIT = 4096
 _EPS = float(torch.finfo(torch.float64).eps)
 
 
-def _check_convention(convention: Any) -> str:
+def _check_convention(convention: object) -> str:
     if convention not in CONVENTIONS:
         raise ThermoLensInputError(
             f"unknown sheaf convention {convention!r}; choose 'directed' (restriction maps "
@@ -38,7 +38,7 @@ def _check_convention(convention: Any) -> str:
     return str(convention)
 
 
-def _as_float64(x: Any, what: str) -> Tensor:
+def _as_float64(x: object, what: str) -> Tensor:
     if isinstance(x, Tensor):
         t = x.detach().to("cpu")
     else:
@@ -51,18 +51,20 @@ def _as_float64(x: Any, what: str) -> Tensor:
     return t.to(torch.float64)
 
 
-def _check_edge(i: Any, j: Any, n: int) -> tuple[int, int]:
+def _check_edge(i: object, j: object, n: int) -> tuple[int, int]:
+    ints = []
     for name, v in (("i", i), ("j", j)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
             raise ThermoLensInputError(f"token index {name} must be an integer, got {v!r}")
         if not 0 <= int(v) < n:
             raise ThermoLensInputError(f"token index {name}={v} is out of range for a prompt of {n} tokens (0..{n - 1})")
-    if int(i) == int(j):
+        ints.append(int(v))
+    if ints[0] == ints[1]:
         raise ThermoLensInputError(
             f"there is no edge {{{i}, {j}}}: the base graph is the complete graph on the tokens "
             "without self-loops (A_ii enters the Laplacian only through the row sums); pass i != j"
         )
-    return int(i), int(j)
+    return ints[0], ints[1]
 
 
 def _check_dense(size: int, max_size: int, what: str, detail: str) -> None:
@@ -75,7 +77,7 @@ def _check_dense(size: int, max_size: int, what: str, detail: str) -> None:
         )
 
 
-def _check_index(value: Any, n: int, what: str, hint: str) -> int:
+def _check_index(value: object, n: int, what: str, hint: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ThermoLensInputError(f"{what} must be an integer, got {value!r}")
     v = int(value)
@@ -99,7 +101,7 @@ def _check_W_V(W_V: Tensor, view: ModelView) -> Tensor:
     )
 
 
-def _check_formula(formula: Any, *, warn: bool = True, stacklevel: int = 3) -> str:
+def _check_formula(formula: object, *, warn: bool = True, stacklevel: int = 3) -> str:
     if formula not in TRACE_FORMULAS:
         raise ThermoLensInputError(
             f"unknown trace formula {formula!r}; choose 'off_diagonal_mass' ((n - sum_i A_ii) "

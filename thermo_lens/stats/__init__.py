@@ -25,12 +25,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
 from thermo_lens._lazy import scipy_stats as _st
 from thermo_lens.result import Result
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+    from thermo_lens.stats.exact import ConfidenceInterval
 
 __all__ = ["SummaryStats", "summarize"]
 
@@ -73,12 +77,12 @@ class SummaryStats(Result):
         return self.ci_low, self.ci_high
 
     @property
-    def df(self) -> Any:
+    def df(self) -> int | np.ndarray:
         """Degrees of freedom of the t interval, ``n - 1`` (an int, or an array as ``n``)."""
         n = np.asarray(self.n)
         return int(n) - 1 if n.ndim == 0 else n - 1
 
-    def confidence_interval(self, level: float = 0.95) -> Any:
+    def confidence_interval(self, level: float = 0.95) -> ConfidenceInterval:
         """``(low, high)``: the ``level`` Student-t interval of the mean,
         ``scipy.stats.t.interval(level, n - 1, mean, se)``, at any level (``ci_low`` / ``ci_high``
         hold the one at :attr:`level`); NaN where ``n < 2``.
@@ -93,7 +97,7 @@ class SummaryStats(Result):
         return ConfidenceInterval(*t_interval(self.mean, self.sd, self.n, level))
 
     @property
-    def sd_ddof0(self) -> Any:
+    def sd_ddof0(self) -> float | np.ndarray:
         """Population SD (``numpy.std`` default, ``ddof=0``), as the paper's result files store."""
         n = np.asarray(self.n, dtype=float)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -101,7 +105,7 @@ class SummaryStats(Result):
             out = np.where(n == 1, 0.0, out)
         return float(out) if out.ndim == 0 else out
 
-    def excludes(self, value: float) -> Any:
+    def excludes(self, value: float) -> bool | np.ndarray:
         """Whether the confidence interval excludes ``value`` (False where the CI is NaN)."""
         lo, hi = np.asarray(self.ci_low, dtype=float), np.asarray(self.ci_high, dtype=float)
         out = (lo > value) | (hi < value)
@@ -127,7 +131,7 @@ class SummaryStats(Result):
 
 
 def summarize(
-    values: Any,
+    values: ArrayLike,
     *,
     axis: int = 0,
     level: float | int = 0.95,
@@ -183,7 +187,7 @@ def summarize(
         mean = np.where(n >= 1, mean, np.nan)
         ci_low, ci_high = (np.asarray(v) for v in t_interval(mean, sd, n, level))
 
-    def out(a: np.ndarray, integer: bool = False) -> Any:
+    def out(a: np.ndarray, integer: bool = False) -> int | float | np.ndarray:
         if a.ndim == 0:
             return int(a) if integer else float(a)
         return a.astype(np.int64) if integer else a.astype(np.float64)
@@ -215,7 +219,7 @@ REGIMES: tuple[str, ...] = ("expander", "dampener", "neutral")
 EXACT_PERMUTATION_MAX_N = 9
 
 
-def t_interval(mean: Any, sd: Any, n: Any, level: float = 0.95) -> tuple[Any, Any]:
+def t_interval(mean: ArrayLike, sd: ArrayLike, n: ArrayLike, level: float = 0.95) -> tuple[Any, Any]:
     """Student-t interval ``mean +- t_{(1+level)/2, n-1} * sd / sqrt(n)``; NaN where ``n < 2``.
 
     ``sd`` is the sample SD (ddof=1). The single implementation behind :func:`summarize`,
@@ -233,7 +237,15 @@ def t_interval(mean: Any, sd: Any, n: Any, level: float = 0.95) -> tuple[Any, An
     return lo, hi
 
 
-def regime_from_ci(ci_low: Any, ci_high: Any, null: float = 1.0) -> Any:
+@overload
+def regime_from_ci(ci_low: float, ci_high: float, null: float = 1.0) -> str: ...
+
+
+@overload
+def regime_from_ci(ci_low: ArrayLike, ci_high: ArrayLike, null: float = 1.0) -> str | np.ndarray: ...
+
+
+def regime_from_ci(ci_low: ArrayLike, ci_high: ArrayLike, null: float = 1.0) -> str | np.ndarray:
     """The regime rule: ``"expander"`` if the CI lies above ``null``, ``"dampener"`` if below,
     ``"neutral"`` if it contains ``null``, ``"undetermined"`` where the CI is NaN.
 
@@ -256,7 +268,7 @@ def format_p(p: float) -> str:
     return f"{p:.2e}" if p < 1e-3 else f"{p:.4f}"
 
 
-def holm(pvalues: Any) -> np.ndarray:
+def holm(pvalues: ArrayLike) -> np.ndarray:
     """Holm-Bonferroni adjusted p-values (step-down, monotone, capped at 1); NaN stays NaN."""
     p = np.asarray(pvalues, dtype=float).ravel()
     adj = np.full(p.shape, np.nan)
@@ -289,7 +301,7 @@ def _ranks(a: np.ndarray) -> np.ndarray:
     return _st.rankdata(a)
 
 
-def permutation_correlation_pvalue(x: Any, y: Any, method: str = "spearman",
+def permutation_correlation_pvalue(x: ArrayLike, y: ArrayLike, method: str = "spearman",
                                    seed: int = 0, n_resamples: int = 20_000,
                                    exact_max_n: int = EXACT_PERMUTATION_MAX_N) -> tuple[float, str]:
     """Two-sided permutation p-value of a Pearson or Spearman correlation, and how it was made.
@@ -361,7 +373,7 @@ class PartialCorrelation(Result):
                 f"confound r({self.x}, {self.control}) = {self.r_xz:.4f})")
 
 
-def partial_correlation(x: Any, y: Any, z: Any, names: tuple[str, str, str] = ("x", "y", "z"),
+def partial_correlation(x: ArrayLike, y: ArrayLike, z: ArrayLike, names: tuple[str, str, str] = ("x", "y", "z"),
                         level: float = 0.95) -> PartialCorrelation:
     """``r(x, y | z)`` with one control ``z`` (see :class:`PartialCorrelation`)."""
     xa, ya, za = (np.asarray(v, dtype=float).ravel() for v in (x, y, z))
@@ -384,7 +396,7 @@ def partial_correlation(x: Any, y: Any, z: Any, names: tuple[str, str, str] = ("
                               ci_low=lo, ci_high=hi, r_xz=float(cz.statistic), r_xz_pvalue=float(cz.pvalue))
 
 
-def odds_ratio_ci(table: Any, level: float = 0.95) -> tuple[float, float, float]:
+def odds_ratio_ci(table: ArrayLike, level: float = 0.95) -> tuple[float, float, float]:
     """Conditional maximum-likelihood odds ratio of a 2x2 table with its exact CI.
 
     ``scipy.stats.contingency.odds_ratio(kind="conditional")``: the estimate and the interval

@@ -29,13 +29,16 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import combinations
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from thermo_lens._lazy import scipy_stats as _st
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.result import Result
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 __all__ = ["ConfidenceInterval", "FisherExact", "fisher_exact", "SignedRankTest", "signed_rank_test",
            "LogisticExact", "logistic_exact_test", "MeanDifference", "permutation_mean_difference",
@@ -158,7 +161,7 @@ class FisherExact(Result):
                 f"95% CI [{ci.low:.4g}, {ci.high:.4g}] inverting the same test; table {self.table})")
 
 
-def fisher_exact(table: Any, method: str = "blaker") -> FisherExact:
+def fisher_exact(table: ArrayLike, method: str = "blaker") -> FisherExact:
     """Exact two-sided test of independence in a 2x2 table with a matching odds-ratio interval.
 
     ``method="blaker"`` (default): Blaker's test (p = the probability, under ``psi``, of the tables
@@ -245,7 +248,7 @@ class SignedRankTest(Result):
                 f"{self.estimate:.4g}, 95% CI [{ci.low:.4g}, {ci.high:.4g}] inverting the same test)")
 
 
-def signed_rank_test(x: Any, y: Any = None) -> SignedRankTest:
+def signed_rank_test(x: ArrayLike, y: ArrayLike | None = None) -> SignedRankTest:
     """Exact Wilcoxon signed-rank test of ``x - y`` (or of ``x`` alone) with its matched interval."""
     xa = np.asarray(x, dtype=float).ravel()
     d = xa - np.asarray(y, dtype=float).ravel() if y is not None else xa
@@ -347,7 +350,7 @@ def _tail_p(ts: np.ndarray, t: float, beta: float, alternative: str) -> float:
     return min(1.0, 2 * min(upper, lower))
 
 
-def logistic_exact_test(x: Any, y: Any, alternative: str = "two-sided", seed: int = 0,
+def logistic_exact_test(x: ArrayLike, y: ArrayLike, alternative: str = "two-sided", seed: int = 0,
                         n_resamples: int = 20_000) -> LogisticExact:
     """Exact conditional test of ``beta = 0`` in ``logit P(y = 1) = a + beta x`` (see :class:`LogisticExact`).
 
@@ -434,7 +437,7 @@ class MeanDifference(Result):
                 f"95% CI [{ci.low:.4g}, {ci.high:.4g}] inverting the same test)")
 
 
-def permutation_mean_difference(u: Any, v: Any, seed: int = 0) -> MeanDifference:
+def permutation_mean_difference(u: ArrayLike, v: ArrayLike, seed: int = 0) -> MeanDifference:
     """Permutation test of ``mean(u) = mean(v)`` with its shift-model interval (see :class:`MeanDifference`)."""
     ua, va = np.asarray(u, dtype=float).ravel(), np.asarray(v, dtype=float).ravel()
     if ua.size < 1 or va.size < 1 or not (np.all(np.isfinite(ua)) and np.all(np.isfinite(va))):
@@ -459,7 +462,7 @@ def _sign_patterns(n: int) -> np.ndarray:
     return np.where((idx >> np.arange(n)[None, :]) & 1, -1.0, 1.0)
 
 
-def sign_flip_pvalue(d: Any, shift: float = 0.0) -> float:
+def sign_flip_pvalue(d: ArrayLike, shift: float = 0.0) -> float:
     """Exact two-sided sign-flip p of ``H0``: the differences ``d - shift`` are symmetric about 0.
 
     The share of all ``2^n`` sign patterns ``s`` whose ``|mean(s * (d - shift))|`` reaches the

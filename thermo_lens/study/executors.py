@@ -17,7 +17,7 @@ import socket
 import sys
 import time
 import traceback
-from typing import Any, Callable, no_type_check
+from typing import Any, Callable, Protocol, no_type_check, runtime_checkable
 
 from thermo_lens import validate as V
 from thermo_lens.errors import ThermoLensInputError
@@ -43,6 +43,15 @@ Record = Callable[[ModelSpec, "str | None", "str | None", float, "str | None"], 
 ProfileFn = Callable[[ModelSpec, dict[str, Any]], str]
 
 
+@runtime_checkable
+class ProgressBar(Protocol):
+    """What the executors tell the progress bar (``tqdm``'s names)."""
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None: ...
+
+    def update(self, n: int = 1) -> object: ...
+
+
 class StudyExecutorError(ThermoLensInputError):
     """A bad executor or Ray address, Ray missing, or a Ray cluster that cannot be reached."""
 
@@ -54,7 +63,7 @@ def describe(exc: BaseException) -> str:
 
 
 # ---------------------------------------------------------------------------- checks
-def check_executor(executor: Any, ray_address: Any) -> None:
+def check_executor(executor: object, ray_address: object) -> None:
     """The executor's name and the Ray address's spelling; Ray importable (no network yet)."""
     if executor not in EXECUTORS:
         raise StudyExecutorError(f"executor must be 'local' or 'ray', got {V.excerpt(executor)}")
@@ -69,7 +78,7 @@ def check_executor(executor: Any, ray_address: Any) -> None:
         raise StudyExecutorError("the Ray executor needs Ray: pip install 'thermo-lens[ray]' (or pip install ray)")
 
 
-def parse_ray_address(address: Any) -> tuple[str | None, str, int | None]:
+def parse_ray_address(address: object) -> tuple[str | None, str, int | None]:
     """``(scheme, host, port)`` of a Ray address; ``(None, "auto"|"local", None)`` for the keywords."""
     if not isinstance(address, str):
         raise StudyExecutorError(f"the Ray address must be a string, got {type(address).__name__}")
@@ -164,7 +173,7 @@ def _recv(s: socket.socket, n: int, deadline: float) -> bytes:
 
 # ---------------------------------------------------------------------------- running
 def run_local(todo: list[ModelSpec], settings: dict[str, Any], profile_fn: ProfileFn, start: Start,
-              record: Record, bar: Any) -> None:
+              record: Record, bar: ProgressBar) -> None:
     """Profile each model here, one after another; failures are recorded, never raised."""
     for m in todo:
         bar.set_postfix_str(m.id)
@@ -180,7 +189,7 @@ def run_local(todo: list[ModelSpec], settings: dict[str, Any], profile_fn: Profi
 
 
 def run_ray(todo: list[ModelSpec], settings: dict[str, Any], profile_fn: ProfileFn, start: Start,
-            record: Record, bar: Any, ray_address: str | None) -> None:
+            record: Record, bar: ProgressBar, ray_address: str | None) -> None:
     """One Ray task per model (``num_cpus=1``, the model's ``num_gpus``, no retries)."""
     import ray
 

@@ -79,7 +79,7 @@ def checkpoint_fingerprint(zoo: str | None, name: str | None,
     return _hub(name)
 
 
-def weights_changed(recorded: Any, now: Mapping[str, Any] | None, *, strict: bool = True) -> str | None:
+def weights_changed(recorded: object, now: Mapping[str, Any] | None, *, strict: bool = True) -> str | None:
     """Why the weights ``now`` differ from the ``recorded`` fingerprint, or ``None`` if they do not.
 
     A result recorded without a fingerprint (an older manifest, or a custom loader) is not
@@ -128,7 +128,7 @@ def _folder(kind: str, path: Path, previous: Mapping[str, Any] | None) -> dict[s
     return out
 
 
-def _file(path: Path, st: os.stat_result, old: Any) -> dict[str, Any]:
+def _file(path: Path, st: os.stat_result, old: object) -> dict[str, Any]:
     key = [st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
     if isinstance(old, Mapping) and old.get("size") == st.st_size and old.get("stat") == key \
             and isinstance(old.get("sha256"), str):
@@ -172,7 +172,7 @@ def _cached_revision(repo: str, ref: str = "main") -> str | None:
 
 
 # ---------------------------------------------------------------------------- helpers
-def _digest(payload: Any) -> str:
+def _digest(payload: object) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.safe_io import TEMP_PREFIX, FolderLock, SafeIOError, os_error_reason, printable
@@ -31,7 +30,7 @@ class StudyFolderError(ThermoLensInputError):
     files thermo-lens did not write."""
 
 
-def output_path(value: Any, what: str = "output folder") -> Path:
+def output_path(value: object, what: str = "output folder") -> Path:
     """``value`` as the path of an output folder: a non-empty ``str`` or path without NUL."""
     if not isinstance(value, (str, os.PathLike)):
         raise StudyFolderError(f"{what} must be a folder name (str or path), got {type(value).__name__}")
@@ -45,7 +44,7 @@ def output_path(value: Any, what: str = "output folder") -> Path:
     return Path(text)
 
 
-def prepare_out(out_dir: Any) -> Path:
+def prepare_out(out_dir: str | os.PathLike[str]) -> Path:
     """Check the output folder (see the module docstring), create it if needed; returns its path.
 
     Raises:
@@ -59,7 +58,7 @@ def prepare_out(out_dir: Any) -> Path:
     return make_out(out)
 
 
-def check_out(out_dir: Any, what: str = "output folder") -> Path:
+def check_out(out_dir: object, what: str = "output folder") -> Path:
     """``out_dir`` as an output folder's path, refused when empty, a file or a dangling link (a
     folder's contents are the caller's to check)."""
     out = output_path(out_dir, what)

@@ -76,7 +76,7 @@ def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> None:
     atomic_write_bytes(out_dir / MANIFEST, json.dumps(manifest, indent=2).encode())
 
 
-def _manifest_problem(data: Any) -> str | None:
+def _manifest_problem(data: object) -> str | None:
     if not isinstance(data, dict):
         return "not a JSON object"
     models = data.get("models", {})
@@ -116,7 +116,7 @@ def model_record(model: ModelSpec) -> dict[str, Any]:
     return json.loads(json.dumps(asdict(model), default=str))
 
 
-def check_entry(out: Path, mid: str, entry: Any, settings: dict[str, Any] | None,
+def check_entry(out: Path, mid: str, entry: object, settings: dict[str, Any] | None,
                 key: str | None = None) -> tuple[Any | None, str | None]:
     """``(profile, None)`` when the manifest entry's result is acceptable, else ``(None, why)``.
 

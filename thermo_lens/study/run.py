@@ -13,7 +13,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
 
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.safe_io import FolderLock, FolderLockedError, atomic_write_bytes, remove_stale_temps
@@ -23,6 +23,9 @@ from thermo_lens.study.folder import prepare_out
 from thermo_lens.study.manifest import check_entry, model_record, read_manifest, settings_key, sha256, write_manifest
 from thermo_lens.study.spec import ModelSpec, StudySpec
 from thermo_lens.study.spec_file import load_spec
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
 
 __all__ = ["StudyOutcome", "StudyLockedError", "run_study", "profile_one", "load_model", "model_fingerprint"]
 
@@ -245,7 +248,7 @@ class _Book:
 
 
 # ---------------------------------------------------------------------------- one model
-def load_model(model: ModelSpec) -> Any:
+def load_model(model: ModelSpec) -> TransformerBridge:
     """Boot the model a :class:`ModelSpec` names (zoo, local directory or hub) as a bridge."""
     import torch
 

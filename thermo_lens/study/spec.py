@@ -137,7 +137,7 @@ class StudySpec:
         return cls(name=name, models=tuple(specs), **settings)
 
 
-def check_prompts(prompts: Any) -> None:
+def check_prompts(prompts: object) -> None:
     """``prompts`` names a built-in prompt set or is a list / dict of prompts
     (:func:`thermo_lens.prompts.as_prompt_set`); the error is cut to a readable length."""
     from thermo_lens import prompts as prompt_sets
@@ -164,12 +164,12 @@ def _unique_id(base: str, seen: set[str]) -> str:
     return out
 
 
-def model_from_name(name: Any, seen: Iterable[str] = (), **options: Any) -> ModelSpec:
+def model_from_name(name: object, seen: Iterable[str] = (), **options: object) -> ModelSpec:
     """A :class:`ModelSpec` for a model name (zoo name, local folder or hub id) with an id unique
     among ``seen`` (lower-case ids); ``options`` are further ``ModelSpec`` fields."""
     from thermo_lens import zoo
 
-    V.text("model", name, max_len=4096)
+    name = V.text("model", name, max_len=4096)
     if name in zoo.names() and not os.path.exists(name):
         extra = {"lab": "thermo-lens zoo", "family": zoo.family(name)}
         return ModelSpec(id=_unique_id(V.slug(name), set(seen)), zoo=name, **{**extra, **options})

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from thermo_lens import validate as V
 from thermo_lens.errors import ThermoLensInputError
@@ -27,6 +27,9 @@ from thermo_lens.study.spec import (
     check_prompts,
     default_id,
 )
+
+if TYPE_CHECKING:
+    import yaml
 
 __all__ = ["load_spec", "MAX_SPEC_BYTES", "MAX_SPEC_DEPTH", "MAX_SPEC_NODES", "MAX_SPEC_ALIASES"]
 
@@ -89,7 +92,7 @@ def load_spec(path: str | os.PathLike) -> StudySpec:
 
 
 # ---------------------------------------------------------------------------- parsing
-def _parse_yaml(text: str, shown: str) -> Any:
+def _parse_yaml(text: str, shown: str) -> object:
     try:
         import yaml
     except ImportError:  # pragma: no cover - PyYAML comes with transformers
@@ -106,7 +109,7 @@ def _parse_yaml(text: str, shown: str) -> Any:
     return {} if data is None else data
 
 
-def _parse_toml(text: str, shown: str) -> Any:
+def _parse_toml(text: str, shown: str) -> dict[str, Any]:
     import tomllib
 
     try:
@@ -145,7 +148,7 @@ def _yaml_loader() -> type:
         depth = 0
         aliases = 0
 
-        def compose_node(self, parent: Any, index: Any) -> Any:
+        def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
             if self.check_event(yaml.AliasEvent):
                 self.aliases += 1
                 if self.aliases > MAX_SPEC_ALIASES:
@@ -160,7 +163,7 @@ def _yaml_loader() -> type:
             finally:
                 self.depth -= 1
 
-        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
             if isinstance(node, yaml.MappingNode):
                 _refuse_duplicate_keys(self, node)
             return super().construct_mapping(node, deep=deep)
@@ -168,7 +171,7 @@ def _yaml_loader() -> type:
     return Loader
 
 
-def _refuse_duplicate_keys(loader: Any, node: Any) -> None:
+def _refuse_duplicate_keys(loader: yaml.SafeLoader, node: yaml.MappingNode) -> None:
     import yaml
 
     first: dict[Any, int] = {}
@@ -187,7 +190,7 @@ def _refuse_duplicate_keys(loader: Any, node: Any) -> None:
         first[key] = key_node.start_mark.line
 
 
-def _check_shape(data: Any, shown: str) -> None:
+def _check_shape(data: object, shown: str) -> None:
     """Depth and size limits on parsed data, counted with YAML aliases expanded (iteratively:
     nothing recurses, nothing is copied)."""
     stack, nodes = [(data, 1)], 0
@@ -254,7 +257,7 @@ class _Where:
         return StudySpecError(f"{self.shown}:{line}: field '{V.excerpt(field, 60).strip(chr(39))}': {printable(msg)}")
 
 
-def _validate(data: Any, where: _Where, path: Path) -> StudySpec:
+def _validate(data: object, where: _Where, path: Path) -> StudySpec:
     if not isinstance(data, dict):
         raise StudySpecError(f"{where.shown}:1: the spec must be a table/mapping with 'study' and 'models'")
     for k in data:
@@ -285,7 +288,7 @@ def _validate(data: Any, where: _Where, path: Path) -> StudySpec:
         raise StudySpecError(f"{where.shown}: {printable(str(e)[:MAX_ERROR])}") from None
 
 
-def _check_study_field(k: str, v: Any, where: _Where) -> None:
+def _check_study_field(k: str, v: object, where: _Where) -> None:
     line = where.line(rf"^\s*{re.escape(k[:100])}\s*[=:]")
     if k not in _STUDY_FIELDS:
         raise where.error(line, f"study.{k}", f"unknown field; allowed: {sorted(_STUDY_FIELDS)}")
@@ -327,7 +330,7 @@ def _check_model_fields(i: int, m: dict, where: _Where) -> None:
                               f"unknown embedded model {V.excerpt(m['zoo'])}; available: {zoo.names()}")
 
 
-def _model_spec(i: int, m: Any, where: _Where, seen: set[str]) -> ModelSpec:
+def _model_spec(i: int, m: object, where: _Where, seen: set[str]) -> ModelSpec:
     start = where.model_start(i)
     first_line = where.line(r".", start)
     if not isinstance(m, dict):

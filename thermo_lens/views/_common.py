@@ -9,12 +9,23 @@ goes into hover text, titles and figure notes.
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping
-from typing import Any, Iterable, Sequence
+from collections.abc import Hashable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Sequence, TypeAlias, TypeVar, Union
 
 import numpy as np
 import plotly.graph_objects as go
 from thermo_lens.errors import ThermoLensInputError
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+    import torch
+
+R = TypeVar("R")
+#: What a view that overlays models takes: one result, a list of them or a ``{name: result}`` dict
+#: (:func:`named` turns each into ``[(name, result)]``).
+OneOrMany: TypeAlias = Union[R, Sequence[R], Mapping[str, R]]
+#: Which layers or heads a figure draws: an index, a list of them (negative from the end), or all.
+Selection: TypeAlias = Union[int, np.integer, Sequence[Union[int, np.integer]], None]
 
 #: Marker symbol and line dash used for post-LN models in every cross-model figure.
 POST_LN_SYMBOL = "diamond-open"
@@ -37,13 +48,13 @@ class ThermoLensViewError(ThermoLensInputError):
     """A view got input it cannot draw; the message says what was wrong and what to pass."""
 
 
-def color_of(key: Any, keys: Sequence[Any]) -> str:
+def color_of(key: Hashable, keys: Sequence[Hashable]) -> str:
     """Deterministic colour of ``key`` among ``keys`` (order of first appearance)."""
     order = list(dict.fromkeys(keys))
     return _PALETTE[order.index(key) % len(_PALETTE)]
 
 
-def to_numpy(x: Any) -> np.ndarray:
+def to_numpy(x: torch.Tensor | ArrayLike) -> np.ndarray:
     """float64 numpy copy of a tensor / array / list (CPU, detached)."""
     try:
         import torch
@@ -55,7 +66,7 @@ def to_numpy(x: Any) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
-def bos_text(prepend_bos: Any) -> str:
+def bos_text(prepend_bos: object) -> str:
     """Human reading of a BOS mode (``True`` / ``False`` / ``"tokenizer"``, or their strings)."""
     s = str(prepend_bos)
     if s == "True":
@@ -71,8 +82,8 @@ def bos_text(prepend_bos: Any) -> str:
     return f"prepend_bos={s}"
 
 
-def settings_text(*, token_scope: Any = None, prepend_bos: Any = None, dtype: Any = None,
-                  weights: Any = None, post_ln: Any = None, norms: str | None = "float32 norms",
+def settings_text(*, token_scope: object = None, prepend_bos: object = None, dtype: object = None,
+                  weights: object = None, post_ln: object = None, norms: str | None = "float32 norms",
                   extra: Iterable[str] = ()) -> str:
     """``"token scope all_but_first, BOS prepended, float32 norms (model float32), raw weights"``."""
     parts = []
@@ -92,7 +103,7 @@ def settings_text(*, token_scope: Any = None, prepend_bos: Any = None, dtype: An
     return ", ".join(parts)
 
 
-def _truthy(v: Any) -> bool:
+def _truthy(v: object) -> bool:
     if isinstance(v, str):
         return v.strip().lower() in ("true", "1", "yes")
     try:
@@ -116,7 +127,7 @@ def wrap(text: str, width: int = 110) -> str:
     return "<br>".join(textwrap.wrap(text, width, break_on_hyphens=False)) if text else ""
 
 
-def model_name(obj: Any, default: str = "model") -> str:
+def model_name(obj: object, default: str = "model") -> str:
     """Best display name of a result or profile (its recorded model name)."""
     meta = getattr(obj, "meta", None)
     if isinstance(meta, Mapping) and meta.get("name"):
@@ -133,7 +144,7 @@ def model_name(obj: Any, default: str = "model") -> str:
     return default
 
 
-def named(items: Any, attr: str | None, kind: str, names: Sequence[str] | None = None) -> list[tuple[str, Any]]:
+def named(items: object, attr: str | None, kind: str, names: Sequence[str] | None = None) -> list[tuple[str, Any]]:
     """Normalise one result, a list of results or a ``{name: result}`` dict to ``[(name, result)]``.
 
     ThermoProfile-like objects (with ``attr``, e.g. ``.gain``) are unwrapped to that attribute,
@@ -171,7 +182,7 @@ def named(items: Any, attr: str | None, kind: str, names: Sequence[str] | None =
     return unique
 
 
-def check_type(obj: Any, cls_name: str, func: str, hint: str) -> None:
+def check_type(obj: object, cls_name: str, func: str, hint: str) -> None:
     """Raise a clear error unless ``obj`` is a ``cls_name`` (checked by name: no import cycle)."""
     names = {c.__name__ for c in type(obj).__mro__}
     if cls_name not in names:
@@ -244,5 +255,5 @@ def log_ticks(lo: float | int, hi: float | int) -> tuple[list[float], list[str]]
     return vals, [f"{v:g}" for v in vals]  # 1e-05, 0.001, 20, 1e+06: short either way
 
 
-def escape(text: Any) -> str:
+def escape(text: object) -> str:
     return html.escape(str(text))

@@ -7,7 +7,7 @@ scope, BOS mode, float32 norms, model dtype, raw/processed weights, pre/post-LN)
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -32,6 +32,13 @@ from thermo_lens.views._common import (
 from thermo_lens.result import register_plot
 from thermo_lens.gain import SUMMARIES
 
+if TYPE_CHECKING:
+    from thermo_lens.anisotropy import AnisotropyResult
+    from thermo_lens.gain import GainResult
+    from thermo_lens.profile import ThermoProfile
+    from thermo_lens.robustness import RobustnessResult
+    from thermo_lens.views._common import OneOrMany
+
 __all__ = ["layer_dynamics", "anisotropy_plot", "robustness_plot"]
 
 GAIN_DEFINITION = ("block gain of block layer (0-based) = ||resid_post_layer|| / ||resid_pre_layer|| "
@@ -44,14 +51,14 @@ def _rgba(hex_color: str, alpha: float) -> str:
     return f"rgba({r},{g},{b},{alpha})"
 
 
-def gain_settings(g: Any) -> str:
+def gain_settings(g: GainResult) -> str:
     """The definition sentence of a :class:`~thermo_lens.gain.GainResult`'s numbers."""
     return settings_text(token_scope=g.token_scope, prepend_bos=g.prepend_bos, dtype=g.dtype,
                          weights=g.weights, post_ln=g.post_ln)
 
 
 def _band(fig: go.Figure, x: np.ndarray, lo: np.ndarray, hi: np.ndarray, color: str, name: str,
-          group: str, **kw: Any) -> None:
+          group: str, **kw: object) -> None:
     ok = np.isfinite(lo) & np.isfinite(hi)
     if not ok.any():
         return
@@ -68,7 +75,7 @@ def _band(fig: go.Figure, x: np.ndarray, lo: np.ndarray, hi: np.ndarray, color: 
 SPLIT_FIRST_RATIO = 3.0
 
 
-def _split_first(pairs: list[tuple[str, Any]], x: str, layers: Any, split_first: bool | str) -> bool:
+def _split_first(pairs: list[tuple[str, Any]], x: str, layers: int | Sequence[int] | None, split_first: bool | str) -> bool:
     if split_first not in (True, False, "auto"):
         raise ThermoLensViewError(f"layer_dynamics: split_first must be True, False or 'auto', got {split_first!r}")
     if x != "layer" or layers is not None or any(g.n_layers < 2 for _, g in pairs):
@@ -84,9 +91,9 @@ def _split_first(pairs: list[tuple[str, Any]], x: str, layers: Any, split_first:
 
 
 @register_plot("GainResult")
-def layer_dynamics(gains: Any, names: Sequence[str] | None = None, *,
+def layer_dynamics(gains: OneOrMany[GainResult | ThermoProfile], names: Sequence[str] | None = None, *,
                    x: str = "layer", show_ci: bool = True, log_y: bool | str = "auto",
-                   layers: Any = None, split_first: bool | str = "auto") -> go.Figure:
+                   layers: int | Sequence[int] | None = None, split_first: bool | str = "auto") -> go.Figure:
     """Block gain ``G_l`` per layer, mean over prompts with its 95% t-CI band, models overlaid.
 
     Args:
@@ -223,7 +230,7 @@ def layer_dynamics(gains: Any, names: Sequence[str] | None = None, *,
     return fig
 
 
-def _anisotropy_arrays(a: Any) -> dict[str, Any]:
+def _anisotropy_arrays(a: AnisotropyResult) -> dict[str, Any]:
     s = a.stats
     n = to_numpy(s.n)
     return {
@@ -235,7 +242,7 @@ def _anisotropy_arrays(a: Any) -> dict[str, Any]:
 
 
 @register_plot("AnisotropyResult")
-def anisotropy_plot(results: Any, names: Sequence[str] | None = None, *, show_ci: bool = True) -> go.Figure:
+def anisotropy_plot(results: OneOrMany[AnisotropyResult | ThermoProfile], names: Sequence[str] | None = None, *, show_ci: bool = True) -> go.Figure:
     """Anisotropy per residual state ``x_0..x_L``: mean pairwise cosine of token states.
 
     Args:
@@ -282,14 +289,14 @@ def anisotropy_plot(results: Any, names: Sequence[str] | None = None, *, show_ci
 
 
 # ---------------------------------------------------------------------------- robustness
-def robustness_definition(r: Any, *, with_norm_placement: bool = True) -> str:
+def robustness_definition(r: RobustnessResult, *, with_norm_placement: bool = True) -> str:
     g = r.gain
     settings = settings_text(token_scope=g.token_scope, prepend_bos=g.prepend_bos, dtype=g.dtype,
                              weights=g.weights, post_ln=g.post_ln if with_norm_placement else None)
     return f"{r.metric}: {SUMMARIES.get(r.metric, '')}; {settings}; prompt set {r.prompt_set}"
 
 
-def _robustness_arrays(r: Any) -> dict[str, Any]:
+def _robustness_arrays(r: RobustnessResult) -> dict[str, Any]:
     cats = list(r.by_category)
     per = [r.by_category[c][r.metric] for c in cats]
     return {
@@ -307,7 +314,7 @@ def _robustness_arrays(r: Any) -> dict[str, Any]:
 
 
 @register_plot("RobustnessResult")
-def robustness_plot(results: Any, names: Sequence[str] | None = None) -> go.Figure:
+def robustness_plot(results: OneOrMany[RobustnessResult], names: Sequence[str] | None = None) -> go.Figure:
     """Gain distribution per prompt category (box of per-prompt values, mean +- 95% CI marker).
 
     Args:

@@ -8,7 +8,7 @@ trace); ``thermo_lens.definitions`` §2 and §3.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -31,15 +31,25 @@ from thermo_lens.views._common import (
 )
 from thermo_lens.result import register_plot
 
+if TYPE_CHECKING:
+    import torch
+    from numpy.typing import ArrayLike
+
+    from thermo_lens.attribution.result import GainAttribution
+    from thermo_lens.profile import ThermoProfile
+    from thermo_lens.sheaf.traces import SheafTraces
+    from thermo_lens.spectral.signature import SpectralSignature
+    from thermo_lens.views._common import OneOrMany, Selection
+
 __all__ = ["head_heatmap", "spectral_scatter", "spectral_heatmaps", "sheaf_trace_heatmap", "attribution_heatmap"]
 
-def select_layers_heads(z: np.ndarray, layers: Any = None, heads: Any = None, *, func: str = "figure"
+def select_layers_heads(z: np.ndarray, layers: Selection = None, heads: Selection = None, *, func: str = "figure"
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rows ``layers`` and columns ``heads`` of a ``[layer, head]`` matrix (ints or lists;
     negative from the end, as everywhere in thermo-lens) and their true indices."""
     L, H = z.shape
 
-    def pick(sel: Any, n: int, what: str) -> np.ndarray:
+    def pick(sel: Selection, n: int, what: str) -> np.ndarray:
         if sel is None:
             return np.arange(n)
         items = [sel] if isinstance(sel, (int, np.integer)) else list(sel)
@@ -52,9 +62,9 @@ def select_layers_heads(z: np.ndarray, layers: Any = None, heads: Any = None, *,
     return z[np.ix_(ls, hs)], ls, hs
 
 
-def head_heatmap(values: Any, *, title: str, definition: str, colorscale: str | None = None,
+def head_heatmap(values: torch.Tensor | ArrayLike, *, title: str, definition: str, colorscale: str | None = None,
                  zmid: float | None = None, layer_offset: int = 0, colorbar_title: str | None = None,
-                 value_format: str = ".4g", layers: Any = None, heads: Any = None) -> go.Figure:
+                 value_format: str = ".4g", layers: Selection = None, heads: Selection = None) -> go.Figure:
     """Any per-head metric as a layer x head heatmap.
 
     Args:
@@ -95,7 +105,7 @@ def head_heatmap(values: Any, *, title: str, definition: str, colorscale: str | 
 
 
 # ---------------------------------------------------------------------------- spectral
-def spectral_settings(sig: Any) -> str:
+def spectral_settings(sig: object) -> str:
     """Definition sentence of a SpectralSignature's numbers (weights, dtype, architecture)."""
     model = getattr(sig, "model", None) or {}
     dtype = getattr(sig, "dtype", None) or model.get("dtype")
@@ -108,14 +118,14 @@ def spectral_settings(sig: Any) -> str:
                          post_ln=model.get("post_ln"), extra=extra)
 
 
-def _definition(sig: Any, metric: str) -> str:
+def _definition(sig: object, metric: str) -> str:
     try:
         return registry.get(metric).formula
     except KeyError:
         return metric
 
 
-def _sig_tensor(sig: Any, metric: str) -> np.ndarray:
+def _sig_tensor(sig: object, metric: str) -> np.ndarray:
     if not hasattr(sig, metric):
         raise ThermoLensViewError(
             f"the spectral signature has no metric {metric!r}; available: "
@@ -126,7 +136,8 @@ def _sig_tensor(sig: Any, metric: str) -> np.ndarray:
     return z
 
 
-def spectral_scatter(signatures: Any, labs: Any = None, names: Sequence[str] | None = None, *,
+def spectral_scatter(signatures: OneOrMany[SpectralSignature | ThermoProfile],
+                     labs: Sequence[str] | Mapping[str, str] | None = None, names: Sequence[str] | None = None, *,
                      per: str = "head") -> go.Figure:
     """``||W_V||_2`` vs ``||W_O||_2`` on log-log axes, one point per head (or per model), one colour per
     model, one marker symbol per lab (the legend is grouped by lab).
@@ -211,7 +222,7 @@ _LAB_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "cross", "star", "
                 "pentagon", "star-square")
 
 
-def _labs(raw: Any, pairs: list[tuple[str, Any]], labs: Any) -> dict[str, str]:
+def _labs(raw: object, pairs: list[tuple[str, Any]], labs: Sequence[str] | Mapping[str, str] | None) -> dict[str, str]:
     names = [n for n, _ in pairs]
     if labs is None:
         objs = list(raw.values()) if isinstance(raw, dict) else (list(raw) if isinstance(raw, (list, tuple)) else [raw])
@@ -233,9 +244,9 @@ def _labs(raw: Any, pairs: list[tuple[str, Any]], labs: Any) -> dict[str, str]:
 
 
 @register_plot("SpectralSignature")
-def spectral_heatmaps(signature: Any, metrics: Sequence[str] = ("W_V_norm", "W_O_norm", "ratio", "ov_norm"),
-                      *, name: str | None = None, layers: Any = None, heads: Any = None,
-                      attribution: Any = None) -> go.Figure:
+def spectral_heatmaps(signature: SpectralSignature | ThermoProfile, metrics: Sequence[str] = ("W_V_norm", "W_O_norm", "ratio", "ov_norm"),
+                      *, name: str | None = None, layers: Selection = None, heads: Selection = None,
+                      attribution: GainAttribution | ThermoProfile | None = None) -> go.Figure:
     """Several per-head spectral metrics of one model as side-by-side ``[layer, head]`` heatmaps.
 
     Args:
@@ -296,8 +307,8 @@ def spectral_heatmaps(signature: Any, metrics: Sequence[str] = ("W_V_norm", "W_O
 
 
 @register_plot("SheafTraces")
-def sheaf_trace_heatmap(traces: Any, *, name: str | None = None, log: bool = False, layers: Any = None,
-                        heads: Any = None) -> go.Figure:
+def sheaf_trace_heatmap(traces: SheafTraces | ThermoProfile, *, name: str | None = None, log: bool = False,
+                        layers: Selection = None, heads: Selection = None) -> go.Figure:
     """Mean sheaf Laplacian trace per head over prompts, ``[layer, head]``.
 
     Args:
@@ -330,8 +341,8 @@ MAX_CELL_TEXT = 400
 
 
 @register_plot("GainAttribution")
-def attribution_heatmap(attribution: Any, *, name: str | None = None, relative: bool = False,
-                        layers: Any = None, heads: Any = None) -> go.Figure:
+def attribution_heatmap(attribution: GainAttribution | ThermoProfile, *, name: str | None = None,
+                        relative: bool = False, layers: Selection = None, heads: Selection = None) -> go.Figure:
     """Per-head gain attribution, mean over prompts, beside the block's other terms and its total.
 
     Args:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias, Union, cast
 
 import numpy as np
 import pandas as pd
@@ -33,6 +33,15 @@ from thermo_lens.views._common import (
     wrap,
 )
 
+if TYPE_CHECKING:
+    from thermo_lens.gain import GainResult
+    from thermo_lens.laws.table import Table
+    from thermo_lens.profile import ThermoProfile
+
+    #: What the per-model views take: a table (one row per model), or models' profiles or gain
+    #: results, one row each (:func:`rows_frame`).
+    ModelTable: TypeAlias = Union[Table, ThermoProfile, GainResult]
+
 __all__ = ["gain_row", "rows_frame", "kleiber_plot", "heritage_plot", "hierarchy_plot",
            "reference_overlay", "PAPER_DEFINITION_NOTE"]
 
@@ -45,7 +54,7 @@ PAPER_DEFINITION_NOTE = (
 
 
 # ---------------------------------------------------------------------------- rows
-def gain_row(g: Any, *, lab: str | None = None, family: str | None = None, name: str | None = None) -> dict[str, Any]:
+def gain_row(g: GainResult, *, lab: str | None = None, family: str | None = None, name: str | None = None) -> dict[str, Any]:
     """One per-model summary row from a :class:`~thermo_lens.gain.GainResult` (profile-row columns).
 
     ``gain`` is the mean of the summary that decided the regime (``g.regime_by``), with its 95%
@@ -67,7 +76,7 @@ def gain_row(g: Any, *, lab: str | None = None, family: str | None = None, name:
     return row
 
 
-def rows_frame(table: Any, func: str = "view") -> pd.DataFrame:
+def rows_frame(table: ModelTable, func: str = "view") -> pd.DataFrame:
     """A per-model DataFrame from a DataFrame, a dict of columns, or a list / dict of rows,
     ThermoProfiles (``.to_row()``) or GainResults (:func:`gain_row`)."""
     if isinstance(table, pd.DataFrame):
@@ -83,8 +92,8 @@ def rows_frame(table: Any, func: str = "view") -> pd.DataFrame:
                 row = dict(obj)
             elif hasattr(obj, "to_row"):
                 row = dict(obj.to_row())
-            elif {c.__name__ for c in type(obj).__mro__} & {"GainResult"}:
-                row = gain_row(obj)
+            elif {c.__name__ for c in type(obj).__mro__} & {"GainResult"}:  # by name: no import of gain
+                row = gain_row(cast("GainResult", obj))
             else:
                 raise ThermoLensViewError(
                     f"{func}: cannot make a per-model row from a {type(obj).__name__}; pass a DataFrame "
@@ -133,7 +142,7 @@ def _post(df: pd.DataFrame) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------- Kleiber
-def kleiber_plot(table: Any, gain: str = "gain", *, n_layers: str = "n_layers") -> go.Figure:
+def kleiber_plot(table: ModelTable, gain: str = "gain", *, n_layers: str = "n_layers") -> go.Figure:
     """Gain vs depth L with the bound curve ``G_max = 10^(1/L)`` (paper eq. 3, Fig. 1).
 
     Args:
@@ -233,7 +242,7 @@ def kleiber_plot(table: Any, gain: str = "gain", *, n_layers: str = "n_layers") 
 
 
 # ---------------------------------------------------------------------------- heritage
-def heritage_plot(table: Any, gain: str = "gain", *, lab: str = "lab") -> go.Figure:
+def heritage_plot(table: ModelTable, gain: str = "gain", *, lab: str = "lab") -> go.Figure:
     """Per-lab mean gain +- SE (bars) with every model as a point (paper section 4.2, Fig. 2).
 
     Regimes and the per-lab exact test (lab vs rest, dampener vs not; Blaker's p with the odds-ratio
@@ -298,7 +307,7 @@ def heritage_plot(table: Any, gain: str = "gain", *, lab: str = "lab") -> go.Fig
     return fig
 
 
-def hierarchy_plot(table: Any, gain: str = "gain", *, by: str = "lab") -> go.Figure:
+def hierarchy_plot(table: ModelTable, gain: str = "gain", *, by: str = "lab") -> go.Figure:
     """Groups (labs, families) ranked by mean gain with 95% t-CI (paper abstract's hierarchy).
 
     From :func:`thermo_lens.laws.hierarchy`; CI NaN (not drawn) for groups of one model.
@@ -333,7 +342,7 @@ def hierarchy_plot(table: Any, gain: str = "gain", *, by: str = "lab") -> go.Fig
 
 
 # ---------------------------------------------------------------------------- reference overlay
-def reference_overlay(table: Any, metric: str = "A", *, x: str = "n_layers") -> go.Figure:
+def reference_overlay(table: ModelTable, metric: str = "A", *, x: str = "n_layers") -> go.Figure:
     """Your models on top of the paper's published models (``thermo_lens.paper.reference``).
 
     Args:

@@ -7,7 +7,7 @@ metric's formula, so a newly registered metric is viewable without writing a vie
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import plotly.graph_objects as go
@@ -17,11 +17,14 @@ from thermo_lens.views._common import ThermoLensViewError, base_layout, hover, t
 from thermo_lens.views.heads import head_heatmap
 from thermo_lens.result import register_plot
 
+if TYPE_CHECKING:
+    from thermo_lens.result import Result
+
 __all__ = ["metric_plot"]
 
 
 @register_plot("__metric__")
-def metric_plot(result: Any, name: str, *, title: str | None = None) -> go.Figure:
+def metric_plot(result: Result, name: str, *, title: str | None = None) -> go.Figure:
     """The registered metric ``name`` of ``result`` (its result object, or a ThermoProfile).
 
     Shapes: ``[layer, head]`` / ``[layer, kv_head]`` heatmap; ``[prompt, layer, head]`` (and ``[prompt, layer, expert]``) heatmap of

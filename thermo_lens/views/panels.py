@@ -24,7 +24,7 @@ import html
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -34,6 +34,14 @@ from thermo_lens.registry import Metric, metrics, register_metric
 from thermo_lens.result import Result
 from thermo_lens.tokens import TokenScope
 from thermo_lens.views._common import ThermoLensViewError, bos_text, settings_text, to_numpy
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+
+    from thermo_lens.inputs import Prompts
+    from thermo_lens.model import ModelView
+    from thermo_lens.settings import FwdHooks
+    from thermo_lens.tokens import BosMode
 
 __all__ = [
     "AttentionPanel",
@@ -96,7 +104,7 @@ def _props_json(props: dict[str, Any]) -> str:
 
 
 def circuitsvis_html(element: str = "AttentionPatterns", *, include_js: bool = True,
-                     element_id: str | None = None, **props: Any) -> str:
+                     element_id: str | None = None, **props: object) -> str:
     """Offline HTML for a circuitsvis React element (e.g. ``AttentionPatterns``, ``AttentionHeads``).
 
     ``props`` are the element's properties as ``circuitsvis.attention.attention_patterns`` passes
@@ -114,7 +122,7 @@ def circuitsvis_html(element: str = "AttentionPatterns", *, include_js: bool = T
 
 
 # ---------------------------------------------------------------------------- metrics
-def _display_tokens(view: Any, prompt: str, prepend_bos: Any, n: int) -> list[str]:
+def _display_tokens(view: ModelView, prompt: str, prepend_bos: BosMode, n: int) -> list[str]:
     from thermo_lens.tokens import encode
 
     ids = encode(view, prompt, prepend_bos)[:n]
@@ -207,7 +215,7 @@ _PANEL_CSS = ("<style>.thermo-lens-panel table.thermo-lens-metrics td,.thermo-le
               ".thermo-lens-panel dt{font-weight:bold;margin-top:4px}.thermo-lens-panel dd{margin-left:12px}</style>")
 
 
-def panel_from_results(tokens: Sequence[str], pattern: Any, metrics: pd.DataFrame, *, layer: int, prompt: str,
+def panel_from_results(tokens: Sequence[str], pattern: torch.Tensor | ArrayLike, metrics: pd.DataFrame, *, layer: int, prompt: str,
                        model: str = "model", settings: dict[str, Any] | None = None,
                        include_js: bool = True) -> AttentionPanel:
     """Assemble an :class:`AttentionPanel` from already computed pieces (pure; no model run).
@@ -261,8 +269,8 @@ def panel_from_results(tokens: Sequence[str], pattern: Any, metrics: pd.DataFram
                           pattern=pat, layer=layer, prompt=prompt, model=model, settings=settings)
 
 
-def _per_head_activation_metrics(view: Any, prompts: Any, layer: int, token_scope: str,
-                                  prepend_bos: Any, fwd_hooks: Any = ()) -> dict[str, np.ndarray]:
+def _per_head_activation_metrics(view: ModelView, prompts: Prompts, layer: int, token_scope: str,
+                                  prepend_bos: BosMode, fwd_hooks: FwdHooks = ()) -> dict[str, np.ndarray]:
     """``{column: [head] values}``: every registered ``[prompt, layer, head]`` metric marked ``panel``,
     block ``layer``, mean over ``prompts``, from one pass over every measurement that produces one."""
     from thermo_lens import measure, registry
@@ -280,9 +288,9 @@ def _per_head_activation_metrics(view: Any, prompts: Any, layer: int, token_scop
 
 
 def attention_panel(model: Any, prompt: str, layer: int, *, head: int | Sequence[int] | None = None,
-                    prepend_bos: Any = "host", gain_prompts: Any = None, token_scope: TokenScope = "all_but_first",
+                    prepend_bos: BosMode = "host", gain_prompts: Prompts | None = None, token_scope: TokenScope = "all_but_first",
                     ablation: bool = True, attribution: bool = True, include_js: bool = True,
-                    fwd_hooks: Any = ()) -> AttentionPanel:
+                    fwd_hooks: FwdHooks = ()) -> AttentionPanel:
     """Attention patterns of ``layer`` on ``prompt`` (circuitsvis) next to that layer's per-head metrics.
 
     Args:

@@ -8,7 +8,7 @@ SAE sits (``l - 0.5``: before block ``l``; ``l + 0.5``: after it).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import plotly.graph_objects as go
@@ -26,13 +26,16 @@ from thermo_lens.views.dynamics import _rgba
 from thermo_lens.result import register_plot
 from thermo_lens.sae import sae_position
 
+if TYPE_CHECKING:
+    from thermo_lens.sae import SAEGainChange
+
 __all__ = ["sae_gain_change_plot"]
 
 _WITH, _WITHOUT, _DELTA = "#d62728", "#1f77b4", "#2ca02c"
 
 
 @register_plot("SAEGainChange")
-def sae_gain_change_plot(result: Any) -> go.Figure:
+def sae_gain_change_plot(result: SAEGainChange) -> go.Figure:
     """Gain per block with and without the SAEs (top) and the paired change with CIs (bottom).
 
     Args:
@@ -46,7 +49,10 @@ def sae_gain_change_plot(result: Any) -> go.Figure:
         raise ThermoLensViewError(
             f"sae_gain_change_plot needs a SAEGainChange (thermo_lens.sae_gain_change(model, prompts)), "
             f"got {type(result).__name__}")
-    g = result.with_saes
+    g, g0 = result.with_saes, result.without_saes
+    if g is None or g0 is None:
+        raise ThermoLensViewError("sae_gain_change_plot: this SAEGainChange holds no gain results with and without "
+                                  "the SAEs; make it with thermo_lens.sae_gain_change(model, prompts)")
     defn = settings_text(token_scope=g.token_scope, prepend_bos=g.prepend_bos, dtype=g.dtype,
                          weights=g.weights, post_ln=g.post_ln)
     L = result.n_layers
@@ -54,8 +60,8 @@ def sae_gain_change_plot(result: Any) -> go.Figure:
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=("G_l with and without the SAEs (mean, 95% CI)",
                                         "paired change delta_l = G_l(with) - G_l(without)"))
-    for res, name, color, role in ((result.without_saes, "without SAEs", _WITHOUT, "without_saes"),
-                                   (result.with_saes, "with SAEs", _WITH, "with_saes")):
+    for res, name, color, role in ((g0, "without SAEs", _WITHOUT, "without_saes"),
+                                   (g, "with SAEs", _WITH, "with_saes")):
         s = res.layer_summary
         mean, lo, hi = to_numpy(s.mean), to_numpy(s.ci_low), to_numpy(s.ci_high)
         ok = np.isfinite(lo) & np.isfinite(hi)

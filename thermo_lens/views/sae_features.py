@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import html as _html
 from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import plotly.graph_objects as go
@@ -29,13 +30,23 @@ from thermo_lens.result import register_plot
 from thermo_lens.views._common import ThermoLensViewError, base_layout, hover, wrap
 from thermo_lens.views.panels import circuitsvis_html
 
+if TYPE_CHECKING:
+    from thermo_lens.attribution.result import GainAttribution
+
+
+@runtime_checkable
+class _SAEDecoder(Protocol):
+    """What the panel reads of an SAE: its decoder ``W_dec``, ``[d_sae, d_in]``."""
+
+    W_dec: Tensor
+
 __all__ = ["feature_chart", "feature_panel", "FeaturePanel"]
 
 _AMP, _DAMP = "#d62728", "#1f77b4"
 
 
 @register_plot("GainAttribution.features")
-def feature_chart(attribution: Any, k: int = 8, level: float = 0.95) -> go.Figure:
+def feature_chart(attribution: GainAttribution, k: int = 8, level: float = 0.95) -> go.Figure:
     """Per SAE, the ``k`` features that amplify the block's stream most and the ``k`` that damp it
     most: mean term over prompts with its ``level`` t-CI (horizontal bars, one panel per SAE)."""
     terms = getattr(attribution, "sae_features", None)
@@ -46,7 +57,7 @@ def feature_chart(attribution: Any, k: int = 8, level: float = 0.95) -> go.Figur
         raise ThermoLensViewError(f"k must be a positive int, got {k!r}")
     summary = attribution.feature_summary(level)
     hooks = list(terms)
-    titles = [f"{h} (block {attribution.sae_feature_layer[h]})" for h in hooks]
+    titles = [f"{h} (block {(attribution.sae_feature_layer or {})[h]})" for h in hooks]
     fig = make_subplots(rows=len(hooks), cols=1, subplot_titles=titles, vertical_spacing=0.12 / max(len(hooks), 1))
     definition = ("<f_i W_dec[i], u_sae>: feature i's share of its block's ||x_out||^2 - ||x_in||^2, mean over "
                   f"{attribution.n_prompts} prompts ({attribution.token_scope} tokens), {100 * level:g}% t-CI")
@@ -99,7 +110,7 @@ class FeaturePanel:
         return self.html
 
 
-def _head_cosine(model: Any, sae: Any, hook: str, layer: int, feature: int) -> Tensor:
+def _head_cosine(model: Any, sae: _SAEDecoder, hook: str, layer: int, feature: int) -> Tensor:
     view = as_view(model)
     W_O = view.W_O_layers()[layer].double()  # [head, d_head, d_model]
     w = sae.W_dec.detach()[feature].double()
@@ -116,7 +127,7 @@ def _head_cosine(model: Any, sae: Any, hook: str, layer: int, feature: int) -> T
     return torch.tensor(out)
 
 
-def feature_panel(model: Any, attribution: Any, hook: str, feature: int, prompts: Any,
+def feature_panel(model: Any, attribution: GainAttribution, hook: str, feature: int, prompts: str | Sequence[str],
                   include_js: bool = True) -> FeaturePanel:
     """The panel of SAE feature ``feature`` at ``hook`` (module docstring): ``attribution`` a
     ``gain_attribution(..., sae_features=True)`` of ``model`` (with that SAE attached); ``prompts`` the
@@ -136,7 +147,7 @@ def feature_panel(model: Any, attribution: Any, hook: str, feature: int, prompts
     sae = getattr(wrappers[key], "sae", wrappers[key])
     rec = next(r for r in attached.sae_records(model) if r["hook"] == key)
     acts_hook = f"{rec['hook_out']}.hook_sae_acts_post"
-    layer = int(attribution.sae_feature_layer[hook])
+    layer = int((attribution.sae_feature_layer or {})[hook])
     terms = terms_all[hook][:, ids.index(feature)].double()
     texts = [prompts] if isinstance(prompts, str) else list(prompts)
     bos = attribution.prepend_bos if isinstance(attribution.prepend_bos, bool) else True

@@ -15,7 +15,8 @@ result, ``profiles`` the model id to its whole profile, and ``doc`` receives the
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 from thermo_lens._lazy import pandas as pd
 from thermo_lens import registry
@@ -25,7 +26,27 @@ __all__ = ["register_section", "section_for", "generic_section", "MAX_PER_MODEL_
 #: At most this many per-model figures per section (a study may hold dozens of models).
 MAX_PER_MODEL_FIGURES = 6
 
-Renderer = Callable[[Any, dict[str, Any], dict[str, Any]], None]
+if TYPE_CHECKING:
+    import pandas
+    import plotly.graph_objects as go
+
+
+@runtime_checkable
+class Document(Protocol):
+    """The page a section renderer writes into (the report's document)."""
+
+    def html(self, text: str) -> None: ...
+
+    def p(self, text: str, cls: str = "") -> None: ...
+
+    def table(self, df: pandas.DataFrame, *, left: Sequence[str] = ()) -> None: ...
+
+    def figure(self, fid: str, build: Callable[[], go.Figure], caption: str = "") -> None: ...
+
+
+#: A section renderer: ``fn(doc, results, profiles)`` with ``results`` ``{model: that measurement's
+#: result}`` and ``profiles`` ``{model: ThermoProfile}``.
+Renderer = Callable[[Document, dict[str, Any], dict[str, Any]], None]
 _SECTIONS: dict[str, Renderer] = {}
 
 
@@ -42,17 +63,17 @@ def section_for(measurement: str) -> Renderer:
     return _SECTIONS.get(measurement, functools.partial(generic_section, measurement=measurement))
 
 
-def _meta(p: Any) -> dict[str, Any]:
+def _meta(p: object) -> dict[str, Any]:
     m = getattr(p, "meta", None)
     return dict(m) if isinstance(m, dict) else {}
 
 
-def _per_model_note(doc: Any, n: int) -> None:
+def _per_model_note(doc: Document, n: int) -> None:
     if n > MAX_PER_MODEL_FIGURES:
         doc.p(f"Per-model figures shown for the first {MAX_PER_MODEL_FIGURES} of {n} models.", "note")
 
 
-def generic_section(doc: Any, results: dict[str, Any], profiles: dict[str, Any], *, measurement: str) -> None:
+def generic_section(doc: Document, results: dict[str, Any], profiles: dict[str, Any], *, measurement: str) -> None:
     """Every registered metric of the measurement's result, drawn from its shape, per model."""
     from thermo_lens.views.metrics import metric_plot
 
@@ -89,7 +110,7 @@ def _robustness(profiles: dict[str, Any]) -> dict[str, Any]:
 
 
 @register_section("gain")
-def _gain(doc: Any, gains: dict[str, Any], profiles: dict[str, Any]) -> None:
+def _gain(doc: Document, gains: dict[str, Any], profiles: dict[str, Any]) -> None:
     from thermo_lens import views
 
     doc.figure("fig-dynamics", lambda: views.layer_dynamics(gains))
@@ -103,14 +124,14 @@ def _gain(doc: Any, gains: dict[str, Any], profiles: dict[str, Any]) -> None:
 
 
 @register_section("anisotropy")
-def _anisotropy(doc: Any, aniso: dict[str, Any], profiles: dict[str, Any]) -> None:
+def _anisotropy(doc: Document, aniso: dict[str, Any], profiles: dict[str, Any]) -> None:
     from thermo_lens import views
 
     doc.figure("fig-anisotropy", lambda: views.anisotropy_plot(aniso))
 
 
 @register_section("spectral")
-def _spectral(doc: Any, spec: dict[str, Any], profiles: dict[str, Any]) -> None:
+def _spectral(doc: Document, spec: dict[str, Any], profiles: dict[str, Any]) -> None:
     from thermo_lens import views
 
     labs = [str(_meta(profiles[k]).get("lab") or k) for k in spec]
@@ -126,7 +147,7 @@ def _spectral(doc: Any, spec: dict[str, Any], profiles: dict[str, Any]) -> None:
 
 
 @register_section("sheaf")
-def _sheaf(doc: Any, sheaves: dict[str, Any], profiles: dict[str, Any]) -> None:
+def _sheaf(doc: Document, sheaves: dict[str, Any], profiles: dict[str, Any]) -> None:
     from thermo_lens import views
 
     for i, (k, t) in enumerate(list(sheaves.items())[:MAX_PER_MODEL_FIGURES]):
@@ -152,7 +173,7 @@ def l_star_table(lstars: dict[str, Any]) -> pd.DataFrame:
 
 
 @register_section("l_star")
-def _l_star(doc: Any, lstars: dict[str, Any], profiles: dict[str, Any]) -> None:
+def _l_star(doc: Document, lstars: dict[str, Any], profiles: dict[str, Any]) -> None:
     from thermo_lens import views
     from thermo_lens.views.sheaf import eq6_beyond_depth
 
@@ -194,7 +215,7 @@ def shallow_l_star_text(shallow: dict[str, Any]) -> str:
 
 
 @register_section("attribution")
-def _attribution(doc: Any, attrs: dict[str, Any], profiles: dict[str, Any]) -> None:
+def _attribution(doc: Document, attrs: dict[str, Any], profiles: dict[str, Any]) -> None:
     from thermo_lens import views
 
     for i, (k, a) in enumerate(list(attrs.items())[:MAX_PER_MODEL_FIGURES]):

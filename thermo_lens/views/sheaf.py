@@ -8,7 +8,7 @@ the ``n d_model`` square matrix.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -34,13 +34,19 @@ from thermo_lens.views._common import (
 )
 from thermo_lens.result import register_plot
 
+if TYPE_CHECKING:
+    from thermo_lens.depth import LStarResult
+    from thermo_lens.profile import ThermoProfile
+    from thermo_lens.sheaf.operator import LayerSheafLaplacian, SheafLaplacian
+    from thermo_lens.views._common import OneOrMany
+
 __all__ = ["sheaf_plot", "restriction_norms", "l_star_plot", "eq6_beyond_depth"]
 
 #: Largest number of eigenvalues drawn; larger spectra are shown at evenly spaced ranks.
 MAX_EIGENVALUES = 2000
 
 
-def restriction_norms(laplacian: Any, norm: str = "spectral") -> np.ndarray:
+def restriction_norms(laplacian: SheafLaplacian, norm: str = "spectral") -> np.ndarray:
     """``[n, n]`` norms ``||rho_ij||`` of the restriction maps ``rho_ij = sqrt(c_ij) W_V`` (0 on the diagonal).
 
     ``norm="spectral"``: ``||rho_ij||_2 = sqrt(c_ij) sigma_max(W_V)``; ``"frobenius"``:
@@ -54,8 +60,8 @@ def restriction_norms(laplacian: Any, norm: str = "spectral") -> np.ndarray:
     return to_numpy(coef * scale)
 
 
-def _tokens(L: Any) -> list[str]:
-    toks = list(L.tokens) if getattr(L, "tokens", None) else [str(i) for i in range(L.n)]
+def _tokens(L: SheafLaplacian) -> list[str]:
+    toks = list(L.tokens) if L.tokens else [str(i) for i in range(L.n)]
     # Byte-level BPE / SentencePiece markers for a leading space or newline, for display only.
     toks = [t.replace("\u0120", " ").replace("\u2581", " ").replace("\u010a", "\\n") for t in toks]
     # Unique tick labels (plotly merges equal category labels): prefix the position.
@@ -63,7 +69,7 @@ def _tokens(L: Any) -> list[str]:
 
 
 @register_plot("SheafLaplacian")
-def sheaf_plot(laplacian: Any, *, head: int | None = None, norm: str = "spectral",
+def sheaf_plot(laplacian: SheafLaplacian | LayerSheafLaplacian, *, head: int | None = None, norm: str = "spectral",
                max_eigenvalues: int = MAX_EIGENVALUES) -> go.Figure:
     """One head's sheaf Laplacian: ``M`` heatmap, nonzero spectrum, restriction-map norms.
 
@@ -79,8 +85,9 @@ def sheaf_plot(laplacian: Any, *, head: int | None = None, norm: str = "spectral
     eigenvalues of ``L = M (x) W_V W_V^T`` by rank, log scale, with the kernel dimension and
     spectral-gap reason in the hover.
     """
-    names = {c.__name__ for c in type(laplacian).__mro__}
-    if "LayerSheafLaplacian" in names:
+    from thermo_lens.sheaf.operator import LayerSheafLaplacian
+
+    if isinstance(laplacian, LayerSheafLaplacian):
         if head is None:
             raise ThermoLensViewError(
                 f"sheaf_plot: this is a layer-level Laplacian over {laplacian.n_heads} heads; pass "
@@ -159,7 +166,7 @@ def sheaf_plot(laplacian: Any, *, head: int | None = None, norm: str = "spectral
 
 
 # ---------------------------------------------------------------------------- L*
-def _lstar_arrays(r: Any) -> dict[str, Any]:
+def _lstar_arrays(r: LStarResult) -> dict[str, Any]:
     src = r.source or {}
     model = src.get("model") or {}
     trace_def = src.get("trace_definition") or "layer trace as given"
@@ -189,14 +196,14 @@ def _lstar_arrays(r: Any) -> dict[str, Any]:
     }
 
 
-def eq6_beyond_depth(r: Any) -> bool:
+def eq6_beyond_depth(r: LStarResult) -> bool:
     """Whether eq. 6 predicts an L* past the model's last block (``predicted > n_layers``): then there
     is no prediction to test, and neither the figure nor the report's text compares it."""
     return bool(np.isfinite(r.predicted) and r.predicted > r.n_layers)
 
 
 @register_plot("LStarResult")
-def l_star_plot(results: Any, names: Sequence[str] | None = None, *, x: str = "layer") -> go.Figure:
+def l_star_plot(results: OneOrMany[LStarResult | ThermoProfile], names: Sequence[str] | None = None, *, x: str = "layer") -> go.Figure:
     """Layer trace ``T_l`` per layer with the empirical and predicted L* marked, models overlaid.
 
     Args:

@@ -8,7 +8,7 @@ Holm-adjusted paired t-test p is below ``1 - level``. ``layer`` is the 0-based b
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import plotly.graph_objects as go
@@ -16,24 +16,28 @@ import plotly.graph_objects as go
 from thermo_lens.result import register_plot
 from thermo_lens.views._common import ThermoLensViewError, base_layout, check_type, hover, to_numpy, wrap
 
+if TYPE_CHECKING:
+    from thermo_lens.paired import PairedDifference
+    from thermo_lens.sweeps.result import SweepResult
+
 __all__ = ["sweep_heatmap", "paired_difference_plot"]
 
 
-def _definition(s: Any) -> str:
+def _definition(s: SweepResult) -> str:
     what = (f"patching {s.hook} from the clean prompt" if s.kind == "patch" else f"{s.method}-ablating {s.hook}")
     return (f"effect = {s.measure} under the condition ({what}) - {s.measure} without it, mean over {s.n_prompts} "
             f"prompts; {100 * s.level:g}% paired t-CI; p {_holm(s)}; "
             f"token_scope={s.token_scope}, prepend_bos={s.prepend_bos}; model {s.model.get('name')}")
 
 
-def _holm(s: Any) -> str:
+def _holm(s: SweepResult) -> str:
     n = int(np.isfinite(to_numpy(s.pvalue)).sum())
     total = int(s.effect.numel())
     return (f"Holm-adjusted over the {total} cells" if n == total else
             f"Holm-adjusted over the {n} cells with a p-value ({total - n} NaN cells left out)")
 
 
-def _pos_index(sweep: Any, pos: int) -> int:
+def _pos_index(sweep: SweepResult, pos: int) -> int:
     """The index in ``sweep.positions`` of the swept position ``pos`` (a position as given to the
     sweep: ``-1`` is the last token; a non-negative one also matches the same token given from the
     end when every prompt has one length)."""
@@ -53,7 +57,7 @@ def _pos_index(sweep: Any, pos: int) -> int:
 
 
 @register_plot("SweepResult")
-def sweep_heatmap(sweep: Any, *, pos: int | None = None, head: int | None = None, mark: str = "x") -> go.Figure:
+def sweep_heatmap(sweep: SweepResult, *, pos: int | None = None, head: int | None = None, mark: str = "x") -> go.Figure:
     """A sweep's mean effect as a diverging ``[layer, head]`` (or ``[layer, pos]``) heatmap.
 
     Args:
@@ -124,7 +128,7 @@ def sweep_heatmap(sweep: Any, *, pos: int | None = None, head: int | None = None
 
 
 @register_plot("PairedDifference")
-def paired_difference_plot(diff: Any, *, head: int | None = None) -> go.Figure:
+def paired_difference_plot(diff: PairedDifference, *, head: int | None = None) -> go.Figure:
     """A :class:`~thermo_lens.paired.PairedDifference` along its first dimension (``layer`` or
     ``state``): mean difference ``b - a`` with its paired t-CI as error bars, p in the hover.
 

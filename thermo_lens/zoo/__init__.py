@@ -45,7 +45,11 @@ import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    import torch
+    from transformer_lens import HookedTransformer
 
 __all__ = ["DEFAULT", "HOSTS", "ZOO_DIR", "names", "path", "info", "family", "load", "portable_tokenizer_config"]
 
@@ -136,8 +140,9 @@ def _offline() -> Iterator[None]:
 HOSTS: tuple[str, ...] = ("bridge", "hooked", "hooked_sae")
 
 
-def load(name: str, host: str = "bridge", *, device: Any = None, dtype: Any = None, processed: bool = False,
-         **boot_kwargs: Any):
+def load(name: str, host: str = "bridge", *, device: str | torch.device | None = None, dtype: torch.dtype | None = None,
+         processed: bool = False,
+         **boot_kwargs: object):
     """Boot the embedded checkpoint ``name`` as a TransformerLens model, fully offline.
 
     ``HF_HUB_OFFLINE`` (and ``TRANSFORMERS_OFFLINE``) are set to ``1`` for the
@@ -218,7 +223,7 @@ def _quiet_offline() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _hooked_class(host: str) -> Any:
+def _hooked_class(host: str) -> type[HookedTransformer]:
     from thermo_lens.errors import UnsupportedHostError
     from thermo_lens.host import transformer_lens_version
 
@@ -241,8 +246,8 @@ def _hooked_class(host: str) -> Any:
     return HookedTransformer
 
 
-def _load_hooked(name: str, ckpt: Path, host: str, *, device: Any, dtype: Any, processed: bool,
-                 **kwargs: Any) -> Any:
+def _load_hooked(name: str, ckpt: Path, host: str, *, device: str | torch.device | None, dtype: torch.dtype,
+                 processed: bool, **kwargs: object) -> HookedTransformer:
     cls = _hooked_class(host)
     from thermo_lens.testing import hooked_transformer
 
