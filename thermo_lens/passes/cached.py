@@ -49,7 +49,9 @@ def documents_cache(fn: F) -> F:
     docstring's width, indented as its other argument descriptions)."""
     import textwrap
 
-    doc = fn.__doc__ or ""
+    doc = fn.__doc__
+    if not doc:  # python -OO: no docstrings
+        return fn
     line = next((ln for ln in doc.splitlines() if ln.strip() == f"cache: {CACHE_PLACEHOLDER}"), None)
     if line is None:
         raise AssertionError(f"{fn.__qualname__}: its docstring has no 'cache: {CACHE_PLACEHOLDER}' line")
