@@ -30,6 +30,7 @@ from thermo_lens.inputs import PromptList
 from thermo_lens.model import ModelView
 from thermo_lens.passes import Collected, Recorder
 from thermo_lens.passes.capture import capture as capture_points
+from thermo_lens.passes.one_pass import Runner
 from thermo_lens.passes.stacked import StackedRows, run_stacked
 from thermo_lens.settings import RunSettings
 from thermo_lens.sheaf.traces import _w_v_frob_sq, attention_diagonal
@@ -462,7 +463,7 @@ def run_conditions(view: ModelView, ps: PromptList, layout: HookLayout, conditio
 def _stacked(view: ModelView, ps: PromptList, layout: HookLayout, copies: Sequence[Condition | None],
              sources: Sources, settings: RunSettings, rows_per_pass: int,
              reductions: list[Any], *, measure: Measure, token_scope: str, min_tokens: int,
-             runner: Any = None) -> tuple[Tensor, Collected]:
+             runner: Runner | None = None) -> tuple[Tensor, Collected]:
     """One run of ``len(copies)`` copies of the prompts stacked along the batch
     (:func:`thermo_lens.passes.stacked.run_stacked`), copy ``c`` under condition ``copies[c]`` (None:
     none): the measure ``[copy, prompt]`` and the pass's :class:`Collected`. ``runner``: how the
