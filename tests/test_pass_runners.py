@@ -14,11 +14,13 @@
 from __future__ import annotations
 
 import inspect
+from importlib.metadata import version
 
 import pytest
 import torch
 
 import thermo_lens as tl
+from test_hosts import host_model  # noqa: F401  (the session fixture)
 from thermo_lens.gain import residual_norms
 from thermo_lens.model import ModelView
 from thermo_lens.passes import collect
@@ -32,9 +34,12 @@ from thermo_lens.tokens import tokenize
 PROMPTS = ["The capital of France is Paris", "Water", "the early bird catches the worm, and the cat"]
 
 
+@pytest.mark.parametrize("host", ["HookedTransformer", "TransformerBridge"])
 @pytest.mark.parametrize("arch", ["gpt2", "llama_gqa"])
-def test_from_layer_runner_equals_the_cache_from_its_layer_on(bridge, arch):
-    m = bridge(arch)
+def test_from_layer_runner_equals_the_cache_from_its_layer_on(host_model, host, arch):  # noqa: F811
+    m = host_model(host, arch)
+    if host == "TransformerBridge" and int(version("transformer_lens").split(".")[0]) < 4:
+        pytest.skip("TransformerLens 3's bridge refuses start_at_layer (the sweeps fall back to full passes)")
     view = ModelView(m)
     assert start_support(view, ()) is None
     batch = tokenize(view, PROMPTS, prepend_bos=True)
