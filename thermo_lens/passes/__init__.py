@@ -41,7 +41,7 @@ No scope object. nnsight's ``with model.trace(prompts) as t:`` earns its place t
 user writes the intervention and the readout as code on proxies inside the block, and the library
 must collect that code before it runs the model. Here nothing is deferred: what to measure is a
 list of names (``tl.run(model, prompts, ["gain", "attribution"])``), interventions are ordinary
-TransformerLens hooks (``fwd_hooks=``, ``with model.hooks(...)``, a :class:`thermo_lens.Patch`), and
+TransformerLens hooks (``fwd_hooks=``, ``with model.hooks(...)``, :func:`thermo_lens.patch_from`), and
 every result is built when the pass ends. A ``with tl.trace(model, prompts) as t:`` block would
 have to hold the requests until ``__exit__``, so results could not be read inside the block, an
 exception inside it would leave a half-run pass, and it would add a second way to say what
