@@ -30,9 +30,9 @@ from thermo_lens._lazy import pandas as pd
 from thermo_lens._lazy import scipy_stats
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.gain import DEFAULT_SCOPE, gain_from_collected, residual_norms
-from thermo_lens.inputs import Prompts, PromptList, as_prompts
+from thermo_lens.inputs import Prompts, as_prompts
 from thermo_lens.model import as_view
-from thermo_lens.passes import collect
+from thermo_lens.passes.stacked import StackedRows, run_stacked
 from thermo_lens.provenance import Provenance, ProvenanceFields
 from thermo_lens.registry import Metric, register_metric
 from thermo_lens.result import Result
@@ -152,20 +152,19 @@ class HeadAblation(ProvenanceFields, Result):
         return "\n".join(lines)
 
 
-def _zero_heads(row_heads: Sequence[int | None], n_prompts: int, n_heads: int):
-    """Hook zeroing head ``row_heads[j]`` in rows ``j * n_prompts .. (j + 1) * n_prompts - 1``."""
-    def hook(z: Tensor, hook: Any = None) -> Tensor:
+def _zero_head(head: int | None, copy: int, n_heads: int):
+    """Edit zeroing head ``head`` (every position) in the rows of stacked copy ``copy``."""
+    def edit(z: Tensor, rows: StackedRows) -> None:
         if z.ndim == 3:  # [batch, pos, head * d_head]
             z4 = z.view(z.shape[0], z.shape[1], n_heads, -1)
         elif z.ndim == 4:  # [batch, pos, head, d_head]
             z4 = z
         else:
             raise RuntimeError(f"unexpected hook_z shape {tuple(z.shape)}")
-        for j, h in enumerate(row_heads):
-            if h is not None:
-                z4[j * n_prompts:(j + 1) * n_prompts, :, h] = 0.0
-        return z
-    return hook
+        mine = rows.of_copy(copy)
+        if head is not None and mine:
+            z4[mine[0]:mine[-1] + 1, :, head] = 0.0  # (a copy's rows are contiguous: whole copies per pass)
+    return edit
 
 
 @validates_own_inputs
@@ -216,28 +215,19 @@ def head_ablation(
     chosen = [int(h) % view.n_heads for h in chosen]
     P = len(ps)
     copies: list[int | None] = [None] + chosen  # None = the clean baseline
-    per_pass = max(1, max_batch // P)
     hook_name = f"blocks.{layer}.attn.hook_z"
     need = 2 if token_scope == "all_but_first" else 1
+    # the clean copy and one copy per head, stacked along the batch (whole copies per pass)
+    got = run_stacked(view, ps, len(copies), [(hook_name, _zero_head(h, c, view.n_heads)) for c, h in enumerate(copies)],
+                      [residual_norms], settings, max_batch, min_tokens=need)
+    g = gain_from_collected(got, token_scope)
+    bg = g.block_gain[:, layer].double()
+    lg = torch.as_tensor(np.asarray(g.last_block_gain.values, dtype=np.float64))
     block: dict[int | None, Tensor] = {}
     last: dict[int | None, Tensor] = {}
-    provenance = None
-    for start in range(0, len(copies), per_pass):
-        chunk = copies[start:start + per_pass]
-        rep = PromptList(texts=ps.texts * len(chunk), categories=ps.categories * len(chunk), name=ps.name,
-                         token_ids=None if ps.token_ids is None else ps.token_ids * len(chunk))
-        run_settings = RunSettings.resolve(settings, batch_size=P * len(chunk), progress=False, sort_by_length=False)
-        got = collect(view, rep, [residual_norms], run_settings, min_tokens=need,
-                      internal_hooks=[(hook_name, _zero_heads(chunk, P, view.n_heads))],
-                      row_prompt=list(range(P)) * len(chunk))
-        g = gain_from_collected(got, token_scope)
-        bg = g.block_gain[:, layer].double()
-        lg = torch.as_tensor(np.asarray(g.last_block_gain.values, dtype=np.float64))
-        for j, h in enumerate(chunk):
-            block[h], last[h] = bg[j * P:(j + 1) * P], lg[j * P:(j + 1) * P]
-        if provenance is None:
-            provenance = g.provenance.select(torch.arange(P))
-    assert provenance is not None
+    for j, h in enumerate(copies):
+        block[h], last[h] = bg[j * P:(j + 1) * P], lg[j * P:(j + 1) * P]
+    provenance = g.provenance.select(torch.arange(P))
     return HeadAblation(
         layer=layer, heads=tuple(chosen),
         block_gain=torch.stack([block[h] for h in chosen], dim=1), baseline=block[None],

@@ -40,6 +40,7 @@ from thermo_lens.inputs import Prompts
 from thermo_lens.model import ModelView, as_view
 from thermo_lens.paired import PairedMixin
 from thermo_lens.passes import Collected, Recorder
+from thermo_lens.passes.cached import documents_cache
 from thermo_lens.provenance import Provenance, ProvenanceFields
 from thermo_lens.registry import BuildContext, Measurement, Metric, Option, register_measurement, register_metric
 from thermo_lens.settings import RunOptions, RunSettings
@@ -211,6 +212,7 @@ register_measurement(Measurement(
 ))
 
 
+@documents_cache
 @validates_own_inputs
 def anisotropy_profile(
     model: Any,
@@ -231,9 +233,7 @@ def anisotropy_profile(
         level: confidence level of the CIs (default ``0.95``).
         settings, **run: run options (:class:`thermo_lens.RunSettings`: ``prepend_bos``,
             ``batch_size``, ``truncate``, ``fwd_hooks``, ``progress``, ``sort_by_length``).
-        cache: ``None`` (the default: run the model), or the ``ActivationCache`` of
-            ``model.run_with_cache`` on the same tokens (passed as
-            ``prompts``): measured from it, no forward pass (as for :func:`thermo_lens.residual_gain`).
+        cache: <CACHE_DOC>
     """
     res = measure.run(as_view(model), prompts, {"anisotropy": {"level": level}}, settings=settings, cache=cache,
                       **run).anisotropy

@@ -87,6 +87,7 @@ from thermo_lens.inputs import Prompts
 from thermo_lens.model import ModelView, as_view
 from thermo_lens.paired import PairedMixin
 from thermo_lens.passes import Collected, Recorder
+from thermo_lens.passes.cached import documents_cache
 from thermo_lens.provenance import Provenance, ProvenanceFields
 from thermo_lens.registry import BuildContext, Measurement, Metric, Option, metrics, register_measurement, register_metric
 from thermo_lens.settings import RunOptions, RunSettings
@@ -633,6 +634,7 @@ register_measurement(Measurement(
 ))
 
 
+@documents_cache
 @validates_own_inputs
 def residual_gain(
     model: Any,
@@ -664,11 +666,7 @@ def residual_gain(
             ``fwd_hooks`` (your own ``(hook_name, fn)`` hooks: ablation, patching; batches then
             keep your prompt order, each hook can read ``hook.ctx["batch"]``, and the hooks are
             recorded in the result), ``progress``, ``sort_by_length``.
-        cache: ``None`` (the default: run the model), or an ``ActivationCache`` from
-            ``model.run_with_cache`` on the same tokens (pass those
-            tokens as ``prompts``, with their attention mask where padded, or the same prompt
-            strings): measured from the cache, no forward pass (``fwd_hooks`` then refused: make
-            the cache under your hooks); a cache lacking a needed hook is an error listing them.
+        cache: <CACHE_DOC>
 
     Returns:
         :class:`GainResult`.

@@ -20,19 +20,19 @@ another token). A hook that raises, or returns a tensor of another shape, gets a
 
 from __future__ import annotations
 
-import functools
 import numbers
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, Unpack
 
 import torch
 from torch import Tensor
 
 from thermo_lens import attached
 from thermo_lens.model import as_view
-from thermo_lens.provenance import attached_records
-from thermo_lens.tokens import TOKENS_GIVEN, token_batch
+from thermo_lens.passes.capture import capture
+from thermo_lens.settings import RunOptions, RunSettings
+from thermo_lens.tokens import TOKENS_GIVEN
 from thermo_lens.errors import ThermoLensHookError, ThermoLensInputError, ThermoLensInputTypeError
 from thermo_lens.validate import validates_own_inputs
 
@@ -190,14 +190,15 @@ def patch_from(
     positions: int | Sequence[int] | None = None,
     heads: int | Sequence[int] | None = None,
     source: Sequence[int] | None = None,
-    prepend_bos: Any = "host",
-    truncate: bool = False,
+    settings: RunSettings | None = None,
+    **run: Unpack[RunOptions],
 ) -> Patch:
     """Activation patching from a clean prompt set, by prompt and position.
 
-    Runs ``clean_prompts`` once (one prompt per pass, nothing but ``hook_names`` kept, on the
-    CPU) and returns hooks that, in any thermo-lens run, replace the activation of run prompt
-    ``i`` at ``positions`` by clean prompt ``source[i]``'s (default: clean prompt ``i``).
+    Runs ``clean_prompts`` once (a thermo-lens pass under the run settings, nothing but
+    ``hook_names`` kept, on the CPU: :func:`thermo_lens.passes.capture.capture`) and returns hooks
+    that, in any thermo-lens run, replace the activation of run prompt ``i`` at ``positions`` by
+    clean prompt ``source[i]``'s (default: clean prompt ``i``).
 
     Args:
         model: the TransformerLens model (or ModelView).
@@ -209,9 +210,13 @@ def patch_from(
         heads: for per-head hooks (``hook_z``, ``hook_q``...), patch only these heads (negative
             from the end); ``None`` (the default): every head.
         source: clean prompt index for each run prompt (default: the same index).
-        prepend_bos: tokenization of the clean prompts (default ``"host"``, as every entry
-            point's); the patch records the BOS mode as it resolved and refuses a run with another one.
-        truncate: cut clean prompts longer than the context (default ``False``).
+        settings, **run: the clean run's settings (:class:`thermo_lens.RunSettings`), as every entry
+            point takes them: ``prepend_bos`` (default ``"host"``; the patch records the BOS mode as it
+            resolved and refuses a run with another one), ``truncate``, ``fwd_hooks`` (run in the clean
+            run, recorded in the patch's description), ``progress``, ``sort_by_length`` and
+            ``batch_size``: prompts per pass, here ``1`` unless given (each clean prompt alone, so its
+            activations are exactly those of ``model.run_with_cache(prompt)``; more is faster, equal up
+            to float rounding).
 
     Returns:
         :class:`Patch`, to pass as ``fwd_hooks=patch`` (or ``list(patch) + other_hooks``).
@@ -250,30 +255,21 @@ def patch_from(
         raise ThermoLensInputError(f"source indices must be in 0..{len(ps) - 1} (the clean prompts)")
     if positions is not None:
         _int_list("positions", positions)
-    hidden = attached.attached_hooks(view.model)  # they run in the clean run too: said where the patch is recorded
-    clean: dict[str, list[Tensor]] = {n: [] for n in names}
-    lengths = []
-    resolved: list[Any] = []
-    for i in range(len(ps)):
-        tb = token_batch(view, ps, [i], prepend_bos=prepend_bos, truncate=truncate)
-        resolved.append(tb.prepend_bos)
-        n = int(tb.lengths[0])
-        lengths.append(n)
-
-        def grab(x: Tensor, hook: Any = None, *, _name: str, _n: int = n) -> None:
-            clean[_name].append(x[0, :_n].detach().to("cpu").clone())
-
-        # The clean run stops after the deepest block it reads (nothing past it is needed).
-        view.run(tb.tokens, tb.mask, [(name, functools.partial(grab, _name=name)) for name in names],
-                 stop_after=view.last_hook_needed(names))
-    kinds = list(dict.fromkeys(resolved))
-    bos = kinds[0] if len(kinds) == 1 else "host:" + "|".join(str(k) for k in kinds)
+    if settings is None and "batch_size" not in run:
+        run["batch_size"] = 1  # each clean prompt alone (see batch_size above)
+    clean_run = RunSettings.resolve(settings, **run)
+    clean, got = capture(view, ps, names, clean_run)
+    lengths = [int(n) for n in got.lengths.tolist()]
+    bos = got.prepend_bos
+    user = got.hooks[:len(clean_run.fwd_hooks)]  # the fwd_hooks first, then those already on the model
+    hidden = got.hooks[len(clean_run.fwd_hooks):]
     desc = (f"patch_from {len(ps)} clean prompt(s) ({ps.name}; first {ps.texts[0][:40]!r}) at "
             f"positions {'all' if positions is None else positions}"
             + (f", heads {list(heads_t)}" if heads_t is not None else "")
             + (f", source {list(src)}" if src is not None else "")
             + f", prepend_bos={bos!r}"
-            + (f"; clean run under hooks already on the model: {'; '.join(str(h) for h in attached_records(hidden))}"
+            + (f"; clean run under fwd_hooks: {'; '.join(str(h) for h in user)}" if user else "")
+            + (f"; clean run under hooks already on the model: {'; '.join(str(h) for h in hidden)}"
                if hidden else ""))
     return Patch(hook_names=names, clean_prompts=ps.texts, positions=positions, heads=heads_t, source=src,
                  description=desc, _clean=clean, _clean_lengths=tuple(lengths), prepend_bos=bos,

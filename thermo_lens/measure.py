@@ -35,6 +35,7 @@ from thermo_lens.errors import ThermoLensInputError, ThermoLensWarning
 from thermo_lens.inputs import as_model_prompts
 from thermo_lens.model import ModelView, as_view
 from thermo_lens.passes import collect, collect_cached
+from thermo_lens.passes.cached import documents_cache
 from thermo_lens.result import Result
 from thermo_lens.settings import RunSettings
 from thermo_lens.tokens import check_token_scope
@@ -208,6 +209,7 @@ def run_measurements(
     return Measurements(results=results, skipped=skipped, options=kept), collected
 
 
+@documents_cache
 @validates_own_inputs
 def run(
     model: Any,
@@ -234,12 +236,7 @@ def run(
             default); a measurement's own options win.
         settings, **run_options: run options (:class:`thermo_lens.RunSettings`: ``prepend_bos``,
             ``batch_size``, ``truncate``, ``fwd_hooks``, ``progress``, ``sort_by_length``).
-        cache: ``None`` (the default: run the model), or an ``ActivationCache`` from
-            ``model.run_with_cache`` on the same tokens (pass those
-            tokens as ``prompts``, with their attention mask where padded, or the same prompt
-            strings): no forward pass runs; a cache lacking a hook the measurements read is an
-            error listing the hooks to cache, and a cache made from other tokens, by another model
-            or without the attention mask on pads is refused (:mod:`thermo_lens.cache_match`).
+        cache: <CACHE_DOC>
 
     Returns:
         :class:`Measurements` (``res.gain``, ``res["attribution"]``).

@@ -31,6 +31,7 @@ from thermo_lens.result import Result
 from thermo_lens.settings import RunOptions, RunSettings
 from thermo_lens.tokens import TERM_SCOPES, TokenScope
 from thermo_lens.validate import validates_own_inputs
+from thermo_lens.passes.cached import documents_cache
 
 __all__ = ["ThermoProfile", "profile", "profiles_frame"]
 
@@ -209,6 +210,7 @@ class ThermoProfile(Result):
         return "\n".join(lines)
 
 
+@documents_cache
 @validates_own_inputs
 def profile(
     model: Any,
@@ -261,11 +263,7 @@ def profile(
         settings, **run: run options (:class:`thermo_lens.settings.RunOptions`): ``prepend_bos``
             (default ``"host"``), ``batch_size``, ``truncate``, ``fwd_hooks`` (e.g. an ablation;
             recorded in ``meta["hooks"]`` and every sub-result), ``progress``, ``sort_by_length``.
-        cache: ``None`` (the default: run the model), or an ``ActivationCache`` from
-            ``model.run_with_cache`` on the same tokens (pass those
-            tokens as ``prompts``, with their attention mask where padded, or the same prompt
-            strings): measured from the cache, no forward pass (``fwd_hooks`` then refused: make
-            the cache under your hooks); a cache lacking a needed hook is an error listing them.
+        cache: <CACHE_DOC>
     """
     for key, value in (("name", name), ("lab", lab), ("family", family), ("twin_of", twin_of), ("source", source)):
         validate.optional_text(key, value)

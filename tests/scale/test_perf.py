@@ -229,19 +229,19 @@ def test_gpu_benchmark_runs_quick_on_the_cpu(tmp_path):
 @pytest.mark.slow
 def test_freed_activation_memory_is_handed_back_every_few_batches(bridge, monkeypatch):
     # glibc keeps freed activation blocks pinned behind the small per-batch results; collect
-    # trims every _TRIM_EVERY batches on CPU (RSS was +0.6 MiB per prompt without it). The trim
+    # trims every TRIM_EVERY batches on CPU (RSS was +0.6 MiB per prompt without it). The trim
     # changes no number.
-    from thermo_lens import passes as hooks
+    from thermo_lens.passes import memory as hooks
 
     m = bridge("gpt2")
     prompts = [f"prompt number {i} " + "x " * (i % 5) for i in range(17)]
     plain = profile(m, prompts, batch_size=1, progress=False)
     calls = []
-    monkeypatch.setattr(hooks, "_release_freed_memory", lambda: calls.append(1))
+    monkeypatch.setattr(hooks, "release_freed_memory", lambda: calls.append(1))
     trimmed = profile(m, prompts, batch_size=1, progress=False)
-    assert len(calls) == 17 // hooks._TRIM_EVERY
+    assert len(calls) == 17 // hooks.TRIM_EVERY
     assert torch.equal(plain.gain.block_gain, trimmed.gain.block_gain)
-    hooks._release_freed_memory()  # the real one runs (or is a no-op off glibc) without error
+    hooks.release_freed_memory()  # the real one runs (or is a no-op off glibc) without error
 
 
 def test_progress_bar_counts_prompts_with_rate_and_eta(bridge, capsys):

@@ -399,12 +399,12 @@ def test_start_at_layer_falls_back_and_says_why(bridge, monkeypatch):
         on = patch_sweep(m, clean, corr, "attn.hook_z", measure=_logit_diff, layers=[1, 2])
     assert "every pass from the embedding (hooks are already on the model" in on.passes
     np.testing.assert_allclose(on.per_prompt.numpy(), ref.per_prompt.numpy(), atol=TOL)
-    run = start.StartView.run
+    run = start.FromLayer.run_batch
 
-    def twice(self, tokens, attention_mask, fwd_hooks=(), **kw):  # a host adding the embedding again
+    def twice(self, view, batch, rows, hooks, **kw):  # a host adding the embedding again
         self._residual = self._residual * 1.5
-        return run(self, tokens, attention_mask, fwd_hooks, **kw)
-    monkeypatch.setattr(start.StartView, "run", twice)
+        return run(self, view, batch, rows, hooks, **kw)
+    monkeypatch.setattr(start.FromLayer, "run_batch", twice)
     bad = patch_sweep(m, clean, corr, "attn.hook_z", measure="total_amplification", layers=[0, 1])
     assert "the check failed" in bad.passes
     good = patch_sweep(m, clean, corr, "attn.hook_z", measure="total_amplification", layers=[0, 1],
@@ -478,7 +478,7 @@ def test_start_at_layer_keeps_each_blocks_attention_kind(bridge, arch, monkeypat
     np.testing.assert_allclose(fast.per_prompt.numpy(), full.per_prompt.numpy(), atol=TOL)
 
     @contextlib.contextmanager
-    def list_only(self):  # the layer list cut, the per-layer kinds not: block 1 gets block 0's kind
+    def list_only(self, view):  # the layer list cut, the per-layer kinds not: block 1 gets block 0's kind
         parent, attr = self._hf_layers
         whole = getattr(parent, attr)
         setattr(parent, attr, torch.nn.ModuleList(list(whole)[self.start_layer:]))
@@ -487,7 +487,7 @@ def test_start_at_layer_keeps_each_blocks_attention_kind(bridge, arch, monkeypat
         finally:
             setattr(parent, attr, whole)
 
-    monkeypatch.setattr(start.StartView, "_only_later_blocks", list_only)
+    monkeypatch.setattr(start.FromLayer, "_only_later_blocks", list_only)
     shifted = ablation_sweep(m, prompts, "attn.hook_z", **kw)
     assert "the check failed" in shifted.passes and "from block 1" in shifted.passes, shifted.passes
     np.testing.assert_allclose(shifted.per_prompt.numpy(), full.per_prompt.numpy(), atol=TOL)

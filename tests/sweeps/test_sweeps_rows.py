@@ -49,12 +49,12 @@ def test_auto_on_cuda_fills_the_headroom_of_the_free_memory(monkeypatch):
 
 @pytest.mark.slow
 def test_a_pass_out_of_memory_runs_again_at_half_the_rows_with_the_same_cells(bridge, monkeypatch):
-    from thermo_lens.sweeps import engine
+    from thermo_lens.passes import capture, stacked
 
     m = bridge("gpt2")
     clean, corr = _pairs()
     want = patch_sweep(m, clean, corr, "attn.hook_z", measure="total_amplification", batch_size=6)
-    real, sizes = engine.collect, []
+    real, sizes = stacked.collect, []
 
     def tight(view, ps, reductions, settings, *a, **kw):  # a device that holds at most 6 rows a pass
         sizes.append(settings.batch_size)
@@ -62,7 +62,8 @@ def test_a_pass_out_of_memory_runs_again_at_half_the_rows_with_the_same_cells(br
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return real(view, ps, reductions, settings, *a, **kw)
 
-    monkeypatch.setattr(engine, "collect", tight)
+    for module in (stacked, capture):  # the sweep's passes: its clean capture and its stacked conditions
+        monkeypatch.setattr(module, "collect", tight)
     got = patch_sweep(m, clean, corr, "attn.hook_z", measure="total_amplification", batch_size=48)
     assert 48 in sizes and any(s <= 6 for s in sizes)  # tried at 48 rows, ran at half, half again ...
     torch.testing.assert_close(got.per_prompt, want.per_prompt, rtol=0, atol=0)
@@ -72,7 +73,8 @@ def test_a_pass_out_of_memory_runs_again_at_half_the_rows_with_the_same_cells(br
         sizes.append(settings.batch_size)
         raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
 
-    monkeypatch.setattr(engine, "collect", never)
+    for module in (stacked, capture):
+        monkeypatch.setattr(module, "collect", never)
     with pytest.raises(torch.OutOfMemoryError):
         patch_sweep(m, clean, corr, "attn.hook_z", measure="total_amplification", batch_size=8)
     assert sizes[-1] == 1 or min(sizes) <= 3  # halved down to one copy of the prompts per pass, then raised

@@ -20,6 +20,7 @@ from thermo_lens.inputs import Prompts
 from thermo_lens.model import as_view
 from thermo_lens.paired import PairedMixin
 from thermo_lens.passes import Collected
+from thermo_lens.passes.cached import documents_cache
 from thermo_lens.provenance import Provenance, ProvenanceFields
 from thermo_lens.registry import BuildContext, Measurement, Metric, Option, register_measurement, register_metric
 from thermo_lens.result import Result, label
@@ -533,6 +534,7 @@ register_measurement(Measurement(
 ))
 
 
+@documents_cache
 @validates_own_inputs
 def gain_attribution(
     model: Any,
@@ -568,11 +570,7 @@ def gain_attribution(
         settings, **run: run options (:class:`thermo_lens.RunSettings`): ``prepend_bos``,
             ``batch_size``, ``truncate``, ``fwd_hooks`` (e.g. a patch or ablation; attributed as it
             ran), ``progress``.
-        cache: ``None`` (the default: run the model), or an ``ActivationCache`` from
-            ``model.run_with_cache`` on the same tokens (pass those
-            tokens as ``prompts``, with their attention mask where padded, or the same prompt
-            strings): measured from the cache, no forward pass (``fwd_hooks`` then refused: make
-            the cache under your hooks); a cache lacking a needed hook is an error listing them.
+        cache: <CACHE_DOC>
 
     Returns:
         :class:`GainAttribution`.

@@ -16,6 +16,7 @@ from thermo_lens import measure
 from thermo_lens.inputs import Prompts
 from thermo_lens.settings import RunOptions, RunSettings
 from thermo_lens.passes import Collected, Recorder
+from thermo_lens.passes.cached import documents_cache
 from thermo_lens.tokens import TokenBatch
 from thermo_lens.model import ModelView, as_view, kv_head_map
 from thermo_lens.errors import ThermoLensInputError
@@ -312,6 +313,7 @@ register_measurement(Measurement(
 ))
 
 
+@documents_cache
 @validates_own_inputs
 def sheaf_traces(
     model: Any,
@@ -344,11 +346,7 @@ def sheaf_traces(
         settings, **run: run options (:class:`thermo_lens.RunSettings`): ``prepend_bos``,
             ``batch_size``, ``truncate``, ``fwd_hooks`` (ablations, patching; run in the same
             pass first, in your prompt order, recorded in the result), ``progress``.
-        cache: ``None`` (the default: run the model), or an ``ActivationCache`` from
-            ``model.run_with_cache`` on the same tokens (pass those
-            tokens as ``prompts``, with their attention mask where padded, or the same prompt
-            strings): measured from the cache, no forward pass (``fwd_hooks`` then refused: make
-            the cache under your hooks); a cache lacking a needed hook is an error listing them.
+        cache: <CACHE_DOC>
     """
     # The option's check fails (or warns, for "paper_printed") before any compute.
     return measure.run(as_view(model), prompts, {"sheaf": {"formula": formula}}, settings=settings, cache=cache,

@@ -17,7 +17,6 @@ norms of the states before ``l`` from the unpatched pass; cells after the last b
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -29,14 +28,17 @@ from thermo_lens.errors import ThermoLensError, ThermoLensInputError, ThermoLens
 from thermo_lens.gain import gain_from_collected, residual_norms, scope_ratio
 from thermo_lens.inputs import PromptList
 from thermo_lens.model import ModelView
-from thermo_lens.passes import Collected, Recorder, collect
+from thermo_lens.passes import Collected, Recorder
+from thermo_lens.passes.capture import capture as capture_points
+from thermo_lens.passes.one_pass import Runner
+from thermo_lens.passes.stacked import StackedRows, run_stacked
 from thermo_lens.settings import RunSettings
 from thermo_lens.sheaf.traces import _w_v_frob_sq, attention_diagonal
 from thermo_lens.attribution.terms import attribution_terms
 from thermo_lens.sweeps.feature_measure import (FEATURE_MEASURE_DEFINITION, feature_measure_layer, feature_readout,
                                                 parse_feature_measure)
 from thermo_lens.sweeps.logits import LogitDifference
-from thermo_lens.sweeps.start import BLOCK_HOOK, StartView, start_support
+from thermo_lens.sweeps.start import BLOCK_HOOK, FromLayer, start_support
 from thermo_lens.tokens import TokenBatch
 from thermo_lens.validate import excerpt
 
@@ -359,13 +361,9 @@ def capture(view: ModelView, ps: PromptList, layout: HookLayout, layers: Sequenc
             measure: Measure | None, token_scope: str, min_tokens: int,
             rows_per_pass: int) -> tuple[dict[int, list[Tensor]], Tensor | None]:
     """One run of ``ps`` (under the user's hooks, ``rows_per_pass`` prompts per pass) keeping the
-    activation at ``layout`` of each layer (per prompt, its real tokens) and, if ``measure`` is
-    given, the measure per prompt."""
-    def keep(view_: ModelView, rec: Recorder) -> None:
-        for l in layers:
-            rec.add(layout.name(l), ("sweep_act", l),
-                    lambda x, batch: _as_heads(x, layout, view).detach().to("cpu", copy=True))
-    reductions: list[Any] = [keep]
+    activation at ``layout`` of each layer (per prompt, its real tokens:
+    :func:`thermo_lens.passes.capture.capture`) and, if ``measure`` is given, the measure per prompt."""
+    reductions: list[Any] = []
     logits_out: dict[int, Tensor] = {}
     on_logits = None
     if measure is not None and measure.needs_logits:
@@ -378,26 +376,18 @@ def capture(view: ModelView, ps: PromptList, layout: HookLayout, layers: Sequenc
     # a logit measure sees all prompts at once (as in the sweep's passes): then one batch
     size = len(ps) if on_logits is not None else max(int(rows_per_pass), 1)
     run = RunSettings.resolve(settings, batch_size=size, sort_by_length=False, progress=False)
-    got = collect(view, ps, reductions, run, min_tokens=min_tokens, on_logits=on_logits)
-    lengths = got.lengths.tolist()
-    acts: dict[int, list[Tensor]] = {}
-    stacked = got.stack("sweep_act")  # [layer, prompt, ...] caller's order, NaN padding
-    for k, l in enumerate(sorted(layers)):
-        acts[l] = [_real(stacked[k, p], layout, int(n)) for p, n in enumerate(lengths)]
+    square = layout.suffix in ("attn.hook_pattern", "attn.hook_attn_scores")
+    dims = (layout.pos_dim, layout.pos_dim + 1) if square else (layout.pos_dim,)
+    names = {l: layout.name(l) for l in sorted(layers)}
+    kept, got = capture_points(view, ps, list(names.values()), run, position_dims=lambda name: dims,
+                               shape=lambda x: _as_heads(x, layout, view), reductions=reductions,
+                               min_tokens=min_tokens, on_logits=on_logits)
+    acts = {l: kept[name] for l, name in names.items()}
     values = None
     if measure is not None:
         values = (torch.stack([logits_out[i] for i in range(len(ps))]) if measure.needs_logits
                   else measure_values(got, measure, token_scope))
     return acts, values
-
-
-def _real(act: Tensor, layout: HookLayout, n: int) -> Tensor:
-    """One prompt's activation (no batch axis) cut to its ``n`` real tokens."""
-    d = layout.pos_dim - 1
-    act = act.narrow(d, 0, n)
-    if layout.suffix in ("attn.hook_pattern", "attn.hook_attn_scores"):
-        act = act.narrow(d + 1, 0, n)
-    return act
 
 
 def _call_measure(measure: Measure, logits: Tensor, n: int) -> Tensor:
@@ -473,20 +463,16 @@ def run_conditions(view: ModelView, ps: PromptList, layout: HookLayout, conditio
 def _stacked(view: ModelView, ps: PromptList, layout: HookLayout, copies: Sequence[Condition | None],
              sources: Sources, settings: RunSettings, rows_per_pass: int,
              reductions: list[Any], *, measure: Measure, token_scope: str, min_tokens: int,
-             state: dict[str, Any] | None = None) -> tuple[Tensor, Collected]:
-    """One run of ``len(copies)`` copies of the prompts stacked along the batch (whole copies per
-    pass, caller's order), copy ``c`` under condition ``copies[c]`` (None: none): the measure
-    ``[copy, prompt]`` and the pass's :class:`Collected`. ``state["batch"]``: the batch being run."""
+             runner: Runner | None = None) -> tuple[Tensor, Collected]:
+    """One run of ``len(copies)`` copies of the prompts stacked along the batch
+    (:func:`thermo_lens.passes.stacked.run_stacked`), copy ``c`` under condition ``copies[c]`` (None:
+    none): the measure ``[copy, prompt]`` and the pass's :class:`Collected`. ``runner``: how the
+    batches run (default: a full forward)."""
     P = len(ps)
     n = len(copies)
-    per_pass = max(1, rows_per_pass // P)
-    rep = PromptList(texts=ps.texts * n, categories=ps.categories * n, name=ps.name,
-                     token_ids=None if ps.token_ids is None else ps.token_ids * n, padding=ps.padding)
-    state = {"batch": None} if state is None else state
 
     def edit(layer: int) -> Callable:
-        def hook(x: Tensor, hook: Any = None) -> Tensor:
-            batch: TokenBatch = state["batch"]
+        def write(x: Tensor, rows: StackedRows) -> None:
             x4 = _as_heads(x, layout, view)
             if layout.head_dim is not None and not getattr(layout, "features", False) and \
                     x4.shape[layout.head_dim] != layout.n_heads(view):  # (an SAE's latents: d_sae on that axis)
@@ -495,16 +481,13 @@ def _stacked(view: ModelView, ps: PromptList, layout: HookLayout, copies: Sequen
                     f"(shape {tuple(x4.shape)}), but the model's config gives {layout.n_heads(view)} "
                     f"{'key/value ' if layout.kv else ''}heads: this host lays the hook out otherwise; sweep "
                     "attn.hook_z or a position hook")
-            lengths = batch.lengths.tolist()
-            for b, row in enumerate(batch.prompt_index.tolist()):
-                c, p = divmod(row, P)
+            for b, (c, p) in enumerate(zip(rows.copy, rows.prompt)):
                 cond = copies[c]
                 if cond is None or cond.layer != layer:
                     continue
                 src = None if sources is None else sources[(layer, cond.slot)][p]
-                _write(x4, b, layout, cond.head, cond.positions[p], src, int(lengths[b]))
-            return x
-        return hook
+                _write(x4, b, layout, cond.head, cond.positions[p], src, rows.length[b])
+        return write
 
     values = torch.full((n, P), float("nan"), dtype=torch.float64)
     on_logits = None
@@ -514,11 +497,8 @@ def _stacked(view: ModelView, ps: PromptList, layout: HookLayout, copies: Sequen
             for start in range(0, len(rows), P):  # whole copies per pass: the function sees [prompt, ...]
                 values[rows[start] // P] = _call_measure(measure, logits[start:start + P], P)
     layers = sorted({c.layer for c in copies if c is not None})
-    internal = [(layout.name(l), edit(l)) for l in layers]
-    run = RunSettings.resolve(settings, batch_size=per_pass * P, sort_by_length=False, progress=False)
-    got = collect(view, rep, reductions, run, min_tokens=min_tokens,
-                  internal_hooks=internal, row_prompt=list(range(P)) * n,
-                  on_batch=lambda batch: state.__setitem__("batch", batch), on_logits=on_logits)
+    got = run_stacked(view, ps, n, [(layout.name(l), edit(l)) for l in layers], reductions, settings, rows_per_pass,
+                      min_tokens=min_tokens, runner=runner, on_logits=on_logits)
     if not measure.needs_logits:
         def row_name(r: int) -> str:
             c, p = divmod(r, P)
@@ -564,14 +544,12 @@ def _from_layers(view: ModelView, ps: PromptList, layout: HookLayout, conditions
         # head sweep's rows): a host can be right from one block and wrong from another (a block
         # given another block's attention kind), so checking the deepest start alone is not enough.
         copies: list[Condition | None] = [None] + [conditions[i] for i in group]
-        state: dict[str, Any] = {"batch": None}
-        sv = StartView(view, s, kept[s], functools.partial(_rows_of, state, P))
         later = [(n, f) for n, f in user if _block_of(n) >= s]
         run = RunSettings.resolve(settings, fwd_hooks=later)
         try:
-            vals, _ = _stacked(sv, ps, layout, copies, sources, run, rows_per_pass,
+            vals, _ = _stacked(view, ps, layout, copies, sources, run, rows_per_pass,
                                _start_reductions(measure, token_scope, s, names, base_norms, P), measure=measure,
-                               token_scope=token_scope, min_tokens=min_tokens, state=state)
+                               token_scope=token_scope, min_tokens=min_tokens, runner=FromLayer(view, s, kept[s]))
         except ThermoLensError:  # the user's hooks or the measure: the full passes would say the same
             raise
         except Exception as e:  # noqa: BLE001 - the host's start-at-layer pass failing in its own code
@@ -593,11 +571,6 @@ def _from_layers(view: ModelView, ps: PromptList, layout: HookLayout, conditions
            + (f"; {len(conditions) - len(start_of)} after block {last} (the last the measure reads) take the "
               "unpatched value" if len(start_of) < len(conditions) else ""))
     return (values, got.provenance(), how), ""
-
-
-def _rows_of(state: dict[str, Any], P: int) -> Tensor:
-    """The prompt of each row of the batch being run (``P`` prompts per copy)."""
-    return state["batch"].prompt_index % P
 
 
 def _block_of(name: Any) -> int:
