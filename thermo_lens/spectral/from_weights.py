@@ -188,9 +188,13 @@ def compute_signature(
     :func:`~thermo_lens.spectral.spectral_signature` (a model's layers, read as needed).
 
     Per chunk of layers: the per-head Gram matrices (the arithmetic floor of every exact method:
-    weights converted to ``dtype`` a block in cache at a time), their ``eigh`` / ``eigvalsh``, the
-    registered metrics from them, and the whole-layer norms. Nothing holds more than one chunk of
-    weights: reading layer by layer (an offloaded model) needs only another ``read``.
+    weights converted to ``dtype`` a block in cache at a time) and, on the CPU, the whole-layer
+    norms one matrix at a time. Per group of chunks (the Gram matrices of 8 layers of a 7B model on
+    the CPU, all of them on a device): one finiteness flag read, then the registered metrics, every
+    layer's small eigenproblems in one batched call. On a device the whole-layer matrices are
+    stacked as chunks arrive (:class:`~thermo_lens.spectral.layer_norms.LayerStacks`, converted to
+    ``dtype``) and stepped together by one batched Lanczos iteration. Nothing else holds more than
+    one chunk of weights: reading layer by layer (an offloaded model) needs only another ``read``.
     """
     L, H, K, d_model, d_head = geometry
     kv_dev = kv.to(device)
