@@ -224,10 +224,9 @@ def compute_signature(
         for k in names:
             grams[k].append(w.gram(k))
             fro[k].append(w.frobenius(k))
-        if stacks is None:  # on the host (a check costs nothing there), before the layer norms
+        if layer_norms and stacks is None:  # checked before the per-chunk layer norms see the weights
             _check_all_finite(fro, checked, read)
             checked = len(fro[names[0]])
-        if layer_norms and stacks is None:
             lv, lo, method = _layer_norms(chunk["W_V"], chunk["W_O"], dtype, layer_norm_method)
             layer_parts.append((lv, lo))
             methods.add(method)
