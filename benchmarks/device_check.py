@@ -34,7 +34,6 @@ import gc
 import json
 import os
 import re
-import statistics
 import sys
 import tempfile
 import time
@@ -83,14 +82,14 @@ def bench_sweeps(dev: torch.device, dry: bool, repeats: int) -> dict:
         clean = torch.randint(1, 250, (pairs, n_tok), generator=g).to(dev)
         corr = torch.randint(1, 250, (pairs, n_tok), generator=g).to(dev)
 
-        def tl() -> torch.Tensor:
+        def tl(clean=clean, corr=corr) -> torch.Tensor:
             _, cache = model.run_with_cache(clean)
             with torch.inference_mode():
                 base = logit_diff(model(corr)).mean()
                 grid = patching.get_act_patch_attn_head_out_all_pos(model, corr, cache, lambda x: logit_diff(x).mean())
             return grid.double().cpu() - float(base)
 
-        def ours(measure, rows=None):
+        def ours(measure, rows=None, clean=clean, corr=corr):
             kw = {} if rows is None else {"batch_size": rows}
             return lambda: patch_sweep(model, clean, corr, "attn.hook_z", measure=measure, **kw).effect.double().cpu()
 

@@ -41,9 +41,12 @@ the Gram products are the arithmetic floor of any exact method) and the whole-la
 computed by Lanczos (cuSOLVER's float32 SVD was ~1e-4 off and 60 times slower at 7B width): on the
 CPU one matrix at a time, one pass over it per step; on a device every layer's matrices together,
 one batched product per step, the coefficients read back every few steps
-(:mod:`~thermo_lens.spectral.lanczos`), in float32 or float64, whatever the model's dtype. Weights are read as stored, a chunk of layers at a time (a layer of a
-large model is a view of its parameters), and a bf16 model's weights are converted in cache, a
-block of heads or a row panel at a time: no converted copy of the weights exists.
+(:mod:`~thermo_lens.spectral.lanczos`), in float32 or float64, whatever the model's dtype.
+Weights are read as stored, a chunk of layers at a time (a layer of a large model is a view of its
+parameters). On the CPU a bf16 model's weights are converted in cache, a block of heads or a row
+panel at a time: no converted copy of the weights exists. A device stacks the whole-layer matrices
+in the compute dtype for the batched Lanczos (4 GiB in float32 at 7B; at most a quarter of its
+free memory, else a group of layers at a time).
 :func:`spectral_signature` caches its result per weights fingerprint
 (:func:`clear_cache` says exactly when an entry is reused), so re-profiling a model costs nothing
 here. No function changes torch's process-wide thread count.
