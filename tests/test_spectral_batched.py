@@ -163,3 +163,25 @@ def test_device_path_op_count_does_not_grow_with_the_number_of_layers(monkeypatc
     per_two, per_eight = _census(2, False, monkeypatch), _census(8, False, monkeypatch)
     assert per_eight.total > 3 * per_two.total / 2 and per_eight.syncs > 3 * per_two.syncs / 2
     assert eight.total < per_two.total
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: the device path runs on the CPU above")
+@pytest.mark.parametrize("geometry", ["square (GPT-2-like)", "GQA", "MQA, d_head 32"])
+def test_on_cuda_the_default_is_the_batched_path_equal_to_the_per_matrix_path_and_float64(geometry, monkeypatch):
+    from thermo_lens.spectral import lanczos
+
+    w = _weights(*GEOMETRIES[geometry], torch.bfloat16)
+    dev = [t.cuda() for t in w]
+    calls = []
+    orig = lanczos.lanczos_sigma_max_batched
+    monkeypatch.setattr(lanczos, "lanczos_sigma_max_batched", lambda M, *a, **k: calls.append(M.shape) or orig(M, *a, **k))
+    with OpCensus() as c:
+        bat = signature_from_weights(dev[0], dev[1], W_Q=dev[2], W_K=dev[3])
+    assert calls, "the device path did not run"
+    assert c.syncs <= 2 * (64 // CHECK_EVERY) + 6, c.sync_ops
+    monkeypatch.setattr(from_weights, "batched", lambda device: False)
+    per = signature_from_weights(dev[0], dev[1], W_Q=dev[2], W_K=dev[3])
+    for m in ("layer_W_V_norm", "layer_W_O_norm"):
+        assert _rel(getattr(bat, m), getattr(per, m)) <= 1e-6, m
+    for m, want in _numpy_reference(w).items():
+        assert _rel(getattr(bat, m), want) <= 2e-6, m
