@@ -35,20 +35,37 @@ def random_weights(L, H, K, d_model, d_head, dtype, spike=0, seed=0, device="cpu
 
 
 class StepCounter:
-    """Counts the Lanczos operator's products (one product = one step = one read of the matrix)."""
+    """Counts Lanczos steps: ``n``, the steps each matrix took to stop, summed over matrices (one
+    product of the per-matrix operator = one step = one read of the matrix; on the batched path,
+    the step at which each matrix stopped, plus one); ``batched``, the batched steps executed (all
+    matrices of a stack at once, up to the last to stop)."""
 
     def __enter__(self):
-        self.n, self._orig = 0, kernels._GramOperator.__call__
+        from thermo_lens.spectral import lanczos
+
+        self.n, self.batched = 0, 0
+        self._orig = kernels._GramOperator.__call__
+        self._batched = lanczos.lanczos_sigma_max_batched
 
         def counted(op, x, out):
             self.n += 1
             return self._orig(op, x, out)
 
+        def counted_batched(M, *a, **k):
+            sigma, stopped = self._batched(M, *a, **k)
+            self.n += int((stopped + 1).sum())
+            self.batched += int(stopped.max()) + 1
+            return sigma, stopped
+
         kernels._GramOperator.__call__ = counted
+        lanczos.lanczos_sigma_max_batched = counted_batched
         return self
 
     def __exit__(self, *exc):
+        from thermo_lens.spectral import lanczos
+
         kernels._GramOperator.__call__ = self._orig
+        lanczos.lanczos_sigma_max_batched = self._batched
 
 
 def layer_sigma64(w, l):

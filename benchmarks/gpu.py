@@ -24,8 +24,12 @@ matrix, a spectrum with a gap as trained weights have):
 * *ours*: :func:`thermo_lens.spectral.signature_from_weights`, all per-head, KV-head, OV and QK norms
   and the whole-layer norms (``layer_norm_method="auto"``), split into the per-head part and the
   whole-layer part;
-* the whole-layer norms by each method (``lanczos``, ``gram``, ``svd``; a slow method is run on the
-  first layers and scaled to all 32, which the row says), with Lanczos' steps per matrix;
+* the whole-layer norms by each method (``batched``: Lanczos on every layer's matrices at once, one
+  batched product per step, what ``"auto"`` runs on a device; ``lanczos``: one matrix at a time, what
+  the CPU runs; ``gram``, ``svd``; a slow method is run on the first layers and scaled to all 32,
+  which the row says), with Lanczos' steps per matrix;
+* beside ``ours`` and the batched row: the op census (aten ops, host syncs) and the kernel launches
+  that ``torch.profiler`` records (on the CPU, the census's op count);
 * the largest relative difference from float64 (8 heads of layer 0 for every per-head metric; layer 0's
   two whole-layer matrices, from float64 Gram eigenvalues, for each method);
 * the device memory that ``ours`` allocates beyond the weights (peak).
@@ -37,7 +41,8 @@ batches of ``--batch-size`` (the offline byte-level tokenizer of ``thermo_lens.t
 tokens than a real tokenizer). Rows as in ``benchmarks/profile.py``: a bare pass of the same batches,
 the same ended after the last block (as ``profile()`` ends its pass), ``profile()`` cold (the spectral
 cache cleared), warm, warm without the attribution, and the spectral signature alone (cold), with
-tokens per second and the peak device memory beyond the model's weights.
+tokens per second, the peak device memory beyond the model's weights, and beside each row the ops,
+host syncs and kernel launches of one call (:func:`op_counts`).
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ import torch  # noqa: E402
 
 import thermo_lens.spectral.kernels as kernels  # noqa: E402
 from thermo_lens.spectral import signature_from_weights  # noqa: E402
-from thermo_lens.spectral.layer_norms import layer_norms  # noqa: E402
+from thermo_lens.spectral.layer_norms import LayerStacks, layer_norms  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import wrapped_reductions  # noqa: E402
@@ -118,6 +123,37 @@ def peak_growth(fn, dev: torch.device) -> float:
     fn()
     torch.cuda.synchronize(dev)
     return float(torch.cuda.max_memory_allocated(dev) - base)
+
+
+def op_counts(fn, dev: torch.device) -> dict[str, int]:
+    """What one call of ``fn`` dispatches: aten ops and host-synchronising ops (the census of
+    :mod:`thermo_lens.census`), and on CUDA the kernel launches (``cudaLaunchKernel`` and kin), the
+    ``cudaMemcpy*`` calls and the device activities (kernels and copies) that ``torch.profiler``
+    records; on the CPU the census's op count stands for the launches."""
+    from thermo_lens.census import OpCensus
+
+    with OpCensus() as c:
+        fn()
+    out = dict(ops=c.total, syncs=c.syncs, launches=c.total)
+    if dev.type == "cuda":
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+
+        sync(dev)
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+            sync(dev)
+        events = prof.events()
+        out["launches"] = sum(1 for e in events if "LaunchKernel" in e.name)
+        out["memcpy"] = sum(1 for e in events if e.name.startswith("cudaMemcpy"))
+        out["device_activities"] = sum(1 for e in events if e.device_type == DeviceType.CUDA)
+    return out
+
+
+def counts_text(c: dict[str, int]) -> str:
+    return (f"{c['ops']} ops, {c['syncs']} syncs, {c['launches']} launches"
+            + (f" ({c['memcpy']} memcpy)" if "memcpy" in c else " (census)"))
 
 
 # ------------------------------------------------------------------------------ the device
@@ -227,13 +263,15 @@ def spectral_7b(dev: torch.device, ceil: dict, quick: bool, repeats: int, budget
         with StepCounter() as count:
             sig = ours()
         steps = count.n / (2 * L)
+        counts = op_counts(ours, dev)
         mem = peak_growth(ours, dev)
         f, a, h = med(times["floor"]), med(times["ours"]), med(times["per-head"])
         read = nbytes / (ceil["copy_GBps"] * 1e9 / 2)  # one read at the copy's rate (it reads half its bytes)
         err = dense_errors({n: t[:1] for n, t in w.items()}, sig, full=False)  # 8 heads and the matrices of layer 0
         print(f"  {spectrum:<10}{f:>9.4f}{read:>8.4f}{a:>8.3f}{a / f:>6.1f}x{h:>11.3f}{a - h:>9.3f}"
               f"{sig.layer_norm_method:>10}{steps:>7.1f}{mem / 2**20:>9.0f}{err:>10.1e}")
-        row = dict(floor_s=f, read_s=read, ours_s=a, ratio=a / f, per_head_s=h, layer_s=a - h,
+        print(f"    ours: {counts_text(counts)}")
+        row = dict(floor_s=f, read_s=read, ours_s=a, ratio=a / f, per_head_s=h, layer_s=a - h, counts=counts,
                    auto_method=sig.layer_norm_method, lanczos_steps_per_matrix=steps, mem_MiB=mem / 2**20,
                    max_rel_err=err, layers={})
 
@@ -243,6 +281,10 @@ def spectral_7b(dev: torch.device, ceil: dict, quick: bool, repeats: int, budget
         ref = layer_sigma64(w, 0)
         for method in methods:
             def one(m, method=method, w=w):
+                if method == "batched":  # every layer's matrices stepped together (the device path of 'auto')
+                    stacks = LayerStacks(m, H, K, d_model, d_head, torch.float32, dev)
+                    stacks.add(w["W_V"][:m], w["W_O"][:m])
+                    return stacks.result()
                 return layer_norms(w["W_V"][:m], w["W_O"][:m], torch.float32, method)
             one(1)  # warm-up
             t1 = med(wall(lambda: one(1), dev, 1))
@@ -262,6 +304,8 @@ def spectral_7b(dev: torch.device, ceil: dict, quick: bool, repeats: int, budget
                 extra = (f"; {1e6 * per_step:.0f} us per step, of which the operator product (W^T W x) "
                          f"{1e6 * t_op:.0f} us")
                 row["lanczos_step_us"], row["operator_product_us"] = 1e6 * per_step, 1e6 * t_op
+            if method == "batched":
+                extra = f"; {counts_text(op_counts(lambda: one(L), dev))}"
             print(f"    whole-layer norms by {method:<8}{t:>9.3f} s for {L} layers{note}; layer 0 vs float64: {e:.1e}"
                   + extra)
             row["layers"][method] = dict(s=t, measured_layers=m, max_rel_err=e)
@@ -360,13 +404,18 @@ def bench_profile(label: str, geometry, dev: torch.device, args) -> None:
     print(f"\n{label} on {dev.type}: L={view.n_layers}, d_model={view.d_model}, heads={view.n_heads} (KV "
           f"{view.n_kv_heads}), d_vocab={view.d_vocab}, bf16; {len(prompts)} prompts, {n_tok} tokens, "
           f"{len(same)} batches of <= {args.batch_size}; built in {built:.1f} s; wall s, medians of {args.repeats}")
-    print(f"  {'method':<28}{'wall s':>9}{'tokens/s':>11}{'vs same batches':>17}{'vs to last block':>18}")
+    print(f"  {'method':<28}{'wall s':>9}{'tokens/s':>11}{'vs same batches':>17}{'vs to last block':>18}"
+          f"{'ops':>9}{'syncs':>7}{'launches':>10}")
     row: dict = dict(prompts=len(prompts), tokens=n_tok, batch_size=args.batch_size, methods={})
     for name, ts in times.items():
         r1 = med([t / b for t, b in zip(ts, base)])
         r2 = med([t / b for t, b in zip(ts, to_last)])
-        print(f"  {name:<28}{med(ts):>9.3f}{n_tok / med(ts):>11.0f}{r1:>16.3f}x{r2:>17.3f}x")
-        row["methods"][name] = dict(s=med(ts), all_s=ts, vs_same=r1, vs_to_last=r2)
+        c = op_counts(methods[name], dev)
+        print(f"  {name:<28}{med(ts):>9.3f}{n_tok / med(ts):>11.0f}{r1:>16.3f}x{r2:>17.3f}x"
+              f"{c['ops']:>9}{c['syncs']:>7}{c['launches']:>10}")
+        row["methods"][name] = dict(s=med(ts), all_s=ts, vs_same=r1, vs_to_last=r2, counts=c)
+    print("  ops / syncs: aten ops and host syncs dispatched by one call (thermo_lens.census); launches: kernel "
+          "launches recorded by torch.profiler on CUDA, the op count on the CPU")
     print(f"  device memory beyond the weights (peak): bare pass to the last block {mem_bare / 2**20:.0f} MiB, "
           f"profile (warm) {mem_prof / 2**20:.0f} MiB")
     row.update(mem_bare_MiB=mem_bare / 2**20, mem_profile_MiB=mem_prof / 2**20)
@@ -414,7 +463,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--layer-budget", type=float, default=20.0,
                     help="seconds one whole-layer method may take per spectrum (a slower one is scaled)")
-    ap.add_argument("--methods", default="lanczos,gram,svd", help="whole-layer methods to time, comma-separated")
+    ap.add_argument("--methods", default="batched,lanczos,gram,svd",
+                    help="whole-layer methods to time, comma-separated ('batched': Lanczos on every layer's "
+                         "matrices at once, the device path of 'auto'; 'lanczos': one matrix at a time)")
     ap.add_argument("--trace", action="store_true",
                     help="also a torch.profiler table of one warm profile() per model, thermo-lens' hooks by name")
     ap.add_argument("--only", choices=["spectral", "profile"], action="append")

@@ -34,15 +34,19 @@ matrix ``[d_model, n_kv_heads * d_head]`` (all heads side by side, as in a fused
 ``layer_W_O_norm`` of the output matrix ``[n_heads * d_head, d_model]``, and the paper's "trace
 proxy" ``layer_W_V_norm ** 2`` (it is not a trace; ``thermo_lens.definitions`` §3).
 
-Everything is batched over the heads of a chunk of layers (the per-head Gram matrices, then
-Cholesky factors and largest eigenvalues of ``d_head x d_head`` matrices, by ``eigvalsh`` on CPU and
-by repeated squaring on a GPU; the Gram products are the arithmetic floor of any exact method) and
-the whole-layer norms are computed by Lanczos, one matrix at a time and one pass over it per step
-(on a GPU too: there cuSOLVER's float32 SVD was ~1e-4 off and 60 times slower at 7B width), in
-float32 or float64,
-whatever the model's dtype. Weights are read as stored, a chunk of layers at a time (a layer of a
-large model is a view of its parameters), and a bf16 model's weights are converted in cache, a
-block of heads or a row panel at a time: no converted copy of the weights exists.
+Everything is batched over heads and layers (the per-head Gram matrices of a chunk of layers, then
+Cholesky factors and largest eigenvalues of ``d_head x d_head`` matrices for a group of chunks, all
+layers of a 7B model on a GPU, in one call each: ``eigvalsh`` on CPU, repeated squaring on a GPU;
+the Gram products are the arithmetic floor of any exact method) and the whole-layer norms are
+computed by Lanczos (cuSOLVER's float32 SVD was ~1e-4 off and 60 times slower at 7B width): on the
+CPU one matrix at a time, one pass over it per step; on a device every layer's matrices together,
+one batched product per step, the coefficients read back every few steps
+(:mod:`~thermo_lens.spectral.lanczos`), in float32 or float64, whatever the model's dtype.
+Weights are read as stored, a chunk of layers at a time (a layer of a large model is a view of its
+parameters). On the CPU a bf16 model's weights are converted in cache, a block of heads or a row
+panel at a time: no converted copy of the weights exists. A device stacks the whole-layer matrices
+in the compute dtype for the batched Lanczos (4 GiB in float32 at 7B; at most a quarter of its
+free memory, else a group of layers at a time).
 :func:`spectral_signature` caches its result per weights fingerprint
 (:func:`clear_cache` says exactly when an entry is reused), so re-profiling a model costs nothing
 here. No function changes torch's process-wide thread count.
@@ -56,6 +60,7 @@ Entry points: :func:`spectral_signature` (a model, cached), :func:`signature_fro
 Layout (one concept per module): :mod:`~thermo_lens.spectral.kernels` (Gram roots, factored
 products, whole-matrix norms), :mod:`~thermo_lens.spectral.heads` (:class:`HeadWeights` and the
 registered head metrics), :mod:`~thermo_lens.spectral.layer_norms` (whole-layer norms),
+:mod:`~thermo_lens.spectral.lanczos` (Lanczos on a stack of matrices at once),
 :mod:`~thermo_lens.spectral.signature` (the result), :mod:`~thermo_lens.spectral.from_weights`
 (stacked tensors), :mod:`~thermo_lens.spectral.from_model` (a model) and
 :mod:`~thermo_lens.spectral.cache` (the fingerprint cache). Importing the package registers every

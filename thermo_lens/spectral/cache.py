@@ -42,25 +42,28 @@ def clear_cache() -> None:
         _CACHE.clear()
 
 
-def _param_key(name: str, p: Tensor) -> tuple:
+def _sample(p: Tensor) -> Tensor:
+    """64 evenly spaced elements of a parameter (8 x 8 of a matrix, 64 of a vector), flat, as bytes,
+    where the parameter lives."""
     t = p.detach()
-    # Evenly spaced indices along every dimension (8 x 8 of a matrix, 64 of a vector): indexing,
-    # never a reshape, which would copy the transposed / sliced views TransformerLens exposes.
+    # Indexing, never a reshape, which would copy the transposed / sliced views TransformerLens exposes.
     per_dim = max(1, round(_SAMPLE ** (1 / max(t.ndim, 1))))
     for d in range(t.ndim):
         n = t.shape[d]
         if n > per_dim:
             t = t.index_select(d, torch.linspace(0, n - 1, per_dim, device=t.device).long())
-    sample = t.contiguous().to("cpu")
-    return (name, p.data_ptr(), p._version, tuple(p.shape), str(p.dtype), str(p.device),
-            sample.view(torch.uint8).numpy().tobytes())
+    return t.reshape(-1).view(torch.uint8)
 
 
 def _weights_fingerprint(view: ModelView) -> tuple:
     """Cheap identity of the attention weights (see :func:`clear_cache`): O(parameters), not
-    O(weights)."""
-    out = []
+    O(weights). The sampled values of every parameter on one device come to the host in one copy
+    (not one round trip per parameter: a warm call on a GPU waits for the device once)."""
+    meta: list[tuple] = []
+    samples: dict[str, list[Tensor]] = {}
     for l in range(view.n_layers):
-        attn = view._attn(l)
-        out.append(tuple(_param_key(n, p) for n, p in attn.named_parameters()))
-    return tuple(out)
+        for name, p in view._attn(l).named_parameters():
+            meta.append((l, name, p.data_ptr(), p._version, tuple(p.shape), str(p.dtype), str(p.device)))
+            samples.setdefault(str(p.device), []).append(_sample(p))
+    values = tuple((dev, torch.cat(s).to("cpu").numpy().tobytes()) for dev, s in samples.items())
+    return tuple(meta), values

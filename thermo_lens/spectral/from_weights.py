@@ -11,6 +11,8 @@ from thermo_lens.errors import ThermoLensInputError, ThermoLensNumericsError
 from thermo_lens.registry import metrics
 from thermo_lens.spectral.heads import HeadWeights
 from thermo_lens.spectral.kernels import LayerNormMethod, _check_method
+from thermo_lens.spectral.kernels import resolve_method
+from thermo_lens.spectral.layer_norms import LayerStacks, batched
 from thermo_lens.spectral.layer_norms import layer_norms as _layer_norms
 from thermo_lens.spectral.signature import KV_HEAD_METRICS, SpectralSignature
 
@@ -19,6 +21,11 @@ __all__ = ["signature_from_weights"]
 # Elements of the attention weights read per chunk of layers (128 MiB in bf16, 256 MiB in float32;
 # the Gram and eigen workspaces are small beside them). A 7B model: 1 layer per chunk.
 _CHUNK_ELEMENTS = 1 << 26
+# Elements of the per-head Gram matrices kept across chunks before the metrics run on them (64 MiB
+# in float32 on the CPU: 8 layers of a 7B model; 256 MiB on a device: all 32 layers, so that every
+# layer's small eigenproblems are one batched call).
+_GRAM_ELEMENTS_CPU = 1 << 24
+_GRAM_ELEMENTS_DEVICE = 1 << 26
 # No function here changes torch's global thread count (``torch.set_num_threads`` is process
 # wide: setting and restoring it races with other Python threads running torch); callers who want
 # one thread set it themselves, once.
@@ -72,6 +79,22 @@ def _check_shapes(W_V: Any, W_O: Any, kv_head_of: Any) -> Tensor:
             f"got {kv.tolist()}"
         )
     return kv
+
+
+def _check_all_finite(fro: dict[str, list[Tensor]], start: int, read: "LayerReader") -> None:
+    """A NaN/inf weight makes its head's Frobenius norm NaN/inf (``fro[name]``: one ``[layer,
+    head]`` tensor per chunk read): one read of a flag for the chunks from ``start`` on, and only
+    when it is set a look at the weights, element-wise, for the message (the first affected layer;
+    in a layer, the weights in the order named). A Frobenius norm that overflows with finite
+    weights raises nothing."""
+    flags = [~torch.isfinite(f).all() for v in fro.values() for f in v[start:]]
+    if not flags or not bool(torch.stack(flags).any()):
+        return
+    bad = {k: (~torch.isfinite(torch.cat(v))).flatten(1).any(1).tolist() for k, v in fro.items()}
+    for l in range(len(next(iter(bad.values())))):
+        for k in fro:
+            if bad[k][l]:
+                _check_finite(read(l, l + 1)[k], k, l)
 
 
 def _check_finite(W: Tensor, name: str, first_layer: int = 0) -> None:
@@ -165,36 +188,70 @@ def compute_signature(
     :func:`~thermo_lens.spectral.spectral_signature` (a model's layers, read as needed).
 
     Per chunk of layers: the per-head Gram matrices (the arithmetic floor of every exact method:
-    weights converted to ``dtype`` a block in cache at a time), their ``eigh`` / ``eigvalsh``, the
-    registered metrics from them, and the whole-layer norms. Nothing holds more than one chunk of
-    weights: reading layer by layer (an offloaded model) needs only another ``read``.
+    weights converted to ``dtype`` a block in cache at a time) and, on the CPU, the whole-layer
+    norms one matrix at a time. Per group of chunks (the Gram matrices of 8 layers of a 7B model on
+    the CPU, all of them on a device): one finiteness flag read, then the registered metrics, every
+    layer's small eigenproblems in one batched call. On a device the whole-layer matrices are
+    stacked as chunks arrive (:class:`~thermo_lens.spectral.layer_norms.LayerStacks`, converted to
+    ``dtype``) and stepped together by one batched Lanczos iteration. Nothing else holds more than
+    one chunk of weights: reading layer by layer (an offloaded model) needs only another ``read``.
     """
     L, H, K, d_model, d_head = geometry
     kv_dev = kv.to(device)
     todo = [m for m in metrics(result="SpectralSignature", computed=True, load=False) if set(m.weights) <= set(names)]
     per_layer = sum((H if n in ("W_O", "W_Q") else K) * d_model * d_head for n in names)
     step = max(1, _CHUNK_ELEMENTS // per_layer)
+    # The Gram matrices of a group of chunks are kept and the metrics computed once per group:
+    # every layer's small eigenproblems in one batched call (all layers of a 7B model on a GPU).
+    gram_per_layer = sum((H if n in ("W_O", "W_Q") else K) * d_head * d_head for n in names)
+    budget = _GRAM_ELEMENTS_CPU if torch.device(device).type == "cpu" else _GRAM_ELEMENTS_DEVICE
+    group = step * max(1, budget // (gram_per_layer * step))
     kernels = {m.name: m.compute for m in todo if m.compute is not None}  # all of them (computed=True)
     parts: dict[str, list[Tensor]] = {name: [] for name in kernels}
+    fro: dict[str, list[Tensor]] = {n: [] for n in names}
+    grams: dict[str, list[Tensor]] = {n: [] for n in names}
     layer_parts: list[tuple[Tensor, Tensor]] = []
     methods: set[str] = set()
+    stacks = None
+    if layer_norms and resolve_method(layer_norm_method) == "lanczos" and batched(device):
+        stacks = LayerStacks(L, H, K, d_model, d_head, dtype, torch.device(device))
+    first = 0  # first layer of the current group
+    checked = 0  # chunks whose weights are known to be finite
     for s in range(0, L, step):
-        chunk = read(s, min(L, s + step))
+        stop = min(L, s + step)
+        chunk = read(s, stop)
         w = HeadWeights(chunk["W_V"], chunk["W_O"], kv_dev, W_Q=chunk.get("W_Q"), W_K=chunk.get("W_K"), dtype=dtype)
-        # A NaN/inf weight makes its head's Frobenius norm NaN/inf: only then look element-wise
-        # (for the message), instead of an isfinite pass over every weight.
-        for k in chunk:
-            if not torch.isfinite(w.frobenius(k)).all():
-                _check_finite(chunk[k], k, s)
-        for name, compute in kernels.items():
-            parts[name].append(compute(w))
-        if layer_norms:
+        for k in names:
+            grams[k].append(w.gram(k))
+            fro[k].append(w.frobenius(k))
+        if layer_norms and stacks is None:  # checked before the per-chunk layer norms see the weights
+            _check_all_finite(fro, checked, read)
+            checked = len(fro[names[0]])
             lv, lo, method = _layer_norms(chunk["W_V"], chunk["W_O"], dtype, layer_norm_method)
             layer_parts.append((lv, lo))
             methods.add(method)
+        group_done = stop - first >= group or stop == L
+        if group_done:  # on a device: one read per group, before any eigenproblem sees the weights
+            _check_all_finite(fro, checked, read)
+            checked = len(fro[names[0]])
+            n_chunks = len(grams[names[0]])
+            g = HeadWeights.from_grams({k: torch.cat(v) for k, v in grams.items()}, kv_dev, dtype=dtype,
+                                       load=lambda a=first, b=stop: read(a, b))  # type: ignore[misc]
+            for k in names:
+                g._cache[f"fro_{k}"] = torch.cat(fro[k][-n_chunks:])
+            for name, compute in kernels.items():
+                parts[name].append(compute(g))
+            grams = {n: [] for n in names}
+            first = stop
+            del g
+        if stacks is not None:
+            stacks.add(chunk["W_V"], chunk["W_O"])
         del chunk, w
     values = {name: torch.cat(p).to("cpu") for name, p in parts.items()}
 
+    if stacks is not None:
+        lv, lo, method = stacks.result()
+        layer_parts, methods = [(lv, lo)], {method}
     if layer_norms:
         lv, lo = (torch.cat(p).to("cpu") for p in zip(*layer_parts))
         method = ", ".join(sorted(methods))

@@ -9,6 +9,7 @@ glossary and the definitions page then carry it. Definitions: ``thermo_lens.defi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -47,13 +48,38 @@ class HeadWeights:
 
     def __init__(self, W_V: Tensor, W_O: Tensor, kv_head_of: Tensor, W_Q: Tensor | None = None,
                  W_K: Tensor | None = None, *, dtype: torch.dtype | None = None):
-        self._stored = {"W_V": W_V, "W_O": W_O, "W_Q": W_Q, "W_K": W_K}
+        self._stored: dict[str, Any] = {"W_V": W_V, "W_O": W_O, "W_Q": W_Q, "W_K": W_K}
         self.dtype = W_V.dtype if dtype is None else dtype
         self.kv_head_of = kv_head_of
         self._cache: dict[str, Any] = {}
 
+    @classmethod
+    def from_grams(cls, grams: dict[str, Tensor], kv_head_of: Tensor, *, dtype: torch.dtype,
+                   load: Callable[[], dict[str, Tensor]]) -> "HeadWeights":
+        """The accessor of a group of layers whose Gram matrices (``gram(name)`` of each given
+        weight, ``[layer, head, d_head, d_head]`` in ``dtype``) were computed chunk by chunk: the
+        metrics then solve every layer's small eigenproblems in one batched call. A metric that reads
+        the weights themselves gets them from ``load()`` (the group's weights, read once, on first use)."""
+        self = cls.__new__(cls)
+        loaded: dict[str, Tensor] = {}
+
+        def deferred(name: str) -> Callable[[], Tensor]:
+            def get() -> Tensor:
+                if not loaded:
+                    loaded.update(load())
+                return loaded[name]
+            return get
+
+        self._stored = {n: deferred(n) if n in grams else None for n in ("W_V", "W_O", "W_Q", "W_K")}
+        self.dtype = dtype
+        self.kv_head_of = kv_head_of
+        self._cache = {f"gram_{n}": g for n, g in grams.items()}
+        return self
+
     def _weights(self, name: str) -> Tensor | None:
         w = self._stored[name]
+        if callable(w):
+            w = self._stored[name] = w()
         if w is None or w.dtype == self.dtype:
             return w
         return self._cached(f"weights_{name}", lambda: w.to(self.dtype))
@@ -125,6 +151,8 @@ class HeadWeights:
 
     def _need(self, name: str) -> Tensor:
         w = self._stored[name]
+        if callable(w):
+            w = self._stored[name] = w()
         if w is None:
             raise ThermoLensInputError(f"this metric needs {name}; pass it to signature_from_weights")
         return w

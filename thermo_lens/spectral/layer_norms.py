@@ -8,6 +8,7 @@ matrix ``[n_heads * d_head, d_model]``, and the paper's "trace proxy" is ``layer
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -70,3 +71,118 @@ def _value_matrix(W_V: Float[Tensor, "kv_head d_model d_head"]) -> Tensor | RowP
         return W_V.permute(1, 0, 2).view(d_model, K * d_head)
     except RuntimeError:
         return RowPanels([W_V[h].mT for h in range(K)])
+
+
+def batched(device: torch.device) -> bool:
+    """Whether the whole-layer norms on ``device`` step every layer's matrices together
+    (:class:`LayerStacks`): on any accelerator, where a launch and a host round trip per step and
+    matrix cost more than the step itself. The CPU keeps the per-matrix path (a bf16 matrix
+    converted in cache a panel at a time, and each matrix stopping at its own step)."""
+    return torch.device(device).type != "cpu"
+
+
+#: Bytes the float32 stacks of the batched whole-layer norms may take off a GPU (a host test).
+_HOST_STACK_BYTES = 1 << 30
+
+
+class LayerStacks:
+    """The whole-layer value and output matrices of ``L`` layers, converted to ``dtype`` into
+    stacks on the device as chunks of layers arrive (:meth:`add`), and their ``sigma_max`` by
+    :func:`~thermo_lens.spectral.lanczos.lanczos_sigma_max_batched`: one batched product per
+    Lanczos step for all matrices of a stack.
+
+    Each matrix is stacked in the orientation whose Gram operator acts on its smaller side (on
+    the ``d_model`` side when square): the value matrix as ``V^T [kv_head * d_head, d_model]`` or
+    ``V [d_model, kv_head * d_head]``, the output matrix as ``O [head * d_head, d_model]`` or its
+    transpose. When the two have one shape (LLaMA-2, GPT-2) they share one stack of ``2 L``
+    matrices; otherwise (GQA) each has its own, stepped one after the other.
+
+    Memory: the stacks of all layers in ``dtype`` (64 matrices of 4096 x 4096 in float32 at 7B:
+    4 GiB), at most a quarter of the device's free memory: beyond that, layers are taken in groups
+    that fit, each group its own batched iteration (``budget`` bytes; default as said, 1 GiB on
+    the host).
+    """
+
+    def __init__(self, L: int, H: int, K: int, d_model: int, d_head: int, dtype: torch.dtype,
+                 device: torch.device, budget: int | None = None):
+        from thermo_lens.spectral.lanczos import lanczos_sigma_max_batched
+
+        self._lanczos = lanczos_sigma_max_batched
+        self.L, self.H, self.K, self.d_head, self.d_model = L, H, K, d_head, d_model
+        self.dtype, self.device = dtype, torch.device(device)
+        self.v_transposed = K * d_head >= d_model  # V^T [K d_head, d_model]
+        self.o_transposed = H * d_head < d_model  # O^T [d_model, H d_head]
+        v_shape = (K * d_head, d_model) if self.v_transposed else (d_model, K * d_head)
+        o_shape = (d_model, H * d_head) if self.o_transposed else (H * d_head, d_model)
+        self.shared = v_shape == o_shape
+        if budget is None:
+            budget = (torch.cuda.mem_get_info(self.device)[0] // 4 if self.device.type == "cuda"
+                      else _HOST_STACK_BYTES)
+        per_layer = (v_shape[0] * v_shape[1] + o_shape[0] * o_shape[1]) * torch.finfo(dtype).bits // 8
+        self.group = max(1, min(L, budget // per_layer))
+        g = self.group
+        if self.shared:
+            both = torch.empty(2 * g, *v_shape, dtype=dtype, device=self.device)
+            self.v, self.o = both[:g], both[g:]
+            self.stacks = [both]
+        else:
+            self.v = torch.empty(g, *v_shape, dtype=dtype, device=self.device)
+            self.o = torch.empty(g, *o_shape, dtype=dtype, device=self.device)
+            self.stacks = [self.v, self.o]
+        self.filled = 0  # layers of the current group in the stacks
+        self.done = 0  # layers whose norms are computed
+        self.lv: list[Tensor] = []
+        self.lo: list[Tensor] = []
+        self.fallback = 0
+
+    def add(self, W_V: Float[Tensor, "layer kv_head d_model d_head"],
+            W_O: Float[Tensor, "layer head d_head d_model"]) -> None:
+        """The next layers' weights, as stored (any dtype, views of fused parameters)."""
+        s = 0
+        while s < W_V.shape[0]:
+            n = min(W_V.shape[0] - s, self.group - self.filled)
+            a, b = self.filled, self.filled + n
+            v, o = W_V[s:s + n], W_O[s:s + n]
+            if self.v_transposed:
+                self.v[a:b].view(n, self.K, self.d_head, self.d_model).copy_(v.mT)
+            else:
+                self.v[a:b].view(n, self.d_model, self.K, self.d_head).copy_(v.permute(0, 2, 1, 3))
+            if self.o_transposed:
+                self.o[a:b].view(n, self.d_model, self.H, self.d_head).copy_(o.permute(0, 3, 1, 2))
+            else:
+                self.o[a:b].view(n, self.H, self.d_head, self.d_model).copy_(o)
+            self.filled, s = b, s + n
+            if self.filled == self.group or self.done + self.filled == self.L:
+                self._run()
+
+    def _run(self) -> None:
+        n = self.filled
+        if self.shared:
+            g = self.group
+            both = self.stacks[0]
+            M = both if n == g else torch.cat([both[:n], both[g:g + n]])
+            s = self._norms(M)
+            self.lv.append(s[:n])
+            self.lo.append(s[n:])
+        else:
+            self.lv.append(self._norms(self.v[:n]))
+            self.lo.append(self._norms(self.o[:n]))
+        self.done += n
+        self.filled = 0
+
+    def _norms(self, M: Tensor) -> Tensor:
+        sigma, _ = self._lanczos(M)  # numpy, on the host
+        out = torch.from_numpy(sigma).to(self.dtype)
+        bad = np.flatnonzero(np.isnan(sigma))
+        for i in bad:  # not converged within 300 steps (rare): the Gram eigenvalue instead
+            if bool(torch.isfinite(M[int(i)]).all()):  # NaN weights: reported by the caller's check
+                out[i] = matrix_spectral_norm(M[int(i)], "gram")[0].to("cpu", self.dtype)
+        self.fallback += len(bad)
+        return out
+
+    def result(self) -> tuple[Float[Tensor, " layer"], Float[Tensor, " layer"], str]:
+        """``(layer_W_V_norm, layer_W_O_norm, method)`` on the host, once every layer was added."""
+        if self.done != self.L:
+            raise RuntimeError(f"LayerStacks: {self.done} of {self.L} layers added")
+        method = "lanczos" if not self.fallback else f"lanczos (gram for {self.fallback} of {2 * self.L})"
+        return torch.cat(self.lv), torch.cat(self.lo), method
