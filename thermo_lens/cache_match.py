@@ -44,13 +44,12 @@ _ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "dist
 
 
 def _is_encoder(view: ModelView) -> bool:
-    return view.backend == "hooked_encoder" or view.model_type in _ENCODER_TYPES
+    return view.adapter.bidirectional or view.model_type in _ENCODER_TYPES
 
 
 def check_hooks(view: ModelView, padded_attendable: bool) -> list[str]:
     """The hooks a cache must hold for the checks besides those the measurements read."""
-    embed = {"bridge": "embed.hook_out", "hooked_encoder": "hook_full_embed"}.get(view.backend, "hook_embed")
-    return [embed] + (
+    return [view.adapter.embed_hook] + (
         [PATTERN_HOOK] if padded_attendable else [])
 
 
@@ -211,7 +210,7 @@ def _check_pads(view: ModelView, acts: Mapping[str, Tensor], key: str | None, re
     worst = float(leak.max()) if leak.numel() else 0.0
     if not worst <= 1e-6:
         rows = [int(b) for b in torch.nonzero(~(leak <= 1e-6)).flatten()]
-        kw = "one_zero_attention_mask" if view.backend == "hooked_encoder" else "attention_mask"
+        kw = view.adapter.mask_keyword
         raise ThermoLensInputError(
             f"this cache was made without the attention mask on the pads: at {key} the real tokens of row(s) "
             f"{rows[:8]} give the pads up to {worst:.3g} of their attention, so its activations are not those of the "

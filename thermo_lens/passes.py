@@ -841,14 +841,11 @@ def _cache_prompts(view: ModelView, prompts: Any, settings: RunSettings) -> tupl
     if to_tokens is None:
         raise ThermoLensInputError(f"{view.name} has no to_tokens: pass the token ids the cache was made from")
     kw = {} if settings.prepend_bos == "host" else {"prepend_bos": bool(settings.prepend_bos)}
-
-    def ids(x: Any) -> Tensor:
-        return x[0] if isinstance(x, tuple) else x  # HookedEncoder: (tokens, token_type_ids, attention_mask)
-    batch_ids = ids(to_tokens(list(ps.texts), move_to_device=False, **kw))
+    batch_ids = view.adapter.token_ids(to_tokens(list(ps.texts), move_to_device=False, **kw))
     rows, starts = [], []
     side = str(getattr(view.tokenizer, "padding_side", "right") or "right")
     for b, text in enumerate(ps.texts):
-        own = [int(t) for t in ids(to_tokens(text, move_to_device=False, **kw))[0]]
+        own = [int(t) for t in view.adapter.token_ids(to_tokens(text, move_to_device=False, **kw))[0]]
         n = len(own)
         start = batch_ids.shape[1] - n if side == "left" else 0
         if batch_ids[b, start:start + n].tolist() != own:

@@ -118,28 +118,16 @@ class HeadReadout:
         return self.post(out)
 
 
-def _module(obj: Any, path: str) -> Any:
-    for part in path.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
-
-
 def _soft_cap(x: Tensor, cap: float) -> Tensor:
     return cap * torch.tanh(x / cap)
 
 
 def _build_head(view: ModelView) -> HeadReadout:
     model, hf = view.model, view.hf_config
-    hf_model = getattr(model, "original_model", None)
     pre: list[tuple[str, Callable[[Tensor], Tensor]]] = []
-    transform = _module(hf_model, "cls.predictions.transform") if hf_model is not None else None
-    mlm_head = getattr(model, "mlm_head", None)
-    if transform is not None:
-        pre.append(("the masked-LM head's transform (dense, activation, LayerNorm)", transform))
-    elif mlm_head is not None and view.backend == "hooked_encoder":
-        pre.append(("the masked-LM head (dense, activation, LayerNorm)", mlm_head))
+    mlm_head = view.adapter.mlm_head(model)  # BERT-style: the head between the stream and W_U
+    if mlm_head is not None:
+        pre.append(mlm_head)
     else:
         ln_final = getattr(model, "ln_final", None)
         if ln_final is not None:
