@@ -24,13 +24,16 @@ The result's provenance records how the cache was matched (:attr:`Provenance.cac
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 from torch import Tensor
 
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.model import ModelView
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
 
 __all__ = ["match_cache", "EMBED_HOOKS", "check_hooks"]
 
@@ -64,7 +67,7 @@ def pads_attendable(view: ModelView, real: Tensor) -> bool:
     return bool((first_real > 0).any())
 
 
-def _model_name(model: Any) -> str:
+def _model_name(model: TransformerLensModel) -> str:
     cfg = getattr(model, "cfg", None)
     return str(getattr(cfg, "model_name", None) or type(model).__name__)
 

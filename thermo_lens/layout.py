@@ -189,7 +189,7 @@ def norm_site(block: Any, name: str) -> NormSite:
 class _LayoutReader(Protocol):
     """What :func:`detect_layout` needs of a host adapter (:class:`thermo_lens.hosts.HostAdapter`)."""
 
-    def block_layout(self, model: Any, hf_config: Any, norm_placement: str, parallel: bool,
+    def block_layout(self, model: torch.nn.Module, hf_config: Any, norm_placement: str, parallel: bool,
                      arch: str) -> BlockLayout: ...
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, cast
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -242,7 +242,7 @@ class ModelView:
             steps.append("fold_ln")
         try:
             with self.adapter.materialised(self._attn(0), "block 0's W_O"):
-                w_o = self._as_heads(getattr(self._attn(0), "W_O"), self.n_heads, (self.d_head, self.d_model), "W_O", 0)
+                w_o = self._as_heads(cast(Tensor, self._attn(0).W_O), self.n_heads, (self.d_head, self.d_model), "W_O", 0)
             if _centred(w_o.reshape(-1, self.d_model)[:64]):
                 steps.append("center_writing_weights")
         except (AttributeError, RuntimeError, TypeError):  # an attention layout without W_O

@@ -28,7 +28,7 @@ import copy
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -43,6 +43,9 @@ from thermo_lens.provenance import Provenance, attached_records, describe_hook
 from thermo_lens.settings import RunSettings
 from thermo_lens.tokens import (HOST_BOS, MAX_PADDING, BatchInfo, TokenBatch, plan_batches, scope_rows, to_device,
                                 token_batch)
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
 
 __all__ = ["Recorder", "Collected", "Reduction", "collect", "collect_cached", "wrap_user_hooks"]
 
@@ -564,7 +567,7 @@ class Collected:
 
 
 def collect(
-    model: Any,
+    model: TransformerLensModel | ModelView,
     prompts: Any,
     reductions: Sequence[Reduction],
     settings: Any = None,
@@ -862,7 +865,7 @@ def _cache_prompts(view: ModelView, prompts: Any, settings: RunSettings) -> tupl
 
 
 def collect_cached(
-    model: Any,
+    model: TransformerLensModel | ModelView,
     prompts: Any,
     cache: Any,
     reductions: Sequence[Reduction],

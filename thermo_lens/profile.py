@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Unpack
 
 from thermo_lens._lazy import pandas as pd
 
@@ -31,6 +31,9 @@ from thermo_lens.result import Result
 from thermo_lens.settings import RunOptions, RunSettings
 from thermo_lens.tokens import TERM_SCOPES, TokenScope
 from thermo_lens.validate import validates_own_inputs
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
 
 __all__ = ["ThermoProfile", "profile", "profiles_frame"]
 
@@ -211,7 +214,7 @@ class ThermoProfile(Result):
 
 @validates_own_inputs
 def profile(
-    model: Any,
+    model: TransformerLensModel | ModelView,
     prompts: Prompts = "paper25",
     *,
     token_scope: TokenScope = "all_but_first",

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, ClassVar, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Unpack
 
 import pandas as pd
 from jaxtyping import Float
@@ -36,6 +36,9 @@ from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.paired import PairedDifference, paired_t
 from thermo_lens.settings import RunOptions, RunSettings
 from thermo_lens.stats import SummaryStats
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
 
 __all__ = ["SAEGainChange", "sae_gain_change", "sae_position"]
 
@@ -172,7 +175,7 @@ def _check_sae(view: ModelView, hook: str, d_in: int, what: str) -> None:
 
 
 def sae_gain_change(
-    model: Any,
+    model: TransformerLensModel | ModelView,
     prompts: Any,
     *,
     saes: Any = None,

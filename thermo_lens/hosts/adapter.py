@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from typing import TYPE_CHECKING, Any, ClassVar, ContextManager, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, ContextManager, Protocol, Sequence, cast, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -176,7 +176,7 @@ class HostAdapter(Protocol):
         ...
 
 
-def takes_start_at_layer(model: Any) -> bool:
+def takes_start_at_layer(model: object) -> bool:
     """Whether ``model.forward`` takes ``start_at_layer``: named in its signature, or passed on by
     a subclass's ``forward(input, **kwargs)`` to a parent class's forward that names it (SAELens'
     ``HookedSAETransformer.forward`` hands every keyword to ``HookedTransformer.forward``)."""
@@ -229,8 +229,7 @@ class HookedRootAdapter:
         return model.blocks
 
     def attention(self, model: TransformerLensModel, layer: int) -> torch.nn.Module:
-        attn: torch.nn.Module = getattr(self.blocks(model)[layer], "attn")
-        return attn
+        return cast(torch.nn.Module, self.blocks(model)[layer].attn)
 
     def attn_weight(self, attn: torch.nn.Module, name: str) -> Tensor:
         # Legacy GQA attention keeps the un-repeated KV weights in `_W_K` / `_W_V`.

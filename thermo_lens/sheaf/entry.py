@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from jaxtyping import Float
@@ -18,6 +18,9 @@ from thermo_lens.sheaf.validation import (
     _check_index,
     _check_W_V,
 )
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
 
 
 def _pattern_key(layer: int, head: int | None) -> str:
@@ -115,7 +118,7 @@ def _token_strings(view: ModelView, prompt: str, prepend_bos: Any, n: int) -> tu
 
 
 def sheaf_laplacian(
-    model: Any,
+    model: TransformerLensModel | ModelView,
     prompt: Any,
     layer: int,
     head: int | None = None,

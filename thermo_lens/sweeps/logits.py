@@ -30,7 +30,7 @@ import operator
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -40,6 +40,9 @@ from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.model import ModelView
 from thermo_lens.passes import Recorder
 from thermo_lens.tokens import TokenBatch
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
 
 __all__ = ["LogitDifference", "head_readout"]
 
@@ -265,7 +268,7 @@ class LogitDifference:
         show = lambda ids: repr(ids[0]) if len(ids) == 1 else f"{len(ids)} ids"  # noqa: E731
         return f"logit_difference:{show(self._a)}-{show(self._b)}@{self.pos}"  # type: ignore[attr-defined]
 
-    def resolve(self, model: Any) -> "LogitDifference":
+    def resolve(self, model: TransformerLensModel | ModelView) -> "LogitDifference":
         """The same measure with every string answer replaced by its one token id for ``model``'s
         tokenizer (refused, naming the tokens, where a string is several)."""
         from thermo_lens.model import as_view

@@ -24,7 +24,7 @@ import html
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -34,6 +34,10 @@ from thermo_lens.registry import Metric, metrics, register_metric
 from thermo_lens.result import Result
 from thermo_lens.tokens import TokenScope
 from thermo_lens.views._common import ThermoLensViewError, bos_text, settings_text, to_numpy
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
+    from thermo_lens.model import ModelView
 
 __all__ = [
     "AttentionPanel",
@@ -279,7 +283,7 @@ def _per_head_activation_metrics(view: Any, prompts: Any, layer: int, token_scop
             if any(type(r).__name__ == m.result for r in res.results.values())}
 
 
-def attention_panel(model: Any, prompt: str, layer: int, *, head: int | Sequence[int] | None = None,
+def attention_panel(model: TransformerLensModel | ModelView, prompt: str, layer: int, *, head: int | Sequence[int] | None = None,
                     prepend_bos: Any = "host", gain_prompts: Any = None, token_scope: TokenScope = "all_but_first",
                     ablation: bool = True, attribution: bool = True, include_js: bool = True,
                     fwd_hooks: Any = ()) -> AttentionPanel:

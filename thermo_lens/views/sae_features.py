@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import html as _html
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import plotly.graph_objects as go
@@ -28,6 +28,10 @@ from thermo_lens.model import as_view
 from thermo_lens.result import register_plot
 from thermo_lens.views._common import ThermoLensViewError, base_layout, hover, wrap
 from thermo_lens.views.panels import circuitsvis_html
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
+    from thermo_lens.model import ModelView
 
 __all__ = ["feature_chart", "feature_panel", "FeaturePanel"]
 
@@ -99,7 +103,7 @@ class FeaturePanel:
         return self.html
 
 
-def _head_cosine(model: Any, sae: Any, hook: str, layer: int, feature: int) -> Tensor:
+def _head_cosine(model: TransformerLensModel | ModelView, sae: Any, hook: str, layer: int, feature: int) -> Tensor:
     view = as_view(model)
     W_O = view.W_O_layers()[layer].double()  # [head, d_head, d_model]
     w = sae.W_dec.detach()[feature].double()
@@ -116,7 +120,7 @@ def _head_cosine(model: Any, sae: Any, hook: str, layer: int, feature: int) -> T
     return torch.tensor(out)
 
 
-def feature_panel(model: Any, attribution: Any, hook: str, feature: int, prompts: Any,
+def feature_panel(model: TransformerLensModel, attribution: Any, hook: str, feature: int, prompts: Any,
                   include_js: bool = True) -> FeaturePanel:
     """The panel of SAE feature ``feature`` at ``hook`` (module docstring): ``attribution`` a
     ``gain_attribution(..., sae_features=True)`` of ``model`` (with that SAE attached); ``prompts`` the
