@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.hosts import ADAPTERS
 from thermo_lens.model import ModelView
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["match_cache", "EMBED_HOOKS", "check_hooks"]
 
 #: Where a cache may hold the embedding the tokens are checked against, in order of preference.
-EMBED_HOOKS = ("embed.hook_out", "hook_embed", "hook_full_embed")
+EMBED_HOOKS = tuple(dict.fromkeys(a.embed_hook for a in ADAPTERS))  # every host's, one each
 #: The attention pattern a padded cache is checked at.
 PATTERN_HOOK = "blocks.0.attn.hook_pattern"
 # HF model types whose attention is bidirectional (every real token may attend every pad).

@@ -527,7 +527,7 @@ class ModelView:
         if self.adapter.needs_resolving(self.model):
             hooks = [(self.adapter.resolve_hook(self.model, name, self.name), fn) for name, fn in hooks]
         with torch.inference_mode():
-            mask_kw = self.adapter.mask_keyword  # HookedEncoder: one_zero_attention_mask
+            mask_kw = self.adapter.mask_keyword  # the host's name for the 0/1 mask
             try:
                 out = self.model.run_with_hooks(tokens, fwd_hooks=hooks,
                                                 return_type="logits" if return_logits else None, **{mask_kw: mask})
