@@ -207,6 +207,9 @@ def test_mask_keyword_and_tokens_are_the_hosts(name, host):
     alone = _run(model, adapter, torch.tensor([ids[short]]), [last])[last]
     k = len(ids[short])
     torch.testing.assert_close(batch[short, :k], alone[0], atol=TOL, rtol=TOL)
+    if adapter.bidirectional:  # the keyword matters: without the mask the real tokens attend the pads
+        unmasked = _run(model, adapter, tokens, [last])[last]
+        assert not torch.allclose(unmasked[short, :k], alone[0], atol=TOL, rtol=TOL)
 
 
 @pytest.mark.parametrize("name", list(ROWS))
