@@ -16,6 +16,10 @@ so thermo-lens reads its residual states at ``blocks.{l}.hook_normalized_resid_p
 output, what block ``l + 1`` receives and what every other host records as the block output):
 the same numbers as the same checkpoint booted as a ``TransformerBridge``.
 
+:func:`detect_host` picks the model's adapter (:mod:`thermo_lens.hosts`, one per host class),
+which answers everything host-specific for the view; a model no adapter claims but that has
+``cfg``, ``blocks``, ``run_with_hooks`` and ``tokenizer`` is read as a ``HookedTransformer``.
+
 A model from another TransformerLens release, or a host class thermo-lens cannot read
 (``HookedEncoderDecoder``: two stacks whose blocks are not one residual stream;
 ``HookedAudioEncoder``), gets a :class:`UnsupportedHostError` that says what to install or load
