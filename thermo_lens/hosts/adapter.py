@@ -135,7 +135,7 @@ class HostAdapter(Protocol):
         """The ``[batch, pos]`` ids in what ``model.to_tokens`` returned."""
         ...
 
-    def block_layout(self, model: TransformerLensModel, hf_config: Any, norm_placement: str, parallel: bool,
+    def block_layout(self, model: TransformerLensModel, hf_config: object, norm_placement: str, parallel: bool,
                      arch: str) -> BlockLayout:
         """The :class:`~thermo_lens.layout.BlockLayout` of the model's blocks (``arch`` names the
         model in messages)."""
@@ -286,7 +286,7 @@ class HookedRootAdapter:
         return out
 
     # ------------------------------------------------------------------ layout
-    def block_layout(self, model: TransformerLensModel, hf_config: Any, norm_placement: str, parallel: bool,
+    def block_layout(self, model: TransformerLensModel, hf_config: object, norm_placement: str, parallel: bool,
                      arch: str) -> BlockLayout:
         raise NotImplementedError(f"{type(self).__name__} does not say how its blocks are laid out")
 

@@ -44,7 +44,7 @@ def hf_layer_list(model: TransformerLensModel) -> tuple[torch.nn.Module, str] | 
     return None
 
 
-def identity_norm(norm: Any, uses_offset: bool) -> bool:
+def identity_norm(norm: torch.nn.Module | None, uses_offset: bool) -> bool:
     """Whether a norm module's affine parameters are the identity (weights 1, or 0 when stored as
     an offset from 1; biases 0), as folding LayerNorm leaves them."""
     if norm is None:
@@ -106,7 +106,7 @@ class BridgeAdapter(HookedRootAdapter):
         return _cut_layer_list(hf_layer_list(model), layer)
 
     # ------------------------------------------------------------------ layout
-    def block_layout(self, model: TransformerLensModel, hf_config: Any, norm_placement: str, parallel: bool,
+    def block_layout(self, model: TransformerLensModel, hf_config: object, norm_placement: str, parallel: bool,
                      arch: str) -> BlockLayout:
         block = self.blocks(model)[0]
         layout = _bridge_layout(block, hf_config, norm_placement, parallel, arch)
@@ -117,11 +117,13 @@ class BridgeAdapter(HookedRootAdapter):
 
     def mlm_head(self, model: TransformerLensModel) -> tuple[str, torch.nn.Module] | None:
         # the HF model's masked-LM head transform (BERT-style checkpoints)
-        obj: Any = getattr(model, "original_model", None)
+        obj: object = getattr(model, "original_model", None)
         for part in ("cls", "predictions", "transform"):
             obj = getattr(obj, part, None)
             if obj is None:
                 return None
+        if not isinstance(obj, torch.nn.Module):
+            return None
         return "the masked-LM head's transform (dense, activation, LayerNorm)", obj
 
 
@@ -147,7 +149,7 @@ def _cut_layer_list(layers: tuple[torch.nn.Module, str] | None, start: int) -> I
             cfg.layer_types = types
 
 
-def _bridge_layout(block: Any, hf: Any, norm_placement: str, parallel: bool, arch: str) -> BlockLayout:
+def _bridge_layout(block: torch.nn.Module, hf: object, norm_placement: str, parallel: bool, arch: str) -> BlockLayout:
     cls_names = [c.__name__ for c in type(block).__mro__]
     subs = dict(getattr(block, "submodules", None) or {})
     if hf is not None and getattr(hf, "apply_residual_connection_post_layernorm", False):
@@ -182,12 +184,12 @@ def _bridge_layout(block: Any, hf: Any, norm_placement: str, parallel: bool, arc
                        families="GPT-J, GPT-NeoX, Falcon" if kind == "parallel" else "")
 
 
-def _hooks(block: Any) -> set[str]:
+def _hooks(block: torch.nn.Module) -> set[str]:
     aliases = getattr(block, "hook_aliases", None) or {}
     return set(aliases) | {n for n, _ in block.named_modules() if n}
 
 
-def _bridge_moe(mlp: Any, hf: Any, arch: str) -> tuple[MoESite | None, str | None]:
+def _bridge_moe(mlp: torch.nn.Module, hf: object, arch: str) -> tuple[MoESite | None, str | None]:
     cls_names = [c.__name__ for c in type(mlp).__mro__]
     if "MoEBridge" not in cls_names:
         return None, None

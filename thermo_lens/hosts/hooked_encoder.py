@@ -54,7 +54,7 @@ class HookedEncoderAdapter(HookedRootAdapter):
     def token_ids(self, out: Any) -> Tensor:
         return out[0] if isinstance(out, tuple) else out  # (tokens, token_type_ids, attention_mask)
 
-    def block_layout(self, model: TransformerLensModel, hf_config: Any, norm_placement: str, parallel: bool,
+    def block_layout(self, model: TransformerLensModel, hf_config: object, norm_placement: str, parallel: bool,
                      arch: str) -> BlockLayout:
         block = self.blocks(model)[0]
         return BlockLayout("post", stream_norms=(norm_site(block, "ln1"), norm_site(block, "ln2")),

@@ -10,7 +10,7 @@ attention. The layout comes from the TransformerLens config (no HF config inside
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from thermo_lens.hosts.adapter import HookedRootAdapter
 from thermo_lens.layout import BlockLayout, norm_site
@@ -28,7 +28,7 @@ class HookedTransformerAdapter(HookedRootAdapter):
     backend: ClassVar[str] = "hooked_transformer"
     classes: ClassVar[tuple[str, ...]] = ("HookedTransformer",)
 
-    def block_layout(self, model: TransformerLensModel, hf_config: Any, norm_placement: str, parallel: bool,
+    def block_layout(self, model: TransformerLensModel, hf_config: object, norm_placement: str, parallel: bool,
                      arch: str) -> BlockLayout:
         cfg = model.cfg
         block = self.blocks(model)[0]
