@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Sequence, Unpack
+from typing import TYPE_CHECKING, Sequence, Unpack
 
 import numpy as np
 import torch
@@ -40,6 +40,10 @@ from thermo_lens.settings import RunOptions, RunSettings
 from thermo_lens.stats import SummaryStats, summarize
 from thermo_lens.tokens import TokenScope
 from thermo_lens.validate import validates_own_inputs
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
+    from thermo_lens.model import ModelView
 
 __all__ = ["HeadAblation", "head_ablation"]
 
@@ -169,7 +173,7 @@ def _zero_head(head: int | None, copy: int, n_heads: int):
 
 @validates_own_inputs
 def head_ablation(
-    model: Any,
+    model: TransformerLensModel | ModelView,
     prompts: Prompts,
     layer: int,
     *,

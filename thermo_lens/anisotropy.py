@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import warnings
 from dataclasses import dataclass
-from typing import Any, ClassVar, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Unpack
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
@@ -48,6 +48,9 @@ from thermo_lens.tokens import TokenBatch
 from thermo_lens.result import Result
 from thermo_lens.stats import SummaryStats, summarize
 from thermo_lens.validate import validates_own_inputs
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
 
 __all__ = ["AnisotropyResult", "anisotropy_profile", "anisotropy_from_collected", "DEFINITION"]
 
@@ -215,7 +218,7 @@ register_measurement(Measurement(
 @documents_cache
 @validates_own_inputs
 def anisotropy_profile(
-    model: Any,
+    model: TransformerLensModel | ModelView,
     prompts: Prompts,
     *,
     level: float = 0.95,

@@ -22,20 +22,23 @@ from __future__ import annotations
 import difflib
 import functools
 import re
-from typing import Any, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 from thermo_lens.errors import ThermoLensInputError, ThermoLensInputTypeError
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
 
 __all__ = ["sae_wrappers", "sae_records", "check_saes", "resolve_hook", "needs_resolving", "hook_points",
            "AttachedHook", "attached_hooks", "check_hook_names", "forward_order", "qualname", "hook_source"]
 
 
-def sae_wrappers(model: Any) -> dict[str, Any]:
+def sae_wrappers(model: TransformerLensModel) -> dict[str, Any]:
     """``{input hook: wrapper}`` of the SAEs attached with SAELens' ``add_sae``."""
     return dict(getattr(model, "_acts_to_saes", None) or {})
 
 
-def sae_records(model: Any) -> list[dict[str, Any]]:
+def sae_records(model: TransformerLensModel) -> list[dict[str, Any]]:
     """One record per attached SAE: ``hook`` (where it reads), ``hook_out`` (where its output
     replaces the activation; differs for transcoders), ``d_in``, ``d_sae`` (its width),
     ``use_error_term``, ``architecture``. Recorded in every result's model metadata."""
@@ -64,7 +67,7 @@ def _hook_width(hook: str, d_model: int) -> int | None:
     return None  # per-head layouts (hook_z, hook_v ...): SAELens reshapes these itself
 
 
-def check_saes(model: Any, name: str, d_model: int) -> None:
+def check_saes(model: TransformerLensModel, name: str, d_model: int) -> None:
     """Raise :class:`ThermoLensInputError` for an attached SAE whose input width does not match
     its hook point (an SAE trained for another model: the forward pass would fail deep in torch).
     ``name`` is the model's name, for the message."""
@@ -79,13 +82,13 @@ def check_saes(model: Any, name: str, d_model: int) -> None:
             )
 
 
-def needs_resolving(model: Any) -> bool:
+def needs_resolving(model: TransformerLensModel) -> bool:
     """Whether hook names must be re-pointed (:func:`resolve_hook`) on this host: only hosts
     carrying SAEs, or SAETransformerBridge with its name aliases."""
     return bool(sae_wrappers(model)) or hasattr(model, "_resolve_hook_name")
 
 
-def resolve_hook(model: Any, hook_name: Any, name: str = "the model") -> Any:
+def resolve_hook(model: TransformerLensModel, hook_name: Any, name: str = "the model") -> Any:
     """The hook point that carries activation ``hook_name`` downstream: the name itself, or,
     where an SAE is spliced in (SAELens replaces the hook point by its wrapper), the SAE's output
     hook ``<hook_name>.hook_sae_output``. Callables (hook-name filters) pass through. ``name`` is
@@ -177,7 +180,7 @@ _SAE_SUFFIX = re.compile(r"\.hook_sae_[a-z_]+$")
 _BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
 
 
-def hook_points(model: Any) -> dict[str, Any]:
+def hook_points(model: TransformerLensModel) -> dict[str, Any]:
     """``{name: HookPoint}`` of every hook point of ``model`` (``model.hook_dict``), one name per
     hook point: on ``TransformerBridge``, which lists each point under its canonical name and its
     TransformerLens aliases, the alias a user writes (``blocks.0.attn.hook_z``, not
@@ -226,7 +229,7 @@ def _is_host_wiring(fn: Any) -> bool:
     return str(getattr(fn, "__module__", "") or "").startswith(_HOST_MODULES)
 
 
-def attached_hooks(model: Any) -> tuple[AttachedHook, ...]:
+def attached_hooks(model: TransformerLensModel) -> tuple[AttachedHook, ...]:
     """Every forward hook already attached to ``model``'s hook points, and every SAE spliced in:
     what a pass will run besides the hooks passed to it as ``fwd_hooks``.
 
@@ -272,12 +275,12 @@ def attached_hooks(model: Any) -> tuple[AttachedHook, ...]:
     return tuple(out)
 
 
-def _n_layers(model: Any) -> int | None:
+def _n_layers(model: TransformerLensModel) -> int | None:
     n = getattr(getattr(model, "cfg", None), "n_layers", None)
     return int(n) if isinstance(n, int) else None
 
 
-def check_hook_names(model: Any, names: Sequence[Any], name: str = "the model") -> None:
+def check_hook_names(model: TransformerLensModel, names: Sequence[Any], name: str = "the model") -> None:
     """Raise :class:`ThermoLensInputError` for a hook name ``model`` has no hook point for
     (misspelt, another host's spelling, a block out of range), naming it and the closest valid
     names, before anything runs: some hosts skip an unknown name without a word (the hook would
@@ -328,7 +331,7 @@ _GATED = (("attn.hook_result", "use_attn_result"), ("hook_attn_in", "use_attn_in
           ("hook_tokens", "use_hook_tokens"))
 
 
-def _gated(model: Any, hook_name: str, point: Any) -> str | None:
+def _gated(model: TransformerLensModel, hook_name: str, point: Any) -> str | None:
     """The config flag that must be on for the hook point to fire, when it is off; else None."""
     reason = getattr(model, "_gated_hook_reason", None)
     if callable(reason):  # TransformerBridge: keyed on the point's canonical name (aliases may always fire)
@@ -344,7 +347,7 @@ def _gated(model: Any, hook_name: str, point: Any) -> str | None:
     return None
 
 
-def _unknown_hook_message(model: Any, hook_name: str, valid: list[str], name: str) -> str:
+def _unknown_hook_message(model: TransformerLensModel, hook_name: str, valid: list[str], name: str) -> str:
     L = _n_layers(model)
     m = _BLOCK.match(hook_name)
     why = ""

@@ -24,18 +24,22 @@ The result's provenance records how the cache was matched (:attr:`Provenance.cac
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 from torch import Tensor
 
 from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.hosts import ADAPTERS
 from thermo_lens.model import ModelView
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
 
 __all__ = ["match_cache", "EMBED_HOOKS", "check_hooks"]
 
 #: Where a cache may hold the embedding the tokens are checked against, in order of preference.
-EMBED_HOOKS = ("embed.hook_out", "hook_embed", "hook_full_embed")
+EMBED_HOOKS = tuple(dict.fromkeys(a.embed_hook for a in ADAPTERS))  # every host's, one each
 #: The attention pattern a padded cache is checked at.
 PATTERN_HOOK = "blocks.0.attn.hook_pattern"
 # HF model types whose attention is bidirectional (every real token may attend every pad).
@@ -44,13 +48,12 @@ _ENCODER_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "dist
 
 
 def _is_encoder(view: ModelView) -> bool:
-    return view.backend == "hooked_encoder" or view.model_type in _ENCODER_TYPES
+    return view.adapter.bidirectional or view.model_type in _ENCODER_TYPES
 
 
 def check_hooks(view: ModelView, padded_attendable: bool) -> list[str]:
     """The hooks a cache must hold for the checks besides those the measurements read."""
-    embed = {"bridge": "embed.hook_out", "hooked_encoder": "hook_full_embed"}.get(view.backend, "hook_embed")
-    return [embed] + (
+    return [view.adapter.embed_hook] + (
         [PATTERN_HOOK] if padded_attendable else [])
 
 
@@ -65,7 +68,7 @@ def pads_attendable(view: ModelView, real: Tensor) -> bool:
     return bool((first_real > 0).any())
 
 
-def _model_name(model: Any) -> str:
+def _model_name(model: TransformerLensModel) -> str:
     cfg = getattr(model, "cfg", None)
     return str(getattr(cfg, "model_name", None) or type(model).__name__)
 
@@ -211,7 +214,7 @@ def _check_pads(view: ModelView, acts: Mapping[str, Tensor], key: str | None, re
     worst = float(leak.max()) if leak.numel() else 0.0
     if not worst <= 1e-6:
         rows = [int(b) for b in torch.nonzero(~(leak <= 1e-6)).flatten()]
-        kw = "one_zero_attention_mask" if view.backend == "hooked_encoder" else "attention_mask"
+        kw = view.adapter.mask_keyword
         raise ThermoLensInputError(
             f"this cache was made without the attention mask on the pads: at {key} the real tokens of row(s) "
             f"{rows[:8]} give the pads up to {worst:.3g} of their attention, so its activations are not those of the "

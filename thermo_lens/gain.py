@@ -73,7 +73,7 @@ an existing one-pass :func:`thermo_lens.passes.collect` (what ``profile()`` does
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Unpack
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
@@ -95,6 +95,9 @@ from thermo_lens.tokens import TOKEN_SCOPES, TokenBatch, TokenScope, check_token
 from thermo_lens.result import Result
 from thermo_lens.stats import SummaryStats, regime_from_ci, summarize
 from thermo_lens.validate import validates_own_inputs
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
 
 __all__ = [
     "SUMMARIES",
@@ -637,7 +640,7 @@ register_measurement(Measurement(
 @documents_cache
 @validates_own_inputs
 def residual_gain(
-    model: Any,
+    model: TransformerLensModel | ModelView,
     prompts: Prompts,
     *,
     token_scope: TokenScope = DEFAULT_SCOPE,

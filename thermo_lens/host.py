@@ -16,6 +16,10 @@ so thermo-lens reads its residual states at ``blocks.{l}.hook_normalized_resid_p
 output, what block ``l + 1`` receives and what every other host records as the block output):
 the same numbers as the same checkpoint booted as a ``TransformerBridge``.
 
+:func:`detect_host` picks the model's adapter (:mod:`thermo_lens.hosts`, one per host class),
+which answers everything host-specific for the view; a model no adapter claims but that has
+``cfg``, ``blocks``, ``run_with_hooks`` and ``tokenizer`` is read as a ``HookedTransformer``.
+
 A model from another TransformerLens release, or a host class thermo-lens cannot read
 (``HookedEncoderDecoder``: two stacks whose blocks are not one residual stream;
 ``HookedAudioEncoder``), gets a :class:`UnsupportedHostError` that says what to install or load
@@ -25,9 +29,14 @@ instead.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
 from thermo_lens.errors import UnsupportedHostError
+from thermo_lens.hosts import FALLBACK, HostAdapter, adapter_for
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
 
 __all__ = ["Host", "UnsupportedHostError", "detect_host", "import_bridge", "SUPPORTED_TL", "transformer_lens_version"]
 
@@ -40,12 +49,13 @@ _MIN, _MAX_MAJOR = (2, 16, 1), 5
 @dataclass(frozen=True)
 class Host:
     """The host of a model: ``kind`` (``"bridge"``, ``"hooked_transformer"``,
-    ``"hooked_sae_transformer"`` or ``"hooked_encoder"``), its class name and the TransformerLens
-    version it runs on."""
+    ``"hooked_sae_transformer"`` or ``"hooked_encoder"``), its class name, the TransformerLens
+    version it runs on, and the :class:`~thermo_lens.hosts.HostAdapter` that reads it."""
 
     kind: str
     cls: str
     transformer_lens: str
+    adapter: HostAdapter = field(default=FALLBACK, compare=False, repr=False)
 
     def describe(self) -> str:
         return f"{self.cls} (TransformerLens {self.transformer_lens})"
@@ -72,12 +82,13 @@ def _parse(v: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _mro_names(model: Any) -> list[str]:
+def _mro_names(model: object) -> list[str]:
     return [c.__name__ for c in type(model).__mro__]
 
 
-def detect_host(model: Any, version: str | None = None) -> Host:
-    """Classify ``model`` and check its TransformerLens version is supported.
+def detect_host(model: TransformerLensModel, version: str | None = None) -> Host:
+    """Classify ``model``, pick its adapter (the first of :data:`thermo_lens.hosts.ADAPTERS` that
+    claims it) and check its TransformerLens version is supported.
 
     Args:
         model: a TransformerLens model object.
@@ -91,14 +102,9 @@ def detect_host(model: Any, version: str | None = None) -> Host:
     version = version or transformer_lens_version()
     names = _mro_names(model)
     module = type(model).__module__ or ""
-    if "TransformerBridge" in names or hasattr(model, "adapter"):
-        kind = "bridge"
-    elif "HookedSAETransformer" in names or hasattr(model, "_acts_to_saes"):
-        kind = "hooked_sae_transformer"
-    elif "HookedTransformer" in names:
-        kind = "hooked_transformer"
-    elif "HookedEncoder" in names:
-        kind = "hooked_encoder"
+    adapter = adapter_for(model, names)
+    if adapter is not None:
+        kind = adapter.kind
     elif any(n in names for n in ("HookedEncoderDecoder", "HookedAudioEncoder")):
         raise UnsupportedHostError(
             f"thermo-lens does not read {type(model).__name__}: "
@@ -110,7 +116,8 @@ def detect_host(model: Any, version: str | None = None) -> Host:
         )
     else:
         # Duck-typed host (a HookedRootModule subclass of the user's): read like HookedTransformer.
-        kind = "hooked_transformer"
+        adapter = FALLBACK
+        kind = adapter.kind
     parsed = _parse(version)
     from_tl = module.startswith(("transformer_lens", "sae_lens")) or kind != "hooked_transformer"
     if from_tl and parsed and (parsed < _MIN or parsed[0] >= _MAX_MAJOR):
@@ -127,7 +134,7 @@ def detect_host(model: Any, version: str | None = None) -> Host:
         raise UnsupportedHostError(  # pragma: no cover - no 2.x release ships a bridge
             f"TransformerBridge from TransformerLens {version} is a pre-release; use TransformerLens >= 3."
         )
-    return Host(kind=kind, cls=type(model).__name__, transformer_lens=version)
+    return Host(kind=kind, cls=type(model).__name__, transformer_lens=version, adapter=adapter)
 
 
 def import_bridge(what: str) -> Any:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numbers
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence, Unpack
+from typing import TYPE_CHECKING, Any, Callable, Sequence, Unpack
 
 import torch
 from torch import Tensor
@@ -35,6 +35,10 @@ from thermo_lens.settings import RunOptions, RunSettings
 from thermo_lens.tokens import TOKENS_GIVEN
 from thermo_lens.errors import ThermoLensHookError, ThermoLensInputError, ThermoLensInputTypeError
 from thermo_lens.validate import validates_own_inputs
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
+    from thermo_lens.model import ModelView
 
 __all__ = ["Patch", "patch_from"]
 
@@ -111,7 +115,7 @@ class Patch:
     _clean_lengths: tuple[int, ...] = field(repr=False)
     prepend_bos: Any = None
     model_name: str = ""
-    _model: Any = field(default=None, repr=False)
+    _model: Callable[[], object] | None = field(default=None, repr=False)  # a weakref to the model
 
     def check_run(self, *, view: Any, prepend_bos: Any, **_: Any) -> None:
         """Refuse a run this patch was not built for: another model object, or another BOS mode
@@ -183,7 +187,7 @@ class Patch:
 
 @validates_own_inputs
 def patch_from(
-    model: Any,
+    model: TransformerLensModel | ModelView,
     clean_prompts: Any,
     hook_names: str | Sequence[str],
     *,

@@ -19,23 +19,23 @@ A norm ``N(y) = r(y) * g * P y + beta`` (``P`` centres ``y`` for a LayerNorm and
 for an RMSNorm; ``r(y)`` is one scalar per token) is linear in ``y`` once its per-token scale is
 frozen at its value in the pass; :class:`NormSite` says where that scale is read
 (``hook_scale``, ``r = 1 / hook_scale``) and what ``g``, ``beta`` and ``P`` are.
-:func:`detect_layout` reads the layout from the host's modules (the bridge's block classes and
-submodules, HookedTransformer's config) and the HuggingFace config; a block that is none of
-these gets a layout with :attr:`BlockLayout.unsupported` saying which component prevents an
+:func:`detect_layout` asks the host's adapter (:mod:`thermo_lens.hosts`), which reads the layout
+from the host's modules (the bridge's block classes and submodules, HookedTransformer's config)
+and the HuggingFace config; a block that is none of these gets a layout with :attr:`BlockLayout.unsupported` saying which component prevents an
 exact split. The view (:class:`thermo_lens.model.ModelView`) exposes it as ``view.layout``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
 from thermo_lens import offload
 
-__all__ = ["BlockLayout", "NormSite", "MoESite", "detect_layout", "BLOCK_KINDS"]
+__all__ = ["BlockLayout", "NormSite", "MoESite", "detect_layout", "norm_site", "BLOCK_KINDS"]
 
 #: Block kinds (``thermo_lens.definitions`` §7).
 BLOCK_KINDS = ("pre", "parallel", "sandwich", "post")
@@ -178,18 +178,30 @@ def _norm_params(norm: Any, dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
     return g, beta
 
 
-def _site(block: Any, name: str) -> NormSite:
+def norm_site(block: Any, name: str) -> NormSite:
+    """The :class:`NormSite` of ``block``'s norm submodule ``name`` (its scale hooked at
+    ``<name>.hook_scale``)."""
     return NormSite(module=name, scale_hook=f"{name}.hook_scale", centered=_is_centered(getattr(block, name)))
 
 
 # ---------------------------------------------------------------------------- detection
-def detect_layout(model: Any, host_kind: str, hf_config: Any, norm_placement: str, parallel: bool,
+@runtime_checkable
+class _LayoutReader(Protocol):
+    """What :func:`detect_layout` needs of a host adapter (:class:`thermo_lens.hosts.HostAdapter`)."""
+
+    def block_layout(self, model: torch.nn.Module, hf_config: Any, norm_placement: str, parallel: bool,
+                     arch: str) -> BlockLayout: ...
+
+
+def detect_layout(model: torch.nn.Module, adapter: _LayoutReader, hf_config: Any, norm_placement: str, parallel: bool,
                   name: str) -> BlockLayout:
-    """The :class:`BlockLayout` of ``model`` (a TransformerLens host).
+    """The :class:`BlockLayout` of ``model`` (a TransformerLens host), as its adapter reads it.
 
     Args:
         model: the host model (``model.blocks`` are its blocks).
-        host_kind: :attr:`thermo_lens.host.Host.kind`.
+        adapter: the host's adapter (:attr:`thermo_lens.host.Host.adapter`); its
+            ``block_layout`` reads the blocks (the bridge's block classes and submodules,
+            HookedTransformer's config, HookedEncoder's post-LN blocks).
         hf_config: the HuggingFace config (bridge) or None.
         norm_placement, parallel: what :class:`~thermo_lens.model.ModelView` detected.
         name: the model's name, for messages.
@@ -199,91 +211,4 @@ def detect_layout(model: Any, host_kind: str, hf_config: Any, norm_placement: st
     blocks = getattr(model, "blocks", None)
     if blocks is None or len(blocks) == 0:
         return BlockLayout("pre", unsupported=f"{arch} has no blocks")
-    block = blocks[0]
-    if host_kind == "bridge":
-        layout = _bridge_layout(block, hf_config, norm_placement, parallel, arch)
-        attn = getattr(getattr(block, "attn", None), "original_component", None)
-        if isinstance(getattr(attn, "sinks", None), torch.Tensor):
-            layout = replace(layout, attention_sinks=True)
-        return layout
-    if host_kind == "hooked_encoder":
-        return BlockLayout("post", stream_norms=(_site(block, "ln1"), _site(block, "ln2")),
-                           families="BERT (HookedEncoder)")
-    return _hooked_layout(model, block, norm_placement, parallel, arch)
-
-
-def _bridge_layout(block: Any, hf: Any, norm_placement: str, parallel: bool, arch: str) -> BlockLayout:
-    cls_names = [c.__name__ for c in type(block).__mro__]
-    subs = dict(getattr(block, "submodules", None) or {})
-    if hf is not None and getattr(hf, "apply_residual_connection_post_layernorm", False):
-        return BlockLayout("post", unsupported=(
-            f"{arch} takes the residual after the input LayerNorm (apply_residual_connection_post_layernorm): "
-            "the block's input is not carried unchanged and no hook gives that norm's output as the stream"))
-    if "attn" not in subs or "mlp" not in subs:
-        what = "an attention sublayer" if "attn" not in subs else "an MLP sublayer"
-        return BlockLayout("pre", unsupported=(
-            f"{arch}: block {type(block).__name__} has no {what} TransformerLens can hook "
-            "(state-space / convolution mixers are not sums of attention heads)"))
-    multiplier = float(getattr(block, "residual_contribution_scale", 1.0)) if "ScaledResidualBlockBridge" in cls_names else 1.0
-    moe, moe_note = _bridge_moe(subs["mlp"], hf, arch)
-    if norm_placement == "post":
-        if "ln1" not in subs or "ln2" not in subs:
-            return BlockLayout("post", unsupported=f"{arch}: a post-LN block without two LayerNorms (ln1, ln2)")
-        return BlockLayout("post", multiplier=multiplier, stream_norms=(_site(block, "ln1"), _site(block, "ln2")),
-                           moe=moe, moe_note=moe_note, families="BERT, MiniLM, OPT-350m")
-    if "ln1_post" in subs or "ln2_post" in subs:
-        if "ln1_post" not in subs or "ln2_post" not in subs:
-            return BlockLayout("sandwich", unsupported=(
-                f"{arch}: a norm after only one of the two sublayers ({', '.join(k for k in subs if k.endswith('_post'))})"))
-        return BlockLayout("sandwich", multiplier=multiplier, attn_norm=_site(block, "ln1_post"),
-                           mlp_norm=_site(block, "ln2_post"), mlp_hook="ln2_post.hook_in", moe=moe,
-                           moe_note=moe_note, families="Gemma-2, Gemma-3, OLMo-2")
-    kind = "parallel" if parallel or "ParallelBlockBridge" in cls_names else "pre"
-    # A scaled block's hook_mlp_out carries alpha * M; the MLP's own output hook carries M.
-    mlp_hook = f"{getattr(block, 'scaled_mlp_submodule', 'mlp')}.hook_out" if multiplier != 1.0 else "hook_mlp_out"
-    if moe is not None:
-        mlp_hook = "mlp.hook_out" if multiplier != 1.0 or "hook_mlp_out" not in _hooks(block) else "hook_mlp_out"
-    return BlockLayout(kind, multiplier=multiplier, mlp_hook=mlp_hook, moe=moe, moe_note=moe_note,
-                       families="GPT-J, GPT-NeoX, Falcon" if kind == "parallel" else "")
-
-
-def _hooks(block: Any) -> set[str]:
-    aliases = getattr(block, "hook_aliases", None) or {}
-    return set(aliases) | {n for n, _ in block.named_modules() if n}
-
-
-def _bridge_moe(mlp: Any, hf: Any, arch: str) -> tuple[MoESite | None, str | None]:
-    cls_names = [c.__name__ for c in type(mlp).__mro__]
-    if "MoEBridge" not in cls_names:
-        return None, None
-    orig = getattr(mlp, "original_component", None)
-    experts = getattr(orig, "experts", None)
-    n = int(getattr(hf, "num_local_experts", 0) or getattr(hf, "num_experts", 0) or 0)
-    k = int(getattr(hf, "num_experts_per_tok", 0) or 0)
-    for shared in ("shared_expert", "shared_experts", "shared_mlp"):
-        if getattr(orig, shared, None) is not None:
-            return None, (f"{arch}: the MoE adds a shared expert ({shared}) beside the routed ones; "
-                          "the MLP term is exact, its per-expert split is not computed")
-    if experts is None or not n or not k or not all(hasattr(mlp, h) for h in ("hook_in",)):
-        return None, (f"{arch}: the MoE's experts module or routing hooks are not where TransformerLens' "
-                      "MoEBridge puts them; the MLP term is exact, its per-expert split is not computed")
-    hook_names = {n_ for n_, _ in mlp.named_modules()} | set(getattr(mlp, "hook_aliases", {}) or {})
-    if "hook_expert_weights" not in hook_names or "hook_expert_indices" not in hook_names:
-        return None, (f"{arch}: the MoE router exposes no routing weights (hook_expert_weights); the MLP "
-                      "term is exact, its per-expert split is not computed")
-    return MoESite(n_experts=n, top_k=k), None
-
-
-def _hooked_layout(model: Any, block: Any, norm_placement: str, parallel: bool, arch: str) -> BlockLayout:
-    cfg = model.cfg
-    if norm_placement == "post":
-        return BlockLayout("post", unsupported=f"{arch}: a post-LN HookedTransformer is not a layout TransformerLens builds")
-    moe_note = (f"{arch}: HookedTransformer's mixture of experts; the MLP term is exact, its per-expert split "
-                "needs the model booted as a TransformerBridge") if getattr(cfg, "num_experts", None) else None
-    if getattr(cfg, "use_normalization_before_and_after", False):
-        # HookedTransformer's RMSNorm hooks x / scale (before the weight) at hook_normalized.
-        return BlockLayout("sandwich", attn_norm=_site(block, "ln1_post"), mlp_norm=_site(block, "ln2_post"),
-                           mlp_hook="ln2_post.hook_normalized", moe_note=moe_note,
-                           families="Gemma-2, Gemma-3 (HookedTransformer)")
-    kind = "parallel" if parallel or getattr(cfg, "parallel_attn_mlp", False) else "pre"
-    return BlockLayout(kind, moe_note=moe_note)
+    return adapter.block_layout(model, hf_config, norm_placement, parallel, arch)

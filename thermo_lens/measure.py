@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from thermo_lens import registry
 from thermo_lens.errors import ThermoLensInputError, ThermoLensWarning
@@ -40,6 +40,9 @@ from thermo_lens.result import Result
 from thermo_lens.settings import RunSettings
 from thermo_lens.tokens import check_token_scope
 from thermo_lens.validate import validates_own_inputs
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
 
 __all__ = ["Measurements", "run", "run_measurements", "MeasureRequest"]
 
@@ -212,7 +215,7 @@ def run_measurements(
 @documents_cache
 @validates_own_inputs
 def run(
-    model: Any,
+    model: TransformerLensModel | ModelView,
     prompts: Any,
     measures: MeasureRequest = ("gain",),
     *,

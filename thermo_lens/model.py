@@ -4,8 +4,10 @@ Everything downstream (tokens, the pass, measures, results) reads geometry, bloc
 names, weights and the tokenizer from a :class:`ModelView`, never from the model directly; the view
 never computes a measure. It wraps every supported host (:mod:`thermo_lens.host`): a
 ``TransformerBridge`` (TransformerLens 3.x / 4.x), a legacy ``HookedTransformer`` or SAELens
-``HookedSAETransformer`` (TransformerLens 2.16.x / 3.x), with SAEs spliced in read at their output
-(:mod:`thermo_lens.attached`). Tokenization lives in :mod:`thermo_lens.tokens`.
+``HookedSAETransformer`` (TransformerLens 2.16.x / 3.x), a ``HookedEncoder``, with SAEs spliced in
+read at their output (:mod:`thermo_lens.attached`). The view itself is host-agnostic: every answer
+that depends on the host class comes from the host's adapter (:mod:`thermo_lens.hosts`).
+Tokenization lives in :mod:`thermo_lens.tokens`.
 
 Conventions (TransformerLens):
 
@@ -23,14 +25,19 @@ from __future__ import annotations
 import contextlib
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, cast
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
-from thermo_lens import attached, offload
+from thermo_lens import offload
 from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.host import Host, detect_host
+from thermo_lens.hosts import HostAdapter
 from thermo_lens.layout import BlockLayout, detect_layout
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
 
 __all__ = ["ModelView", "as_view", "kv_head_map", "PROCESSING_STEPS"]
 
@@ -74,12 +81,10 @@ def _bridge_class_hint() -> str:
     )
 
 
-def _check_model(model: Any) -> None:
+def _check_model(model: TransformerLensModel | ModelView) -> None:
     if isinstance(model, ModelView):
         return
     if type(model).__name__ in ("HookedEncoderDecoder", "HookedAudioEncoder"):
-        from thermo_lens.host import detect_host
-
         detect_host(model)  # raises UnsupportedHostError with what to load instead
     if model is None:
         raise TypeError(f"thermo-lens got None instead of a model. {_bridge_class_hint()}")
@@ -104,7 +109,7 @@ def _check_model(model: Any) -> None:
         )
 
 
-def as_view(model: Any) -> "ModelView":
+def as_view(model: TransformerLensModel | ModelView) -> "ModelView":
     """Return ``model`` as a :class:`ModelView` (a ModelView is returned unchanged)."""
     return model if isinstance(model, ModelView) else ModelView(model)
 
@@ -140,19 +145,20 @@ class ModelView:
         host: the :class:`~thermo_lens.host.Host` (class, TransformerLens version); a model from an
             unsupported TransformerLens release raises
             :class:`~thermo_lens.host.UnsupportedHostError`.
+        adapter: the host's :class:`~thermo_lens.hosts.HostAdapter` (``host.adapter``): the view
+            asks it every host-specific question (hook names, weights, layout, tokens).
         saes: the SAEs attached to the model (``add_sae``), read live: see :meth:`sae_records`.
     """
 
-    def __init__(self, model: Any):
+    def __init__(self, model: TransformerLensModel | ModelView):
         _check_model(model)
         if isinstance(model, ModelView):  # pragma: no cover - as_view handles this
             model = model.model
-        self.model: Any = model
+        self.model: TransformerLensModel = model
         cfg = model.cfg
-        from thermo_lens.host import detect_host
-
-        self.host = detect_host(model)
-        self.backend = {"bridge": "bridge", "hooked_encoder": "hooked_encoder"}.get(self.host.kind, "hooked_transformer")
+        self.host: Host = detect_host(model)
+        self.adapter: HostAdapter = self.host.adapter
+        self.backend: str = self.adapter.backend
         self.n_layers: int = int(cfg.n_layers)
         self.n_heads: int = int(cfg.n_heads)
         n_kv = getattr(cfg, "n_key_value_heads", None)
@@ -176,16 +182,12 @@ class ModelView:
         name = str(getattr(cfg, "model_name", None) or type(model).__name__)
         # A local checkpoint's cfg.model_name is its path; its directory name reads better.
         self.name: str = Path(name).name if name.startswith(("/", ".", "~")) else name
-        self.layout: BlockLayout = detect_layout(model, self.host.kind, self.hf_config, self.norm_placement,
+        self.layout: BlockLayout = detect_layout(model, self.adapter, self.hf_config, self.norm_placement,
                                                  self.parallel_attn, self.name)
 
     # ------------------------------------------------------------------ metadata
     def _hf_config(self) -> Any:
-        try:
-            hf = getattr(self.model, "original_model", None)
-        except AttributeError:
-            hf = None
-        return getattr(hf, "config", None)
+        return self.adapter.hf_config(self.model)
 
     def _detect_norm_placement(self) -> str:
         cfg, hf = self.model.cfg, self.hf_config
@@ -232,21 +234,15 @@ class ModelView:
         Only a few rows are read (cheap on any model); a raw model's rows have means of order
         ``rms / sqrt(d)``, a centred one's are float rounding.
         """
-        model, cfg = self.model, self.model.cfg
-        if self.backend == "bridge" and not getattr(model, "_weights_processed", False):
-            return ()  # a bridge's weights change only through process_weights / compatibility mode
-        if self.backend == "hooked_encoder":
-            return ()  # HookedEncoder never folds or centres (its post-LN norms cannot be folded)
+        model = self.model
+        if not self.adapter.may_be_processed(model):
+            return ()  # e.g. a raw bridge, or HookedEncoder (its post-LN norms cannot be folded)
         steps = []
-        block = self.model.blocks[0]
-        if str(getattr(cfg, "normalization_type", "")).endswith("Pre"):
-            steps.append("fold_ln")
-        elif self.backend == "bridge" and _identity_norm(getattr(block, "ln1", None),
-                                                          bool(getattr(cfg, "rmsnorm_uses_offset", False))):
+        if self.adapter.ln_folded(model):
             steps.append("fold_ln")
         try:
-            with offload.materialised(self._attn(0), "block 0's W_O"):
-                w_o = self._as_heads(self._attn(0).W_O, self.n_heads, (self.d_head, self.d_model), "W_O", 0)
+            with self.adapter.materialised(self._attn(0), "block 0's W_O"):
+                w_o = self._as_heads(cast(Tensor, self._attn(0).W_O), self.n_heads, (self.d_head, self.d_model), "W_O", 0)
             if _centred(w_o.reshape(-1, self.d_model)[:64]):
                 steps.append("center_writing_weights")
         except (AttributeError, RuntimeError, TypeError):  # an attention layout without W_O
@@ -350,7 +346,7 @@ class ModelView:
             "dtype": str(self.dtype).replace("torch.", ""),
             "device": str(self.device),
             "host": self.host.describe(),
-            "saes": attached.sae_records(self.model),
+            "saes": self.adapter.sae_records(self.model),
         }
 
     def __repr__(self) -> str:
@@ -383,7 +379,7 @@ class ModelView:
         the next block receives, as on every other host.
         """
         L = self.n_layers
-        post = "hook_normalized_resid_post" if self.backend == "hooked_encoder" else "hook_resid_post"
+        post = self.adapter.resid_out_point
         return tuple([f"blocks.{l}.hook_resid_pre" for l in range(L)] + [f"blocks.{L - 1}.{post}"])
 
     def pattern_hook_name(self, layer: int) -> str:
@@ -405,8 +401,8 @@ class ModelView:
         """KV head read by each query head (``repeat_interleave`` layout, as HF and TL use)."""
         return kv_head_map(self.n_heads, self.n_kv_heads)
 
-    def _attn(self, layer: int) -> Any:
-        return self.model.blocks[layer].attn
+    def _attn(self, layer: int) -> torch.nn.Module:
+        return self.adapter.attention(self.model, layer)
 
     def _layers(self, layers: Sequence[int] | None) -> list[int]:
         if layers is None:
@@ -432,15 +428,11 @@ class ModelView:
             raise ThermoLensInputError(f"stored_weights reads 'W_Q', 'W_K', 'W_V' or 'W_O', got {name!r}")
         l = self._layers([layer])[0]
         attn = self._attn(l)
-        with offload.materialised(attn, f"layer {l}'s {name}"):  # an offloaded layer, loaded for this read
+        with self.adapter.materialised(attn, f"layer {l}'s {name}"):  # an offloaded layer, loaded for this read
             if name == "W_O":
-                return self._as_heads(offload.live_attr(attn, "W_O"), self.n_heads, (self.d_head, self.d_model), "W_O", l, device)
-            # Legacy GQA attention keeps the un-repeated KV weights in `_W_K` / `_W_V`.
-            w = getattr(attn, f"_{name}", None) if name in ("W_K", "W_V") else None
-            if w is None:
-                w = offload.live_attr(attn, name)
-                if w is None:
-                    w = getattr(attn, name)
+                return self._as_heads(self.adapter.module_weight(attn, "W_O"), self.n_heads, (self.d_head, self.d_model),
+                                      "W_O", l, device)
+            w = self.adapter.attn_weight(attn, name)
             return self._as_heads(w, self.n_heads if name == "W_Q" else self.n_kv_heads, (self.d_model, self.d_head),
                                   name, l, device)
 
@@ -478,12 +470,12 @@ class ModelView:
         """``(b_O, b_out)`` of block ``layer``: the attention output bias and the MLP output bias
         (``[d_model]``, detached, CPU), each None when the block has none (LLaMA, Gemma)."""
         out: list[Tensor | None] = []
-        for mod, name in ((self._attn(layer), "b_O"), (getattr(self.model.blocks[layer], "mlp", None), "b_out")):
+        for mod, name in ((self._attn(layer), "b_O"), (getattr(self.adapter.blocks(self.model)[layer], "mlp", None), "b_out")):
             if mod is None:
                 out.append(None)
                 continue
-            with offload.materialised(mod, f"layer {layer}'s {name}"):
-                b = offload.live_attr(mod, name)
+            with self.adapter.materialised(mod, f"layer {layer}'s {name}"):
+                b = self.adapter.module_weight(mod, name)
                 out.append(None if b is None else b.detach().to("cpu", dtype).reshape(-1))
         return out[0], out[1]
 
@@ -525,18 +517,17 @@ class ModelView:
         GPT-2-small's forward; ``HookedTransformer`` already skips its unembedding for
         ``return_type=None``. Only for passes whose hooks all fire before that point.
         """
-        attached.check_saes(self.model, self.name, self.d_model)
+        self.adapter.check_saes(self.model, self.name, self.d_model)
         device = self.device
         tokens = tokens.to(device)
         mask = attention_mask.to(device=device, dtype=torch.long)
         hooks = list(fwd_hooks)
         if stop_after is not None:
             hooks.append((stop_after, _stop_forward))
-        if attached.needs_resolving(self.model):
-            hooks = [(attached.resolve_hook(self.model, name, self.name), fn) for name, fn in hooks]
+        if self.adapter.needs_resolving(self.model):
+            hooks = [(self.adapter.resolve_hook(self.model, name, self.name), fn) for name, fn in hooks]
         with torch.inference_mode():
-            # HookedEncoder names its mask one_zero_attention_mask.
-            mask_kw = "one_zero_attention_mask" if self.backend == "hooked_encoder" else "attention_mask"
+            mask_kw = self.adapter.mask_keyword  # the host's name for the 0/1 mask
             try:
                 out = self.model.run_with_hooks(tokens, fwd_hooks=hooks,
                                                 return_type="logits" if return_logits else None, **{mask_kw: mask})
@@ -552,7 +543,7 @@ class ModelView:
         named, the last hook point of that block, when every name is a block hook
         (``blocks.{l}.*``; a name filter or e.g. ``ln_final.*`` could fire later) and no SAE is
         attached (its hooks re-point names); else ``None`` (run to the end)."""
-        if attached.sae_wrappers(self.model) or not hook_names:
+        if self.adapter.has_saes(self.model) or not hook_names:
             return None
         deepest = -1
         for name in hook_names:
@@ -560,8 +551,7 @@ class ModelView:
             if len(parts) < 3 or parts[0] != "blocks" or not parts[1].isdigit():
                 return None
             deepest = max(deepest, int(parts[1]))
-        last = "hook_normalized_resid_post" if self.backend == "hooked_encoder" else "hook_resid_post"
-        return f"blocks.{min(deepest, self.n_layers - 1)}.{last}"
+        return f"blocks.{min(deepest, self.n_layers - 1)}.{self.adapter.resid_out_point}"
 
 def _centred(rows: Tensor) -> bool:
     """Whether every row of ``rows`` ``[n, d]`` has mean 0 up to float rounding (``|mean| <= 1e-3
@@ -573,26 +563,6 @@ def _centred(rows: Tensor) -> bool:
     if not bool(keep.any()) or r.shape[-1] < 2:
         return False
     return bool((r.mean(-1).abs()[keep] <= 1e-3 * rms[keep]).all())
-
-
-def _identity_norm(norm: Any, uses_offset: bool) -> bool:
-    """Whether a norm module's affine parameters are the identity (weights 1, or 0 when stored as
-    an offset from 1; biases 0), as folding LayerNorm leaves them."""
-    if norm is None:
-        return False
-    params = list(norm.named_parameters())
-    if not params:
-        return True
-    for name, p in params:
-        leaf = name.rsplit(".", 1)[-1]
-        v = p.detach()
-        if leaf in ("b", "bias"):
-            if bool(v.any()):
-                return False
-        elif leaf in ("w", "weight"):
-            if not bool((v == (0.0 if uses_offset else 1.0)).all()):
-                return False
-    return True
 
 
 def kv_head_map(n_heads: int, n_kv_heads: int | None) -> Int[Tensor, " head"]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Unpack
 
 from thermo_lens._lazy import pandas as pd
 
@@ -32,6 +32,9 @@ from thermo_lens.settings import RunOptions, RunSettings
 from thermo_lens.tokens import TERM_SCOPES, TokenScope
 from thermo_lens.validate import validates_own_inputs
 from thermo_lens.passes.cached import documents_cache
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
 
 __all__ = ["ThermoProfile", "profile", "profiles_frame"]
 
@@ -213,7 +216,7 @@ class ThermoProfile(Result):
 @documents_cache
 @validates_own_inputs
 def profile(
-    model: Any,
+    model: TransformerLensModel | ModelView,
     prompts: Prompts = "paper25",
     *,
     token_scope: TokenScope = "all_but_first",

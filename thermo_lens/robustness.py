@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 import pandas as pd
@@ -32,6 +32,10 @@ from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.result import Result
 from thermo_lens.stats import (SummaryStats, format_p, kruskal_detectable_effect, kruskal_effect_size,
                                 summarize)
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
+    from thermo_lens.model import ModelView
 
 __all__ = ["RobustnessResult", "input_robustness", "robustness_from_gain"]
 
@@ -184,7 +188,7 @@ def robustness_from_gain(
 
 
 def input_robustness(
-    model: Any,
+    model: TransformerLensModel | ModelView,
     prompt_set: Prompts = "paper25",
     *,
     metric: str | None = None,

@@ -41,6 +41,8 @@ from thermo_lens.stats import SummaryStats
 if TYPE_CHECKING:
     from sae_lens import SAE
 
+    from thermo_lens.hosts.protocol import TransformerLensModel
+
 __all__ = ["SAEGainChange", "sae_gain_change", "sae_position"]
 
 _RESID_HOOK = re.compile(r"^blocks\.(\d+)\.hook_resid_(pre|mid|post)$")
@@ -173,7 +175,7 @@ def _check_sae(view: ModelView, hook: str, d_in: int, what: str) -> None:
 
 
 def sae_gain_change(
-    model: Any,
+    model: TransformerLensModel | ModelView,
     prompts: Prompts,
     *,
     saes: SAE | list[SAE] | tuple[SAE, ...] | None = None,

@@ -341,13 +341,10 @@ def hf_tokenizer(view: ModelView) -> Any:
 def host_tokens(view: ModelView, prompt: str) -> list[int]:
     """Token ids of ``prompt`` exactly as the host tokenizes it: ``model.to_tokens(prompt)``
     (what ``model.run_with_cache(prompt)`` runs), untruncated."""
-    to_tokens = getattr(view.model, "to_tokens", None)
-    if to_tokens is None:  # a duck-typed host without to_tokens: TransformerLens' default
+    ids = view.adapter.to_tokens(view.model, prompt)
+    if ids is None:  # a duck-typed host without to_tokens: TransformerLens' default
         return [bos_id(view)] + list(view.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-    ids = to_tokens(prompt, move_to_device=False, truncate=False)
-    if isinstance(ids, tuple):  # HookedEncoder: (tokens, token_type_ids, attention_mask)
-        ids = ids[0]
-    return [int(i) for i in ids[0].tolist()]
+    return ids
 
 
 def resolve_host_bos(view: ModelView, prompt: str, ids: list[int] | None = None) -> Any:

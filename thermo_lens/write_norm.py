@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 import torch
 from jaxtyping import Float
@@ -38,6 +38,9 @@ from thermo_lens.result import Result, label
 from thermo_lens.settings import RunOptions, RunSettings
 from thermo_lens.tokens import TERM_SCOPES, TokenBatch, TokenScope, check_token_scope, scope_rows, to_device
 from thermo_lens.validate import validates_own_inputs
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
 
 __all__ = ["HeadWriteNorms", "write_norms", "write_norm_terms"]
 
@@ -143,7 +146,7 @@ register_measurement(Measurement(
 
 
 @validates_own_inputs
-def write_norms(model: Any, prompts: Prompts, *, token_scope: TokenScope = "all_but_first",
+def write_norms(model: TransformerLensModel | ModelView, prompts: Prompts, *, token_scope: TokenScope = "all_but_first",
                 settings: RunSettings | None = None, **run: Unpack[RunOptions]) -> HeadWriteNorms:
     """Head write norms of ``model`` on ``prompts`` in one forward pass per batch (see the module
     docstring); ``token_scope`` (default ``"all_but_first"``) and the run options as for

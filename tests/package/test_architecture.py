@@ -35,7 +35,8 @@ ROOT = Path(thermo_lens.__file__).parent
 
 LAYERS: dict[str, int] = {
     # 0: core
-    "errors": 0, "_lazy": 0, "attached": 0, "validate": 0, "settings": 0, "host": 0, "tokens": 0, "inputs": 0,
+    "errors": 0, "_lazy": 0, "attached": 0, "validate": 0, "settings": 0, "host": 0, "hosts": 0, "tokens": 0,
+    "inputs": 0,
     "prompts": 0, "model": 0, "layout": 0, "result": 0, "provenance": 0, "safe_io": 0, "stats": 0,
     "registry": 0, "hooks": 0, "packed": 0, "passes": 0, "interventions": 0, "zoo": 0, "testing": 0, "measure": 0,
     "offload": 0, "cache_match": 0, "census": 0,

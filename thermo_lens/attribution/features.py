@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from thermo_lens import attached
 from thermo_lens.errors import ThermoLensInputError
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
 
 __all__ = ["FeatureSite", "feature_sites", "decoder", "split_features", "CHUNK_ELEMENTS", "FEATURE_DEFINITIONS"]
 
@@ -74,7 +77,7 @@ class FeatureSite:
     d_sae: int
 
 
-def _sae_of(model: Any, key: str) -> Any:
+def _sae_of(model: TransformerLensModel, key: str) -> Any:
     wrapper = attached.sae_wrappers(model)[key]
     return getattr(wrapper, "sae", wrapper)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
@@ -27,6 +27,10 @@ from thermo_lens.result import Result, label
 from thermo_lens.settings import RunOptions, RunSettings
 from thermo_lens.tokens import TokenScope
 from thermo_lens.validate import validates_own_inputs
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
+    from thermo_lens.model import ModelView
 
 __all__ = ["GainAttribution", "gain_attribution", "attribution_from_collected"]
 
@@ -537,7 +541,7 @@ register_measurement(Measurement(
 @documents_cache
 @validates_own_inputs
 def gain_attribution(
-    model: Any,
+    model: TransformerLensModel | ModelView,
     prompts: Prompts,
     *,
     token_scope: TokenScope = "all_but_first",

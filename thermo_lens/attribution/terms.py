@@ -472,10 +472,8 @@ def _check_read(view: ModelView, plan: _BlockPlan, state: dict[str, Tensor]) -> 
     missing = {k for _, k in plan.reads} - set(state)
     if missing:
         silent = sorted({h for h, k in plan.reads if k in missing})
-        hint = ("; SAELens' SAETransformerBridge stops running a hook point after an SAE there is "
-                "removed (reset_saes): boot the model again" if view.host.kind == "bridge"
-                and attached.needs_resolving(view.model) else
-                f"; this block ({view.layout.describe()}) is not laid out as TransformerLens hooks it")
+        lost = view.adapter.lost_hook_hint(view.model)
+        hint = f"; {lost}" if lost else f"; this block ({view.layout.describe()}) is not laid out as TransformerLens hooks it"
         raise ThermoLensInputError(
             f"{view.name} block {plan.layer}: the host never ran the hook point(s) {', '.join(silent)} "
             f"before {view.resid_hook_names[plan.layer + 1]}, so the block cannot be attributed{hint}")

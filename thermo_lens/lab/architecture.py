@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -186,7 +186,7 @@ def _lm_head_key(fam: str, sd: dict[str, Tensor]) -> str | None:
     return None
 
 
-def to_canonical(model: Any, arch: Architecture) -> dict[str, Tensor]:
+def to_canonical(model: torch.nn.Module, arch: Architecture) -> dict[str, Tensor]:
     """The weights of an HF lab model in the canonical, family-independent form (cloned)."""
     fam, sd = family_of(arch), model.state_dict()
     d, H = arch.d_model, arch.n_heads
@@ -197,7 +197,7 @@ def to_canonical(model: Any, arch: Architecture) -> dict[str, Tensor]:
     if "lnf.w" in _TOP[fam] and _TOP[fam]["lnf.w"] in sd:
         out["lnf.w"], out["lnf.b"] = sd[_TOP[fam]["lnf.w"]], sd[_TOP[fam]["lnf.b"]]
     if arch.embeddings == "untied":
-        out["lm_head"] = sd[_lm_head_key(fam, sd)]
+        out["lm_head"] = sd[_lm_head_key(fam, sd) or _TOP[fam]["lm_head"]]  # KeyError names the key when absent
     if arch.embed_proj_dim:
         out["project_in"] = sd["model.decoder.project_in.weight"]
         out["project_out"] = sd["model.decoder.project_out.weight"]
@@ -224,7 +224,7 @@ def to_canonical(model: Any, arch: Architecture) -> dict[str, Tensor]:
     return {k: v.detach().clone() for k, v in out.items()}
 
 
-def from_canonical(model: Any, arch: Architecture, canon: dict[str, Tensor]) -> None:
+def from_canonical(model: torch.nn.Module, arch: Architecture, canon: dict[str, Tensor]) -> None:
     """Write canonical weights into an HF lab model of ``arch`` (in place)."""
     fam = family_of(arch)
     d, H = arch.d_model, arch.n_heads

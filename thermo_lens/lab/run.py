@@ -51,6 +51,7 @@ from thermo_lens.safe_io import FolderLock, FolderLockedError, SafeIOError, atom
 if TYPE_CHECKING:
     import pandas as pd
 
+    from thermo_lens.study import ModelSpec
 
 __all__ = ["LabOutcome", "LabFolderError", "LabLockedError", "run_lab", "runs_frame", "write_tables", "LAB_JSON"]
 
@@ -142,7 +143,7 @@ class _Task:
                          n_checkpoints=self.n_checkpoints, extra_checkpoints=extra,
                          tokenizer_cache=make_folder(self.lab_dir, "tokenizers"), eval_every=self.eval_every)
 
-    def __call__(self, model: Any, settings: dict[str, Any]) -> str:
+    def __call__(self, model: ModelSpec, settings: dict[str, Any]) -> str:
         from thermo_lens.lab.run_record import checkpoint_problem, read_record
         from thermo_lens.lab.train import step_dir_name
 
@@ -168,7 +169,7 @@ class _Task:
                                    step, self.spec_sha256)
 
 
-def _profile_checkpoint(model: Any, settings: dict[str, Any], ckpt: Path, info: _RunInfo, step: int,
+def _profile_checkpoint(model: ModelSpec, settings: dict[str, Any], ckpt: Path, info: _RunInfo, step: int,
                         spec_sha256: str = "") -> str:
     """The profile of the checkpoint folder ``ckpt`` (checked against the run's record by the
     caller), its ``meta["lab"]`` naming the run; ``metrics.json`` is read checked again."""

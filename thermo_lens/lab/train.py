@@ -42,15 +42,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-if TYPE_CHECKING:
-    import torch
-    from transformers import PreTrainedTokenizerFast
-
 from thermo_lens.lab.recipe import OPTIMIZERS, Recipe
 from thermo_lens.lab.run_record import (checkpoint_problem, folder_hashes, read_checkpoint_file, read_record,
                                         write_record)
 from thermo_lens.safe_io import (SafeIOError, atomic_write_bytes, atomic_write_text, disk_full, make_folder,
                                  os_error_reason, printable, safe_read_bytes)
+
+if TYPE_CHECKING:  # both imported on use: the lab's module loads without them
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 __all__ = ["EOT", "checkpoint_steps", "get_tokenizer", "encode_stream", "train_run", "step_dir_name",
            "lr_at", "evaluate"]
@@ -181,7 +181,7 @@ def lr_at(step: int, recipe: Recipe) -> float:
     return floor + (lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def evaluate(model: Any, stream: list[int], block_size: int, batch_size: int = 32) -> float:
+def evaluate(model: torch.nn.Module, stream: list[int], block_size: int, batch_size: int = 32) -> float:
     """Mean next-token cross-entropy (nats/token) over non-overlapping ``block_size`` windows."""
     import torch
     import torch.nn.functional as F
@@ -265,7 +265,7 @@ def load_state_bytes(data: bytes, where: Path) -> dict[str, Any]:
     return state
 
 
-def _stage_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: PreTrainedTokenizerFast, metrics: dict[str, Any]) -> Path:
+def _stage_checkpoint(run_dir: Path, step: int, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, metrics: dict[str, Any]) -> Path:
     """The checkpoint of ``step`` written into a new temporary folder of ``run_dir`` (not yet in place)."""
     from transformers.utils import logging as hf_logging
 
@@ -292,7 +292,7 @@ def _place_checkpoint(run_dir: Path, step: int, tmp: Path) -> None:
     os.rename(tmp, dest)
 
 
-def _save_checkpoint(run_dir: Path, step: int, model: Any, tokenizer: PreTrainedTokenizerFast, metrics: dict[str, Any],
+def _save_checkpoint(run_dir: Path, step: int, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, metrics: dict[str, Any],
                      state: bytes | None = None) -> None:
     """Write the checkpoint of ``step`` (and the training state ``state``) in the order
     :mod:`thermo_lens.lab.run_record` describes, recording every file's SHA-256."""

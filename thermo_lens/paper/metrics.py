@@ -10,7 +10,7 @@ that metric in that experiment (:data:`PAPER_EXPERIMENTS`), and the result says 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thermo_lens._lazy import pandas as pd
 
@@ -19,6 +19,10 @@ from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.inputs import Prompts
 from thermo_lens.result import Result
 from thermo_lens.stats import SummaryStats
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
+    from thermo_lens.model import ModelView
 
 __all__ = ["PAPER_METRICS", "PAPER_EXPERIMENTS", "DEFAULT_EXPERIMENT", "PaperMetric",
            "PaperMetricResult", "paper_metric"]
@@ -122,7 +126,7 @@ class PaperMetricResult(Result):
 
 
 def paper_metric(
-    model: Any,
+    model: TransformerLensModel | ModelView,
     prompts: Prompts | None = None,
     metric: str = "A",
     *,

@@ -11,7 +11,7 @@ put into each docstring by :func:`documents_cache`).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
 import torch
 from torch import Tensor
@@ -26,6 +26,9 @@ from thermo_lens.passes.recorder import Recorder, Reduction
 from thermo_lens.provenance import attached_records
 from thermo_lens.settings import RunSettings
 from thermo_lens.tokens import HOST_BOS, TokenBatch, token_batch
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
 
 __all__ = ["collect_cached", "Cached", "CACHE_DOC", "documents_cache"]
 
@@ -147,14 +150,11 @@ def _cache_prompts(view: ModelView, prompts: Any, settings: RunSettings) -> tupl
     if to_tokens is None:
         raise ThermoLensInputError(f"{view.name} has no to_tokens: pass the token ids the cache was made from")
     kw = {} if settings.prepend_bos == "host" else {"prepend_bos": bool(settings.prepend_bos)}
-
-    def ids(x: Any) -> Tensor:
-        return x[0] if isinstance(x, tuple) else x  # HookedEncoder: (tokens, token_type_ids, attention_mask)
-    batch_ids = ids(to_tokens(list(ps.texts), move_to_device=False, **kw))
+    batch_ids = view.adapter.token_ids(to_tokens(list(ps.texts), move_to_device=False, **kw))
     rows, starts = [], []
     side = str(getattr(view.tokenizer, "padding_side", "right") or "right")
     for b, text in enumerate(ps.texts):
-        own = [int(t) for t in ids(to_tokens(text, move_to_device=False, **kw))[0]]
+        own = [int(t) for t in view.adapter.token_ids(to_tokens(text, move_to_device=False, **kw))[0]]
         n = len(own)
         start = batch_ids.shape[1] - n if side == "left" else 0
         if batch_ids[b, start:start + n].tolist() != own:
@@ -194,7 +194,7 @@ class Cached:
 
 
 def collect_cached(
-    model: Any,
+    model: TransformerLensModel | ModelView,
     prompts: Any,
     cache: Any,
     reductions: Sequence[Reduction],

@@ -3,7 +3,9 @@
 A sweep's cell at layer ``l`` leaves blocks ``0..l-1`` as they were without it, so its pass can
 begin at block ``l`` from the unpatched run's ``x_l`` instead of from the embedding.
 
-Host support (:func:`start_support`):
+Host support (:func:`start_support`; the host's part, and how it skips the earlier blocks, is its
+adapter's: :meth:`thermo_lens.hosts.HostAdapter.start_support` and
+:meth:`~thermo_lens.hosts.HostAdapter.only_later_blocks`):
 
 * ``HookedTransformer`` (TransformerLens 2.x / 3.x): ``forward(x_l, start_at_layer=l,
   attention_mask=...)`` runs blocks ``l..L-1`` only (the attention mask given explicitly, as its
@@ -32,16 +34,14 @@ d_model]`` per layer, on the model's device) until the sweep ends, besides the p
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import re
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, ContextManager
 
 import torch
 from torch import Tensor
 
-from thermo_lens import attached
+from thermo_lens.hosts import takes_start_at_layer
 from thermo_lens.model import ModelView, _StopForward, _stop_forward
 from thermo_lens.tokens import TokenBatch
 
@@ -49,54 +49,17 @@ __all__ = ["start_support", "FromLayer", "BLOCK_HOOK"]
 
 #: A per-block hook name: ``blocks.{layer}.<point>``.
 BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.(.+)$")
-def _layer_list(model: Any) -> tuple[torch.nn.Module, str] | None:
-    """The module and attribute of the bridge's HF model that hold its blocks as a ``ModuleList``
-    (``transformer.h``, ``model.layers`` ...), or None."""
-    hf = getattr(model, "original_model", None)
-    blocks = list(getattr(model, "blocks", []) or [])
-    if not isinstance(hf, torch.nn.Module) or not blocks:
-        return None
-    for name, mod in hf.named_modules():
-        if isinstance(mod, torch.nn.ModuleList) and len(mod) == len(blocks) and all(
-                a is b for a, b in zip(mod, blocks)):
-            parent, _, attr = name.rpartition(".")
-            return (hf.get_submodule(parent) if parent else hf), attr
-    return None
-
-
-def _takes_start(model: Any) -> bool:
-    """Whether ``model.forward`` takes ``start_at_layer``: named in its signature, or passed on by
-    a subclass's ``forward(input, **kwargs)`` to a parent class's forward that names it (SAELens'
-    ``HookedSAETransformer.forward`` hands every keyword to ``HookedTransformer.forward``)."""
-    # an instance's own forward first (e.g. accelerate's offloading wrapper), then the classes'
-    owners = [getattr(model, "__dict__", {})] + [cls.__dict__ for cls in type(model).__mro__]
-    for owner in owners:
-        fn = owner.get("forward")
-        if fn is None:
-            continue
-        try:
-            params = inspect.signature(fn).parameters
-        except (TypeError, ValueError):
-            return False
-        if "start_at_layer" in params:
-            return True
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            return False  # this forward neither names it nor passes keywords on
-    return False
+# The host's part of start-at-layer lives in its adapter (thermo_lens.hosts); the name stays importable.
+_takes_start = takes_start_at_layer
 
 
 def start_support(view: ModelView, fwd_hooks: Sequence[tuple[Any, Callable]]) -> str | None:
     """Why passes cannot start at a layer on this model with these user hooks, or None."""
     model = view.model
-    if view.backend == "hooked_encoder":
-        return "HookedEncoder has no start_at_layer"
-    if not _takes_start(model):  # run_with_hooks passes it on (by name or **kwargs)
-        return f"{view.host.describe()} has no start_at_layer"
-    if view.backend == "bridge" and _layer_list(model) is None:
-        return "the bridge's HF model holds its blocks in no layer list (its start_at_layer would run every block)"
-    if getattr(getattr(model, "cfg", None), "positional_embedding_type", None) == "shortformer":
-        return "a shortformer model adds its positional embedding in every block"
-    on_model = attached.attached_hooks(model)
+    why = view.adapter.start_support(model, view.host.describe())  # the host's own reasons
+    if why:
+        return why
+    on_model = view.adapter.attached_hooks(model)
     if on_model:
         return (f"hooks are already on the model ({on_model[0].hook_point}, {on_model[0].attached}): they run in "
                 "the blocks a start-at-layer pass skips")
@@ -118,31 +81,10 @@ class FromLayer:
     def __init__(self, view: ModelView, layer: int, residual: Tensor) -> None:
         self.start_layer = int(layer)
         self._residual = residual
-        self._hf_layers = _layer_list(view.model) if view.backend == "bridge" else None
 
-    @contextlib.contextmanager
-    def _only_later_blocks(self, view: ModelView) -> Iterator[None]:
-        if view.backend != "bridge":
-            yield
-            return
-        assert self._hf_layers is not None, "start_support checked the layer list"
-        parent, attr = self._hf_layers
-        full = getattr(parent, attr)
-        # HF models with per-layer attention kinds (Gemma-2/3, Qwen2, GPT-OSS ...) pick each block's mask
-        # and rotary embedding by its position in the loop (config.layer_types[i]): cut that list too, or
-        # block l would get block 0's kind (a sliding window, a local rotary base).
-        cfg: Any = getattr(parent, "config", None)
-        types: Any = getattr(cfg, "layer_types", None)
-        cut_types = isinstance(types, (list, tuple)) and len(types) == len(full)
-        setattr(parent, attr, torch.nn.ModuleList(list(full)[self.start_layer:]))
-        if cut_types:
-            cfg.layer_types = list(types)[self.start_layer:]
-        try:
-            yield
-        finally:
-            setattr(parent, attr, full)
-            if cut_types:
-                cfg.layer_types = types
+    def _only_later_blocks(self, view: ModelView) -> ContextManager[None]:
+        """The host's context in which a pass given ``start_at_layer`` runs the later blocks only."""
+        return view.adapter.only_later_blocks(view.model, self.start_layer)
 
     def run_batch(self, view: ModelView, batch: TokenBatch, rows: Tensor, hooks: Sequence[tuple[Any, Callable]], *,
                   stop_after: str | None, return_logits: bool) -> Tensor | None:

@@ -12,7 +12,7 @@ batch runs is the runner's (:class:`Runner`): :class:`Forward` here, a replay of
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -28,6 +28,9 @@ from thermo_lens.passes.user_hooks import Current, hook_site, wrap_user_hooks
 from thermo_lens.provenance import HookRecord, attached_records, describe_hook
 from thermo_lens.settings import RunSettings
 from thermo_lens.tokens import MAX_PADDING, BatchInfo, TokenBatch, plan_batches, token_batch
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
 
 __all__ = ["Pass", "Runner", "Forward", "collect"]
 
@@ -86,7 +89,7 @@ class Pass:
     cache_match: str = ""
 
     @classmethod
-    def build(cls, model: Any, prompts: Any, reductions: Sequence[Reduction], settings: Any = None, *,
+    def build(cls, model: TransformerLensModel | ModelView, prompts: Any, reductions: Sequence[Reduction], settings: Any = None, *,
               min_tokens: int = 1, internal_hooks: Hooks = (), row_prompt: Sequence[int] | None = None,
               **options: Any) -> "Pass":
         """Resolve the settings, check the user's hooks, tokenize, plan the batches, detect the hooks
@@ -204,7 +207,7 @@ class Pass:
 
 
 def collect(
-    model: Any,
+    model: TransformerLensModel | ModelView,
     prompts: Any,
     reductions: Sequence[Reduction],
     settings: Any = None,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Unpack
+from typing import TYPE_CHECKING, Callable, Unpack
 
 import torch
 from jaxtyping import Float
@@ -19,6 +19,9 @@ from thermo_lens.sheaf.validation import (
     _check_index,
     _check_W_V,
 )
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
 
 
 def _pattern_key(layer: int, head: int | None) -> str:
@@ -116,7 +119,7 @@ def _token_strings(view: ModelView, prompt: str, prepend_bos: BosMode, n: int) -
 
 
 def sheaf_laplacian(
-    model: Any,
+    model: TransformerLensModel | ModelView,
     prompt: object,
     layer: int,
     head: int | None = None,

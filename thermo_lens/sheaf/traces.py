@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
@@ -26,6 +26,9 @@ from thermo_lens.provenance import Provenance, ProvenanceFields, fold_legacy_fie
 from thermo_lens.result import Result
 from thermo_lens.sheaf.validation import _check_formula, _check_W_V
 from thermo_lens.validate import validates_own_inputs
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
 
 TRACE_DEFINITIONS = {
     "off_diagonal_mass": "Tr L = (n - sum_i A_ii) * ||W_V^h||_F^2  (sum over real tokens; "
@@ -316,7 +319,7 @@ register_measurement(Measurement(
 @documents_cache
 @validates_own_inputs
 def sheaf_traces(
-    model: Any,
+    model: TransformerLensModel | ModelView,
     prompts: Prompts,
     *,
     formula: str = "off_diagonal_mass",

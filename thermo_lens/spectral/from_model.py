@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
@@ -17,11 +17,14 @@ from thermo_lens.spectral.from_weights import _check_dtype, compute_signature
 from thermo_lens.spectral.kernels import _check_method
 from thermo_lens.spectral.signature import SpectralSignature
 
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
+
 __all__ = ["spectral_signature", "signature_from_collected"]
 
 
 def spectral_signature(
-    model: Any,
+    model: TransformerLensModel | ModelView,
     *,
     dtype: torch.dtype | str = torch.float32,
     layer_norms: Any = True,

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 import numpy as np
 import torch
@@ -50,6 +50,9 @@ from thermo_lens.sweeps.features import feature_layout, feature_list
 from thermo_lens.sweeps.result import SweepResult, build_result
 from thermo_lens.tokens import TokenScope, token_batch
 from thermo_lens.validate import excerpt, validates_own_inputs
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
 
 __all__ = ["patch_sweep", "ablation_sweep", "METHODS", "OVER"]
 
@@ -355,7 +358,7 @@ def _feature_sweep(view: ModelView, ps: Any, hook: Any, features: Any, measure: 
 
 @validates_own_inputs
 def patch_sweep(
-    model: Any,
+    model: TransformerLensModel | ModelView,
     clean: Prompts,
     corrupted: Prompts,
     hook: str,
@@ -483,7 +486,7 @@ def patch_sweep(
 
 @validates_own_inputs
 def ablation_sweep(
-    model: Any,
+    model: TransformerLensModel | ModelView,
     prompts: Prompts,
     hook: str,
     *,

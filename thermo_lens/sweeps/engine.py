@@ -564,7 +564,7 @@ def _from_layers(view: ModelView, ps: PromptList, layout: HookLayout, conditions
         vals = vals[1:]
         for k, i in enumerate(group):
             values[1 + i] = vals[k]
-    host = "the HF layer list cut to the later blocks" if view.backend == "bridge" else "start_at_layer"
+    host = view.adapter.start_method
     mean_start = sum(start_of.values()) / max(len(start_of), 1)
     how = (f"each cell's pass starts at its layer from the unpatched residual ({view.host.describe()}, {host}): "
            f"{len(start_of)} of {len(conditions)} cells ran, from block {mean_start:.2g} of {L} on average"

@@ -30,7 +30,7 @@ import operator
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -40,6 +40,9 @@ from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.model import ModelView
 from thermo_lens.passes import Recorder
 from thermo_lens.tokens import TokenBatch
+
+if TYPE_CHECKING:
+    from thermo_lens.hosts.protocol import TransformerLensModel
 
 __all__ = ["LogitDifference", "head_readout"]
 
@@ -118,28 +121,16 @@ class HeadReadout:
         return self.post(out)
 
 
-def _module(obj: Any, path: str) -> Any:
-    for part in path.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
-
-
 def _soft_cap(x: Tensor, cap: float) -> Tensor:
     return cap * torch.tanh(x / cap)
 
 
 def _build_head(view: ModelView) -> HeadReadout:
     model, hf = view.model, view.hf_config
-    hf_model = getattr(model, "original_model", None)
     pre: list[tuple[str, Callable[[Tensor], Tensor]]] = []
-    transform = _module(hf_model, "cls.predictions.transform") if hf_model is not None else None
-    mlm_head = getattr(model, "mlm_head", None)
-    if transform is not None:
-        pre.append(("the masked-LM head's transform (dense, activation, LayerNorm)", transform))
-    elif mlm_head is not None and view.backend == "hooked_encoder":
-        pre.append(("the masked-LM head (dense, activation, LayerNorm)", mlm_head))
+    mlm_head = view.adapter.mlm_head(model)  # BERT-style: the head between the stream and W_U
+    if mlm_head is not None:
+        pre.append(mlm_head)
     else:
         ln_final = getattr(model, "ln_final", None)
         if ln_final is not None:
@@ -277,7 +268,7 @@ class LogitDifference:
         show = lambda ids: repr(ids[0]) if len(ids) == 1 else f"{len(ids)} ids"  # noqa: E731
         return f"logit_difference:{show(self._a)}-{show(self._b)}@{self.pos}"  # type: ignore[attr-defined]
 
-    def resolve(self, model: Any) -> "LogitDifference":
+    def resolve(self, model: TransformerLensModel | ModelView) -> "LogitDifference":
         """The same measure with every string answer replaced by its one token id for ``model``'s
         tokenizer (refused, naming the tokens, where a string is several)."""
         from thermo_lens.model import as_view

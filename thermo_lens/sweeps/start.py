@@ -8,6 +8,6 @@ where :func:`start_support` allows it; the hosts, the fallbacks and the check ar
 from __future__ import annotations
 
 from thermo_lens.passes.from_layer import BLOCK_HOOK, FromLayer, start_support
-from thermo_lens.passes.from_layer import _layer_list, _takes_start  # noqa: F401  (the host probes, tested here)
+from thermo_lens.passes.from_layer import _takes_start  # noqa: F401  (the host probe, tested here)
 
 __all__ = ["start_support", "FromLayer", "BLOCK_HOOK"]

@@ -38,6 +38,7 @@ from thermo_lens.views._common import ThermoLensViewError, bos_text, settings_te
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
 
+    from thermo_lens.hosts.protocol import TransformerLensModel
     from thermo_lens.inputs import Prompts
     from thermo_lens.model import ModelView
     from thermo_lens.settings import FwdHooks
@@ -287,7 +288,7 @@ def _per_head_activation_metrics(view: ModelView, prompts: Prompts, layer: int, 
             if any(type(r).__name__ == m.result for r in res.results.values())}
 
 
-def attention_panel(model: Any, prompt: str, layer: int, *, head: int | Sequence[int] | None = None,
+def attention_panel(model: TransformerLensModel | ModelView, prompt: str, layer: int, *, head: int | Sequence[int] | None = None,
                     prepend_bos: BosMode = "host", gain_prompts: Prompts | None = None, token_scope: TokenScope = "all_but_first",
                     ablation: bool = True, attribution: bool = True, include_js: bool = True,
                     fwd_hooks: FwdHooks = ()) -> AttentionPanel:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import html as _html
 from dataclasses import dataclass
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 import plotly.graph_objects as go
@@ -32,6 +32,8 @@ from thermo_lens.views.panels import circuitsvis_html
 
 if TYPE_CHECKING:
     from thermo_lens.attribution.result import GainAttribution
+    from thermo_lens.hosts.protocol import TransformerLensModel
+    from thermo_lens.model import ModelView
 
 
 @runtime_checkable
@@ -110,7 +112,7 @@ class FeaturePanel:
         return self.html
 
 
-def _head_cosine(model: Any, sae: _SAEDecoder, hook: str, layer: int, feature: int) -> Tensor:
+def _head_cosine(model: TransformerLensModel | ModelView, sae: _SAEDecoder, hook: str, layer: int, feature: int) -> Tensor:
     view = as_view(model)
     W_O = view.W_O_layers()[layer].double()  # [head, d_head, d_model]
     w = sae.W_dec.detach()[feature].double()
@@ -127,7 +129,7 @@ def _head_cosine(model: Any, sae: _SAEDecoder, hook: str, layer: int, feature: i
     return torch.tensor(out)
 
 
-def feature_panel(model: Any, attribution: GainAttribution, hook: str, feature: int, prompts: str | Sequence[str],
+def feature_panel(model: TransformerLensModel, attribution: GainAttribution, hook: str, feature: int, prompts: str | Sequence[str],
                   include_js: bool = True) -> FeaturePanel:
     """The panel of SAE feature ``feature`` at ``hook`` (module docstring): ``attribution`` a
     ``gain_attribution(..., sae_features=True)`` of ``model`` (with that SAE attached); ``prompts`` the
