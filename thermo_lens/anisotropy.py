@@ -41,7 +41,8 @@ from thermo_lens.model import ModelView, as_view
 from thermo_lens.paired import PairedMixin
 from thermo_lens.passes import Collected, Recorder
 from thermo_lens.provenance import Provenance, ProvenanceFields
-from thermo_lens.registry import BuildContext, Measurement, Metric, Option, register_measurement, register_metric
+from thermo_lens.registry import (BuildContext, Measurement, Metric, Options, Readout, option, register_measurement,
+                                  register_metric)
 from thermo_lens.settings import RunOptions, RunSettings
 from thermo_lens.tokens import TokenBatch
 from thermo_lens.result import Result
@@ -202,16 +203,33 @@ def _check_level(level: Any) -> float:
     return float(level)
 
 
-def _build(ctx: BuildContext, *, level: float) -> AnisotropyResult:
-    return anisotropy_from_collected(ctx.collected, level=level)
+@dataclass(frozen=True)
+class AnisotropyOptions(Options):
+    """The options of the anisotropy profile (checked when made)."""
+
+    level: float = option(0.95, "confidence level of the CIs", _check_level)
 
 
-register_measurement(Measurement(
-    "anisotropy", title="Anisotropy profile", result="AnisotropyResult", section="gain",
-    summary="how aligned the token states of each residual state are (mean pairwise cosine, position 0 excluded)",
-    options={"level": Option(0.95, _check_level, "confidence level of the CIs")},
-    reductions=lambda **options: [anisotropy], build=_build,
-))
+@register_measurement
+class Anisotropy(Measurement):
+    """The anisotropy of every residual state (:class:`AnisotropyResult`)."""
+
+    name = "anisotropy"
+    title = "Anisotropy profile"
+    summary = "how aligned the token states of each residual state are (mean pairwise cosine, position 0 excluded)"
+    result = AnisotropyResult
+    section = "gain"
+    Options = AnisotropyOptions
+    readouts = (Readout("anisotropy:<state>", "the anisotropy of residual state x_<state> (0: the embedding, s: "
+                        "the output of block s - 1): the mean pairwise cosine similarity of the prompt's token states, "
+                        "position 0 excluded (NaN under 3 tokens)", scope="real tokens t = 1..n-1 (position 0 "
+                        "excluded): pairs of token states"),)
+
+    def reductions(self) -> list[Any]:
+        return [anisotropy]
+
+    def build(self, ctx: BuildContext) -> AnisotropyResult:
+        return anisotropy_from_collected(ctx.collected, level=self.options.level)  # type: ignore[attr-defined]
 
 
 @validates_own_inputs

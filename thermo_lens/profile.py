@@ -29,7 +29,7 @@ from thermo_lens.measure import run_measurements
 from thermo_lens.model import ModelView, as_view
 from thermo_lens.result import Result
 from thermo_lens.settings import RunOptions, RunSettings
-from thermo_lens.tokens import TERM_SCOPES, TokenScope
+from thermo_lens.tokens import TokenScope
 from thermo_lens.validate import validates_own_inputs
 
 __all__ = ["ThermoProfile", "profile", "profiles_frame"]
@@ -103,9 +103,9 @@ class ThermoProfile(Result):
         wanted = {m.name: m.result for m in registry.measurements()}
         for name, res in self.results.items():
             want = wanted.get(name)
-            if not isinstance(res, Result) or (want is not None and type(res).__name__ != want):
+            if not isinstance(res, Result) or (want is not None and not isinstance(res, want)):
                 got = type(res).__name__ if isinstance(res, Result) else f"a {type(res).__name__}"
-                return f"its {str(name)[:60]!r} result is {got}, not {want or 'a stored result'}"
+                return f"its {str(name)[:60]!r} result is {got}, not {want.__name__ if want else 'a stored result'}"
         for key in ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head"):
             v = self.meta.get(key)
             if key in self.meta and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
@@ -151,7 +151,10 @@ class ThermoProfile(Result):
         for metric in registry.metrics():
             if not metric.row:
                 continue
-            held = any(type(r).__name__ == metric.result for r in self.results.values())
+            try:
+                held = registry.carrier(self, metric.result) is not None
+            except TypeError:
+                held = False
             try:
                 row[metric.row] = metric.row_value(self) if held else None
             except (KeyError, AttributeError, TypeError):  # e.g. a head metric this signature lacks
@@ -274,19 +277,18 @@ def profile(
     view = as_view(model)
     run_settings = RunSettings.resolve(settings, **run)
     ps = as_model_prompts(view, prompts)
-    term_scope = token_scope if token_scope in TERM_SCOPES else "all"  # frobenius has no per-token form
     requests: dict[str, dict[str, Any]] = {}
     for m in registry.measurements(in_profile=True):
         if m.name == "attribution" and not attribution:
             continue
-        opts: dict[str, Any] = {}
-        if "token_scope" in m.options:
-            opts["token_scope"] = token_scope if m.name == "gain" else term_scope
-        if m.name == "gain":
-            opts["regime_by"] = regime_by
-        if m.name == "l_star":
-            opts["variant"] = l_star_variant
-        requests[m.name] = opts
+        # The profile's options go to every measurement that declares them; a token scope a
+        # measurement's option type does not hold (frobenius, for the per-token terms) is "all".
+        given = {k: v for k, v in (("token_scope", token_scope), ("regime_by", regime_by),
+                                   ("variant", l_star_variant)) if m.takes(k)}
+        scopes = m.option_values("token_scope")
+        if "token_scope" in given and scopes is not None and token_scope not in scopes:
+            given["token_scope"] = "all"  # frobenius has no per-token form
+        requests[m.name] = given
     # The device is looked up once for the whole profile (the pass, the spectral signature, the metadata
     # of every result): for a dispatched model each lookup walks every module.
     with view.pinned_device():
