@@ -288,6 +288,10 @@ class Options:
     :meth:`Measurement.make_options`, which refuses an unknown option by name.
     """
 
+    # The fields are checked here, each with its own message (what was wrong, what to do); a
+    # runtime type checker (jaxtyping's import hook under the tests) would pre-empt those messages.
+    __no_type_check__: ClassVar[bool] = True
+
     def __post_init__(self) -> None:
         hints = get_type_hints(type(self), include_extras=False)
         for f in fields(self):
