@@ -25,7 +25,7 @@ from thermo_lens._lazy import pandas as pd
 from thermo_lens import registry, validate
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.inputs import Prompts, as_model_prompts
-from thermo_lens.measure import run_measurements
+from thermo_lens.measure import MeasureRequest, _requests, run_measurements
 from thermo_lens.model import ModelView, as_view
 from thermo_lens.result import Result
 from thermo_lens.settings import RunOptions, RunSettings
@@ -221,6 +221,7 @@ def profile(
     regime_by: str = "last_block_gain",
     l_star_variant: str = "steepest_step",
     attribution: bool = True,
+    measures: MeasureRequest | None = None,
     name: str | None = None,
     lab: str | None = None,
     family: str | None = None,
@@ -259,6 +260,10 @@ def profile(
         attribution: also compute :func:`thermo_lens.gain_attribution` in the same pass (default
             ``True``; skipped, with the reason in ``meta["skipped"]`` and a warning, for models
             whose blocks have no exact per-head split).
+        measures: the measurements to run (default ``None``: the battery, every registered
+            measurement marked ``in_profile``): names, or ``{name: {option: value}}`` as for
+            :func:`thermo_lens.run` (a measurement's own options win over the profile's); any
+            registered measurement, also one registered outside thermo-lens.
         name, lab, family, twin_of, source: metadata recorded in ``meta`` (name defaults to the
             model's ``cfg.model_name``).
         settings, **run: run options (:class:`thermo_lens.settings.RunOptions`): ``prepend_bos``
@@ -277,8 +282,14 @@ def profile(
     view = as_view(model)
     run_settings = RunSettings.resolve(settings, **run)
     ps = as_model_prompts(view, prompts)
+    explicit = None if measures is None else _requests(measures)
+    if explicit is not None and not explicit:
+        raise ThermoLensInputError("measures is empty; name at least one measurement, or leave measures=None for "
+                                   "the whole battery")
+    chosen = (registry.measurements(in_profile=True) if explicit is None
+              else tuple(registry.measurement(n) for n in explicit))
     requests: dict[str, dict[str, Any]] = {}
-    for m in registry.measurements(in_profile=True):
+    for m in chosen:
         if m.name == "attribution" and not attribution:
             continue
         # The profile's options go to every measurement that declares them; a token scope a
@@ -288,7 +299,7 @@ def profile(
         scopes = m.option_values("token_scope")
         if "token_scope" in given and scopes is not None and token_scope not in scopes:
             given["token_scope"] = "all"  # frobenius has no per-token form
-        requests[m.name] = given
+        requests[m.name] = {**given, **(explicit or {}).get(m.name, {})}
     # The device is looked up once for the whole profile (the pass, the spectral signature, the metadata
     # of every result): for a dispatched model each lookup walks every module.
     with view.pinned_device():

@@ -30,8 +30,9 @@ definition carried everywhere. (In the style of SAELens' ``registry.py``.)
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable, ClassVar, Literal, Mapping, get_args, get_origin, get_type_hints
+from typing import Any, Callable, ClassVar, Literal, Mapping, get_args, get_origin
 
 from thermo_lens.errors import ThermoLensInputError
 
@@ -279,6 +280,18 @@ def _check_by_annotation(owner: str, name: str, value: Any, hint: Any) -> Any:
     return value
 
 
+def _field_types(cls: type) -> dict[str, Any]:
+    """The evaluated annotations of a dataclass's fields (``typing.get_type_hints`` answers nothing
+    for a class marked ``__no_type_check__``, as :class:`Options` is)."""
+    out: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        module = sys.modules.get(klass.__module__)
+        names = {**(vars(module) if module is not None else {}), **vars(klass)}
+        for k, v in klass.__dict__.get("__annotations__", {}).items():
+            out[k] = eval(v, names) if isinstance(v, str) else v  # noqa: S307 - the class's own source text
+    return out
+
+
 @dataclass(frozen=True)
 class Options:
     """The options of a measurement: a frozen dataclass, every field checked once when it is made.
@@ -293,7 +306,7 @@ class Options:
     __no_type_check__: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        hints = get_type_hints(type(self), include_extras=False)
+        hints = _field_types(type(self))
         for f in fields(self):
             value = getattr(self, f.name)
             check = f.metadata.get("check")
@@ -374,7 +387,7 @@ class Measurement:
     @classmethod
     def option_values(cls, name: str) -> tuple[Any, ...] | None:
         """The values option ``name`` may take where its annotation is a ``Literal`` (None else)."""
-        hint = get_type_hints(cls.Options).get(name)
+        hint = _field_types(cls.Options).get(name)
         return get_args(hint) if get_origin(hint) is Literal else None
 
     @classmethod
