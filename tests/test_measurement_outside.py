@@ -141,7 +141,7 @@ def test_registered_outside_it_runs_pairs_and_sweeps(bridge, registered):
         want = _dense(model, PROMPTS, "all", [("blocks.0.attn.hook_z", _zero_head(h))])[:, L - 1]
         np.testing.assert_allclose(s.per_prompt[:, 0, h].numpy(), (want - clean).numpy(), rtol=1e-4, atol=1e-6)
     assert torch.all(s.per_prompt[:, 1] == 0)  # block L-1's heads write after its input is read
-    assert f"mean_state_norm:<layer>" in tl.sweeps.measure_definitions()
+    assert "mean_state_norm:<layer>" in tl.sweeps.measure_definitions()
 
 
 def test_registration_refuses_what_is_not_a_measurement(registered):

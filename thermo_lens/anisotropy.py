@@ -211,7 +211,7 @@ class AnisotropyOptions(Options):
 
 
 @register_measurement
-class Anisotropy(Measurement):
+class Anisotropy(Measurement[AnisotropyOptions]):
     """The anisotropy of every residual state (:class:`AnisotropyResult`)."""
 
     name = "anisotropy"
@@ -229,7 +229,7 @@ class Anisotropy(Measurement):
         return [anisotropy]
 
     def build(self, ctx: BuildContext) -> AnisotropyResult:
-        return anisotropy_from_collected(ctx.collected, level=self.options.level)  # type: ignore[attr-defined]
+        return anisotropy_from_collected(ctx.collected, level=self.options.level)
 
 
 @validates_own_inputs

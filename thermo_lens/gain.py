@@ -645,7 +645,7 @@ class GainReadout(registry.Readout):
 
     def values(self, collected: Any, probe: registry.Probe, m: registry.Measurement,
                row_name: Callable[[int], str]) -> Tensor:
-        token_scope = m.options.token_scope  # type: ignore[attr-defined]
+        token_scope = m.options.token_scope
         try:
             g = gain_from_collected(collected, token_scope)
         except ThermoLensNumericsError:  # a denominator state with zero norm in some row: NaN there
@@ -674,7 +674,7 @@ def _gain_with_nan(got: Collected, layer: int | None, token_scope: str) -> Tenso
 
 
 @register_measurement
-class Gain(registry.Measurement):
+class Gain(registry.Measurement[GainOptions]):
     """The residual gain per block (:class:`GainResult`)."""
 
     name = "gain"
@@ -698,7 +698,6 @@ class Gain(registry.Measurement):
 
     def build(self, ctx: BuildContext) -> GainResult:
         o = self.options
-        assert isinstance(o, GainOptions)
         return gain_from_collected(ctx.collected, o.token_scope, per_token=o.per_token, regime_by=o.regime_by,
                                    level=o.level)
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import importlib
 import sys
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable, ClassVar, Literal, Mapping, get_args, get_origin
+from typing import Any, Callable, ClassVar, Generic, Literal, Mapping, TypeVar, get_args, get_origin
 
 from thermo_lens.errors import ThermoLensInputError
 
@@ -334,7 +334,11 @@ class BuildContext:
     results: dict[str, Any]
 
 
-class Measurement:
+_Options = Options
+OptionsT = TypeVar("OptionsT", bound=Options)
+
+
+class Measurement(Generic[OptionsT]):
     """One measurement: a class registered by type (:func:`register_measurement`), made with its
     checked :class:`Options` (``Gain(token_scope="last")``, ``Gain.make_options({...})``).
 
@@ -364,18 +368,18 @@ class Measurement:
     summary: ClassVar[str]
     result: ClassVar[type]
     section: ClassVar[str]
-    Options: ClassVar[type[Options]] = Options
+    Options: ClassVar[type[_Options]] = _Options
     readouts: ClassVar[tuple["Readout", ...]] = ()
     needs: ClassVar[tuple[str, ...]] = ()
     needs_pass: ClassVar[bool] = True
     in_profile: ClassVar[bool] = True
     optional: ClassVar[bool] = False
 
-    def __init__(self, options: Options | None = None, /, **given: Any) -> None:
+    def __init__(self, options: OptionsT | None = None, /, **given: Any) -> None:
         if options is not None and (given or not isinstance(options, self.Options)):
             raise ThermoLensInputError(f"measurement {self.name!r} takes its {self.Options.__qualname__} or "
                                        "options by keyword, not both")
-        self.options = options if options is not None else self.make_options(given)
+        self.options: OptionsT = options if options is not None else self.make_options(given)  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.options})"
@@ -396,7 +400,7 @@ class Measurement:
         return option in cls.option_names()
 
     @classmethod
-    def make_options(cls, given: Mapping[str, Any]) -> Options:
+    def make_options(cls, given: Mapping[str, Any]) -> _Options:
         """Its :class:`Options` from ``given`` over the defaults, checked; an unknown option raises."""
         unknown = sorted(set(given) - set(cls.option_names()))
         if unknown:

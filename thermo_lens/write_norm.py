@@ -144,7 +144,7 @@ class WriteNormOptions(Options):
 
 
 @register_measurement
-class WriteNorm(Measurement):
+class WriteNorm(Measurement[WriteNormOptions]):
     """How much each head writes into the residual stream (:class:`HeadWriteNorms`)."""
 
     name = "write_norm"
@@ -157,12 +157,12 @@ class WriteNorm(Measurement):
                         "head]: " + DEFINITION),)
 
     def reductions(self) -> list[Any]:
-        return [write_norm_terms(self.options.token_scope)]  # type: ignore[attr-defined]
+        return [write_norm_terms(self.options.token_scope)]
 
     def build(self, ctx: BuildContext) -> HeadWriteNorms:
         collected: Collected = ctx.collected
         values = collected.stack("write_norm").permute(1, 0, 2).contiguous()  # [prompt, layer, head]
-        return HeadWriteNorms(write_norm=values, token_scope=self.options.token_scope,  # type: ignore[attr-defined]
+        return HeadWriteNorms(write_norm=values, token_scope=self.options.token_scope,
                               provenance=collected.provenance())
 
 

@@ -580,7 +580,7 @@ class AttributionReadout(Readout):
 
 
 @register_measurement
-class Attribution(Measurement):
+class Attribution(Measurement[AttributionOptions]):
     """The exact attribution of each block's squared-norm change (:class:`GainAttribution`)."""
 
     name = "attribution"
@@ -610,12 +610,10 @@ class Attribution(Measurement):
 
     def reductions(self) -> list[Any]:
         o = self.options
-        assert isinstance(o, AttributionOptions)
         return [attribution_terms(o.token_scope, o.sae_features)]
 
     def build(self, ctx: BuildContext) -> GainAttribution:
         o = self.options
-        assert isinstance(o, AttributionOptions)
         return attribution_from_collected(ctx.collected, o.token_scope, sae_features=o.sae_features,
                                           sae_features_top_k=o.sae_features_top_k)
 

@@ -443,7 +443,7 @@ class LStarOptions(Options):
 
 
 @register_measurement
-class LStar(Measurement):
+class LStar(Measurement[LStarOptions]):
     """L*, from the sheaf traces of the same run (:class:`LStarResult`)."""
 
     name = "l_star"
@@ -456,4 +456,4 @@ class LStar(Measurement):
     needs_pass = False
 
     def build(self, ctx: BuildContext) -> LStarResult:
-        return l_star_from_traces(ctx.results["sheaf"], variant=self.options.variant)  # type: ignore[attr-defined]
+        return l_star_from_traces(ctx.results["sheaf"], variant=self.options.variant)

@@ -342,7 +342,7 @@ class SheafTraceReadout(Readout):
 
 
 @register_measurement
-class Sheaf(Measurement):
+class Sheaf(Measurement[SheafOptions]):
     """The sheaf Laplacian traces (:class:`SheafTraces`)."""
 
     name = "sheaf"
@@ -365,7 +365,7 @@ class Sheaf(Measurement):
         return [attention_diagonal_sums]
 
     def build(self, ctx: BuildContext) -> SheafTraces:
-        return _traces(ctx.collected, self.options.formula, W_V=None)  # type: ignore[attr-defined]
+        return _traces(ctx.collected, self.options.formula, W_V=None)
 
 
 @validates_own_inputs

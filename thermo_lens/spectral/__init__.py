@@ -64,9 +64,7 @@ spectral metric (:mod:`thermo_lens.registry` lists it as a provider).
 
 from __future__ import annotations
 
-from typing import Any
-
-from thermo_lens.registry import BuildContext, Measurement, register_measurement
+from thermo_lens.registry import BuildContext, Measurement, Options, register_measurement
 from thermo_lens.spectral.cache import clear_cache
 from thermo_lens.spectral.from_model import signature_from_collected, spectral_signature
 from thermo_lens.spectral.from_weights import signature_from_weights
@@ -93,7 +91,7 @@ __all__ = [
 # Registered here, in the package the registry lists as a provider (measurements are ordered by
 # their class's module).
 @register_measurement
-class Spectral(Measurement):
+class Spectral(Measurement[Options]):
     """The spectral signature of the attention heads, from the weights (:class:`SpectralSignature`)."""
 
     name = "spectral"
