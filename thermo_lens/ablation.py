@@ -29,7 +29,7 @@ from torch import Tensor
 from thermo_lens._lazy import pandas as pd
 from thermo_lens._lazy import scipy_stats
 from thermo_lens.errors import ThermoLensInputError
-from thermo_lens.gain import DEFAULT_SCOPE, gain_from_collected, residual_norms
+from thermo_lens.gain import DEFAULT_SCOPE, GainResult, residual_norms
 from thermo_lens.inputs import Prompts, PromptList, as_prompts
 from thermo_lens.model import as_view
 from thermo_lens.passes import collect
@@ -230,7 +230,7 @@ def head_ablation(
         got = collect(view, rep, [residual_norms], run_settings, min_tokens=need,
                       internal_hooks=[(hook_name, _zero_heads(chunk, P, view.n_heads))],
                       row_prompt=list(range(P)) * len(chunk))
-        g = gain_from_collected(got, token_scope)
+        g = GainResult.from_collected(got, token_scope)
         bg = g.block_gain[:, layer].double()
         lg = torch.as_tensor(np.asarray(g.last_block_gain.values, dtype=np.float64))
         for j, h in enumerate(chunk):

@@ -119,6 +119,12 @@ class AnisotropyResult(PairedMixin, ProvenanceFields, Result):
     schema_version: ClassVar[int] = 2
     renamed_fields: ClassVar[dict[int, dict[str, str]]] = {2: {"lengths": "n_tokens", "summary": "stats"}}
 
+    @classmethod
+    def from_collected(cls, collected: Any, *, level: float | int = 0.95) -> "AnisotropyResult":
+        """The result of a :func:`thermo_lens.passes.collect` pass that ran :func:`anisotropy`
+        (pure: no forward pass)."""
+        return _anisotropy_from_collected(collected, level=level)
+
     @property
     def mean(self) -> Float[Tensor, " state"]:
         """Across-prompt mean per residual state ``x_0..x_L`` (NaN prompts omitted)."""
@@ -172,7 +178,7 @@ class AnisotropyResult(PairedMixin, ProvenanceFields, Result):
         return "\n".join(lines)
 
 
-def anisotropy_from_collected(collected: Any, *, level: float | int = 0.95) -> AnisotropyResult:
+def _anisotropy_from_collected(collected: Any, *, level: float | int = 0.95) -> AnisotropyResult:
     """The :class:`AnisotropyResult` of a :func:`~thermo_lens.passes.collect` pass that included the
     :func:`~thermo_lens.anisotropy.anisotropy` reduction. Pure: no forward pass."""
     if not isinstance(collected, Collected):
@@ -195,6 +201,12 @@ def anisotropy_from_collected(collected: Any, *, level: float | int = 0.95) -> A
         stats=summary,
         provenance=collected.provenance(),
     )
+
+
+def anisotropy_from_collected(*args: Any, **kwargs: Any) -> AnisotropyResult:
+    """Deprecated alias of :meth:`AnisotropyResult.from_collected` (kept for one release)."""
+    warnings.warn("anisotropy_from_collected is deprecated; use AnisotropyResult.from_collected", DeprecationWarning, stacklevel=2)
+    return AnisotropyResult.from_collected(*args, **kwargs)
 
 
 def _check_level(level: Any) -> float:
@@ -229,7 +241,7 @@ class Anisotropy(Measurement[AnisotropyOptions]):
         return [anisotropy]
 
     def build(self, ctx: BuildContext) -> AnisotropyResult:
-        return anisotropy_from_collected(ctx.collected, level=self.options.level)
+        return AnisotropyResult.from_collected(ctx.collected, level=self.options.level)
 
 
 @validates_own_inputs

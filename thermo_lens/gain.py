@@ -72,6 +72,7 @@ an existing one-pass :func:`thermo_lens.passes.collect` (what ``profile()`` does
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Callable, ClassVar, Unpack
 
@@ -301,6 +302,13 @@ class GainResult(PairedMixin, ProvenanceFields, Result):
     schema_version: ClassVar[int] = 2
     renamed_fields: ClassVar[dict[int, dict[str, str]]] = {2: {"lengths": "n_tokens"}}
 
+    @classmethod
+    def from_collected(cls, collected: Any, token_scope: str = DEFAULT_SCOPE, *, per_token: bool = False,
+                       regime_by: str = DEFAULT_REGIME_BY, level: float | int = 0.95) -> "GainResult":
+        """The result of a :func:`thermo_lens.passes.collect` pass that ran :func:`residual_norms`
+        (pure: no forward pass; options as for :func:`residual_gain`)."""
+        return _gain_from_collected(collected, token_scope, per_token=per_token, regime_by=regime_by, level=level)
+
     def _stored_problem(self) -> str | None:
         """Sizes that must agree in a stored gain result (see :meth:`Result._stored_problem`)."""
         n, layers = self.block_gain.shape
@@ -511,7 +519,7 @@ class GainResult(PairedMixin, ProvenanceFields, Result):
 
 
 # ---------------------------------------------------------------------------- computing
-def gain_from_collected(
+def _gain_from_collected(
     collected: Any,
     token_scope: str = DEFAULT_SCOPE,
     *,
@@ -603,6 +611,12 @@ def gain_from_collected(
     )
 
 
+def gain_from_collected(*args: Any, **kwargs: Any) -> GainResult:
+    """Deprecated alias of :meth:`GainResult.from_collected` (kept for one release)."""
+    warnings.warn("gain_from_collected is deprecated; use GainResult.from_collected", DeprecationWarning, stacklevel=2)
+    return GainResult.from_collected(*args, **kwargs)
+
+
 def _check_finite(block: Tensor, total: Tensor, norms: Tensor, lengths: Tensor, token_scope: str,
                   view: ModelView) -> None:
     """A scope ratio is undefined when a state in its denominator has zero norm: say where."""
@@ -647,7 +661,7 @@ class GainReadout(registry.Readout):
                row_name: Callable[[int], str]) -> Tensor:
         token_scope = m.options.token_scope
         try:
-            g = gain_from_collected(collected, token_scope)
+            g = GainResult.from_collected(collected, token_scope)
         except ThermoLensNumericsError:  # a denominator state with zero norm in some row: NaN there
             return _gain_with_nan(collected, probe.layer, token_scope)
         if probe.layer is None:
@@ -698,7 +712,7 @@ class Gain(registry.Measurement[GainOptions]):
 
     def build(self, ctx: BuildContext) -> GainResult:
         o = self.options
-        return gain_from_collected(ctx.collected, o.token_scope, per_token=o.per_token, regime_by=o.regime_by,
+        return GainResult.from_collected(ctx.collected, o.token_scope, per_token=o.per_token, regime_by=o.regime_by,
                                    level=o.level)
 
 

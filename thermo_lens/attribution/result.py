@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Unpack
 
@@ -110,6 +111,14 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
     #: 2: the norm, sae, sae_error and expert terms (results stored under 1 read them as 0 / None).
     #: 3: the per-feature split of SAE terms (None: not computed; results stored under 2 read None).
     schema_version = 3
+
+    @classmethod
+    def from_collected(cls, collected: Collected, token_scope: str = "all_but_first", *, sae_features: bool = False,
+                       sae_features_top_k: int | None = None) -> "GainAttribution":
+        """The result of a :func:`thermo_lens.passes.collect` pass that ran :func:`attribution_terms`
+        (pure: no forward pass; checks every block's closure)."""
+        return _attribution_from_collected(collected, token_scope, sae_features=sae_features,
+                                           sae_features_top_k=sae_features_top_k)
 
     def __post_init__(self) -> None:
         for name in ("norm", "sae", "sae_error", "splice"):
@@ -446,7 +455,7 @@ def _check_finite(view: Any, head: Tensor, get: dict[str, Tensor], expert: Tenso
         f"({int(bad.sum())} value(s) of that term in all): it is read from {where};{hint}")
 
 
-def attribution_from_collected(collected: Collected, token_scope: str = "all_but_first", *,
+def _attribution_from_collected(collected: Collected, token_scope: str = "all_but_first", *,
                                sae_features: bool = False, sae_features_top_k: int | None = None) -> GainAttribution:
     """The :class:`GainAttribution` of a :func:`~thermo_lens.passes.collect` pass that ran
     :func:`attribution_terms` (pure; checks that every block closes, and with ``sae_features`` that
@@ -487,6 +496,12 @@ def attribution_from_collected(collected: Collected, token_scope: str = "all_but
                            scale=get["scale"], token_scope=token_scope, provenance=collected.provenance(),
                            norm=get["norm"], sae=get["sae"], sae_error=get["sae_error"], expert=expert,
                            splice=get["splice"], **feats)
+
+
+def attribution_from_collected(*args: Any, **kwargs: Any) -> GainAttribution:
+    """Deprecated alias of :meth:`GainAttribution.from_collected` (kept for one release)."""
+    warnings.warn("attribution_from_collected is deprecated; use GainAttribution.from_collected", DeprecationWarning, stacklevel=2)
+    return GainAttribution.from_collected(*args, **kwargs)
 
 
 def _check_top_k(k: Any) -> int | None:
@@ -614,7 +629,7 @@ class Attribution(Measurement[AttributionOptions]):
 
     def build(self, ctx: BuildContext) -> GainAttribution:
         o = self.options
-        return attribution_from_collected(ctx.collected, o.token_scope, sae_features=o.sae_features,
+        return GainAttribution.from_collected(ctx.collected, o.token_scope, sae_features=o.sae_features,
                                           sae_features_top_k=o.sae_features_top_k)
 
 

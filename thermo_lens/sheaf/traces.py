@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 import functools
 from dataclasses import dataclass
 from typing import Any, Unpack
@@ -155,6 +156,13 @@ class SheafTraces(PairedMixin, ProvenanceFields, Result):
     token_scope: str
     provenance: Provenance
 
+    @classmethod
+    def from_collected(cls, collected: Collected, *, formula: str = "off_diagonal_mass",
+                       W_V: Float[Tensor, "layer kv_head d_model d_head"] | None = None) -> "SheafTraces":
+        """The traces of a :func:`thermo_lens.passes.collect` pass that ran
+        :func:`attention_diagonal` (pure: no forward pass)."""
+        return _traces_from_collected(collected, formula=formula, W_V=W_V)
+
     @property
     def n_tokens(self) -> Int[Tensor, " prompt"]:
         """``[prompt]`` real tokens (BOS included when prepended)."""
@@ -251,7 +259,7 @@ def _w_v_frob_sq(W_V: Tensor, view: ModelView) -> Tensor:
     return per_kv[:, view.kv_head_of]
 
 
-def traces_from_collected(
+def _traces_from_collected(
     collected: Collected,
     *,
     formula: str = "off_diagonal_mass",
@@ -267,7 +275,13 @@ def traces_from_collected(
             :func:`sheaf_traces`).
         W_V: ``[layer, kv_head, d_model, d_head]`` (default: ``collected.view.W_V()``).
     """
-    return _traces(collected, _check_formula(formula, stacklevel=3), W_V=W_V)
+    return _traces(collected, _check_formula(formula, stacklevel=4), W_V=W_V)
+
+
+def traces_from_collected(*args: Any, **kwargs: Any) -> SheafTraces:
+    """Deprecated alias of :meth:`SheafTraces.from_collected` (kept for one release)."""
+    warnings.warn("traces_from_collected is deprecated; use SheafTraces.from_collected", DeprecationWarning, stacklevel=2)
+    return SheafTraces.from_collected(*args, **kwargs)
 
 
 def _traces(collected: Collected, formula: str, W_V: Tensor | None) -> SheafTraces:
