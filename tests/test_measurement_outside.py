@@ -142,6 +142,9 @@ def test_registered_outside_it_runs_pairs_and_sweeps(bridge, registered):
         np.testing.assert_allclose(s.per_prompt[:, 0, h].numpy(), (want - clean).numpy(), rtol=1e-4, atol=1e-6)
     assert torch.all(s.per_prompt[:, 1] == 0)  # block L-1's heads write after its input is read
     assert "mean_state_norm:<layer>" in tl.sweeps.measure_definitions()
+    from thermo_lens import definitions
+
+    assert "| `mean_state_norm:<layer>` | `mean_state_norm` |" in definitions.readout_table()
 
 
 def test_registration_refuses_what_is_not_a_measurement(registered):

@@ -128,3 +128,4 @@ def test_write_norms_sweep_as_a_readout(bridge):
     with pytest.raises(Exception, match="token_scope must be one of"):
         tl.sweeps.ablation_sweep(model, PROMPTS, "attn.hook_z", measure="write_norm:1.0", token_scope="frobenius")
     assert "write_norm:<layer>.<head>" in tl.sweeps.measure_definitions()
+    assert "| `write_norm:<layer>.<head>` | `write_norm` |" in tl.definitions.text()  # the shipped page
