@@ -181,3 +181,15 @@ def test_results_are_made_from_a_pass_by_their_classes_and_the_old_names_warn(br
         torch.testing.assert_close(getattr(new, field), getattr(ran[name], field), rtol=1e-6, atol=1e-9)
         with pytest.warns(DeprecationWarning, match=f"use {cls.__name__}.from_collected"):
             assert torch.equal(getattr(old(got, *args), field), getattr(new, field))
+
+
+def test_a_too_short_prompt_is_named_with_the_scope_that_needs_two_tokens(bridge):
+    import thermo_lens as tl
+    from thermo_lens.errors import PromptTooShortError
+
+    model = bridge("gpt2")
+    with pytest.raises(PromptTooShortError, match=r"token_scope='all_but_first' \(gain, write_norm\) excludes position 0"):
+        tl.run(model, torch.tensor([[46]]), ["gain", "write_norm", "sheaf"])
+    assert tl.run(model, torch.tensor([[46]]), ["gain"], token_scope="last").gain.n_prompts == 1
+    with pytest.raises(PromptTooShortError, match="needs at least 2.*excludes position 0"):
+        tl.run(model, torch.tensor([[46]]), {"gain": {"token_scope": "all_but_first"}})
