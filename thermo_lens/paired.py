@@ -240,7 +240,7 @@ def paired_difference(b: Any, a: Any, *, quantity: str | None = None, level: flo
             "prompts, model and settings, differing only in fwd_hooks (e.g. ablated vs clean)")
     metric = known[quantity]
     va, vb = metric.values(a), metric.values(b)
-    if not (isinstance(va, Tensor) and isinstance(vb, Tensor)):
+    if not (isinstance(va, (Tensor, np.ndarray)) and isinstance(vb, (Tensor, np.ndarray))):
         raise ThermoLensInputError(f"{ta}.{quantity} is not a tensor on these results ({type(va).__name__}); "
                                    f"choose one of {', '.join(k for k in known if k != quantity)}")
     return _build(quantity, ta, metric.dims[1:], torch.as_tensor(va).detach().double(),
