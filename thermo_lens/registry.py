@@ -1,13 +1,18 @@
 """The registries: one entry per metric and one per measurement, the single source of each.
 
 **Metrics** (:class:`Metric`) are the numbers: name, symbol, formula, shape, unit, reference.
-**Measurements** (:class:`Measurement`) are what produces them: an activation measurement declares
-its in-pass reductions, the pure function that builds its result from a pass, its options and its
-result class; a weight measurement (the spectral signature) needs no pass. :func:`thermo_lens.run`
-runs any set of measurements in one forward pass; :func:`thermo_lens.profile` runs those marked
-``in_profile``; the report's sections, its glossary, the summary rows and the definitions page
-iterate over both registries. Adding a measurement is one module (its reductions, result class,
-builder and metrics, registered at import) plus one line in :data:`_PROVIDERS`.
+**Measurements** (:class:`Measurement`) are what produces them: classes registered by type (as
+SAELens registers its SAE classes with their config dataclasses), each with a frozen
+:class:`Options` dataclass checked once when made, its result class, its in-pass reductions, the
+pure method that builds its result from a pass, and its per-prompt :class:`Readout` s
+(``block_gain:<layer>``, ``write_norm:<layer>.<head>`` ...); a weight measurement (the spectral
+signature) needs no pass. :func:`thermo_lens.run` runs any set of measurements in one forward pass;
+:func:`thermo_lens.profile` runs those marked ``in_profile`` (or those named); paired differences
+compare their per-prompt metrics; sweeps measure their readouts; the report's sections, its
+glossary, the summary rows and the definitions page iterate over both registries. Adding a
+measurement is one module (its reductions, result class, metrics and measurement class,
+registered at import) plus one line in :data:`_PROVIDERS`; one defined outside the package
+registers the same way (:func:`register_measurement`).
 
 Every number thermo-lens reports is registered here once, by the module that computes it, with
 its name (the attribute / frame column), a short symbol, the formula in words, its shape, unit
