@@ -248,6 +248,12 @@ def _only(reduction: Any, keep: Callable[[tuple[str, int]], bool]) -> Any:
     return some
 
 
+def _one_layer(reduction: Any, layer: int | None) -> Any:
+    """``reduction`` registering only block ``layer``'s hooks."""
+    assert layer is not None
+    return _only(reduction, lambda key: key[1] == layer)
+
+
 def _as_heads(x: Tensor, layout: HookLayout, view: ModelView) -> Tensor:
     """``x`` with its head axis split out (``[batch, pos, head * d]`` hosts give hook_z flat)."""
     if layout.head_dim == 2 and x.ndim == 3 and not getattr(layout, "features", False):  # (an SAE's latents: flat)
