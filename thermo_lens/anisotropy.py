@@ -204,8 +204,8 @@ def _anisotropy_from_collected(collected: Any, *, level: float | int = 0.95) -> 
 
 
 def anisotropy_from_collected(*args: Any, **kwargs: Any) -> AnisotropyResult:
-    """Deprecated alias of :meth:`AnisotropyResult.from_collected` (kept for one release)."""
-    warnings.warn("anisotropy_from_collected is deprecated; use AnisotropyResult.from_collected", DeprecationWarning, stacklevel=2)
+    """The same as :meth:`AnisotropyResult.from_collected` (deprecated name, kept for one release; silent:
+    callers that treat every warning as an error keep working)."""
     return AnisotropyResult.from_collected(*args, **kwargs)
 
 

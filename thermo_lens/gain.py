@@ -72,7 +72,6 @@ an existing one-pass :func:`thermo_lens.passes.collect` (what ``profile()`` does
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Callable, ClassVar, Unpack
 
@@ -612,8 +611,8 @@ def _gain_from_collected(
 
 
 def gain_from_collected(*args: Any, **kwargs: Any) -> GainResult:
-    """Deprecated alias of :meth:`GainResult.from_collected` (kept for one release)."""
-    warnings.warn("gain_from_collected is deprecated; use GainResult.from_collected", DeprecationWarning, stacklevel=2)
+    """The same as :meth:`GainResult.from_collected` (deprecated name, kept for one release; silent:
+    callers that treat every warning as an error keep working)."""
     return GainResult.from_collected(*args, **kwargs)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any, Unpack
 
@@ -499,8 +498,8 @@ def _attribution_from_collected(collected: Collected, token_scope: str = "all_bu
 
 
 def attribution_from_collected(*args: Any, **kwargs: Any) -> GainAttribution:
-    """Deprecated alias of :meth:`GainAttribution.from_collected` (kept for one release)."""
-    warnings.warn("attribution_from_collected is deprecated; use GainAttribution.from_collected", DeprecationWarning, stacklevel=2)
+    """The same as :meth:`GainAttribution.from_collected` (deprecated name, kept for one release; silent:
+    callers that treat every warning as an error keep working)."""
     return GainAttribution.from_collected(*args, **kwargs)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 import functools
 from dataclasses import dataclass
 from typing import Any, Unpack
@@ -279,8 +278,8 @@ def _traces_from_collected(
 
 
 def traces_from_collected(*args: Any, **kwargs: Any) -> SheafTraces:
-    """Deprecated alias of :meth:`SheafTraces.from_collected` (kept for one release)."""
-    warnings.warn("traces_from_collected is deprecated; use SheafTraces.from_collected", DeprecationWarning, stacklevel=2)
+    """The same as :meth:`SheafTraces.from_collected` (deprecated name, kept for one release; silent:
+    callers that treat every warning as an error keep working)."""
     return SheafTraces.from_collected(*args, **kwargs)
 
 
