@@ -29,7 +29,7 @@ from torch import Tensor
 from thermo_lens._lazy import pandas as pd
 from thermo_lens._lazy import scipy_stats
 from thermo_lens.errors import ThermoLensInputError
-from thermo_lens.gain import DEFAULT_SCOPE, gain_from_collected, residual_norms
+from thermo_lens.gain import DEFAULT_SCOPE, GainResult, residual_norms
 from thermo_lens.inputs import Prompts, as_prompts
 from thermo_lens.model import as_view
 from thermo_lens.passes.stacked import StackedRows, run_stacked
@@ -224,7 +224,7 @@ def head_ablation(
     # the clean copy and one copy per head, stacked along the batch (whole copies per pass)
     got = run_stacked(view, ps, len(copies), [(hook_name, _zero_head(h, c, view.n_heads)) for c, h in enumerate(copies)],
                       [residual_norms], settings, max_batch, min_tokens=need)
-    g = gain_from_collected(got, token_scope)
+    g = GainResult.from_collected(got, token_scope)
     bg = g.block_gain[:, layer].double()
     lg = torch.as_tensor(np.asarray(g.last_block_gain.values, dtype=np.float64))
     block: dict[int | None, Tensor] = {}

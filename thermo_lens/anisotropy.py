@@ -42,7 +42,8 @@ from thermo_lens.paired import PairedMixin
 from thermo_lens.passes import Collected, Recorder
 from thermo_lens.passes.cached import documents_cache
 from thermo_lens.provenance import Provenance, ProvenanceFields
-from thermo_lens.registry import BuildContext, Measurement, Metric, Option, register_measurement, register_metric
+from thermo_lens.registry import (BuildContext, Measurement, Metric, Options, Readout, option, register_measurement,
+                                  register_metric)
 from thermo_lens.settings import RunOptions, RunSettings
 from thermo_lens.tokens import TokenBatch
 from thermo_lens.result import Result
@@ -122,6 +123,12 @@ class AnisotropyResult(PairedMixin, ProvenanceFields, Result):
     schema_version: ClassVar[int] = 2
     renamed_fields: ClassVar[dict[int, dict[str, str]]] = {2: {"lengths": "n_tokens", "summary": "stats"}}
 
+    @classmethod
+    def from_collected(cls, collected: Any, *, level: float | int = 0.95) -> "AnisotropyResult":
+        """The result of a :func:`thermo_lens.passes.collect` pass that ran :func:`anisotropy`
+        (pure: no forward pass)."""
+        return _anisotropy_from_collected(collected, level=level)
+
     @property
     def mean(self) -> Float[Tensor, " state"]:
         """Across-prompt mean per residual state ``x_0..x_L`` (NaN prompts omitted)."""
@@ -172,7 +179,7 @@ class AnisotropyResult(PairedMixin, ProvenanceFields, Result):
         return "\n".join(lines)
 
 
-def anisotropy_from_collected(collected: Any, *, level: float | int = 0.95) -> AnisotropyResult:
+def _anisotropy_from_collected(collected: Any, *, level: float | int = 0.95) -> AnisotropyResult:
     """The :class:`AnisotropyResult` of a :func:`~thermo_lens.passes.collect` pass that included the
     :func:`~thermo_lens.anisotropy.anisotropy` reduction. Pure: no forward pass."""
     if not isinstance(collected, Collected):
@@ -197,22 +204,45 @@ def anisotropy_from_collected(collected: Any, *, level: float | int = 0.95) -> A
     )
 
 
+def anisotropy_from_collected(*args: Any, **kwargs: Any) -> AnisotropyResult:
+    """The same as :meth:`AnisotropyResult.from_collected` (deprecated name, kept for one release; silent:
+    callers that treat every warning as an error keep working)."""
+    return AnisotropyResult.from_collected(*args, **kwargs)
+
+
 def _check_level(level: Any) -> float:
     if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
         raise ThermoLensInputError(f"level must be a confidence level in (0, 1), got {level!r}")
     return float(level)
 
 
-def _build(ctx: BuildContext, *, level: float) -> AnisotropyResult:
-    return anisotropy_from_collected(ctx.collected, level=level)
+@dataclass(frozen=True)
+class AnisotropyOptions(Options):
+    """The options of the anisotropy profile (checked when made)."""
+
+    level: float = option(0.95, "confidence level of the CIs", _check_level)
 
 
-register_measurement(Measurement(
-    "anisotropy", title="Anisotropy profile", result="AnisotropyResult", section="gain",
-    summary="how aligned the token states of each residual state are (mean pairwise cosine, position 0 excluded)",
-    options={"level": Option(0.95, _check_level, "confidence level of the CIs")},
-    reductions=lambda **options: [anisotropy], build=_build,
-))
+@register_measurement
+class Anisotropy(Measurement[AnisotropyOptions]):
+    """The anisotropy of every residual state (:class:`AnisotropyResult`)."""
+
+    name = "anisotropy"
+    title = "Anisotropy profile"
+    summary = "how aligned the token states of each residual state are (mean pairwise cosine, position 0 excluded)"
+    result = AnisotropyResult
+    section = "gain"
+    Options = AnisotropyOptions
+    readouts = (Readout("anisotropy:<state>", "the anisotropy of residual state x_<state> (0: the embedding, s: "
+                        "the output of block s - 1): the mean pairwise cosine similarity of the prompt's token states, "
+                        "position 0 excluded (NaN under 3 tokens)", scope="real tokens t = 1..n-1 (position 0 "
+                        "excluded): pairs of token states"),)
+
+    def reductions(self) -> list[Any]:
+        return [anisotropy]
+
+    def build(self, ctx: BuildContext) -> AnisotropyResult:
+        return AnisotropyResult.from_collected(ctx.collected, level=self.options.level)
 
 
 @documents_cache

@@ -27,6 +27,7 @@ __all__ = [
     "ThermoLensError",
     "ThermoLensInputError",
     "ThermoLensInputTypeError",
+    "PromptTooShortError",
     "ThermoLensNumericsError",
     "ThermoLensHookError",
     "UnsupportedHostError",
@@ -84,6 +85,11 @@ class ThermoLensError(Exception):
 
 class ThermoLensInputError(ThermoLensError, ValueError):
     """Bad input to thermo-lens: the message says what was wrong and what to do."""
+
+
+class PromptTooShortError(ThermoLensInputError):
+    """A prompt has fewer real tokens than the measurement needs (e.g. 2 where the token scope
+    drops position 0)."""
 
 
 class ThermoLensInputTypeError(ThermoLensInputError, TypeError):

@@ -72,8 +72,8 @@ an existing one-pass :func:`thermo_lens.passes.collect` (what ``profile()`` does
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Unpack
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Unpack
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
@@ -89,7 +89,7 @@ from thermo_lens.paired import PairedMixin
 from thermo_lens.passes import Collected, Recorder
 from thermo_lens.passes.cached import documents_cache
 from thermo_lens.provenance import Provenance, ProvenanceFields
-from thermo_lens.registry import BuildContext, Measurement, Metric, Option, metrics, register_measurement, register_metric
+from thermo_lens.registry import BuildContext, Metric, metrics, option, register_measurement, register_metric
 from thermo_lens.settings import RunOptions, RunSettings
 from thermo_lens.tokens import TOKEN_SCOPES, TokenBatch, TokenScope, check_token_scope
 from thermo_lens.result import Result
@@ -305,6 +305,13 @@ class GainResult(PairedMixin, ProvenanceFields, Result):
     schema_version: ClassVar[int] = 2
     renamed_fields: ClassVar[dict[int, dict[str, str]]] = {2: {"lengths": "n_tokens"}}
 
+    @classmethod
+    def from_collected(cls, collected: Any, token_scope: str = DEFAULT_SCOPE, *, per_token: bool = False,
+                       regime_by: str = DEFAULT_REGIME_BY, level: float | int = 0.95) -> "GainResult":
+        """The result of a :func:`thermo_lens.passes.collect` pass that ran :func:`residual_norms`
+        (pure: no forward pass; options as for :func:`residual_gain`)."""
+        return _gain_from_collected(collected, token_scope, per_token=per_token, regime_by=regime_by, level=level)
+
     def _stored_problem(self) -> str | None:
         """Sizes that must agree in a stored gain result (see :meth:`Result._stored_problem`)."""
         n, layers = self.block_gain.shape
@@ -507,7 +514,7 @@ class GainResult(PairedMixin, ProvenanceFields, Result):
 
 
 # ---------------------------------------------------------------------------- computing
-def gain_from_collected(
+def _gain_from_collected(
     collected: Any,
     token_scope: str = DEFAULT_SCOPE,
     *,
@@ -599,6 +606,12 @@ def gain_from_collected(
     )
 
 
+def gain_from_collected(*args: Any, **kwargs: Any) -> GainResult:
+    """The same as :meth:`GainResult.from_collected` (deprecated name, kept for one release; silent:
+    callers that treat every warning as an error keep working)."""
+    return GainResult.from_collected(*args, **kwargs)
+
+
 def _check_finite(block: Tensor, total: Tensor, norms: Tensor, lengths: Tensor, token_scope: str,
                   view: ModelView) -> None:
     """A scope ratio is undefined when a state in its denominator has zero norm: say where."""
@@ -617,24 +630,85 @@ def _check_finite(block: Tensor, total: Tensor, norms: Tensor, lengths: Tensor, 
     )
 
 
-def _build(ctx: BuildContext, *, token_scope: str, per_token: bool, regime_by: str, level: float) -> GainResult:
-    return gain_from_collected(ctx.collected, token_scope, per_token=per_token, regime_by=regime_by, level=level)
+@dataclass(frozen=True)
+class GainOptions(registry.Options):
+    """The options of the gain (checked when made)."""
+
+    token_scope: TokenScope = option(DEFAULT_SCOPE, "the tokens the per-token ratios are reduced over", _check_scope)
+    per_token: bool = option(False, "also keep [prompt, layer, pos] gains", lambda v: validate.boolean("per_token", v))
+    regime_by: str = option(DEFAULT_REGIME_BY, "the summary whose CI decides the regime", _check_regime_by)
+    level: float = option(0.95, "confidence level of the CIs", _check_level)
 
 
-register_measurement(Measurement(
-    "gain", title="Residual gain per block", result="GainResult", section="gain",
-    summary="how much each block amplifies (> 1) or dampens (< 1) the residual stream, per prompt, with the "
-            "named model summaries (G_L, G_{L-1}, total amplification ...) and the regime",
-    options={
-        "token_scope": Option(DEFAULT_SCOPE, _check_scope, "the tokens the per-token ratios are reduced over"),
-        "per_token": Option(False, lambda v: validate.boolean("per_token", v), "also keep [prompt, layer, pos] gains"),
-        "regime_by": Option(DEFAULT_REGIME_BY, _check_regime_by, "the summary whose CI decides the regime"),
-        "level": Option(0.95, _check_level, "confidence level of the CIs"),
-    },
-    reductions=lambda **options: [residual_norms],
-    build=_build,
-    min_tokens=lambda *, token_scope, **options: 2 if token_scope == "all_but_first" else 1,
-))
+@dataclass(frozen=True)
+class GainReadout(registry.Readout):
+    """A gain per prompt, in the run's token scope: a block's (``<layer>``; ``last_block_gain`` the
+    last block's) or the total amplification. Reads every residual norm up to the block's output."""
+
+    def parse(self, text: str, n_layers: int, n_heads: int | None = None) -> registry.Probe:
+        probe = super().parse(text, n_layers, n_heads)
+        return replace(probe, layer=n_layers - 1) if self.name == "last_block_gain" else probe
+
+    def keep(self, probe: registry.Probe, key: tuple[str, int]) -> bool:
+        return True  # the norms of every state (gain_from_collected builds the whole result)
+
+    def values(self, collected: Any, probe: registry.Probe, m: registry.Measurement,
+               row_name: Callable[[int], str]) -> Tensor:
+        token_scope = m.options.token_scope
+        try:
+            g = GainResult.from_collected(collected, token_scope)
+        except ThermoLensNumericsError:  # a denominator state with zero norm in some row: NaN there
+            return _gain_with_nan(collected, probe.layer, token_scope)
+        if probe.layer is None:
+            return torch.as_tensor(g.summaries["total_amplification"].values).double()
+        return g.block_gain[:, probe.layer].double()
+
+
+def _gain_with_nan(got: Collected, layer: int | None, token_scope: str) -> Tensor:
+    """The gain readout of every row as :func:`gain_from_collected` computes it (float32 values),
+    NaN where it is undefined: a condition that zeroes the residual at a token in scope
+    (zero-ablating ``hook_resid_pre`` there) leaves a ratio with a zero denominator. A sweep names
+    those cells instead of failing the whole run."""
+    parts = list(got.batches("resid_norm"))
+    has_in = "block_in_norm" in got.recorder.names
+    in_parts = list(got.batches("block_in_norm")) if has_in else [(n[:-1], ln) for n, ln in parts]
+    if layer is None:
+        L = parts[0][0].shape[0] - 1
+        out = got.in_caller_order(torch.cat([scope_ratio(n[0], n[L], ln, token_scope) for n, ln in parts]))
+    else:
+        out = got.in_caller_order(torch.cat([scope_ratio(ni[layer], n[layer + 1], ln, token_scope)
+                                             for (n, ln), (ni, _) in zip(parts, in_parts)]))
+    out = out.float().double()
+    return torch.where(torch.isfinite(out), out, torch.full_like(out, float("nan")))
+
+
+@register_measurement
+class Gain(registry.Measurement[GainOptions]):
+    """The residual gain per block (:class:`GainResult`)."""
+
+    name = "gain"
+    title = "Residual gain per block"
+    summary = ("how much each block amplifies (> 1) or dampens (< 1) the residual stream, per prompt, with the "
+               "named model summaries (G_L, G_{L-1}, total amplification ...) and the regime")
+    result = GainResult
+    section = "gain"
+    Options = GainOptions
+    readouts = (
+        GainReadout("total_amplification", "the total amplification ||x_L|| / ||x_0|| of residual_gain, in the "
+                    "run's token_scope", carried="resid_norm"),
+        GainReadout("last_block_gain", "the last block's gain ||x_L|| / ||x_{L-1}|| of residual_gain, in the run's "
+                    "token_scope", reads_next_state=True, carried="resid_norm"),
+        GainReadout("block_gain:<layer>", "block <layer>'s gain ||x_{layer+1}|| / ||x_layer|| of residual_gain "
+                    "(block_gain[:, layer]), in the run's token_scope", reads_next_state=True, carried="resid_norm"),
+    )
+
+    def reductions(self) -> list[Any]:
+        return [residual_norms]
+
+    def build(self, ctx: BuildContext) -> GainResult:
+        o = self.options
+        return GainResult.from_collected(ctx.collected, o.token_scope, per_token=o.per_token, regime_by=o.regime_by,
+                                   level=o.level)
 
 
 @documents_cache
@@ -688,6 +762,6 @@ def residual_gain(
     """
     view = as_view(model)
     options = dict(token_scope=token_scope, per_token=per_token, regime_by=regime_by, level=level)
-    registry.measurement("gain").resolve(options)  # bad options fail before the warning and the pass
+    Gain.make_options(options)  # bad options fail before the warning and the pass
     view.warn_if_processed("residual norms, hence gains, differ from the raw model's", stacklevel=2)
     return measure.run(view, prompts, {"gain": options}, settings=settings, cache=cache, **run).gain

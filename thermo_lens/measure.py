@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from thermo_lens import registry
-from thermo_lens.errors import ThermoLensInputError, ThermoLensWarning
+from thermo_lens.errors import PromptTooShortError, ThermoLensInputError, ThermoLensWarning
 from thermo_lens.inputs import as_model_prompts
 from thermo_lens.model import ModelView, as_view
 from thermo_lens.passes import collect, collect_cached
@@ -127,9 +127,9 @@ def _requests(measures: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _with_needs(requests: dict[str, dict[str, Any]]) -> dict[str, registry.Measurement]:
+def _with_needs(requests: dict[str, dict[str, Any]]) -> dict[str, type[registry.Measurement]]:
     """The measurements to run, dependencies first (a needed one runs with its defaults)."""
-    chosen: dict[str, registry.Measurement] = {}
+    chosen: dict[str, type[registry.Measurement]] = {}
 
     def add(name: str) -> None:
         m = registry.measurement(name)
@@ -163,37 +163,37 @@ def run_measurements(
     (:func:`thermo_lens.passes.collect_cached`).
     """
     chosen = _with_needs(requests)
-    options: dict[str, dict[str, Any]] = {}
+    made: dict[str, registry.Measurement] = {}
     skipped: dict[str, str] = {}
-    for name, m in chosen.items():
-        given = {k: v for k, v in (shared or {}).items() if k in m.options and v is not None}
+    for name, cls in chosen.items():
+        given = {k: v for k, v in (shared or {}).items() if cls.takes(k) and v is not None}
         given.update(requests.get(name, {}))
-        options[name] = m.resolve(given)
-        why = m.applies(view)
-        if why is not None or any(dep in skipped for dep in m.needs):
-            why = why or f"needs {', '.join(d for d in m.needs if d in skipped)}, which was skipped"
+        made[name] = cls(cls.make_options(given))  # every option checked here, once
+        why = cls.applies(view)
+        if why is not None or any(dep in skipped for dep in cls.needs):
+            why = why or f"needs {', '.join(d for d in cls.needs if d in skipped)}, which was skipped"
             if not skip_inapplicable:
                 raise ThermoLensInputError(f"{view.name}: {name} cannot be measured: {why}")
             skipped[name] = why
-    active = {n: m for n, m in chosen.items() if n not in skipped}
+    active = {n: m for n, m in made.items() if n not in skipped}
     reductions: list[Any] = []
-    for name, m in active.items():
-        if m.reductions is not None:
-            for r in m.reductions(**options[name]):
+    for m in active.values():
+        if m.needs_pass:
+            for r in m.reductions():
                 if r not in reductions:  # two measurements sharing one reduction register it once
                     reductions.append(r)
     collected = None
     if reductions:
-        need = max((m.min_tokens(**options[n]) for n, m in active.items() if m.reductions is not None), default=1)
+        need = max((m.min_tokens() for m in active.values() if m.needs_pass), default=1)
         try:
             if cache is not None:
                 collected = collect_cached(view, prompts, cache, reductions, settings, min_tokens=need)
             else:
                 collected = collect(view, prompts, reductions, settings, min_tokens=need)
-        except ThermoLensInputError as e:
-            scoped = [n for n in active if options[n].get("token_scope") == "all_but_first"]
-            if need == 2 and scoped and "needs at least 2" in str(e):
-                raise ThermoLensInputError(
+        except PromptTooShortError as e:
+            scoped = [n for n, m in active.items() if getattr(m.options, "token_scope", None) == "all_but_first"]
+            if need == 2 and scoped:
+                raise PromptTooShortError(
                     f"{e} token_scope='all_but_first' ({', '.join(scoped)}) excludes position 0, so every prompt "
                     "needs 2 tokens: pass prepend_bos=True (adds a BOS token) or use token_scope='last', 'all' "
                     "or 'frobenius'.") from None
@@ -202,13 +202,13 @@ def run_measurements(
     for name, m in active.items():
         ctx = registry.BuildContext(collected=collected, view=view, results=results)
         try:
-            results[name] = m.build(ctx, **options[name])
+            results[name] = m.build(ctx)
         except ThermoLensInputError as e:
             if not (skip_inapplicable and m.optional):
                 raise
             skipped[name] = str(e)
             warnings.warn(f"{view.name}: {m.title.lower()} skipped: {e}", ThermoLensWarning, stacklevel=3)
-    kept = {n: options[n] for n in results}
+    kept = {n: made[n].options.as_dict() for n in results}
     return Measurements(results=results, skipped=skipped, options=kept), collected
 
 
@@ -255,7 +255,7 @@ def run(
         raise ThermoLensInputError("measures is empty; name at least one measurement (e.g. 'gain')")
     if token_scope is not None:
         check_token_scope(token_scope)
-        if not any("token_scope" in registry.measurement(n).options for n in requests):
+        if not any(registry.measurement(n).takes("token_scope") for n in requests):
             raise ThermoLensInputError(
                 f"token_scope={token_scope!r} was given, but {', '.join(requests)} take(s) no token scope "
                 "(e.g. the sheaf traces sum over every real token of each prompt): drop token_scope")

@@ -15,14 +15,16 @@ with the reason; hooks already on the model that differ between the two runs (``
 ``model.hooks(...)``, SAEs), a different batch plan or a cache are said in ``notes`` (repr and
 frame).
 
-Quantities compared, by result type:
-
-* :class:`~thermo_lens.gain.GainResult`: ``block_gain`` ``[prompt, layer]``;
-* :class:`~thermo_lens.sheaf.SheafTraces`: ``trace`` ``[prompt, layer, head]``;
-* :class:`~thermo_lens.anisotropy.AnisotropyResult`: ``values`` ``[prompt, state]`` (states
-  ``x_0..x_L``: ``state`` 0 is the embedding, state ``s`` the output of block ``s - 1``);
-* :class:`~thermo_lens.attribution.GainAttribution`: ``head`` ``[prompt, layer, head]`` (and
-  ``total`` through ``quantity="total"``).
+Quantities compared: every registered metric of the result's class with one value per prompt
+(:func:`quantities`; shape ``"prompt ..."`` in :mod:`thermo_lens.registry`), the first by default.
+E.g. :class:`~thermo_lens.gain.GainResult`: ``block_gain`` ``[prompt, layer]`` (and each named
+summary, ``[prompt]``); :class:`~thermo_lens.sheaf.SheafTraces`: ``trace`` ``[prompt, layer, head]``;
+:class:`~thermo_lens.anisotropy.AnisotropyResult`: ``values`` ``[prompt, state]`` (states
+``x_0..x_L``: ``state`` 0 is the embedding, state ``s`` the output of block ``s - 1``);
+:class:`~thermo_lens.attribution.GainAttribution`: ``head`` ``[prompt, layer, head]`` (and
+``total``, ``mlp`` ... through ``quantity=``); :class:`~thermo_lens.write_norm.HeadWriteNorms`:
+``write_norm`` ``[prompt, layer, head]``. A measurement that registers such a metric pairs with
+no code here.
 """
 
 from __future__ import annotations
@@ -36,23 +38,15 @@ from thermo_lens._lazy import pandas as pd
 import torch
 from torch import Tensor
 
+from thermo_lens import registry
 from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.registry import Metric
 from thermo_lens.provenance import Provenance
 from thermo_lens.result import Result, cell_frame
 from thermo_lens.stats import SummaryStats, holm, summarize
 from thermo_lens.stats.exact import ConfidenceInterval
 
-__all__ = ["PairedDifference", "PairedTest", "paired_difference", "paired_t", "QUANTITIES"]
-
-#: result type -> (default quantity, {quantity: dimension names after "prompt"}).
-QUANTITIES: dict[str, tuple[str, dict[str, tuple[str, ...]]]] = {
-    "GainResult": ("block_gain", {"block_gain": ("layer",)}),
-    "SheafTraces": ("trace", {"trace": ("layer", "head"), "off_diagonal_mass": ("layer", "head")}),
-    "AnisotropyResult": ("values", {"values": ("state",)}),
-    "GainAttribution": ("head", {"head": ("layer", "head"), "total": ("layer",), "mlp": ("layer",),
-                                 "bias": ("layer",), "splice": ("layer",)}),
-}
-
+__all__ = ["PairedDifference", "PairedTest", "paired_difference", "paired_t", "quantities"]
 
 def deprecated_alias(old: str, new: str, since: str = "0.4") -> property:
     """A read-only property ``old`` that returns attribute ``new`` with a :class:`DeprecationWarning`
@@ -297,7 +291,7 @@ def paired_difference(b: Any, a: Any, *, quantity: str | None = None, level: flo
     Args:
         b, a: results of the same type (GainResult, SheafTraces, AnisotropyResult,
             GainAttribution) from the same model, prompts and settings.
-        quantity: the compared quantity (default per type, see :data:`QUANTITIES`).
+        quantity: the compared quantity (default: the first of :func:`quantities`).
         level: confidence level of the paired CIs (default ``0.95``).
 
     Raises:
@@ -306,10 +300,13 @@ def paired_difference(b: Any, a: Any, *, quantity: str | None = None, level: flo
     ta, tb = type(a).__name__, type(b).__name__
     if ta != tb:
         raise ThermoLensInputError(f"cannot pair a {tb} with a {ta}: compare results of the same kind")
-    if ta not in QUANTITIES:
-        raise ThermoLensInputError(f"paired differences are defined for {', '.join(QUANTITIES)}, not {ta}")
-    default, known = QUANTITIES[ta]
-    quantity = quantity or default
+    known = quantities(a)
+    if not known:
+        raise ThermoLensInputError(
+            f"{ta} registers no per-prompt metric (thermo_lens.registry: shape 'prompt ...'), so it has no paired "
+            "difference; results with one: " + ", ".join(sorted({m.result for m in registry.metrics()
+                                                                 if m.dims[:1] == ("prompt",)})))
+    quantity = quantity or next(iter(known))
     if quantity not in known:
         raise ThermoLensInputError(f"{ta} has no paired quantity {quantity!r}; choose one of {', '.join(known)}")
     why = a.provenance.same_run_as(b.provenance)
@@ -320,9 +317,28 @@ def paired_difference(b: Any, a: Any, *, quantity: str | None = None, level: flo
         raise ThermoLensInputError(
             "these two runs are not paired: " + "; ".join(why) + ". A paired difference needs the same "
             "prompts, model and settings, differing only in fwd_hooks (e.g. ablated vs clean)")
-    va, vb = getattr(a, quantity), getattr(b, quantity)
-    return _build(quantity, ta, known[quantity], va.detach().double(), vb.detach().double(),
+    metric = known[quantity]
+    va, vb = metric.values(a), metric.values(b)
+    if not (isinstance(va, (Tensor, np.ndarray)) and isinstance(vb, (Tensor, np.ndarray))):
+        raise ThermoLensInputError(f"{ta}.{quantity} is not a tensor on these results ({type(va).__name__}); "
+                                   f"choose one of {', '.join(k for k in known if k != quantity)}")
+    return _build(quantity, ta, metric.dims[1:], torch.as_tensor(va).detach().double(),
+                  torch.as_tensor(vb).detach().double(),
                   a.provenance, b.provenance, level, a.provenance.pairing_notes(b.provenance))
+
+
+def quantities(result: Any) -> dict[str, Metric]:
+    """The quantities a paired difference of ``result`` (a result or its class) compares: every
+    registered metric of its class with one value per prompt (shape ``"prompt ..."``), by the
+    attribute that holds it (``"block_gain"``, ``"head"``, ``"values"``; a summary's metric name),
+    in registration order (the first is the default). The dimensions after ``prompt`` are the
+    metric's."""
+    cls = result if isinstance(result, type) else type(result)
+    out: dict[str, Metric] = {}
+    for m in registry.metrics(result=cls.__name__):
+        if m.dims[:1] == ("prompt",):
+            out[m.attr if m.attr and "." not in m.attr else m.name] = m
+    return out
 
 
 class PairedMixin:

@@ -25,11 +25,11 @@ from thermo_lens._lazy import pandas as pd
 from thermo_lens import registry, validate
 from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.inputs import Prompts, as_model_prompts
-from thermo_lens.measure import run_measurements
+from thermo_lens.measure import MeasureRequest, _requests, run_measurements
 from thermo_lens.model import ModelView, as_view
 from thermo_lens.result import Result
 from thermo_lens.settings import RunOptions, RunSettings
-from thermo_lens.tokens import TERM_SCOPES, TokenScope
+from thermo_lens.tokens import TokenScope
 from thermo_lens.validate import validates_own_inputs
 from thermo_lens.passes.cached import documents_cache
 
@@ -107,9 +107,9 @@ class ThermoProfile(Result):
         wanted = {m.name: m.result for m in registry.measurements()}
         for name, res in self.results.items():
             want = wanted.get(name)
-            if not isinstance(res, Result) or (want is not None and type(res).__name__ != want):
+            if not isinstance(res, Result) or (want is not None and not isinstance(res, want)):
                 got = type(res).__name__ if isinstance(res, Result) else f"a {type(res).__name__}"
-                return f"its {str(name)[:60]!r} result is {got}, not {want or 'a stored result'}"
+                return f"its {str(name)[:60]!r} result is {got}, not {want.__name__ if want else 'a stored result'}"
         for key in ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head"):
             v = self.meta.get(key)
             if key in self.meta and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
@@ -155,7 +155,10 @@ class ThermoProfile(Result):
         for metric in registry.metrics():
             if not metric.row:
                 continue
-            held = any(type(r).__name__ == metric.result for r in self.results.values())
+            try:
+                held = registry.carrier(self, metric.result) is not None
+            except TypeError:
+                held = False
             try:
                 row[metric.row] = metric.row_value(self) if held else None
             except (KeyError, AttributeError, TypeError):  # e.g. a head metric this signature lacks
@@ -223,6 +226,7 @@ def profile(
     regime_by: str = "last_block_gain",
     l_star_variant: str = "steepest_step",
     attribution: bool = True,
+    measures: MeasureRequest | None = None,
     name: str | None = None,
     lab: str | None = None,
     family: str | None = None,
@@ -261,6 +265,10 @@ def profile(
         attribution: also compute :func:`thermo_lens.gain_attribution` in the same pass (default
             ``True``; skipped, with the reason in ``meta["skipped"]`` and a warning, for models
             whose blocks have no exact per-head split).
+        measures: the measurements to run (default ``None``: the battery, every registered
+            measurement marked ``in_profile``): names, or ``{name: {option: value}}`` as for
+            :func:`thermo_lens.run` (a measurement's own options win over the profile's); any
+            registered measurement, also one registered outside thermo-lens.
         name, lab, family, twin_of, source: metadata recorded in ``meta`` (name defaults to the
             model's ``cfg.model_name``).
         settings, **run: run options (:class:`thermo_lens.settings.RunOptions`): ``prepend_bos``
@@ -275,19 +283,24 @@ def profile(
     view = as_view(model)
     run_settings = RunSettings.resolve(settings, **run)
     ps = as_model_prompts(view, prompts)
-    term_scope = token_scope if token_scope in TERM_SCOPES else "all"  # frobenius has no per-token form
+    explicit = None if measures is None else _requests(measures)
+    if explicit is not None and not explicit:
+        raise ThermoLensInputError("measures is empty; name at least one measurement, or leave measures=None for "
+                                   "the whole battery")
+    chosen = (registry.measurements(in_profile=True) if explicit is None
+              else tuple(registry.measurement(n) for n in explicit))
     requests: dict[str, dict[str, Any]] = {}
-    for m in registry.measurements(in_profile=True):
+    for m in chosen:
         if m.name == "attribution" and not attribution:
             continue
-        opts: dict[str, Any] = {}
-        if "token_scope" in m.options:
-            opts["token_scope"] = token_scope if m.name == "gain" else term_scope
-        if m.name == "gain":
-            opts["regime_by"] = regime_by
-        if m.name == "l_star":
-            opts["variant"] = l_star_variant
-        requests[m.name] = opts
+        # The profile's options go to every measurement that declares them; a token scope a
+        # measurement's option type does not hold (frobenius, for the per-token terms) is "all".
+        given = {k: v for k, v in (("token_scope", token_scope), ("regime_by", regime_by),
+                                   ("variant", l_star_variant)) if m.takes(k)}
+        scopes = m.option_values("token_scope")
+        if "token_scope" in given and scopes is not None and token_scope not in scopes:
+            given["token_scope"] = "all"  # frobenius has no per-token form
+        requests[m.name] = {**given, **(explicit or {}).get(m.name, {})}
     # The device is looked up once for the whole profile (the pass, the spectral signature, the metadata
     # of every result): for a dispatched model each lookup walks every module.
     with view.pinned_device():

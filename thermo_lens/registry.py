@@ -1,13 +1,18 @@
 """The registries: one entry per metric and one per measurement, the single source of each.
 
 **Metrics** (:class:`Metric`) are the numbers: name, symbol, formula, shape, unit, reference.
-**Measurements** (:class:`Measurement`) are what produces them: an activation measurement declares
-its in-pass reductions, the pure function that builds its result from a pass, its options and its
-result class; a weight measurement (the spectral signature) needs no pass. :func:`thermo_lens.run`
-runs any set of measurements in one forward pass; :func:`thermo_lens.profile` runs those marked
-``in_profile``; the report's sections, its glossary, the summary rows and the definitions page
-iterate over both registries. Adding a measurement is one module (its reductions, result class,
-builder and metrics, registered at import) plus one line in :data:`_PROVIDERS`.
+**Measurements** (:class:`Measurement`) are what produces them: classes registered by type (as
+SAELens registers its SAE classes with their config dataclasses), each with a frozen
+:class:`Options` dataclass checked once when made, its result class, its in-pass reductions, the
+pure method that builds its result from a pass, and its per-prompt :class:`Readout` s
+(``block_gain:<layer>``, ``write_norm:<layer>.<head>`` ...); a weight measurement (the spectral
+signature) needs no pass. :func:`thermo_lens.run` runs any set of measurements in one forward pass;
+:func:`thermo_lens.profile` runs those marked ``in_profile`` (or those named); paired differences
+compare their per-prompt metrics; sweeps measure their readouts; the report's sections, its
+glossary, the summary rows and the definitions page iterate over both registries. Adding a
+measurement is one module (its reductions, result class, metrics and measurement class,
+registered at import) plus one line in :data:`_PROVIDERS`; one defined outside the package
+registers the same way (:func:`register_measurement`).
 
 Every number thermo-lens reports is registered here once, by the module that computes it, with
 its name (the attribute / frame column), a short symbol, the formula in words, its shape, unit
@@ -30,13 +35,15 @@ definition carried everywhere. (In the style of SAELens' ``registry.py``.)
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
-from typing import Any, Callable
+import sys
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable, ClassVar, Generic, Literal, Mapping, TypeVar, get_args, get_origin
 
 from thermo_lens.errors import ThermoLensInputError
 
 __all__ = ["Metric", "register_metric", "register_head_metric", "get", "metrics", "definitions", "SECTIONS",
-           "Option", "Measurement", "BuildContext", "register_measurement", "measurement", "measurements"]
+           "Options", "option", "Measurement", "BuildContext", "register_measurement", "unregister_measurement",
+           "measurement", "measurements", "measurement_of", "Readout", "Probe", "readouts", "readout"]
 
 #: Sections of the definitions page (``thermo_lens/definitions.md``, printed by
 #: ``python -m thermo_lens.definitions``): key -> numbered title.
@@ -153,17 +160,29 @@ class Metric:
         return float(finite.mean()) if finite.size else float("nan")
 
 
-def carrier(obj: Any, result: str) -> Any:
+def carrier(obj: Any, result: str | type) -> Any:
     """``obj`` itself if it is a ``result`` instance, else the result of that class that ``obj``
-    (a ThermoProfile, :class:`thermo_lens.measure.Measurements`) holds."""
-    if type(obj).__name__ == result:
+    (a ThermoProfile, :class:`thermo_lens.measure.Measurements`) holds. ``result``: the class, or
+    the name a metric gives (matched by type where a registered measurement makes that class)."""
+    cls = result if isinstance(result, type) else _result_class(result)
+
+    def match(value: Any) -> bool:
+        return isinstance(value, cls) if cls is not None else type(value).__name__ == result
+
+    if match(obj):
         return obj
     held = getattr(obj, "results", None)
     values = list(held.values()) if isinstance(held, dict) else list(getattr(obj, "__dict__", {}).values())
     for value in values:
-        if type(value).__name__ == result:
+        if match(value):
             return value
-    raise TypeError(f"{type(obj).__name__} holds no {result}")
+    name = result.__name__ if isinstance(result, type) else result
+    raise TypeError(f"{type(obj).__name__} holds no {name}")
+
+
+def _result_class(name: str) -> type | None:
+    """The result class called ``name`` that a registered measurement makes (None: no such one)."""
+    return next((m.result for m in _MEASUREMENTS.values() if m.result.__name__ == name), None)
 
 
 _METRICS: dict[str, Metric] = {}
@@ -235,7 +254,7 @@ def metrics(*, result: str | None = None, shape: str | None = None, computed: bo
     ]
     # A fixed order whatever the import order: by the measurement that produces the result (the
     # providers' order, i.e. the data flow), results of no measurement last; then as registered.
-    order = {m.result: i for i, m in enumerate(measurements(load=False))}
+    order = {m.result.__name__: i for i, m in enumerate(measurements(load=False))}
     return tuple(sorted(chosen, key=lambda m: order.get(m.result, len(order))))
 
 
@@ -245,20 +264,68 @@ def definitions(**filters: Any) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------- measurements
-@dataclass(frozen=True)
-class Option:
-    """One option of a measurement (e.g. ``token_scope``).
+def option(default: Any, doc: str, check: Callable[[Any], Any] | None = None) -> Any:
+    """A field of a measurement's :class:`Options`: its default, what it means (listed in errors and
+    the docs) and, where its annotation does not say enough, the function that checks a given value
+    and returns it normalised (raising :class:`~thermo_lens.errors.ThermoLensInputError`)."""
+    return field(default=default, metadata={"doc": doc, "check": check})
 
-    Attributes:
-        default: its value when not given.
-        check: validates a given value and returns it normalised (raises
-            :class:`~thermo_lens.errors.ThermoLensInputError` naming the option).
-        doc: what it means (listed in errors and the docs).
+
+def _check_by_annotation(owner: str, name: str, value: Any, hint: Any) -> Any:
+    """``value`` checked against a field's annotation: one of a ``Literal``'s values, or a bool."""
+    if get_origin(hint) is Literal:
+        allowed = get_args(hint)
+        if any(value == a and type(value) is type(a) for a in allowed):
+            return value
+        raise ThermoLensInputError(f"{owner}: {name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+    if hint is bool:
+        if type(value).__name__ not in ("bool", "bool_"):
+            raise ThermoLensInputError(f"{owner}: {name} must be True or False, got {value!r}")
+        return bool(value)
+    return value
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    """The evaluated annotations of a dataclass's fields (``typing.get_type_hints`` answers nothing
+    for a class marked ``__no_type_check__``, as :class:`Options` is)."""
+    out: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        module = sys.modules.get(klass.__module__)
+        names = {**(vars(module) if module is not None else {}), **vars(klass)}
+        for k, v in klass.__dict__.get("__annotations__", {}).items():
+            out[k] = eval(v, names) if isinstance(v, str) else v  # noqa: S307 - the class's own source text
+    return out
+
+
+@dataclass(frozen=True)
+class Options:
+    """The options of a measurement: a frozen dataclass, every field checked once when it is made.
+
+    A subclass declares its fields with :func:`option` (default, doc, optional check); a field
+    with no check is checked against its annotation (a ``Literal``'s values, a bool). Made by
+    :meth:`Measurement.make_options`, which refuses an unknown option by name.
     """
 
-    default: Any
-    check: Callable[[Any], Any]
-    doc: str
+    # The fields are checked here, each with its own message (what was wrong, what to do); a
+    # runtime type checker (jaxtyping's import hook under the tests) would pre-empt those messages.
+    __no_type_check__: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        hints = _field_types(type(self))
+        for f in fields(self):
+            value = getattr(self, f.name)
+            check = f.metadata.get("check")
+            value = check(value) if check is not None else _check_by_annotation(
+                type(self).__qualname__, f.name, value, hints.get(f.name))
+            object.__setattr__(self, f.name, value)
+
+    @classmethod
+    def docs(cls) -> dict[str, str]:
+        """``{option: what it means}``."""
+        return {f.name: str(f.metadata.get("doc", "")) for f in fields(cls)}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass(frozen=True)
@@ -272,75 +339,145 @@ class BuildContext:
     results: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class Measurement:
-    """One measurement: how it is computed in a pass and what it returns.
+_Options = Options
+OptionsT = TypeVar("OptionsT", bound=Options)
 
-    Attributes:
+
+class Measurement(Generic[OptionsT]):
+    """One measurement: a class registered by type (:func:`register_measurement`), made with its
+    checked :class:`Options` (``Gain(token_scope="last")``, ``Gain.make_options({...})``).
+
+    Class attributes:
         name: its name in :func:`thermo_lens.run`, profiles (``profile.gain``) and reports.
         title: a human heading (report section, glossary).
         summary: one sentence: what it measures.
-        result: the name of its result class (``"GainResult"``); the metrics registered for that
-            result are this measurement's metrics.
+        result: its result class (:class:`~thermo_lens.gain.GainResult`); the metrics registered
+            for that class are this measurement's metrics.
         section: its section of the definitions page (a key of :data:`SECTIONS`).
-        options: option name -> :class:`Option` (``token_scope`` is shared by every measurement
-            that declares it).
-        reductions: ``reductions(**options)`` -> the in-pass reductions to register (functions
-            ``(view, recorder) -> None``); None for a measurement that needs no forward pass.
-        build: ``build(ctx: BuildContext, **options)`` -> the result (pure: no forward pass).
-        min_tokens: ``min_tokens(**options)`` -> the fewest real tokens a prompt needs.
-        applies: ``applies(view)`` -> None, or why this measurement has no exact definition on
-            this model (a profile records the reason instead of the result; :func:`thermo_lens.run`
-            raises it).
+        Options: its frozen options dataclass (a subclass of :class:`Options`).
+        readouts: its per-prompt scalars (:class:`Readout`), named as in sweeps
+            (``"write_norm:<layer>.<head>"``).
         needs: measurements whose results ``build`` reads (built first, in the same pass).
+        needs_pass: False for a measurement that needs no forward pass of its own (from the
+            weights, or from another measurement's result).
         in_profile: part of :func:`thermo_lens.profile`'s battery.
         optional: in a profile, a failure of this measurement is recorded (with a warning) and the
             other results kept.
+
+    Methods a subclass defines: :meth:`build` (the result from one pass: pure), and where it
+    runs in the pass :meth:`reductions`; :meth:`min_tokens` and :meth:`applies` as needed.
     """
 
-    name: str
-    title: str
-    summary: str
-    result: str
-    section: str
-    build: Callable[..., Any]
-    options: dict[str, Option] = field(default_factory=dict)
-    reductions: Callable[..., Any] | None = None
-    min_tokens: Callable[..., int] = field(default=lambda **options: 1)
-    applies: Callable[[Any], str | None] = field(default=lambda view: None)
-    needs: tuple[str, ...] = ()
-    in_profile: bool = True
-    optional: bool = False
+    name: ClassVar[str]
+    title: ClassVar[str]
+    summary: ClassVar[str]
+    result: ClassVar[type]
+    section: ClassVar[str]
+    Options: ClassVar[type[_Options]] = _Options
+    readouts: ClassVar[tuple["Readout", ...]] = ()
+    needs: ClassVar[tuple[str, ...]] = ()
+    needs_pass: ClassVar[bool] = True
+    in_profile: ClassVar[bool] = True
+    optional: ClassVar[bool] = False
 
-    def resolve(self, given: dict[str, Any]) -> dict[str, Any]:
-        """Every option's value: ``given`` (checked) over the defaults; an unknown option raises."""
-        unknown = sorted(set(given) - set(self.options))
+    def __init__(self, options: OptionsT | None = None, /, **given: Any) -> None:
+        if options is not None and (given or not isinstance(options, self.Options)):
+            raise ThermoLensInputError(f"measurement {self.name!r} takes its {self.Options.__qualname__} or "
+                                       "options by keyword, not both")
+        self.options: OptionsT = options if options is not None else self.make_options(given)  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.options})"
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls.Options))
+
+    @classmethod
+    def option_values(cls, name: str) -> tuple[Any, ...] | None:
+        """The values option ``name`` may take where its annotation is a ``Literal`` (None else)."""
+        hint = _field_types(cls.Options).get(name)
+        return get_args(hint) if get_origin(hint) is Literal else None
+
+    @classmethod
+    def takes(cls, option: str) -> bool:
+        """Whether it has an option called ``option`` (``"token_scope"``)."""
+        return option in cls.option_names()
+
+    @classmethod
+    def make_options(cls, given: Mapping[str, Any]) -> _Options:
+        """Its :class:`Options` from ``given`` over the defaults, checked; an unknown option raises."""
+        unknown = sorted(set(given) - set(cls.option_names()))
         if unknown:
-            known = ", ".join(self.options) or "none"
+            known = ", ".join(cls.option_names()) or "none"
             raise ThermoLensInputError(
-                f"measurement {self.name!r} has no option(s) {', '.join(map(repr, unknown))}; its options: {known}")
-        return {k: (o.check(given[k]) if k in given else o.default) for k, o in self.options.items()}
+                f"measurement {cls.name!r} has no option(s) {', '.join(map(repr, unknown))}; its options: {known}")
+        return cls.Options(**given)
 
-    @property
-    def metrics(self) -> tuple[Metric, ...]:
+    @classmethod
+    def resolve(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Every option's value: ``given`` (checked) over the defaults, as a dict."""
+        return cls.make_options(given).as_dict()
+
+    @classmethod
+    def applies(cls, view: Any) -> str | None:
+        """None, or why this measurement has no exact definition on this model (a profile records
+        the reason instead of the result; :func:`thermo_lens.run` raises it)."""
+        return None
+
+    @classmethod
+    def metric_list(cls) -> tuple[Metric, ...]:
         """The registered metrics of this measurement's result."""
-        return metrics(result=self.result)
+        return metrics(result=cls.result.__name__)
+
+    def reductions(self) -> list[Any]:
+        """The in-pass reductions to register (functions ``(view, recorder) -> None``)."""
+        return []
+
+    def min_tokens(self) -> int:
+        """The fewest real tokens a prompt needs: 2 where the token scope drops position 0."""
+        return 2 if self.needs_pass and getattr(self.options, "token_scope", None) == "all_but_first" else 1
+
+    def build(self, ctx: BuildContext) -> Any:
+        """The result from one pass (pure: no forward pass)."""
+        raise NotImplementedError(f"{type(self).__name__}.build")
 
 
-_MEASUREMENTS: dict[str, Measurement] = {}
+_MEASUREMENTS: dict[str, type[Measurement]] = {}
 
 
-def register_measurement(m: Measurement) -> Measurement:
-    """Add ``m`` to the registry (its name must be new); returns it."""
-    if m.name in _MEASUREMENTS:
-        raise ValueError(f"measurement {m.name!r} is already registered")
-    if m.section not in SECTIONS:
-        raise ValueError(f"measurement {m.name!r}: unknown section {m.section!r}; one of {list(SECTIONS)}")
-    _MEASUREMENTS[m.name] = m
-    return m
+def register_measurement(cls: type[Measurement]) -> type[Measurement]:
+    """Class decorator: add the measurement ``cls`` to the registry (its name must be new, its
+    result a class); returns it. Works the same from outside the package."""
+    if not (isinstance(cls, type) and issubclass(cls, Measurement)):
+        raise TypeError(f"register_measurement takes a Measurement subclass, got {cls!r}")
+    for attr in ("name", "title", "summary", "result", "section"):
+        if not hasattr(cls, attr):
+            raise ValueError(f"measurement {cls.__name__} declares no {attr}")
+    if cls.name in _MEASUREMENTS and _MEASUREMENTS[cls.name] is not cls:
+        raise ValueError(f"measurement {cls.name!r} is already registered")
+    if cls.section not in SECTIONS:
+        raise ValueError(f"measurement {cls.name!r}: unknown section {cls.section!r}; one of {list(SECTIONS)}")
+    if not isinstance(cls.result, type):
+        raise TypeError(f"measurement {cls.name!r}: result must be its result class, got {cls.result!r}")
+    if not (isinstance(cls.Options, type) and issubclass(cls.Options, Options)):
+        raise TypeError(f"measurement {cls.name!r}: Options must subclass thermo_lens.registry.Options")
+    cls.readouts = tuple(replace(r, measurement_name=cls.name) for r in cls.readouts)
+    for r in cls.readouts:
+        taken = next((m for m in _MEASUREMENTS.values() if m.name != cls.name
+                      for o in m.readouts if o.name == r.name), None)
+        if taken is not None:
+            raise ValueError(f"measurement {cls.name!r}: readout {r.name!r} is already {taken.name!r}'s")
+    _MEASUREMENTS[cls.name] = cls
+    return cls
 
 
-def measurement(name: str) -> Measurement:
+def unregister_measurement(name: str) -> None:
+    """Remove a measurement registered under ``name`` (for tests and notebooks re-running a cell)."""
+    _MEASUREMENTS.pop(name, None)
+
+
+def measurement(name: str) -> type[Measurement]:
     """The registered measurement called ``name`` (the error lists them)."""
     _load()
     try:
@@ -350,16 +487,160 @@ def measurement(name: str) -> Measurement:
             f"no measurement {name!r}; registered: {', '.join(_MEASUREMENTS)}") from None
 
 
-def measurements(*, in_profile: bool | None = None, load: bool = True) -> tuple[Measurement, ...]:
+def measurements(*, in_profile: bool | None = None, load: bool = True) -> tuple[type[Measurement], ...]:
     """Registered measurements in registration order (dependencies first)."""
     if load:
         _load()
     chosen = [m for m in _MEASUREMENTS.values() if in_profile is None or m.in_profile == in_profile]
     # A fixed order whatever the import order: the providers' order (dependencies first), then as
     # registered.
-    def rank(m: Measurement) -> int:  # a provider package's submodules rank as the package
-        module = str(getattr(m.build, "__module__", ""))
+    def rank(m: type[Measurement]) -> int:  # a provider package's submodules rank as the package
+        module = str(m.__module__)
         return next((i for i, p in enumerate(_PROVIDERS) if module == p or module.startswith(p + ".")),
                     len(_PROVIDERS))
 
     return tuple(sorted(chosen, key=rank))
+
+
+def measurement_of(result: Any) -> type[Measurement] | None:
+    """The registered measurement whose result class ``result`` (a class or an instance) is."""
+    cls = result if isinstance(result, type) else type(result)
+    return next((m for m in measurements() if issubclass(cls, m.result)), None)
+
+
+# ---------------------------------------------------------------------------- readouts
+@dataclass(frozen=True)
+class Readout:
+    """A family of per-prompt scalars of a measurement, each named by filling ``pattern``:
+    ``"write_norm:<layer>.<head>"`` -> ``"write_norm:3.1"``. Sweeps measure each condition with one
+    (``patch_sweep(measure="write_norm:3.1")``).
+
+    The default reads a measurement that records, per block ``l``, ``(key, l)`` as
+    ``[batch, *rest]`` (``rest`` indexed by the placeholders after ``<layer>``): only block
+    ``<layer>``'s hook points run. A measurement reading otherwise subclasses this and overrides
+    :meth:`values` (and :meth:`keep`, :meth:`reductions`).
+
+    Attributes:
+        pattern: the name with its placeholders (``<layer>``, ``<head>``); none for one number
+            per prompt (``"total_amplification"``).
+        definition: what the number is.
+        key: the recorder entries it reads (default: the name before ``:``).
+        reads_next_state: it reads ``x_{layer+1}`` (the next block's input), so a condition at
+            block ``layer + 1`` changes it.
+        starts_at_block: a pass of a condition at a later block starts at block ``<layer>`` (it
+            reads that block's components).
+        carried: recorder entries, one per residual state, that a pass starting at block ``s``
+            takes from the unpatched pass for the states before ``s``.
+        scope: the tokens the number is over when not the measurement's ``token_scope``.
+        measurement: the name of the measurement that declares it (set on registration).
+    """
+
+    pattern: str
+    definition: str
+    key: str | None = None
+    reads_next_state: bool = False
+    starts_at_block: bool = False
+    carried: str | None = None
+    scope: str | None = None
+    measurement_name: str = field(default="", compare=False)
+
+    @property
+    def name(self) -> str:
+        return self.pattern.partition(":")[0]
+
+    @property
+    def placeholders(self) -> tuple[str, ...]:
+        tail = self.pattern.partition(":")[2]
+        return tuple(p.strip("<>") for p in tail.split(".")) if tail else ()
+
+    def parse(self, text: str, n_layers: int, n_heads: int | None = None) -> "Probe":
+        """The probe ``text`` names (``"write_norm:3.1"``; negative indices count from the end)."""
+        tail = text.partition(":")[2].strip()
+        parts = tail.split(".") if tail else []
+        want = self.placeholders
+        if len(parts) != len(want):
+            example = f"{self.name}:" + ".".join("2" if p == "layer" else "0" for p in want) if want else self.name
+            raise ThermoLensInputError(f"measure {text!r}: {self.name} takes {self.pattern!r}, e.g. {example!r}")
+        idx: dict[str, int] = {}
+        for place, part in zip(want, parts):
+            size = {"layer": n_layers, "state": n_layers + 1}.get(place, n_heads)
+            try:
+                i = int(part)
+            except ValueError:
+                raise ThermoLensInputError(f"measure {text!r}: the {'block' if place == 'layer' else place} must be "
+                                           f"an int, e.g. '{self.name}:" + ".".join(
+                                               "2" if p == "layer" else "0" for p in want) + "'") from None
+            if size is not None and not -size <= i < size:
+                what = "block" if place == "layer" else place
+                raise ThermoLensInputError(f"measure {text!r}: {what} {i} out of range 0..{size - 1}")
+            idx[place] = i % size if size is not None else i
+        label = self.name + (":" + ".".join(str(idx[p]) for p in want) if want else "")
+        depth = next((p for p in want if p in ("layer", "state")), None)  # the block (or residual state) axis
+        return Probe(self, label, None if depth is None else idx[depth], tuple(idx[p] for p in want if p != depth))
+
+    # -- what a pass registers and reads (overridable)
+    def reductions(self, m: Measurement) -> list[Any]:
+        """The reductions a pass runs for it (those of ``m``, filtered by :meth:`keep`)."""
+        return list(m.reductions())
+
+    def keep(self, probe: "Probe", key: tuple[str, int]) -> bool:
+        """Whether the pass records entry ``key`` (``(name, layer)``): only the probe's block's."""
+        return probe.layer is None or key[1] == probe.layer
+
+    def values(self, collected: Any, probe: "Probe", m: Measurement, row_name: Callable[[int], str]) -> Any:
+        """``[row]`` float64: the readout of every row of a pass that ran its reductions."""
+        got = collected.stack(self.key or self.name)[0].double()  # [row, *rest]
+        for i in probe.index:
+            got = got[:, i]
+        return got
+
+    def last_layer_read(self, probe: "Probe", n_layers: int) -> int:
+        """The deepest block whose hook points it reads: a condition at a later block leaves it as
+        it was without the condition."""
+        if probe.layer is None:
+            return n_layers - 1
+        return min(probe.layer + 1 if self.reads_next_state else probe.layer, n_layers - 1)
+
+    def start_layer(self, probe: "Probe", layer: int) -> int:
+        """Where the pass of a condition at block ``layer`` starts."""
+        return min(layer, probe.layer) if self.starts_at_block and probe.layer is not None else layer
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One readout at given indices (``"write_norm:3.1"``: ``layer`` 3, ``index`` ``(1,)``; ``layer``
+    is the block, or the residual state of a ``<state>`` readout)."""
+
+    readout: Readout
+    label: str
+    layer: int | None
+    index: tuple[int, ...] = ()
+
+    @property
+    def definition(self) -> str:
+        return self.readout.definition
+
+    def measurement(self, token_scope: str | None = None) -> Measurement:
+        """Its measurement, with the run's token scope where it takes one (checked there)."""
+        cls = measurement(self.readout.measurement_name)
+        given = {"token_scope": token_scope} if token_scope is not None and cls.takes("token_scope") else {}
+        return cls(**given)
+
+
+def readouts() -> dict[str, tuple[type[Measurement], Readout]]:
+    """Every registered readout by pattern: ``{"block_gain:<layer>": (Gain, GainReadout(...)), ...}``."""
+    return {r.pattern: (m, r) for m in measurements() for r in m.readouts}
+
+
+def readout(text: Any, n_layers: int, n_heads: int | None = None) -> Probe | None:
+    """The probe ``text`` names (``"block_gain:3"``, ``"sheaf_trace:1.0"``), or None when no
+    readout has its name (the part before ``:``)."""
+    if not isinstance(text, str):
+        return None
+    name, _, tail = text.strip().partition(":")
+    found = [r for _, r in readouts().values() if r.name == name]
+    if not found:
+        return None
+    n = len(tail.split(".")) if tail.strip() else 0
+    chosen = next((r for r in found if len(r.placeholders) == n), found[0])
+    return chosen.parse(text.strip(), n_layers, n_heads)

@@ -667,7 +667,7 @@ def _measurement_sections(doc: _Doc, profiles: dict[str, Any]) -> None:
             continue
         doc.section(m.name, m.title)
         doc.p(f"{m.summary[:1].upper()}{m.summary[1:]}. Metrics: "
-              + ", ".join(x.name for x in m.metrics) + " (defined under Definitions).", "note")
+              + ", ".join(x.name for x in m.metric_list()) + " (defined under Definitions).", "note")
         for k, why in skipped.items():
             doc.p(f"{k}: not measured: {why}", "warn")
         if results:

@@ -36,12 +36,12 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from thermo_lens.errors import ThermoLensInputError, ThermoLensInputTypeError
+from thermo_lens.errors import PromptTooShortError, ThermoLensInputError, ThermoLensInputTypeError
 from thermo_lens.model import ModelView
 
 __all__ = [
     "BosMode", "BOS_MODES", "HOST_BOS", "TOKENS_GIVEN",
-    "TokenScope", "TOKEN_SCOPES", "TERM_SCOPES", "scope_mask", "check_token_scope",
+    "TokenScope", "TermScope", "TOKEN_SCOPES", "TERM_SCOPES", "scope_mask", "check_token_scope",
     "TokenBatch", "BatchInfo", "encode", "tokenize", "token_batch", "plan_batches", "MAX_PADDING",
     "validate_prompts", "bos_id", "host_tokens", "resolve_host_bos", "hf_tokenizer",
 ]
@@ -55,6 +55,8 @@ TOKENS_GIVEN = "tokens_as_given"
 
 #: The token scopes of per-prompt reductions.
 TokenScope = Literal["last", "all_but_first", "all", "frobenius"]
+#: The token scopes of per-token additive terms (:data:`TERM_SCOPES`: no ``frobenius``).
+TermScope = Literal["all_but_first", "all", "last"]
 
 #: Token scope name -> its definition (recorded in every result). ``g(a -> b)`` reduces a pair of
 #: residual states; per-token terms (the attribution, write norms) use the mean scopes and ``last``.
@@ -405,7 +407,7 @@ def _fit(view: ModelView, ids: list[int], i: int, truncate: bool, min_tokens: in
                 f"tokens; shorten it, or pass truncate=True to keep its first {view.n_ctx} tokens.")
         ids = ids[: view.n_ctx]
     if len(ids) < min_tokens:
-        raise ThermoLensInputError(
+        raise PromptTooShortError(
             f"{label} has {len(ids)} token(s){how}; this measurement needs at least {min_tokens}.")
     return ids
 

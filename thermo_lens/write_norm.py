@@ -31,12 +31,14 @@ from thermo_lens import measure
 from thermo_lens._lazy import pandas as pd
 from thermo_lens.inputs import Prompts
 from thermo_lens.model import ModelView, as_view
+from thermo_lens.paired import PairedMixin
 from thermo_lens.passes import Collected, Recorder, Reduction
 from thermo_lens.provenance import Provenance, ProvenanceFields
-from thermo_lens.registry import BuildContext, Measurement, Metric, Option, register_measurement, register_metric
+from thermo_lens.registry import (BuildContext, Measurement, Metric, Options, Readout, option, register_measurement,
+                                  register_metric)
 from thermo_lens.result import Result, label
 from thermo_lens.settings import RunOptions, RunSettings
-from thermo_lens.tokens import TERM_SCOPES, TokenBatch, TokenScope, check_token_scope, scope_rows, to_device
+from thermo_lens.tokens import TERM_SCOPES, TermScope, TokenBatch, TokenScope, check_token_scope, scope_rows, to_device
 from thermo_lens.validate import validates_own_inputs
 
 if TYPE_CHECKING:
@@ -89,7 +91,7 @@ def write_norm_terms(token_scope: str = "all_but_first") -> Reduction:
 
 
 @dataclass(frozen=True, repr=False, eq=False)
-class HeadWriteNorms(ProvenanceFields, Result):
+class HeadWriteNorms(PairedMixin, ProvenanceFields, Result):
     """How much each head writes into the residual stream, per prompt.
 
     Attributes:
@@ -130,19 +132,34 @@ class HeadWriteNorms(ProvenanceFields, Result):
                 f"  hooks: {self.provenance.hooks_text}")
 
 
-def _build(ctx: BuildContext, *, token_scope: str) -> HeadWriteNorms:
-    collected: Collected = ctx.collected
-    values = collected.stack("write_norm").permute(1, 0, 2).contiguous()  # [prompt, layer, head]
-    return HeadWriteNorms(write_norm=values, token_scope=token_scope, provenance=collected.provenance())
+@dataclass(frozen=True)
+class WriteNormOptions(Options):
+    """The options of the head write norms (checked when made)."""
+
+    token_scope: TermScope = option("all_but_first", "the tokens the per-token norms are averaged over", _check_scope)
 
 
-register_measurement(Measurement(
-    "write_norm", title="Head write norms", result="HeadWriteNorms", section="gain",
-    summary="how much each head writes into the residual stream: the mean norm of z_h W_O^h over the token scope",
-    options={"token_scope": Option("all_but_first", _check_scope, "the tokens the per-token norms are averaged over")},
-    reductions=lambda *, token_scope: [write_norm_terms(token_scope)], build=_build,
-    min_tokens=lambda *, token_scope: 2 if token_scope == "all_but_first" else 1,
-))
+@register_measurement
+class WriteNorm(Measurement[WriteNormOptions]):
+    """How much each head writes into the residual stream (:class:`HeadWriteNorms`)."""
+
+    name = "write_norm"
+    title = "Head write norms"
+    summary = "how much each head writes into the residual stream: the mean norm of z_h W_O^h over the token scope"
+    result = HeadWriteNorms
+    section = "gain"
+    Options = WriteNormOptions
+    readouts = (Readout("write_norm:<layer>.<head>", "head <head> of block <layer>'s write norm write_norm[:, layer, "
+                        "head]: " + DEFINITION),)
+
+    def reductions(self) -> list[Any]:
+        return [write_norm_terms(self.options.token_scope)]
+
+    def build(self, ctx: BuildContext) -> HeadWriteNorms:
+        collected: Collected = ctx.collected
+        values = collected.stack("write_norm").permute(1, 0, 2).contiguous()  # [prompt, layer, head]
+        return HeadWriteNorms(write_norm=values, token_scope=self.options.token_scope,
+                              provenance=collected.provenance())
 
 
 @validates_own_inputs

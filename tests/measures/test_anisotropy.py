@@ -103,3 +103,31 @@ def test_bad_input(bridge):
         warnings.simplefilter("error")
         with pytest.raises(ThermoLensInputError, match="Collected"):
             anisotropy_from_collected("not a pass")
+
+
+def test_a_sweep_reads_one_state_s_anisotropy(bridge):
+    # The registry's readout anisotropy:<state>: each cell equals anisotropy_profile under its hook;
+    # cells in blocks at or after the state's reader leave it unchanged.
+    from thermo_lens.sweeps import ablation_sweep
+
+    model = bridge("gpt2")
+    H = model.cfg.n_heads
+
+    def zero(h):
+        def hook(z, hook=None):
+            z[:, :, h] = 0.0
+            return z
+        return hook
+
+    clean = anisotropy_profile(model, PROMPTS).values[:, 2].double()
+    s = ablation_sweep(model, PROMPTS, "attn.hook_z", method="zero", measure="anisotropy:2", layers=[0, 1, 2])
+    assert s.measure == "anisotropy:2" and "x_<state>" in s.measure_definition and "position 0" in s.token_scope
+    np.testing.assert_allclose(s.baseline.numpy(), clean.numpy(), rtol=1e-6)
+    for l in (0, 1):
+        for h in range(H):
+            want = anisotropy_profile(model, PROMPTS, fwd_hooks=[(f"blocks.{l}.attn.hook_z", zero(h))]).values[:, 2]
+            np.testing.assert_allclose(s.per_prompt[:, l, h].numpy(), (want.double() - clean).numpy(),
+                                       rtol=1e-4, atol=1e-6)
+    assert torch.all(s.per_prompt[:, 2] == 0)  # x_2 is block 2's input: its heads come after
+    with pytest.raises(ThermoLensInputError, match="state 9 out of range"):
+        ablation_sweep(model, PROMPTS, "attn.hook_z", measure="anisotropy:9")

@@ -46,6 +46,14 @@ def test_ablated_minus_clean_gain_with_paired_t(bridge):
     torch.testing.assert_close(s.difference, diff[[0, 1, 4], 2])
     back = tl.paired.PairedDifference.from_json(d.to_json())
     torch.testing.assert_close(back.difference, d.difference)
+    # every per-prompt metric the registry declares for the result pairs, with its dimensions
+    assert list(tl.paired.quantities(clean))[:2] == ["block_gain", "last_block_gain"]
+    t = tl.paired.paired_difference(abl, clean, quantity="total_amplification")
+    assert t.dims == () and t.quantity == "total_amplification"
+    want = abl.summaries["total_amplification"].values - clean.summaries["total_amplification"].values
+    np.testing.assert_allclose(t.difference.numpy(), want, rtol=1e-12)
+    with pytest.raises(tl.ThermoLensInputError, match="no paired quantity 'trace'; choose one of block_gain"):
+        tl.paired.paired_difference(abl, clean, quantity="trace")
 
 
 def test_traces_and_anisotropy_pair_too(bridge):

@@ -81,3 +81,51 @@ def test_frobenius_has_no_per_token_form():
 
     with pytest.raises(ThermoLensInputError, match="token_scope must be one of"):
         registry.measurement("write_norm").resolve({"token_scope": "frobenius"})
+
+
+def _zero_head(head):
+    def hook(z, hook=None):
+        z[:, :, head] = 0.0
+        return z
+    return hook
+
+
+def test_write_norms_pair_b_minus_a_against_the_dense_difference(bridge):
+    # Paired through the registry alone: its metric's shape "prompt layer head" gives the quantity.
+    model = bridge("gpt2")
+    hooks = [("blocks.0.attn.hook_z", _zero_head(2))]
+    a = tl.run(model, PROMPTS, ["write_norm"]).write_norm
+    b = tl.run(model, PROMPTS, ["write_norm"], fwd_hooks=hooks).write_norm
+    d = b - a
+    assert d.quantity == "write_norm" and d.dims == ("layer", "head") and d.result_type == "HeadWriteNorms"
+    dense = _dense(model, PROMPTS, "all_but_first", hooks) - _dense(model, PROMPTS, "all_but_first")
+    torch.testing.assert_close(d.difference, dense, rtol=1e-4, atol=1e-6)
+    assert torch.all(d.difference[:, 0, 2] == -a.write_norm[:, 0, 2].double())  # the zeroed head: all of it
+    assert torch.all(d.difference[:, 0, [0, 1, 3]] == 0)  # the other heads of block 0 read the same z
+    assert float(d.difference[:, 1:].abs().max()) > 1e-4  # later blocks see the change
+    with pytest.raises(Exception, match="not paired"):
+        _ = tl.run(model, PROMPTS[:2], ["write_norm"]).write_norm - a
+
+
+def test_write_norms_sweep_as_a_readout(bridge):
+    # ablation_sweep(measure="write_norm:<layer>.<head>"): each cell against a dense run under its hook.
+    model = bridge("gpt2")
+    view = ModelView(model)
+    clean = _dense(model, PROMPTS, "all_but_first")
+    s = tl.sweeps.ablation_sweep(model, PROMPTS, "attn.hook_z", method="zero", measure="write_norm:1.-1",
+                                 layers=[0, 1, 2], batch_size=4)
+    H = view.n_heads
+    assert s.measure == f"write_norm:1.{H - 1}" and "z_h(t) W_O^h" in s.measure_definition
+    assert s.token_scope == "all_but_first" and s.passes.startswith("each cell's pass starts at its layer"), s.passes
+    np.testing.assert_allclose(s.baseline.numpy(), clean[:, 1, H - 1].numpy(), rtol=1e-5)
+    for h in range(H):
+        want = _dense(model, PROMPTS, "all_but_first", [("blocks.0.attn.hook_z", _zero_head(h))])[:, 1, H - 1]
+        np.testing.assert_allclose(s.per_prompt[:, 0, h].numpy(), (want - clean[:, 1, H - 1]).numpy(),
+                                   rtol=1e-4, atol=1e-6)
+    # block 1's own head H-1 zeroed writes nothing; its other heads leave it; block 2 comes after it
+    np.testing.assert_allclose(s.per_prompt[:, 1, H - 1].numpy(), -clean[:, 1, H - 1].numpy(), rtol=1e-5)
+    assert float(s.per_prompt[:, 1, :H - 1].abs().max()) < 1e-6 and torch.all(s.per_prompt[:, 2] == 0)
+    with pytest.raises(Exception, match="token_scope must be one of"):
+        tl.sweeps.ablation_sweep(model, PROMPTS, "attn.hook_z", measure="write_norm:1.0", token_scope="frobenius")
+    assert "write_norm:<layer>.<head>" in tl.sweeps.measure_definitions()
+    assert "| `write_norm:<layer>.<head>` | `write_norm` |" in tl.definitions.text()  # the shipped page

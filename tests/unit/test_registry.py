@@ -155,3 +155,40 @@ def test_qk_norm_known_answer_under_multi_query_attention():
         signature_from_weights(W_V, W_O, W_Q=W_Q)
     with pytest.raises(ThermoLensInputError, match="W_K has shape"):
         signature_from_weights(W_V, W_O, W_Q=W_Q, W_K=W_K.expand(1, 3, d_model, d_head))
+
+
+def test_results_are_made_from_a_pass_by_their_classes_and_the_old_names_still_work(bridge):
+    import thermo_lens as tl
+    from thermo_lens.anisotropy import AnisotropyResult, anisotropy, anisotropy_from_collected
+    from thermo_lens.attribution import GainAttribution, attribution_from_collected, attribution_terms
+    from thermo_lens.gain import GainResult, gain_from_collected, residual_norms
+    from thermo_lens.passes import collect
+    from thermo_lens.sheaf.traces import SheafTraces, attention_diagonal, traces_from_collected
+
+    model = bridge("gpt2")
+    prompts = ["The capital of France is Paris", "Water boils at one hundred degrees"]
+    got = collect(model, prompts, [residual_norms, anisotropy, attention_diagonal, attribution_terms("last")],
+                  progress=False)
+    ran = tl.run(model, prompts, {"gain": {"token_scope": "last"}, "anisotropy": {}, "sheaf": {},
+                                  "attribution": {"token_scope": "last"}}, progress=False)
+    for cls, old, args, name, field in (
+            (GainResult, gain_from_collected, ("last",), "gain", "block_gain"),
+            (AnisotropyResult, anisotropy_from_collected, (), "anisotropy", "values"),
+            (SheafTraces, traces_from_collected, (), "sheaf", "trace"),
+            (GainAttribution, attribution_from_collected, ("last",), "attribution", "head")):
+        new = cls.from_collected(got, *args)
+        assert isinstance(new, cls) and registry.measurement(name).result is cls
+        torch.testing.assert_close(getattr(new, field), getattr(ran[name], field), rtol=1e-6, atol=1e-9)
+        assert torch.equal(getattr(old(got, *args), field), getattr(new, field))  # the old name: an alias
+
+
+def test_a_too_short_prompt_is_named_with_the_scope_that_needs_two_tokens(bridge):
+    import thermo_lens as tl
+    from thermo_lens.errors import PromptTooShortError
+
+    model = bridge("gpt2")
+    with pytest.raises(PromptTooShortError, match=r"token_scope='all_but_first' \(gain, write_norm\) excludes position 0"):
+        tl.run(model, torch.tensor([[46]]), ["gain", "write_norm", "sheaf"])
+    assert tl.run(model, torch.tensor([[46]]), ["gain"], token_scope="last").gain.n_prompts == 1
+    with pytest.raises(PromptTooShortError, match="needs at least 2.*excludes position 0"):
+        tl.run(model, torch.tensor([[46]]), {"gain": {"token_scope": "all_but_first"}})

@@ -22,10 +22,11 @@ from thermo_lens.paired import PairedMixin
 from thermo_lens.passes import Collected
 from thermo_lens.passes.cached import documents_cache
 from thermo_lens.provenance import Provenance, ProvenanceFields
-from thermo_lens.registry import BuildContext, Measurement, Metric, Option, register_measurement, register_metric
+from thermo_lens.registry import (BuildContext, Measurement, Metric, Options, Probe, Readout, option,
+                                  register_measurement, register_metric)
 from thermo_lens.result import Result, label
 from thermo_lens.settings import RunOptions, RunSettings
-from thermo_lens.tokens import TokenScope
+from thermo_lens.tokens import TermScope, TokenScope
 from thermo_lens.validate import validates_own_inputs
 
 if TYPE_CHECKING:
@@ -114,6 +115,14 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
     #: 2: the norm, sae, sae_error and expert terms (results stored under 1 read them as 0 / None).
     #: 3: the per-feature split of SAE terms (None: not computed; results stored under 2 read None).
     schema_version = 3
+
+    @classmethod
+    def from_collected(cls, collected: Collected, token_scope: str = "all_but_first", *, sae_features: bool = False,
+                       sae_features_top_k: int | None = None) -> "GainAttribution":
+        """The result of a :func:`thermo_lens.passes.collect` pass that ran :func:`attribution_terms`
+        (pure: no forward pass; checks every block's closure)."""
+        return _attribution_from_collected(collected, token_scope, sae_features=sae_features,
+                                           sae_features_top_k=sae_features_top_k)
 
     def __post_init__(self) -> None:
         for name in ("norm", "sae", "sae_error", "splice"):
@@ -424,7 +433,7 @@ def _check_finite(view: Any, head: Tensor, get: dict[str, Tensor], expert: Tenso
         f"({int(bad.sum())} value(s) of that term in all): it is read from {where};{hint}")
 
 
-def attribution_from_collected(collected: Collected, token_scope: str = "all_but_first", *,
+def _attribution_from_collected(collected: Collected, token_scope: str = "all_but_first", *,
                                sae_features: bool = False, sae_features_top_k: int | None = None) -> GainAttribution:
     """The :class:`GainAttribution` of a :func:`~thermo_lens.passes.collect` pass that ran
     :func:`attribution_terms` (pure; checks that every block closes, and with ``sae_features`` that
@@ -465,6 +474,12 @@ def attribution_from_collected(collected: Collected, token_scope: str = "all_but
                            scale=get["scale"], token_scope=token_scope, provenance=collected.provenance(),
                            norm=get["norm"], sae=get["sae"], sae_error=get["sae_error"], expert=expert,
                            splice=get["splice"], **feats)
+
+
+def attribution_from_collected(*args: Any, **kwargs: Any) -> GainAttribution:
+    """The same as :meth:`GainAttribution.from_collected` (deprecated name, kept for one release; silent:
+    callers that treat every warning as an error keep working)."""
+    return GainAttribution.from_collected(*args, **kwargs)
 
 
 def _check_top_k(k: Any) -> int | None:
@@ -511,31 +526,89 @@ def _feature_fields(collected: Collected, scale: Tensor, rtol: float, top_k: int
             "sae_features_top_k": top_k}
 
 
-def _build(ctx: BuildContext, *, token_scope: str, sae_features: bool = False,
-           sae_features_top_k: int | None = None) -> GainAttribution:
-    return attribution_from_collected(ctx.collected, token_scope, sae_features=sae_features,
-                                      sae_features_top_k=sae_features_top_k)
-
-
 def _check_flag(v: Any) -> bool:
     if not isinstance(v, (bool, np.bool_)):
         raise ThermoLensInputError(f"sae_features must be True or False, got {v!r}")
     return bool(v)
 
 
-register_measurement(Measurement(
-    "attribution", title="Gain attribution", result="GainAttribution", section="gain",
-    summary="each head's (and the MLP's, biases', norms', SAEs' and experts') exact share of each block's "
-            "squared-norm change ||x_out||^2 - ||x_in||^2",
-    options={"token_scope": Option("all_but_first", _check_scope, "the tokens the per-token terms are averaged over"),
-             "sae_features": Option(False, _check_flag, "also split each attached SAE's term per feature"),
-             "sae_features_top_k": Option(None, _check_top_k, "with sae_features: keep only the k features with "
-                                          "the largest mean |term| over prompts (None: all)")},
-    reductions=lambda *, token_scope, sae_features=False, **_: [attribution_terms(token_scope, sae_features)],
-    build=_build,
-    min_tokens=lambda *, token_scope, **_: 2 if token_scope == "all_but_first" else 1,
-    applies=_not_splittable, optional=True,
-))
+@dataclass(frozen=True)
+class AttributionOptions(Options):
+    """The options of the gain attribution (checked when made)."""
+
+    token_scope: TermScope = option("all_but_first", "the tokens the per-token terms are averaged over", _check_scope)
+    sae_features: bool = option(False, "also split each attached SAE's term per feature", _check_flag)
+    sae_features_top_k: int | None = option(None, "with sae_features: keep only the k features with the largest mean "
+                                            "|term| over prompts (None: all)", _check_top_k)
+
+
+@dataclass(frozen=True)
+class AttributionReadout(Readout):
+    """One block's terms per prompt (its squared-norm change, or its heads' share), with the
+    block's closure checked as :func:`gain_attribution` checks it."""
+
+    def parse(self, text: str, n_layers: int, n_heads: int | None = None) -> Probe:
+        where, dot, head = text.partition(":")[2].strip().partition(".")
+        if dot and self.name == "attribution_total":
+            raise ThermoLensInputError(f"measure {text!r}: the total term is a block's, not a head's; use "
+                                       f"'attribution_total:{where}' or 'attribution_head:{where}.{head}'")
+        return super().parse(text, n_layers, n_heads)
+
+    def values(self, collected: Any, probe: Probe, m: Measurement, row_name: Any) -> Tensor:
+        closure, scale = collected.stack("attr_closure")[0], collected.stack("attr_scale")[0]
+        rel = closure / scale.clamp_min(torch.finfo(torch.float32).tiny)
+        rtol = _CLOSURE_RTOL if collected.view.dtype in (torch.float32, torch.float64) else _CLOSURE_RTOL_HALF
+        if bool((~(rel <= rtol)).any()):  # (NaN-aware: a NaN closure is not a closed block)
+            r = int((~(rel <= rtol)).nonzero()[0])
+            raise ThermoLensInputError(
+                f"measure {probe.label}: block {probe.layer}'s output is not its input plus its heads, MLP and biases "
+                f"under {row_name(r)} (unexplained {float(rel[r]):.2e} of ||x_out||^2 + ||x_in||^2): a condition edits "
+                f"an activation between the block's components and its output (e.g. blocks.{probe.layer}."
+                "hook_resid_post or hook_attn_out), which the attribution cannot split; sweep attn.hook_z, hook_pattern "
+                "or hook_resid_pre, or choose a measure of another block")
+        if self.name == "attribution_total":
+            return collected.stack("attr_total")[0].double()
+        head = collected.stack("attr_head")[0].double()  # [row, head]
+        return head[:, probe.index[0]] if probe.index else head.sum(-1)
+
+
+@register_measurement
+class Attribution(Measurement[AttributionOptions]):
+    """The exact attribution of each block's squared-norm change (:class:`GainAttribution`)."""
+
+    name = "attribution"
+    title = "Gain attribution"
+    summary = ("each head's (and the MLP's, biases', norms', SAEs' and experts') exact share of each block's "
+               "squared-norm change ||x_out||^2 - ||x_in||^2")
+    result = GainAttribution
+    section = "gain"
+    Options = AttributionOptions
+    optional = True
+    readouts = (
+        AttributionReadout("attribution_total:<layer>", "gain_attribution's total[:, layer]: the mean over the "
+                           "token_scope's tokens of ||x_out||^2 - ||x_in||^2 of block <layer> (its squared-norm "
+                           "change)", reads_next_state=True, starts_at_block=True),
+        AttributionReadout("attribution_head:<layer>", "gain_attribution's head[:, layer].sum(-1): the attention's "
+                           "share of block <layer>'s squared-norm change, sum over heads of <z_h W_O^h, u_attn>, mean "
+                           "over the token_scope's tokens (a Shapley-style share, not an ablation effect)",
+                           reads_next_state=True, starts_at_block=True),
+        AttributionReadout("attribution_head:<layer>.<head>", "gain_attribution's head[:, layer, head]: head <head>'s "
+                           "share <z_h W_O^h, u_attn> of block <layer>'s squared-norm change, mean over the "
+                           "token_scope's tokens", reads_next_state=True, starts_at_block=True),
+    )
+
+    @classmethod
+    def applies(cls, view: Any) -> str | None:
+        return _not_splittable(view)
+
+    def reductions(self) -> list[Any]:
+        o = self.options
+        return [attribution_terms(o.token_scope, o.sae_features)]
+
+    def build(self, ctx: BuildContext) -> GainAttribution:
+        o = self.options
+        return GainAttribution.from_collected(ctx.collected, o.token_scope, sae_features=o.sae_features,
+                                          sae_features_top_k=o.sae_features_top_k)
 
 
 @documents_cache

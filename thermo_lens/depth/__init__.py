@@ -65,6 +65,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from thermo_lens.registry import BuildContext, Measurement, Options, option, register_measurement
+
 from thermo_lens.depth.predicted import (L_STAR_BASELINES, PREDICTED_DEFINITION, LStarBeyondDepthWarning,
                                          l_star_baselines, predicted_l_star)
 from thermo_lens.depth.rules import (DEFAULT_L_STAR_RULE, DEPRECATED_VARIANTS, L_STAR_RULES, PAPER_L_STAR_RULE,
@@ -461,20 +463,26 @@ def l_star_from_traces(
 
 
 # ---------------------------------------------------------------------------- the measurement
-def _build(ctx: BuildContext, *, variant: str) -> LStarResult:
-    return l_star_from_traces(ctx.results["sheaf"], variant=variant)
+@dataclass(frozen=True)
+class LStarOptions(Options):
+    """The options of L* (checked when made)."""
+
+    variant: str = option(DEFAULT_L_STAR_RULE, "the empirical L* rule (the paper's is reported beside it)",
+                          _check_variant)
 
 
-def _register() -> None:
-    from thermo_lens.registry import Measurement, Option, register_measurement
+@register_measurement
+class LStar(Measurement[LStarOptions]):
+    """L*, from the sheaf traces of the same run (:class:`LStarResult`)."""
 
-    register_measurement(Measurement(
-        "l_star", title="L*, the depth of maximal trace change", result="LStarResult", section="l_star",
-        summary="the block where the layer sheaf trace T_l changes most (empirical) against the paper's eq. 6",
-        options={"variant": Option(DEFAULT_L_STAR_RULE, _check_variant,
-                                   "the empirical L* rule (the paper's is reported beside it)")},
-        build=_build, needs=("sheaf",),
-    ))
+    name = "l_star"
+    title = "L*, the depth of maximal trace change"
+    summary = "the block where the layer sheaf trace T_l changes most (empirical) against the paper's eq. 6"
+    result = LStarResult
+    section = "l_star"
+    Options = LStarOptions
+    needs = ("sheaf",)
+    needs_pass = False
 
-
-_register()
+    def build(self, ctx: BuildContext) -> LStarResult:
+        return l_star_from_traces(ctx.results["sheaf"], variant=self.options.variant)

@@ -20,7 +20,8 @@ from thermo_lens.passes.cached import documents_cache
 from thermo_lens.tokens import TokenBatch
 from thermo_lens.model import ModelView, as_view, kv_head_map
 from thermo_lens.errors import ThermoLensInputError
-from thermo_lens.registry import BuildContext, Measurement, Metric, Option, register_measurement, register_metric
+from thermo_lens.registry import (BuildContext, Measurement, Metric, Options, Probe, Readout, option,
+                                  register_measurement, register_metric)
 from thermo_lens.paired import PairedMixin
 from thermo_lens.provenance import Provenance, ProvenanceFields, fold_legacy_fields
 from thermo_lens.result import Result
@@ -158,6 +159,13 @@ class SheafTraces(PairedMixin, ProvenanceFields, Result):
     token_scope: str
     provenance: Provenance
 
+    @classmethod
+    def from_collected(cls, collected: Collected, *, formula: str = "off_diagonal_mass",
+                       W_V: Float[Tensor, "layer kv_head d_model d_head"] | None = None) -> "SheafTraces":
+        """The traces of a :func:`thermo_lens.passes.collect` pass that ran
+        :func:`attention_diagonal` (pure: no forward pass)."""
+        return _traces_from_collected(collected, formula=formula, W_V=W_V)
+
     @property
     def n_tokens(self) -> Int[Tensor, " prompt"]:
         """``[prompt]`` real tokens (BOS included when prepended)."""
@@ -242,7 +250,7 @@ def _w_v_frob_sq(W_V: Tensor, view: ModelView) -> Tensor:
     return per_kv[:, view.kv_head_of]
 
 
-def traces_from_collected(
+def _traces_from_collected(
     collected: Collected,
     *,
     formula: str = "off_diagonal_mass",
@@ -258,7 +266,13 @@ def traces_from_collected(
             :func:`sheaf_traces`).
         W_V: ``[layer, kv_head, d_model, d_head]`` (default: ``collected.view.W_V()``).
     """
-    return _traces(collected, _check_formula(formula, stacklevel=3), W_V=W_V)
+    return _traces(collected, _check_formula(formula, stacklevel=4), W_V=W_V)
+
+
+def traces_from_collected(*args: Any, **kwargs: Any) -> SheafTraces:
+    """The same as :meth:`SheafTraces.from_collected` (deprecated name, kept for one release; silent:
+    callers that treat every warning as an error keep working)."""
+    return SheafTraces.from_collected(*args, **kwargs)
 
 
 def _traces(collected: Collected, formula: str, W_V: Tensor | None) -> SheafTraces:
@@ -302,18 +316,61 @@ def _traces(collected: Collected, formula: str, W_V: Tensor | None) -> SheafTrac
     )
 
 
-def _build(ctx: BuildContext, *, formula: str) -> SheafTraces:
-    return _traces(ctx.collected, formula, W_V=None)
+@dataclass(frozen=True)
+class SheafOptions(Options):
+    """The options of the sheaf traces (checked when made)."""
+
+    formula: str = option("off_diagonal_mass", "'off_diagonal_mass' (the trace) or 'paper_printed' (the paper's eq. 4, "
+                          "identically 0)", lambda v: _check_formula(v, stacklevel=6))
 
 
-register_measurement(Measurement(
-    "sheaf", title="Sheaf Laplacian traces", result="SheafTraces", section="sheaf",
-    summary="the trace of each head's sheaf Laplacian (restriction maps sqrt(A_ij) W_V) on each prompt: the "
-            "off-diagonal attention mass times ||W_V||_F^2",
-    options={"formula": Option("off_diagonal_mass", lambda v: _check_formula(v, stacklevel=4),
-                               "'off_diagonal_mass' (the trace) or 'paper_printed' (the paper's eq. 4, identically 0)")},
-    reductions=lambda **options: [attention_diagonal_sums], build=_build,
-))
+_SWEEP_SCOPE = "all real tokens (sheaf trace: every query position of each prompt)"
+
+
+@dataclass(frozen=True)
+class SheafTraceReadout(Readout):
+    """Block ``<layer>``'s sheaf trace per prompt (formula ``off_diagonal_mass``), of one head or
+    summed over heads, from one block's attention diagonal."""
+
+    def reductions(self, m: Measurement) -> list[Any]:
+        return [attention_diagonal]
+
+    def values(self, collected: Any, probe: Probe, m: Measurement, row_name: Any) -> Tensor:
+        view = collected.view
+        mass = collected.stack("attn_mass")[0].double()  # [row, head]
+        if getattr(view.layout, "attention_sinks", False):  # as sheaf_traces: sum_ij A_ij - sum_i A_ii
+            off = mass - collected.reduce("attn_diag", lambda d: torch.nansum(d.double(), dim=-1))[0]
+        else:
+            off = collected.reduce("attn_diag", lambda d: torch.nansum(1.0 - d.double(), dim=-1))[0]
+        trace = off * _w_v_frob_sq(view.W_V(), view)[probe.layer][None, :]
+        return trace[:, probe.index[0]] if probe.index else trace.sum(-1)
+
+
+@register_measurement
+class Sheaf(Measurement[SheafOptions]):
+    """The sheaf Laplacian traces (:class:`SheafTraces`)."""
+
+    name = "sheaf"
+    title = "Sheaf Laplacian traces"
+    summary = ("the trace of each head's sheaf Laplacian (restriction maps sqrt(A_ij) W_V) on each prompt: the "
+               "off-diagonal attention mass times ||W_V||_F^2")
+    result = SheafTraces
+    section = "sheaf"
+    Options = SheafOptions
+    readouts = (
+        SheafTraceReadout("sheaf_trace:<layer>", "sheaf_traces' layer_trace[:, layer]: sum over heads of (n - sum_i "
+                          "A_ii) ||W_V^h||_F^2 (formula 'off_diagonal_mass'), over all real tokens whatever the "
+                          "token_scope", scope=_SWEEP_SCOPE),
+        SheafTraceReadout("sheaf_trace:<layer>.<head>", "sheaf_traces' trace[:, layer, head]: (n - sum_i A_ii) "
+                          "||W_V^h||_F^2 (formula 'off_diagonal_mass'; under GQA the head's KV head's W_V), over all "
+                          "real tokens", scope=_SWEEP_SCOPE),
+    )
+
+    def reductions(self) -> list[Any]:
+        return [attention_diagonal_sums]
+
+    def build(self, ctx: BuildContext) -> SheafTraces:
+        return _traces(ctx.collected, self.options.formula, W_V=None)
 
 
 @documents_cache

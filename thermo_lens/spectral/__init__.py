@@ -69,9 +69,7 @@ spectral metric (:mod:`thermo_lens.registry` lists it as a provider).
 
 from __future__ import annotations
 
-from typing import Any
-
-from thermo_lens.registry import Measurement, register_measurement
+from thermo_lens.registry import BuildContext, Measurement, Options, register_measurement
 from thermo_lens.spectral.cache import clear_cache
 from thermo_lens.spectral.from_model import signature_from_collected, spectral_signature
 from thermo_lens.spectral.from_weights import signature_from_weights
@@ -96,14 +94,18 @@ __all__ = [
 
 # ---------------------------------------------------------------------------- the measurement
 # Registered here, in the package the registry lists as a provider (measurements are ordered by
-# their build function's module).
-def _build(ctx: Any) -> SpectralSignature:
-    return spectral_signature(ctx.view)
+# their class's module).
+@register_measurement
+class Spectral(Measurement[Options]):
+    """The spectral signature of the attention heads, from the weights (:class:`SpectralSignature`)."""
 
+    name = "spectral"
+    title = "Spectral signature of the attention heads"
+    summary = ("per head: sigma_max and Frobenius norms of W_V and W_O, their ratio, stable ranks, the OV and QK "
+               "circuits' spectral norms; per layer the whole layer's value/output norms (from the weights, no pass)")
+    result = SpectralSignature
+    section = "spectral"
+    needs_pass = False
 
-register_measurement(Measurement(
-    "spectral", title="Spectral signature of the attention heads", result="SpectralSignature", section="spectral",
-    summary="per head: sigma_max and Frobenius norms of W_V and W_O, their ratio, stable ranks, the OV and QK "
-            "circuits' spectral norms; per layer the whole layer's value/output norms (from the weights, no pass)",
-    build=_build,
-))
+    def build(self, ctx: BuildContext) -> SpectralSignature:
+        return spectral_signature(ctx.view)

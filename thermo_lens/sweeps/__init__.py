@@ -8,9 +8,19 @@
 """
 
 from thermo_lens.sweeps.api import METHODS, OVER, ablation_sweep, patch_sweep
-from thermo_lens.sweeps.engine import GAIN_MEASURES, MEASURE_DEFINITIONS
+from typing import Any
+
+from thermo_lens.sweeps import engine as _engine
+from thermo_lens.sweeps.engine import measure_definitions
 from thermo_lens.sweeps.logits import LogitDifference
 from thermo_lens.sweeps.result import SweepResult
 
-__all__ = ["patch_sweep", "ablation_sweep", "SweepResult", "METHODS", "OVER", "GAIN_MEASURES", "MEASURE_DEFINITIONS",
+__all__ = ["patch_sweep", "ablation_sweep", "SweepResult", "METHODS", "OVER", "measure_definitions",
            "LogitDifference"]
+
+
+def __getattr__(name: str) -> Any:
+    # MEASURE_DEFINITIONS and GAIN_MEASURES, read from the registry's readouts when asked for
+    if name in ("MEASURE_DEFINITIONS", "GAIN_MEASURES"):
+        return getattr(_engine, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

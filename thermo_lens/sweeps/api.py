@@ -395,13 +395,15 @@ def patch_sweep(
             ``"attn.hook_v"`` (key/value heads: ``n_kv_heads`` under grouped-query attention, the result's
             ``head_kind`` is ``"kv_head"``), ``"hook_resid_pre"``, ``"hook_resid_post"`` ... (positions).
         over: the cell axes after ``layer``: ``"head"`` (the default), ``"pos"`` or ``("head", "pos")``.
-        measure: the per-prompt scalar (:data:`thermo_lens.sweeps.MEASURE_DEFINITIONS`):
+        measure: the per-prompt scalar (:func:`thermo_lens.sweeps.measure_definitions`):
             ``"total_amplification"`` (the default), ``"last_block_gain"``, ``"block_gain:<layer>"`` (in
             ``token_scope``, as :func:`thermo_lens.residual_gain`), ``"attribution_total:<layer>"``,
             ``"attribution_head:<layer>"`` (sum over heads), ``"attribution_head:<layer>.<head>"`` (the
             terms of :func:`thermo_lens.gain_attribution`, in ``token_scope``), ``"sheaf_trace:<layer>"``
             (sum over heads), ``"sheaf_trace:<layer>.<head>"`` (:func:`thermo_lens.sheaf_traces`, all real
-            tokens), a :class:`thermo_lens.sweeps.LogitDifference` (a logit difference from the final
+            tokens), ``"write_norm:<layer>.<head>"``, ``"anisotropy:<state>"``, any other readout of a
+            registered measurement (:func:`thermo_lens.registry.readouts`), a
+            :class:`thermo_lens.sweeps.LogitDifference` (a logit difference from the final
             residual: two unembedding columns, the passes end after the last block), or a function of the
             logits ``[prompt, pos, d_vocab] -> [prompt]`` (called once per condition with all prompts in
             your order, e.g. a logit difference; the passes then run to the logits).

@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from thermo_lens import registry
 from thermo_lens.errors import ThermoLensError, ThermoLensInputError, ThermoLensNumericsError
-from thermo_lens.gain import gain_from_collected, residual_norms, scope_ratio
 from thermo_lens.inputs import PromptList
 from thermo_lens.model import ModelView
 from thermo_lens.passes import Collected, Recorder
@@ -33,8 +33,6 @@ from thermo_lens.passes.capture import capture as capture_points
 from thermo_lens.passes.one_pass import Runner
 from thermo_lens.passes.stacked import StackedRows, run_stacked
 from thermo_lens.settings import RunSettings
-from thermo_lens.sheaf.traces import _w_v_frob_sq, attention_diagonal
-from thermo_lens.attribution.terms import attribution_terms
 from thermo_lens.sweeps.feature_measure import (FEATURE_MEASURE_DEFINITION, feature_measure_layer, feature_readout,
                                                 parse_feature_measure)
 from thermo_lens.sweeps.logits import LogitDifference
@@ -42,34 +40,15 @@ from thermo_lens.sweeps.start import BLOCK_HOOK, FromLayer, start_support
 from thermo_lens.tokens import TokenBatch
 from thermo_lens.validate import excerpt
 
-__all__ = ["HookLayout", "hook_layout", "Measure", "parse_measure", "measure_values", "capture", "run_conditions",
-           "Condition", "Sources", "GAIN_MEASURES", "MEASURE_DEFINITIONS"]
+__all__ = ["HookLayout", "hook_layout", "Measure", "parse_measure", "measure_values", "measure_definitions", "capture",
+           "run_conditions", "Condition", "Sources"]
 
 #: The values conditions write: ``sources[(layer, slot)][prompt]`` (see :func:`run_conditions`);
 #: ``None``: zeros.
 Sources = dict[tuple[int, int], list[Tensor]] | None
 
-#: Gain measures by name (per prompt, in the run's token scope, as in :func:`thermo_lens.residual_gain`).
-GAIN_MEASURES = ("total_amplification", "last_block_gain", "block_gain:<layer>")
-#: Every per-prompt measure a sweep takes by name, with its definition (``<layer>`` 0-based, negative
-#: from the end; ``<head>`` a query head). Each is a number of one prompt computed in the same stacked
-#: passes as the sweep's conditions, normalised as the library's own result of that name.
-MEASURE_DEFINITIONS: dict[str, str] = {
-    "total_amplification": "the total amplification ||x_L|| / ||x_0|| of residual_gain, in the run's token_scope",
-    "last_block_gain": "the last block's gain ||x_L|| / ||x_{L-1}|| of residual_gain, in the run's token_scope",
-    "block_gain:<layer>": "block <layer>'s gain ||x_{layer+1}|| / ||x_layer|| of residual_gain (block_gain[:, layer]), "
-                          "in the run's token_scope",
-    "attribution_total:<layer>": "gain_attribution's total[:, layer]: the mean over the token_scope's tokens of "
-                                 "||x_out||^2 - ||x_in||^2 of block <layer> (its squared-norm change)",
-    "attribution_head:<layer>": "gain_attribution's head[:, layer].sum(-1): the attention's share of block <layer>'s "
-                                "squared-norm change, sum over heads of <z_h W_O^h, u_attn>, mean over the "
-                                "token_scope's tokens (a Shapley-style share, not an ablation effect)",
-    "attribution_head:<layer>.<head>": "gain_attribution's head[:, layer, head]: head <head>'s share <z_h W_O^h, u_attn> "
-                                       "of block <layer>'s squared-norm change, mean over the token_scope's tokens",
-    "sheaf_trace:<layer>": "sheaf_traces' layer_trace[:, layer]: sum over heads of (n - sum_i A_ii) ||W_V^h||_F^2 "
-                           "(formula 'off_diagonal_mass'), over all real tokens whatever the token_scope",
-    "sheaf_trace:<layer>.<head>": "sheaf_traces' trace[:, layer, head]: (n - sum_i A_ii) ||W_V^h||_F^2 (formula "
-                                  "'off_diagonal_mass'; under GQA the head's KV head's W_V), over all real tokens",
+#: The definitions of the sweep's own measures (the registry's readouts are the others).
+_SWEEP_MEASURES: dict[str, str] = {
     "sae_feature:<hook>.<i>": FEATURE_MEASURE_DEFINITION,
     "LogitDifference(answer, wrong, pos)": "logits[p, pos, answer_p] - logits[p, pos, wrong_p] at a position of each "
                                            "prompt's real tokens, from the final residual: the model's head (final norm; "
@@ -77,7 +56,26 @@ MEASURE_DEFINITIONS: dict[str, str] = {
                                            "unembedding columns, then its logit scaling and soft cap, checked against "
                                            "its own logits (thermo_lens.sweeps.LogitDifference)",
 }
-_SHEAF_SCOPE = "all real tokens (sheaf trace: every query position of each prompt)"
+
+
+def measure_definitions() -> dict[str, str]:
+    """Every per-prompt measure a sweep takes by name, with its definition (``<layer>`` 0-based,
+    negative from the end; ``<head>`` a query head): the readouts of every registered measurement
+    (:func:`thermo_lens.registry.readouts`: ``block_gain:<layer>``, ``write_norm:<layer>.<head>``
+    ...), each a number of one prompt computed in the same stacked passes as the sweep's conditions,
+    normalised as the library's own result of that name; then an SAE latent and the logit difference."""
+    return {pattern: r.definition for pattern, (_, r) in registry.readouts().items()} | _SWEEP_MEASURES
+
+
+def __getattr__(name: str) -> Any:
+    # The vocabulary these names held now comes from the registry's readouts (measure_definitions()).
+    if name == "MEASURE_DEFINITIONS":
+        return measure_definitions()
+    if name == "GAIN_MEASURES":
+        return tuple(r.pattern for r in registry.measurement("gain").readouts)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 
 # per-layer hook -> (head dim, position dim) of its activation [batch, ...]; head dim None: no head axis
 _HEAD_HOOKS = {"attn.hook_z": (2, 1), "attn.hook_q": (2, 1), "attn.hook_result": (2, 1), "attn.hook_rot_q": (2, 1),
@@ -133,126 +131,104 @@ def hook_layout(hook: Any, over: tuple[str, ...]) -> HookLayout:
 
 @dataclass(frozen=True)
 class Measure:
-    """A per-prompt scalar (:data:`MEASURE_DEFINITIONS`): ``kind`` ``"gain"`` (``layer``: a block's
-    gain, ``None``: total amplification), ``"attribution_total"``, ``"attribution_head"`` (``head``
-    ``None``: the sum over heads), ``"sheaf_trace"`` (likewise), or ``"logits"`` (``fn`` of the logits)."""
+    """A per-prompt scalar of a sweep (:func:`measure_definitions`): ``kind`` ``"readout"`` (a
+    registered measurement's readout, ``source`` its :class:`~thermo_lens.registry.Probe`),
+    ``"sae_feature"`` (an SAE latent), ``"logit_difference"`` (``source`` the LogitDifference) or
+    ``"logits"`` (``fn`` of the logits)."""
 
     label: str
     layer: int | None = None
     fn: Callable[[Tensor], Tensor] | None = None
-    kind: str = "gain"
+    kind: str = "readout"
     head: int | None = None
     definition: str = ""
-    source: Any = None  # the LogitDifference of kind "logit_difference"
+    source: Any = None
 
     @property
     def needs_logits(self) -> bool:
         return self.fn is not None
 
+    @property
+    def probe(self) -> registry.Probe | None:
+        return self.source if self.kind == "readout" else None
+
+    @property
+    def carried(self) -> str | None:
+        """Recorder entries (one per residual state) a pass starting later takes from the unpatched pass."""
+        return self.probe.readout.carried if self.probe is not None else None
+
     def min_tokens(self, token_scope: str) -> int:
         """Real tokens each prompt needs (``all_but_first`` drops position 0 of the scoped means)."""
-        return 2 if token_scope == "all_but_first" and self.kind in ("gain", "attribution_total",
-                                                                      "attribution_head", "sae_feature") else 1
+        if self.probe is not None:
+            return self.probe.measurement(token_scope).min_tokens()
+        return 2 if token_scope == "all_but_first" and self.kind == "sae_feature" else 1
 
     def scope(self, token_scope: str) -> str:
-        """The token scope the numbers are in (checked): the run's for gain and attribution
-        measures (the attribution's term scopes only), all real tokens for the sheaf trace."""
-        if self.kind in ("attribution_total", "attribution_head"):
-            return _attribution_scope(token_scope)
+        """The token scope the numbers are in (checked by the measurement's options): the run's
+        where the readout's measurement takes one, else the readout's own."""
+        if self.probe is not None:
+            m = self.probe.measurement(token_scope)
+            return self.probe.readout.scope or str(getattr(m.options, "token_scope", token_scope))
         if self.kind == "logit_difference":
             return f"position {self.source.pos} of each prompt's real tokens"
-        return {"logits": "n/a", "sheaf_trace": _SHEAF_SCOPE}.get(self.kind, token_scope)
+        return "n/a" if self.kind == "logits" else token_scope
 
     def last_layer_read(self, n_layers: int) -> int:
         """The deepest block whose hook points the measure reads: a condition at a later layer
         leaves the measure as it was without it."""
-        if self.kind in ("logits", "logit_difference") or self.layer is None:
-            return n_layers - 1
-        if self.kind in ("sheaf_trace", "sae_feature"):  # (an SAE's latents: the last block before them)
-            return max(self.layer, 0)
-        return min(self.layer + 1, n_layers - 1)  # x_{layer+1} is read where block layer+1 reads it
+        if self.probe is not None:
+            return self.probe.readout.last_layer_read(self.probe, n_layers)
+        if self.kind == "sae_feature":  # (an SAE's latents: the last block before them)
+            return max(self.layer or 0, 0)
+        return n_layers - 1
 
     def start_layer(self, layer: int) -> int:
-        """Where the pass of a condition at ``layer`` starts: its layer; an attribution's block, if
-        earlier (it reads that block's components; a gain reads earlier norms from the unpatched run)."""
-        return min(layer, self.layer) if self.kind in ("attribution_total", "attribution_head") and \
-            self.layer is not None else layer
+        """Where the pass of a condition at ``layer`` starts (the readout's block, if it says so)."""
+        return self.probe.readout.start_layer(self.probe, layer) if self.probe is not None else layer
 
-    def reductions(self, token_scope: str, n_prompts: int = 1) -> list[Any]:
-        """The in-pass reductions the measure reads (only this measure's layer where it has one;
-        ``n_prompts``: the prompts whose copies a pass stacks, for per-prompt token ids)."""
+    def reductions(self, token_scope: str, n_prompts: int = 1,
+                   keep: Callable[[tuple[str, int]], bool] | None = None) -> list[Any]:
+        """The in-pass reductions the measure reads (a readout's: only the entries it reads;
+        ``keep``: fewer still; ``n_prompts``: the prompts whose copies a pass stacks)."""
         if self.kind == "logit_difference":
             return [self.source.reduction(n_prompts)]
-        if self.kind == "gain":
-            return [residual_norms]
-        if self.kind in ("attribution_total", "attribution_head"):
-            return [_one_layer(attribution_terms(token_scope), self.layer)]
-        if self.kind == "sheaf_trace":
-            return [_one_layer(attention_diagonal, self.layer)]
         if self.kind == "sae_feature":
             return [feature_readout(self.source, int(self.head or 0), token_scope)]
-        return []
+        probe = self.probe
+        if probe is None:
+            return []
+        readout = probe.readout
 
-
-def _layer_of(measure: str, tail: str, n_layers: int) -> int:
-    try:
-        layer = int(tail)
-    except ValueError:
-        raise ThermoLensInputError(f"measure {measure!r}: the block must be an int, e.g. "
-                                   f"'{measure.split(':', 1)[0]}:2'") from None
-    if not -n_layers <= layer < n_layers:
-        raise ThermoLensInputError(f"measure {measure!r}: block {layer} out of range 0..{n_layers - 1}")
-    return layer % n_layers
+        def kept(key: tuple[str, int]) -> bool:
+            return readout.keep(probe, key) and (keep is None or keep(key))
+        return [_only(r, kept) for r in readout.reductions(probe.measurement(token_scope))]
 
 
 def parse_measure(measure: Any, n_layers: int, n_heads: int | None = None) -> Measure:
-    """The :class:`Measure` named by ``measure`` (:data:`MEASURE_DEFINITIONS`) or a function of the logits."""
+    """The :class:`Measure` named by ``measure`` (a readout of :func:`measure_definitions`), a
+    LogitDifference, or a function of the logits."""
     if isinstance(measure, LogitDifference):
         return Measure(measure.label, kind="logit_difference", source=measure,
-                       definition=MEASURE_DEFINITIONS["LogitDifference(answer, wrong, pos)"])
+                       definition=_SWEEP_MEASURES["LogitDifference(answer, wrong, pos)"])
     if callable(measure):
         return Measure(f"logits:{getattr(measure, '__qualname__', None) or getattr(measure, '__name__', repr(measure))}",
                        fn=measure, kind="logits",
                        definition="a function of the logits [prompt, pos, d_vocab] -> [prompt], called once per "
                                   "condition with all prompts in the caller's order")
-    known = (f"choose one of {', '.join(map(repr, list(MEASURE_DEFINITIONS)[:-1]))} "
-             "(thermo_lens.sweeps.MEASURE_DEFINITIONS), a thermo_lens.sweeps.LogitDifference, "
-             "or a function of the logits [batch, pos, d_vocab] -> [batch]")
-    if not isinstance(measure, str):
-        raise ThermoLensInputError(f"unknown measure {measure!r}; {known}")
-    if measure.startswith("sae_feature:"):
+    if isinstance(measure, str) and measure.startswith("sae_feature:"):
         hook, feature = parse_feature_measure(measure)
         return Measure(f"sae_feature:{hook[:-len('.hook_sae_acts_post')]}.{feature}", kind="sae_feature", head=feature,
                        layer=feature_measure_layer(hook), source=hook,
-                       definition=MEASURE_DEFINITIONS["sae_feature:<hook>.<i>"])
-    if measure == "total_amplification":
-        return Measure(measure, definition=MEASURE_DEFINITIONS[measure])
-    if measure == "last_block_gain":
-        return Measure(measure, layer=n_layers - 1, definition=MEASURE_DEFINITIONS[measure])
-    name, _, tail = measure.partition(":")
-    if name == "block_gain" and tail:
-        layer = _layer_of(measure, tail.strip(), n_layers)
-        return Measure(f"block_gain:{layer}", layer=layer, definition=MEASURE_DEFINITIONS["block_gain:<layer>"])
-    if name in ("attribution_total", "attribution_head", "sheaf_trace") and tail:
-        where, dot, head_text = tail.strip().partition(".")
-        if dot and name == "attribution_total":
-            raise ThermoLensInputError(f"measure {measure!r}: the total term is a block's, not a head's; use "
-                                       f"'attribution_total:{where}' or 'attribution_head:{where}.{head_text}'")
-        layer = _layer_of(measure, where, n_layers)
-        head = None
-        if dot:
-            try:
-                head = int(head_text)
-            except ValueError:
-                raise ThermoLensInputError(f"measure {measure!r}: the head must be an int, e.g. '{name}:{layer}.0'") \
-                    from None
-            if n_heads is not None and not -n_heads <= head < n_heads:
-                raise ThermoLensInputError(f"measure {measure!r}: head {head} out of range 0..{n_heads - 1}")
-            head = head % n_heads if n_heads is not None else head
-        key = f"{name}:<layer>" + (".<head>" if dot else "")
-        return Measure(f"{name}:{layer}" + (f".{head}" if dot else ""), layer=layer, kind=name, head=head,
-                       definition=MEASURE_DEFINITIONS[key])
-    raise ThermoLensInputError(f"unknown measure {measure!r}; {known}")
+                       definition=_SWEEP_MEASURES["sae_feature:<hook>.<i>"])
+    probe = registry.readout(measure, n_layers, n_heads)
+    if probe is None:
+        names = list(measure_definitions())[:-1]
+        raise ThermoLensInputError(
+            f"unknown measure {measure!r}; choose one of {', '.join(map(repr, names))} (the registered measurements' "
+            "readouts: thermo_lens.sweeps.measure_definitions()), a thermo_lens.sweeps.LogitDifference, or a function "
+            "of the logits [batch, pos, d_vocab] -> [batch]")
+    return Measure(probe.label, layer=probe.layer, head=probe.index[0] if probe.index else None, kind="readout",
+                   definition=probe.definition, source=probe)
 
 
 def _only(reduction: Any, keep: Callable[[tuple[str, int]], bool]) -> Any:
@@ -275,33 +251,9 @@ def _only(reduction: Any, keep: Callable[[tuple[str, int]], bool]) -> Any:
 
 
 def _one_layer(reduction: Any, layer: int | None) -> Any:
+    """``reduction`` registering only block ``layer``'s hooks."""
     assert layer is not None
     return _only(reduction, lambda key: key[1] == layer)
-
-
-def _gain_with_nan(got: Collected, measure: Measure, token_scope: str) -> Tensor:
-    """The gain measure of every row as :func:`thermo_lens.gain.gain_from_collected` computes it
-    (float32 values), NaN where it is undefined: a condition that zeroes the residual at a token in
-    scope (zero-ablating ``hook_resid_pre`` there) leaves a ratio with a zero denominator. The
-    sweep names those cells (:func:`thermo_lens.sweeps.api`) instead of failing the whole run."""
-    parts = list(got.batches("resid_norm"))
-    has_in = "block_in_norm" in got.recorder.names
-    in_parts = list(got.batches("block_in_norm")) if has_in else [(n[:-1], ln) for n, ln in parts]
-    if measure.layer is None:
-        L = parts[0][0].shape[0] - 1
-        out = got.in_caller_order(torch.cat([scope_ratio(n[0], n[L], ln, token_scope) for n, ln in parts]))
-    else:
-        k = measure.layer
-        out = got.in_caller_order(torch.cat([scope_ratio(ni[k], n[k + 1], ln, token_scope)
-                                             for (n, ln), (ni, _) in zip(parts, in_parts)]))
-    out = out.float().double()
-    return torch.where(torch.isfinite(out), out, torch.full_like(out, float("nan")))
-
-
-def _attribution_scope(token_scope: str) -> str:
-    from thermo_lens.attribution.terms import _check_scope
-
-    return _check_scope(token_scope)
 
 
 def _as_heads(x: Tensor, layout: HookLayout, view: ModelView) -> Tensor:
@@ -314,47 +266,15 @@ def _as_heads(x: Tensor, layout: HookLayout, view: ModelView) -> Tensor:
 def measure_values(got: Collected, measure: Measure, token_scope: str,
                    row_name: Callable[[int], str] = lambda r: f"prompt {r}") -> Tensor:
     """``[row]`` float64: the measure of every row of a pass that ran ``measure.reductions``
-    (``row_name``: how an error names a row). The attribution measures check their block's
-    closure as :func:`thermo_lens.gain_attribution` does."""
+    (``row_name``: how an error names a row; a readout checks what its measurement checks, e.g.
+    the attribution its block's closure)."""
     if measure.kind == "logit_difference":
         return got.stack("logit_difference")[0].double()
     if measure.kind == "sae_feature":
         return got.stack("sae_feature")[0].double()
-    if measure.kind == "gain":
-        try:
-            g = gain_from_collected(got, token_scope)
-        except ThermoLensNumericsError:  # a denominator state with zero norm in some row: NaN there
-            return _gain_with_nan(got, measure, token_scope)
-        if measure.layer is None:
-            return torch.as_tensor(g.summaries["total_amplification"].values).double()
-        return g.block_gain[:, measure.layer].double()
-    if measure.kind == "sheaf_trace":
-        view = got.view
-        mass = got.stack("attn_mass")[0].double()  # [row, head]
-        if getattr(view.layout, "attention_sinks", False):  # as sheaf_traces: sum_ij A_ij - sum_i A_ii
-            off = mass - got.reduce("attn_diag", lambda d: torch.nansum(d.double(), dim=-1))[0]
-        else:
-            off = got.reduce("attn_diag", lambda d: torch.nansum(1.0 - d.double(), dim=-1))[0]
-        trace = off * _w_v_frob_sq(view.W_V(), view)[measure.layer][None, :]
-        return trace.sum(-1) if measure.head is None else trace[:, measure.head]
-    # the attribution terms of one block
-    from thermo_lens.attribution.terms import _CLOSURE_RTOL, _CLOSURE_RTOL_HALF
-
-    closure, scale = got.stack("attr_closure")[0], got.stack("attr_scale")[0]
-    rel = closure / scale.clamp_min(torch.finfo(torch.float32).tiny)
-    rtol = _CLOSURE_RTOL if got.view.dtype in (torch.float32, torch.float64) else _CLOSURE_RTOL_HALF
-    if bool((~(rel <= rtol)).any()):  # (NaN-aware: a NaN closure is not a closed block)
-        r = int((~(rel <= rtol)).nonzero()[0])
-        raise ThermoLensInputError(
-            f"measure {measure.label}: block {measure.layer}'s output is not its input plus its heads, MLP and biases "
-            f"under {row_name(r)} (unexplained {float(rel[r]):.2e} of ||x_out||^2 + ||x_in||^2): a condition edits "
-            f"an activation between the block's components and its output (e.g. blocks.{measure.layer}.hook_resid_post"
-            " or hook_attn_out), which the attribution cannot split; sweep attn.hook_z, hook_pattern or hook_resid_pre, "
-            "or choose a measure of another block")
-    if measure.kind == "attribution_total":
-        return got.stack("attr_total")[0].double()
-    head = got.stack("attr_head")[0].double()  # [row, head]
-    return head.sum(-1) if measure.head is None else head[:, measure.head]
+    probe = measure.probe
+    assert probe is not None, measure
+    return torch.as_tensor(probe.readout.values(got, probe, probe.measurement(token_scope), row_name)).double()
 
 
 def capture(view: ModelView, ps: PromptList, layout: HookLayout, layers: Sequence[int], settings: RunSettings, *,
@@ -536,7 +456,8 @@ def _from_layers(view: ModelView, ps: PromptList, layout: HookLayout, conditions
                          measure.reductions(token_scope, P) + [keep_starts], measure=measure, token_scope=token_scope,
                          min_tokens=min_tokens)
     values = base[0].repeat(1 + len(conditions), 1)
-    base_norms = got.stack("resid_norm") if measure.kind == "gain" else None  # [L+1, prompt, pos]
+    carried = measure.carried
+    base_norms = got.stack(carried) if carried else None  # [L+1, prompt, pos]: e.g. the residual norms
     user = [(name, fn) for name, fn in settings.fwd_hooks]
     for s in sorted(starts, reverse=True):
         group = [i for i, st in start_of.items() if st == s]
@@ -582,10 +503,12 @@ def _block_of(name: Any) -> int:
 
 def _start_reductions(measure: Measure, token_scope: str, s: int, names: Sequence[str], base_norms: Tensor | None,
                       P: int) -> list[Any]:
-    """The measure's reductions for passes starting at block ``s``: a gain reads the residual norms
-    of ``x_s .. x_L`` in the pass and those of ``x_0 .. x_{s-1}`` (the same as without the
-    condition) from the unpatched pass, recorded at ``x_s``'s hook point."""
-    if measure.kind != "gain":
+    """The measure's reductions for passes starting at block ``s``: a readout that carries state
+    entries (a gain: the residual norms) reads those of ``x_s .. x_L`` in the pass and those of
+    ``x_0 .. x_{s-1}`` (the same as without the condition) from the unpatched pass, recorded at
+    ``x_s``'s hook point."""
+    carried = measure.carried
+    if not carried:
         return measure.reductions(token_scope, P)
     assert base_norms is not None
 
@@ -593,8 +516,8 @@ def _start_reductions(measure: Measure, token_scope: str, s: int, names: Sequenc
         for k in range(s):
             def fn(x: Tensor, batch: TokenBatch, _k: int = k) -> Tensor:
                 return base_norms[_k].index_select(0, batch.prompt_index % P)[:, :x.shape[1]]
-            rec.add(names[s], ("resid_norm", k), fn)
-    return [_only(residual_norms, lambda key: key[1] >= s), earlier]
+            rec.add(names[s], (carried, k), fn)
+    return measure.reductions(token_scope, P, keep=lambda key: key[1] >= s) + [earlier]
 
 
 def _write(x: Tensor, b: int, layout: HookLayout, head: int | None, pos: tuple[int, ...], src: Tensor | None,

@@ -69,7 +69,7 @@ class SweepResult(PairedTest, ProvenanceFields, Result):
             source prompt of each prompt and the seed); ``""`` otherwise.
         provenance: the (corrupted) prompts, BOS mode, model and user hooks of the run.
         level: confidence level of the CIs (default ``0.95``).
-        measure_definition: what the measure is (:data:`thermo_lens.sweeps.MEASURE_DEFINITIONS`).
+        measure_definition: what the measure is (:func:`thermo_lens.sweeps.measure_definitions`).
         passes: how the passes ran: from each cell's layer (the host's start-at-layer, the unpatched
             residual there) or every one from the embedding, and why (:mod:`thermo_lens.sweeps.start`).
         alignment: how positions align across prompts of different token lengths (non-negative from

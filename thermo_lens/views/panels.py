@@ -277,15 +277,16 @@ def _per_head_activation_metrics(view: ModelView, prompts: Prompts, layer: int, 
     from thermo_lens import measure, registry
 
     wanted = [m for m in metrics() if m.panel and m.dims == ("prompt", "layer", "head")]
-    runs = [meas.name for meas in registry.measurements()
-            if meas.reductions is not None and meas.applies(view) is None and any(m.result == meas.result for m in wanted)]
+    runs = [meas.name for meas in registry.measurements() if meas.needs_pass and meas.applies(view) is None
+            and any(m.result == meas.result.__name__ for m in wanted)]
     if not runs:
         return {}
-    scoped = any("token_scope" in registry.measurement(n).options for n in runs)  # (a scope nothing takes is refused)
+    scoped = any(registry.measurement(n).takes("token_scope") for n in runs)  # (a scope nothing takes is refused)
     res = measure.run(view, prompts, runs, token_scope=token_scope if scoped else None, prepend_bos=prepend_bos,
                       progress=False, fwd_hooks=fwd_hooks)
+    held = {type(r) for r in res.results.values()}
     return {m.frame_column: to_numpy(m.values(res)[:, layer].double().mean(0)) for m in wanted
-            if any(type(r).__name__ == m.result for r in res.results.values())}
+            if any(cls.__name__ == m.result for cls in held)}
 
 
 def attention_panel(model: TransformerLensModel | ModelView, prompt: str, layer: int, *, head: int | Sequence[int] | None = None,

@@ -79,7 +79,7 @@ def generic_section(doc: Document, results: dict[str, Any], profiles: dict[str, 
 
     m = registry.measurement(measurement)
     for i, (k, res) in enumerate(list(results.items())[:MAX_PER_MODEL_FIGURES]):
-        for metric in m.metrics:
+        for metric in m.metric_list():
             doc.figure(f"fig-{measurement}-{metric.name}-{i}",
                        functools.partial(metric_plot, res, metric.name, title=f"{k}: {metric.name} ({metric.symbol})"))
     _per_model_note(doc, len(results))
