@@ -140,8 +140,6 @@ class _BlockPlan:
     W_O: Tensor  # [head * d_head, d_model] float32
     b_O: Tensor  # [d_model] (zero where the block has none)
     b_out: Tensor
-    W_OT: Tensor  # [d_model, head * d_head]: W_O.mT (a view, made once per pass and device)
-    b_sum: Tensor  # [d_model]: b_O + b_out (made once per pass and device)
     norms: dict[str, tuple[Tensor, Tensor | None]]  # module -> (g, beta)
     sites: list[_SAESite]
     experts: Any = None
@@ -151,6 +149,11 @@ class _BlockPlan:
     features: list[FeatureSite] = field(default_factory=list)  # SAEs split per feature (sae_features=True)
     decoders: list[tuple[Tensor, Tensor]] = field(default_factory=list)  # (W, b_dec) of each, float32
     _on: dict = field(default_factory=dict, repr=False)  # device -> this plan's constants there
+    W_OT: Tensor = field(init=False, repr=False)  # [d_model, head * d_head]: W_O.mT (a view), once per plan
+    b_sum: Tensor = field(init=False, repr=False)  # [d_model]: b_O + b_out, once per plan
+
+    def __post_init__(self) -> None:
+        self.W_OT, self.b_sum = self.W_O.mT, self.b_O + self.b_out
 
     def on(self, dev: torch.device) -> _BlockPlan:
         """This plan with its constants (``W_O``, biases, norm parameters) on ``dev``, the device of
@@ -162,8 +165,7 @@ class _BlockPlan:
         moved = self._on.get(dev)
         if moved is None:
             W_O = self.W_O.to(dev)
-            moved = replace(self, W_O=W_O, b_O=self.b_O.to(dev), b_out=self.b_out.to(dev), W_OT=W_O.mT,
-                            b_sum=self.b_sum.to(dev),
+            moved = replace(self, W_O=W_O, b_O=self.b_O.to(dev), b_out=self.b_out.to(dev),
                             norms={m: (g.to(dev), None if beta is None else beta.to(dev))
                                    for m, (g, beta) in self.norms.items()},
                             decoders=[(W.to(dev), b.to(dev)) for W, b in self.decoders], _on={})
@@ -231,7 +233,7 @@ def _plan(view: ModelView, rec: Recorder | None = None, sae_features: bool = Fal
             s.hook == names[l + 1] for s in mine) else None
         b_O, b_out = zero if b_O is None else b_O, zero if b_out is None else b_out
         plans.append(_BlockPlan(
-            layer=l, reads=reads, W_O=W_flat[l], b_O=b_O, b_out=b_out, W_OT=W_flat[l].mT, b_sum=b_O + b_out,
+            layer=l, reads=reads, W_O=W_flat[l], b_O=b_O, b_out=b_out,
             norms={n.module: n.params(block) for n in layout.norm_sites},
             sites=mine, experts=experts, splice=splice, has_b_O=bool(b_O.any()),
             has_b_out=bool(b_out.any()), features=mine_f,
