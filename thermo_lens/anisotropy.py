@@ -41,6 +41,7 @@ from thermo_lens.model import ModelView, as_view
 from thermo_lens.paired import PairedMixin
 from thermo_lens.passes import Collected, Recorder
 from thermo_lens.passes.cached import documents_cache
+from thermo_lens.products import PerLayer, token_norms
 from thermo_lens.provenance import Provenance, ProvenanceFields
 from thermo_lens.registry import (BuildContext, Measurement, Metric, Options, Readout, option, register_measurement,
                                   register_metric)
@@ -85,18 +86,28 @@ def anisotropy(view: ModelView, rec: Recorder) -> None:
     prompt, no ``pos x pos`` matrix. Records ``("anisotropy", l)``: ``[batch]`` float32, NaN when
     fewer than two tokens remain.
     """
+    def finish(states: list[int], stacks: list[Tensor]) -> None:
+        _, m, denom, few = rec.per_batch(("anisotropy", str(stacks[0].device)),
+                                         functools.partial(_tokens, rec, stacks[0].device))
+        val = (stacks[0].pow(2).sum(-1) - m) / denom  # [state, batch]
+        rec.put_rows([("anisotropy", l) for l in states], val.masked_fill_(few, float("nan")))
+
+    per_layer = PerLayer(rec, "anisotropy", finish)
     for l, name in enumerate(view.resid_hook_names):
-        def fn(x: Tensor, batch: TokenBatch) -> Tensor:
-            xf = x if x.dtype == torch.float32 else x.float()
-            excluded, m, denom, few = rec.per_batch(("anisotropy", str(x.device)), functools.partial(_tokens, rec, x.device))
-            u = xf / torch.linalg.vector_norm(xf, dim=-1, keepdim=True).clamp_min(1e-30)
+        def fn(x: Tensor, batch: TokenBatch, _l: int = l, _name: str = name) -> None:
+            excluded = rec.per_batch(("anisotropy", str(x.device)), functools.partial(_tokens, rec, x.device))[0]
+            if x.dtype == torch.float64:  # reduced in float32, as the definition says
+                xf = x.float()
+                norms = torch.linalg.vector_norm(xf, dim=-1, keepdim=True)
+            else:  # the norms the gain takes too (float32); a half-precision x is promoted by the division
+                xf, norms = x, token_norms(rec, _name, x)
+            u = xf / norms.clamp_min(1e-30)
             # Zero the excluded rows in place (one temporary, not two); the sum over positions
             # runs in position order, so a prompt's value does not depend on its batch's padding.
-            s = u.masked_fill_(excluded, 0.0).sum(dim=1)
-            val = (s.pow(2).sum(-1) - m) / denom
-            return val.masked_fill(few, float("nan"))
+            # The rest (||sum_t u_t||^2 - m) / (m (m - 1)) is taken for every state at once.
+            per_layer.add(_l, u.masked_fill_(excluded, 0.0).sum(dim=1))  # [batch, d_model]
         rec.add(name, ("anisotropy", l), fn)
-
+    per_layer.close()
 
 
 @dataclass(frozen=True, repr=False, eq=False)

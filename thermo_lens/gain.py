@@ -88,6 +88,7 @@ from thermo_lens.model import ModelView, as_view
 from thermo_lens.paired import PairedMixin
 from thermo_lens.passes import Collected, Recorder
 from thermo_lens.passes.cached import documents_cache
+from thermo_lens.products import PerLayer, token_norms
 from thermo_lens.provenance import Provenance, ProvenanceFields
 from thermo_lens.registry import BuildContext, Metric, metrics, option, register_measurement, register_metric
 from thermo_lens.settings import RunOptions, RunSettings
@@ -144,15 +145,6 @@ _POST_LN_NOTE = (
 
 
 # ---------------------------------------------------------------------------- in-pass reduction
-def _norms32(x: Tensor) -> Tensor:
-    """Per-token L2 norms over d_model as float32. ``vector_norm(dtype=float32)`` reduces in float32
-    without a full float32 copy; a float64 model reduces in float64 (vector_norm refuses to
-    narrow) and is stored as float32."""
-    if x.dtype == torch.float64:
-        return torch.linalg.vector_norm(x, dim=-1).float()
-    return torch.linalg.vector_norm(x, dim=-1, dtype=torch.float32)
-
-
 def residual_norms(view: ModelView, rec: Recorder) -> None:
     """Per-token L2 norms of every residual state ``x_0 .. x_L``, in float32.
 
@@ -160,13 +152,25 @@ def residual_norms(view: ModelView, rec: Recorder) -> None:
     counts the finite norms on the device (:meth:`Recorder.expect_finite`: a real token's NaN/inf
     norm fails the pass when it ends). ``x_l`` is read where
     block ``l`` reads it (:attr:`~thermo_lens.model.ModelView.resid_hook_names`).
+
+    Each hook takes its state's norms (shared with the other reductions there,
+    :func:`thermo_lens.products.token_norms`); the padding is masked, the finite norms counted and
+    the norms recorded for every state at once, at the last state's hook (:class:`PerLayer`).
     """
-    for l, name in enumerate(view.resid_hook_names):
-        def fn(x: Tensor, batch: TokenBatch, _name: str = name) -> Tensor:
-            out = _norms32(x).masked_fill(rec.pad_mask(x.device), float("nan"))
-            rec.expect_finite(_name, out, rec.n_real())  # a real token's norm is NaN/inf: checked after the pass
-            return out
+    names = view.resid_hook_names
+
+    def finish(states: list[int], stacks: list[Tensor]) -> None:
+        norms = stacks[0].squeeze(-1).masked_fill_(rec.pad_mask(stacks[0].device), float("nan"))  # [state, batch, pos]
+        # a real token's norm is NaN/inf: checked after the pass
+        rec.expect_finite_rows([names[l] for l in states], norms, rec.n_real())
+        rec.put_rows([("resid_norm", l) for l in states], norms)
+
+    per_layer = PerLayer(rec, "resid_norm", finish)
+    for l, name in enumerate(names):
+        def fn(x: Tensor, batch: TokenBatch, _l: int = l, _name: str = name) -> None:
+            per_layer.add(_l, token_norms(rec, _name, x))
         rec.add(name, ("resid_norm", l), fn)
+    per_layer.close()
     # x_l (l < L) is read at blocks.{l}.hook_resid_pre (ModelView.resid_hook_names), after any user
     # hook or SAE there: block l's gain is measured against what it read, and a replacement between
     # two blocks lands in the earlier block's gain, so the block gains telescope.

@@ -27,7 +27,7 @@ SlabHandle: TypeAlias = tuple[int, int, int, torch.dtype, tuple[int, ...]]
 #: What :meth:`Slabs.put` returns: a slab handle, or the tensor itself when it is kept as it is.
 Handle: TypeAlias = Union[Tensor, SlabHandle]
 
-__all__ = ["Slabs", "PackedParts"]
+__all__ = ["Slabs", "PackedParts", "read_rows"]
 
 _ALIGN = 64
 _OFFSET_BITS = 40  # a location: slab << 40 | byte offset (a whole batch kept as one block may exceed a slab)
@@ -191,6 +191,16 @@ class PackedParts:
         nbytes = math.prod(shape) * self._dtype.itemsize
         return self._slabs.get((k, off, nbytes, self._dtype, shape))
 
+    def handle(self, i: int) -> tuple[int, int, torch.dtype, tuple[int, ...]] | None:
+        """Part ``i``'s place in the slabs, ``(slab, byte offset, dtype, shape)``, without reading it;
+        None for a part kept aside (see the class)."""
+        loc = self._loc[i]
+        if loc < 0:
+            return None
+        assert self._dtype is not None
+        return (loc >> _OFFSET_BITS, loc & ((1 << _OFFSET_BITS) - 1), self._dtype,
+                tuple(self._shape[i * self._ndim:(i + 1) * self._ndim]))
+
     def __len__(self) -> int:
         return len(self._loc)
 
@@ -209,3 +219,30 @@ class PackedParts:
 
     def __repr__(self) -> str:
         return f"PackedParts({len(self)} tensors)"
+
+
+def read_rows(slabs: Slabs, lists: list[PackedParts], i: int) -> Tensor:
+    """``torch.stack([parts[i] for parts in lists])``, as one view where it can be: when part ``i`` of
+    every list lies in the same slab with the same dtype and shape, at evenly spaced offsets (the rows
+    of one recorded tensor, e.g. a reduction's per-layer results recorded together with
+    ``Recorder.put_rows``), it is read with one op instead of one per list (a pass's results are read
+    by name, each name a few dozen lists). Read it, never write to it in place."""
+    places = [parts.handle(i) for parts in lists]
+    first = places[0]
+    if first is not None and len(places) > 1 and all(p is not None for p in places):
+        k, off, dtype, shape = first
+        step = places[1][1] - off  # type: ignore[index]
+        size = math.prod(shape) * dtype.itemsize
+        if step >= size and step % dtype.itemsize == 0 and all(
+                p[0] == k and p[1] == off + j * step and p[2] == dtype and p[3] == shape  # type: ignore[index]
+                for j, p in enumerate(places)):
+            typed = slabs._typed.get((k, dtype))
+            if typed is None:
+                typed = slabs._typed[(k, dtype)] = slabs._slabs[k].view(dtype)
+            strides, elems = [], 1
+            for n in reversed(shape):
+                strides.append(elems)
+                elems *= max(int(n), 1)
+            return typed.as_strided((len(places), *shape), (step // dtype.itemsize, *reversed(strides)),
+                                    typed.storage_offset() + off // dtype.itemsize)
+    return torch.stack([parts[i] for parts in lists])

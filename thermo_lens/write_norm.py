@@ -33,12 +33,13 @@ from thermo_lens.inputs import Prompts
 from thermo_lens.model import ModelView, as_view
 from thermo_lens.paired import PairedMixin
 from thermo_lens.passes import Collected, Recorder, Reduction
+from thermo_lens.products import PerLayer, scoped_rows
 from thermo_lens.provenance import Provenance, ProvenanceFields
 from thermo_lens.registry import (BuildContext, Measurement, Metric, Options, Readout, option, register_measurement,
                                   register_metric)
 from thermo_lens.result import Result, label
 from thermo_lens.settings import RunOptions, RunSettings
-from thermo_lens.tokens import TERM_SCOPES, TermScope, TokenBatch, TokenScope, check_token_scope, scope_rows, to_device
+from thermo_lens.tokens import TERM_SCOPES, TermScope, TokenBatch, TokenScope, check_token_scope
 from thermo_lens.validate import validates_own_inputs
 
 if TYPE_CHECKING:
@@ -67,25 +68,27 @@ def write_norm_terms(token_scope: str = "all_but_first") -> Reduction:
     def reduction(view: ModelView, rec: Recorder) -> None:
         W_O = rec.per_pass(("W_O layers", torch.float32), view.W_O_layers)  # [head, d_head, d_model] per layer
         gram = torch.stack([w @ w.mT for w in W_O])  # [layer, head, d_head, d_head]: ||z W_O^h||^2 = z G_h z^T
-        H, dh = view.n_heads, view.d_head
 
-        def rows(batch: TokenBatch, dev: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-            # built on the host from the lengths: no nonzero/bincount (a device sync each) per batch
-            flat, prompt_of, n = scope_rows(batch.host_lengths, int(batch.tokens.shape[1]), token_scope)
-            return to_device(flat, dev), to_device(prompt_of, dev), to_device(n, dev)
+        def finish(layers: list[int], stacks: list[Tensor]) -> None:
+            # every layer's [n, head] squared norms at once: their square roots, summed per prompt in
+            # float64 (the scoped tokens in order) and divided by the prompt's count
+            sq = stacks[0]  # [layer, n, head]
+            _, prompt_of, n = rec.scope_rows(token_scope, sq.device)
+            per_prompt = torch.zeros(sq.shape[0], n.shape[0], sq.shape[2], dtype=torch.float64, device=sq.device)
+            per_prompt.index_add_(1, prompt_of, sq.clamp_min_(0.0).sqrt_().double())
+            rec.put_rows([("write_norm", l) for l in layers], per_prompt.div_(n))
 
+        per_layer = PerLayer(rec, "write_norm", finish)
         for l in range(view.n_layers):
-            def fn(z: Tensor, batch: TokenBatch, _l: int = l) -> Tensor:
-                dev = z.device
-                B, T = z.shape[0], z.shape[1]
-                flat, prompt_of, n = rec.per_batch(("write_norm_rows", str(dev)), functools.partial(rows, dev=dev))
-                zs = z.reshape(B * T, H, dh).index_select(0, flat).float()  # [n, head, d_head]
-                # [head, d_head, d_head] on the activations' device: copied once per pass, not per batch
-                G = rec.per_pass(("write_norm_gram", str(dev)), lambda: gram.to(dev))[_l]
-                sq = torch.einsum("nhd,hde,nhe->nh", zs, G, zs).clamp_min(0.0)
-                per_prompt = torch.zeros(B, H, dtype=torch.float64, device=dev).index_add_(0, prompt_of, sq.sqrt().double())
-                return per_prompt / n
-            rec.add(f"blocks.{l}.attn.hook_z", ("write_norm", l), fn)
+            name = f"blocks.{l}.attn.hook_z"
+
+            def fn(z: Tensor, batch: TokenBatch, _l: int = l, _name: str = name) -> None:
+                # [head, d_head, d_head] per layer on the activations' device: copied once per pass
+                G = rec.per_pass(("write_norm_gram", str(z.device)), lambda: gram.to(z.device).unbind())[_l]
+                zs = scoped_rows(rec, _name, z, token_scope)  # [n, head, d_head] float32, shared with the attribution
+                per_layer.add(_l, torch.einsum("nhd,hde,nhe->nh", zs, G, zs))
+            rec.add(name, ("write_norm", l), fn)
+        per_layer.close()
 
     return reduction
 

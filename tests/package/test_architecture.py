@@ -39,7 +39,7 @@ LAYERS: dict[str, int] = {
     "inputs": 0,
     "prompts": 0, "model": 0, "layout": 0, "result": 0, "provenance": 0, "safe_io": 0, "stats": 0,
     "registry": 0, "hooks": 0, "packed": 0, "passes": 0, "interventions": 0, "zoo": 0, "testing": 0, "measure": 0,
-    "offload": 0, "cache_match": 0, "census": 0,
+    "offload": 0, "cache_match": 0, "census": 0, "products": 0,
     # 1: measures
     "gain": 1, "anisotropy": 1, "attribution": 1, "sheaf": 1, "spectral": 1, "depth": 1, "paired": 1,
     "sae": 1, "robustness": 1, "profile": 1, "sweeps": 1, "ablation": 1, "write_norm": 1, "measures": 1,

@@ -16,8 +16,8 @@ from thermo_lens.passes import collect
 
 #: The ops one more batch of profile() may dispatch, as a multiple of a bare pass's batch (tiny GPT-2,
 #: 3 blocks: the per-batch bookkeeping weighs more than on a 12-block model; the census of
-#: benchmarks/census.py measures GPT-2-small geometry).
-MAX_MARGINAL_RATIO = 3.0
+#: benchmarks/census.py measures GPT-2-small geometry, 1.72x there). Measured 2.26x here (torch 2.13).
+MAX_MARGINAL_RATIO = 2.3
 
 B = 4  # prompts per batch
 
@@ -176,3 +176,86 @@ def test_census_benchmark_runs_quick():
     for part in ("bare pass to the last block", "per block per batch", "marginal batch", "beyond them: 0",
                  "spectral signature (cold"):
         assert part in out.stdout, part
+
+
+def test_a_stored_names_rows_are_read_with_one_view_per_batch():
+    """packed.read_rows: the rows a reduction recorded together (put_rows), read back as one view, equal
+    torch.stack of the parts one by one; parts stored apart fall back to that stack."""
+    from thermo_lens.packed import read_rows
+    from thermo_lens.passes import Recorder
+    from thermo_lens.tokens import TokenBatch
+
+    rec = Recorder()
+    gen = torch.Generator().manual_seed(0)
+    for k, (n, w) in enumerate([(2, 3), (3, 5)]):
+        batch = TokenBatch(tokens=torch.zeros(n, w, dtype=torch.long), lengths=torch.full((n,), w),
+                           prompt_index=torch.arange(n) + 10 * k, prepend_bos=True)
+        with rec.batch(batch):
+            rec.put_rows([("a", l) for l in range(4)], torch.randn(4, n, w, generator=gen))
+            # interleaved rows: ("b", l) every second row, as the attribution records its columns
+            rec.put_rows([(name, l) for l in range(3) for name in ("b", "c")], torch.randn(6, n, generator=gen))
+            for l in range(3):  # parts apart: unevenly spaced in the slab, so no common view
+                rec.put(("d", l), torch.randn(n, generator=gen))
+                rec.put(("e", l), torch.randn(l + 1, generator=gen))
+    rec.finish()
+    for name, n_keys in (("a", 4), ("b", 3), ("c", 3), ("d", 3)):
+        lists = [rec._parts[(name, l)] for l in range(n_keys)]
+        for i in range(2):
+            got, want = read_rows(rec._slabs, lists, i), torch.stack([p[i] for p in lists])
+            assert torch.equal(got, want), (name, i)
+            assert (got._base is not None) == (name != "d"), name  # a view into the slabs where it can be
+        want = torch.stack([Recorder._cat(p) for p in lists])  # padded with NaN to the longest batch
+        assert torch.equal(rec.stack(name).isnan(), want.isnan())
+        assert torch.equal(rec.stack(name).nan_to_num(), want.nan_to_num())
+
+
+def test_shared_products_are_made_once_per_activation_and_hook_point():
+    """thermo_lens.products.shared: the same activation (or a view with the same memory and layout) at
+    the same hook point gets the product made once; another activation, or another hook point, a new one."""
+    from thermo_lens.passes import Recorder
+    from thermo_lens.products import shared
+    from thermo_lens.tokens import TokenBatch
+
+    rec = Recorder()
+    calls: list[int] = []
+
+    def build(x):
+        calls.append(1)
+        return x.sum()
+
+    batch = TokenBatch(tokens=torch.zeros(2, 3, dtype=torch.long), lengths=torch.full((2,), 3),
+                       prompt_index=torch.arange(2), prepend_bos=True)
+    x = torch.randn(2, 3, 4)
+    with rec.batch(batch):
+        a = shared(rec, "h", "sum", x, build)
+        assert shared(rec, "h", "sum", x.view(2, 3, 4), build) is a and len(calls) == 1
+        shared(rec, "h", "sum", x.clone(), build)  # other memory
+        shared(rec, "h", "sum", x[:, :2], build)  # another layout
+        shared(rec, "g", "sum", x, build)  # another hook point
+        assert len(calls) == 4
+    with rec.batch(batch):
+        shared(rec, "g", "sum", x, build)  # a new batch
+    assert len(calls) == 5
+
+
+@pytest.mark.parametrize("layers", [(1,), (0, 2), (0, 1, 2, 3)])
+def test_reductions_finished_together_keep_the_layers_a_sweep_kept(bridge, layers):
+    """A sweep registers some blocks' hooks (a filtering recorder): the per-layer results finished at the
+    last kept hook are the same numbers a full pass records for those layers."""
+    from thermo_lens.anisotropy import anisotropy
+    from thermo_lens.gain import residual_norms
+    from thermo_lens.sweeps.engine import _only
+    from thermo_lens.write_norm import write_norm_terms
+
+    view = ModelView(bridge("gpt2"))
+    prompts = ["The cat sat on the mat today.", "Hi there you", "Water boils at"]
+    reds = [residual_norms, anisotropy, write_norm_terms("all")]
+    full = collect(view, prompts, reds, batch_size=2, progress=False)
+    some = collect(view, prompts, [_only(r, lambda key: key[1] in layers) for r in reds], batch_size=2,
+                   progress=False)
+    for name in ("resid_norm", "anisotropy", "write_norm"):
+        kept = [l for l in layers if (name, l) in full.recorder._parts]
+        got = some.stack(name)
+        assert got.shape[0] == len(kept), name
+        want = full.stack(name)[kept]
+        assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num()), name

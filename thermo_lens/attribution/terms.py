@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
@@ -21,7 +21,8 @@ from thermo_lens.errors import ThermoLensInputError
 from thermo_lens.layout import BlockLayout, NormSite
 from thermo_lens.model import ModelView
 from thermo_lens.passes import Recorder, Reduction
-from thermo_lens.tokens import TERM_SCOPES, TokenBatch, check_token_scope, scope_rows, to_device
+from thermo_lens.products import as_float32, scoped_rows
+from thermo_lens.tokens import TERM_SCOPES, TokenBatch, check_token_scope
 
 __all__ = ["attribution_terms", "sae_sites", "ATTRIBUTION_SCOPES", "ATTRIBUTION_DEFINITIONS", "TERM_COLUMNS"]
 
@@ -115,9 +116,9 @@ def _norm_T(site: NormSite, g: Tensor, r: Tensor, v: Tensor) -> Tensor:
     return w.sub_(w.mean(-1, keepdim=True)) if site.centered else w
 
 
-def _sq_norms(x: Tensor) -> Tensor:
-    """``[n]`` per-row ``||x||^2`` (one fused reduction, no ``x * x`` temporary)."""
-    return torch.linalg.vector_norm(x, dim=-1).square()
+def _row_norms(x: Tensor) -> Tensor:
+    """``[n]`` per-row ``||x||`` (one fused reduction, no ``x * x`` temporary; squared by :func:`_close`)."""
+    return torch.linalg.vector_norm(x, dim=-1)
 
 
 def _vec_dot(a: Tensor, b: Tensor) -> Tensor:
@@ -148,6 +149,11 @@ class _BlockPlan:
     features: list[FeatureSite] = field(default_factory=list)  # SAEs split per feature (sae_features=True)
     decoders: list[tuple[Tensor, Tensor]] = field(default_factory=list)  # (W, b_dec) of each, float32
     _on: dict = field(default_factory=dict, repr=False)  # device -> this plan's constants there
+    W_OT: Tensor = field(init=False, repr=False)  # [d_model, head * d_head]: W_O.mT (a view), once per plan
+    b_sum: Tensor = field(init=False, repr=False)  # [d_model]: b_O + b_out, once per plan
+
+    def __post_init__(self) -> None:
+        self.W_OT, self.b_sum = self.W_O.mT, self.b_O + self.b_out
 
     def on(self, dev: torch.device) -> _BlockPlan:
         """This plan with its constants (``W_O``, biases, norm parameters) on ``dev``, the device of
@@ -158,7 +164,8 @@ class _BlockPlan:
             return self
         moved = self._on.get(dev)
         if moved is None:
-            moved = replace(self, W_O=self.W_O.to(dev), b_O=self.b_O.to(dev), b_out=self.b_out.to(dev),
+            W_O = self.W_O.to(dev)
+            moved = replace(self, W_O=W_O, b_O=self.b_O.to(dev), b_out=self.b_out.to(dev),
                             norms={m: (g.to(dev), None if beta is None else beta.to(dev))
                                    for m, (g, beta) in self.norms.items()},
                             decoders=[(W.to(dev), b.to(dev)) for W, b in self.decoders], _on={})
@@ -224,36 +231,45 @@ def _plan(view: ModelView, rec: Recorder | None = None, sae_features: bool = Fal
         post = names[L].rsplit(".", 1)[-1]
         splice = f"blocks.{l}.{post}" if foreign_hooks and l + 1 < L and names[l + 1] != f"blocks.{l}.{post}" and not any(
             s.hook == names[l + 1] for s in mine) else None
+        b_O, b_out = zero if b_O is None else b_O, zero if b_out is None else b_out
         plans.append(_BlockPlan(
-            layer=l, reads=reads, W_O=W_flat[l], b_O=zero if b_O is None else b_O,
-            b_out=zero if b_out is None else b_out, norms={n.module: n.params(block) for n in layout.norm_sites},
-            sites=mine, experts=experts, splice=splice, has_b_O=b_O is not None and bool(b_O.any()),
-            has_b_out=b_out is not None and bool(b_out.any()), features=mine_f,
+            layer=l, reads=reads, W_O=W_flat[l], b_O=b_O, b_out=b_out,
+            norms={n.module: n.params(block) for n in layout.norm_sites},
+            sites=mine, experts=experts, splice=splice, has_b_O=bool(b_O.any()),
+            has_b_out=bool(b_out.any()), features=mine_f,
             decoders=[decoder(attached.sae_wrappers(view.model)[fs.key].sae) for fs in mine_f]))
     return plans
 
 
-def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_out: Tensor | None = None,
-                 sq_norms: Any = _sq_norms, features: Any = None) -> tuple[Tensor, list[Tensor], Tensor | None]:
+#: What :func:`_block_parts` returns per block after the heads' terms: the components whose sum the
+#: closure checks, then the sizes that :func:`_close` turns into the scale and closure columns.
+_PARTS = ("mlp", "bias", "norm", "sae", "sae_error", "splice", "total", "norm_out", "norm_in")
+
+
+def _block_parts(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_out: Tensor | None = None,
+                 row_norms: Any = None, features: Any = None, zero: Tensor | None = None
+                 ) -> tuple[Tensor, list[Tensor], Tensor | None]:
     """The per-token terms of one block from its scoped activations (``take(key)`` -> ``[n, ...]``
-    float32): the heads' ``[n, head]``, the columns of :data:`TERM_COLUMNS` (``[n]`` each: mlp,
-    bias, norm, sae, sae_error, splice, scale, closure, total) and the experts' ``[n, expert]`` (None
-    without a mixture of experts). ``y_out``: the block's output as it wrote it
-    (:attr:`_BlockPlan.splice`), None where ``x_out`` is it. ``sq_norms``: per-row ``||x||^2``
-    (the pass shares block ``l``'s ``||x_out||^2`` with block ``l + 1``, whose ``x_in`` it is).
+    float32): the heads' ``[n, head]``, the parts of :data:`_PARTS` (``[n]`` each: mlp, bias, norm, sae,
+    sae_error, splice, total, and the rows' norms ``||x_out||``, ``||x_in||``, which :func:`_close`
+    turns into the scale and closure columns, for every block of a batch at once) and the experts'
+    ``[n, expert]`` (None without a mixture of experts). ``y_out``: the block's output as it wrote it
+    (:attr:`_BlockPlan.splice`), None where ``x_out`` is it. ``row_norms(x)``: per-row ``||x||``
+    (the pass shares block ``l``'s ``||x_out||`` with block ``l + 1``, whose ``x_in`` it is).
+    ``zero``: the ``[n]`` zeros of the absent components (shared by a batch's blocks; never changed).
     ``features(j, v, part, error, rest_of)``: called once per SAE split per feature (``plan.features[j]``)
     with the adjoint ``v`` ``[n, d]`` where it writes, the per-token term its features, rest and error
     must add up to (``part``: the SAE's ``sae`` share, or the MLP term a transcoder writes), its error
     share (None without an error term) and the vector its rest pairs with ``b_dec - rest_of``
     (the SAE's input; a transcoder: the MLP's output bias)."""
     layout: BlockLayout = view.layout
-    H, dev = view.n_heads, x_out.device
+    H, dh, dev = view.n_heads, view.d_head, x_out.device
     plan = plan.on(dev)
     x_in, z, mlp_out = take("x_in"), take("z"), take("mlp_out")
     s = x_out + x_in  # [n, d_model]
-    b_O, b_out = plan.b_O, plan.b_out
+    b_out = plan.b_out
     r = {m: 1.0 / take("scale:" + m).clamp_min(torch.finfo(torch.float32).tiny) for m in plan.norms}
-    zero = s.new_zeros(s.shape[0])
+    zero = s.new_zeros(s.shape[0]) if zero is None else zero
     bias = zero
 
     def through(site: NormSite | None, v: Tensor) -> Tensor:
@@ -283,18 +299,19 @@ def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_
     # products below run in place on tensors this function owns (the product, the differences, the
     # scoped rows take() copied): the numbers of torch.linalg.vecdot ((a * b).sum(-1)), without an
     # [n, d_model] temporary each.
-    u = v_a @ plan.W_O.mT
+    u = v_a @ plan.W_OT
     # (in u's storage unless an SAE at hook_z reads u below)
     head_dot = _vec_dot if any(site.where == "z" for site in plan.sites) else _owned_dot
-    head = head_dot(u.view(-1, H, view.d_head), z.view(-1, H, view.d_head))  # [n, head]
+    head = head_dot(u.view(-1, H, dh), z if z.ndim == 3 else z.view(-1, H, dh))  # [n, head]
     # The output bias is subtracted where there is one (an all-zero bias leaves mlp_out as it is).
     # mlp_out is this function's own copy (take() copies the scoped rows): changed in place.
     mlp = _owned_dot(mlp_out.sub_(b_out) if plan.has_b_out else mlp_out, v_m)
     if v_a is v_m:  # pre-LN, no norm after the sublayers, multiplier 1: one product for both biases
         if plan.has_b_O or plan.has_b_out:
-            bias = bias + v_a @ (b_O + b_out)
+            product = v_a @ plan.b_sum
+            bias = product if bias is zero else bias + product  # (0 + p is p)
     else:
-        bias = bias + v_a @ b_O + v_m @ b_out
+        bias = bias + v_a @ plan.b_O + v_m @ b_out
     norm = _owned_dot(u1 - s, x_in) if layout.stream_norms else zero
     adjoint = {"start": u1, "mid": u2, "attn_out": u1, "mlp_out": u2, "end": s, "z": u}
     sae, sae_err = _sae_terms(plan, take, adjoint, zero, v_m, mlp, features)
@@ -303,16 +320,31 @@ def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_
     # does not read y_out at all)
     splice = _owned_dot(x_out - y_out, s) if y_out is not None else zero
     total = _owned_dot(x_out - x_in, s)  # = ||x_out||^2 - ||x_in||^2 without cancellation
-    scale = sq_norms(x_out) + sq_norms(x_in)  # the size the closure is compared with
-    # Per token |total - components| (its scoped mean: a cancellation across tokens must not
-    # hide a block that does not close).
+    norms = row_norms or _row_norms
+    experts = _expert_terms(take, plan.experts, layout.moe.n_experts, v_m) if layout.moe is not None else None
+    return head, [mlp, bias, norm, sae, sae_err, splice, total, norms(x_out), norms(x_in)], experts
+
+
+def _close(head: Tensor, parts: Sequence[Tensor]) -> list[Tensor]:
+    """The columns of :data:`TERM_COLUMNS` from :func:`_block_parts`' heads ``[..., n, head]`` and parts
+    (``[..., n]`` each; a batch's blocks stacked on the leading dimension): the scale
+    ``||x_out||^2 + ||x_in||^2`` (the size the closure is compared with) and the per-token
+    ``|total - components|`` (its scoped mean: a cancellation across tokens must not hide a block
+    that does not close). An absent component is exactly 0, so subtracting it changes nothing."""
+    mlp, bias, norm, sae, sae_err, splice, total, norm_out, norm_in = parts
+    scale = norm_out.square() + norm_in.square()
     closure = total - head.sum(-1) - mlp
     for part in (bias, norm, sae, splice):
-        if part is not zero:  # (the absent components are exactly 0)
-            closure = closure - part
-    closure = closure.abs()
-    experts = _expert_terms(take, plan.experts, layout.moe.n_experts, v_m) if layout.moe is not None else None
-    return head, [mlp, bias, norm, sae, sae_err, splice, scale, closure, total], experts
+        closure = closure - part
+    return [mlp, bias, norm, sae, sae_err, splice, scale, closure.abs(), total]
+
+
+def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_out: Tensor | None = None,
+                 features: Any = None) -> tuple[Tensor, list[Tensor], Tensor | None]:
+    """One block's heads ``[n, head]``, :data:`TERM_COLUMNS` columns ``[n]`` and experts (see
+    :func:`_block_parts`; the pass takes the last columns of a batch's blocks at once)."""
+    head, parts, experts = _block_parts(view, plan, take, x_out, y_out, features=features)
+    return head, _close(head, parts), experts
 
 
 def _sae_terms(plan: _BlockPlan, take: Any, adjoint: dict[str, Tensor], zero: Tensor, v_m: Tensor, mlp: Tensor,
@@ -356,13 +388,6 @@ def attribution_terms(token_scope: str = "all_but_first", sae_features: bool = F
     error|``) ``[batch]`` float64."""
     _check_scope(token_scope)
 
-    def scoped_rows(batch: TokenBatch, dev: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-        """The batch's scoped rows ``[n]`` (flat ``(prompt, position)`` indices), the prompt of
-        each, and the per-prompt counts ``[batch, 1]`` (at least 1)."""
-        # built on the host from the lengths: no nonzero/bincount (a device sync each) per batch
-        rows, prompt_of, n = scope_rows(batch.host_lengths, int(batch.tokens.shape[1]), token_scope)
-        return to_device(rows, dev), to_device(prompt_of, dev), to_device(n, dev)
-
     def reduction(view: ModelView, rec: Recorder) -> None:
         why = _not_splittable(view)
         if why:
@@ -371,9 +396,15 @@ def attribution_terms(token_scope: str = "all_but_first", sae_features: bool = F
         last = [-1]  # the last block whose hooks are registered (a sweep registers one block's)
         for plan in _plan(view, rec, sae_features):
             state: dict[str, Tensor] = {}
+            z_key = next(hook for hook, key in plan.reads if key == "z")
 
             def keep(x: Tensor, batch: TokenBatch, _key: str, _state: dict = state) -> None:
                 _state[_key] = x  # transient: dropped when this block's x_out fires
+
+            def keep_z(x: Tensor, batch: TokenBatch, _hook: str = z_key, _state: dict = state) -> None:
+                # the heads' scoped float32 rows [n, head, d_head], taken now and shared with the head
+                # write norms at the same hook point (a product of the batch; never changed in place)
+                _state["z"] = scoped_rows(rec, _hook, x, token_scope)
 
             def finish(x_out: Tensor, batch: TokenBatch, _plan: _BlockPlan = plan, _state: dict = state) -> None:
                 _check_read(view, _plan, _state)
@@ -383,37 +414,36 @@ def attribution_terms(token_scope: str = "all_but_first", sae_features: bool = F
                 # position 0 (all_but_first) or all but the last token ("last") never reach the
                 # u W_O^T matmul, the one d_model^2-per-token step here. index_select, not x[rows]:
                 # the same rows, a fraction of advanced indexing's overhead. The rows are found once
-                # per batch and shared by every layer (the Recorder drops them when the batch ends).
-                rows, prompt_of, n = rec.per_batch(("attr_rows", str(dev)), functools.partial(scoped_rows, dev=dev))
+                # per batch and shared by every layer and reduction (the Recorder drops them when the
+                # batch ends).
+                rows, prompt_of, n = rec.scope_rows(token_scope, dev)
                 # Block l's x_out is block l + 1's x_in, read at the same hook point (after every other hook
-                # there): its scoped rows and their squared norms are found once and shared (dropped with
-                # the batch).
+                # there): its scoped rows and their norms are found once and shared (dropped with the
+                # batch); so are the zeros of the absent components.
                 shared: dict[Any, Any] = rec.per_batch(("attr_shared", str(dev)), lambda batch: {})
 
                 def take(what: str, raw: bool = False) -> Tensor:
                     x = _state.pop(what)
+                    if what == "z":
+                        return x  # (already the scoped float32 rows, keep_z)
                     if what == "x_in" and names[_plan.layer] in shared:
                         return shared[names[_plan.layer]]
                     t = x.reshape(B * T, -1).index_select(0, rows)
-                    return t if raw else t.float()
+                    return t if raw else as_float32(t)
 
-                def sq_norms(x: Tensor) -> Tensor:
-                    got = shared.get(("sq", id(x)))
-                    if got is not None and got[0] is x:  # (the same tensor, not a later one at its address)
-                        return got[1]
-                    out = _sq_norms(x)
-                    shared[("sq", id(x))] = (x, out)
-                    return out
-
-                x_rows = x_out.reshape(B * T, -1).index_select(0, rows).float()
+                x_rows = as_float32(x_out.reshape(B * T, -1).index_select(0, rows))
                 shared[names[_plan.layer + 1]] = x_rows
+                zero = shared.get(("zero", x_rows.shape[0]))
+                if zero is None:
+                    zero = shared[("zero", x_rows.shape[0])] = x_rows.new_zeros(x_rows.shape[0])
                 y_out = _state.pop("y_out", None)  # already the scoped rows (a copy, see keep_output)
                 split = functools.partial(_split_features, rec, _plan.on(dev), take, prompt_of, n) if _plan.features else None
-                terms = _block_terms(view, _plan, take, x_rows, None if y_out is None else y_out.float(), sq_norms,
-                                     split)
+                terms = _block_parts(view, _plan, take, x_rows, None if y_out is None else as_float32(y_out),
+                                     functools.partial(_shared_row_norms, shared), split, zero)
                 _state.clear()
-                # The per-prompt means of every block's terms are taken and recorded once per batch, by
-                # the last block of the pass (the total too: the hook returns None).
+                # The per-prompt means of every block's terms (and their scale and closure columns) are
+                # taken and recorded once per batch, by the last block of the pass (the total too: the
+                # hook returns None).
                 pending = shared.setdefault("terms", [])
                 pending.append((_plan.layer, *terms))
                 if _plan.layer == last[0]:
@@ -424,18 +454,30 @@ def attribution_terms(token_scope: str = "all_but_first", sae_features: bool = F
                 # A copy of the scoped rows, now: a hook between the blocks may edit this very tensor in
                 # place (e.g. a patch at the next block's hook_resid_pre) before x_out is read.
                 B, T, _ = x.shape
-                rows = rec.per_batch(("attr_rows", str(x.device)), functools.partial(scoped_rows, dev=x.device))[0]
+                rows = rec.scope_rows(token_scope, x.device)[0]
                 _state["y_out"] = x.reshape(B * T, -1).index_select(0, rows)
 
             if plan.splice is not None:
                 rec.add(plan.splice, ("_attr_y_out", plan.layer), keep_output)
 
             for hook, key in plan.reads:
-                rec.add(hook, ("_attr_" + key, plan.layer), functools.partial(keep, _key=key))
+                fn = keep_z if key == "z" else functools.partial(keep, _key=key)
+                rec.add(hook, ("_attr_" + key, plan.layer), fn)
             rec.add(names[plan.layer + 1], ("attr_total", plan.layer), finish)
         last[0] = max((key[1] for key in rec.registered() if key[0] == "attr_total"), default=-1)
 
     return reduction
+
+
+def _shared_row_norms(shared: dict[Any, Any], x: Tensor) -> Tensor:
+    """:func:`_row_norms` of ``x``, once per batch (``shared``: the batch's dict; the same tensor, not a
+    later one at its address)."""
+    got = shared.get(("norm", id(x)))
+    if got is not None and got[0] is x:
+        return got[1]
+    out = _row_norms(x)
+    shared[("norm", id(x))] = (x, out)
+    return out
 
 
 def _split_features(rec: Recorder, plan: _BlockPlan, take: Any, prompt_of: Tensor, n: Tensor, j: int, v: Tensor,
@@ -495,10 +537,13 @@ def _record(rec: Recorder, pending: list[tuple[Any, ...]], prompt_of: Tensor, n:
     def on(t: Tensor) -> Tensor:  # (a model split over devices: blocks' terms on several; a no-op op otherwise)
         return t if t.device == dev else t.to(dev)
 
-    rec.put_rows([("attr_head", l) for l in layers], means(torch.stack([on(p[1]) for p in pending])))
-    # The columns as rows, [block * column, n, 1]: their means come out as [block * column, batch],
-    # one contiguous row per key.
-    columns = torch.stack([on(c) for p in pending for c in p[2]])[:, :, None]
+    heads = torch.stack([on(p[1]) for p in pending])  # [block, n, head]
+    rec.put_rows([("attr_head", l) for l in layers], means(heads))
+    # The parts as [block, part, n]; the scale and closure columns of every block at once; the columns
+    # as rows, [block * column, n, 1]: their means come out as [block * column, batch], one contiguous
+    # row per key.
+    parts = torch.stack([on(c) for p in pending for c in p[2]]).view(len(pending), len(_PARTS), -1).unbind(1)
+    columns = torch.stack(_close(heads, parts), dim=1).view(len(pending) * len(TERM_COLUMNS), -1, 1)
     rec.put_rows([(f"attr_{column}", l) for l in layers for column in TERM_COLUMNS], means(columns)[:, :, 0])
     if pending[0][3] is not None:
         rec.put_rows([("attr_expert", l) for l in layers], means(torch.stack([on(p[3]) for p in pending])))

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from thermo_lens.errors import ThermoLensInputError, ThermoLensNumericsError
 from thermo_lens.model import ModelView
+from thermo_lens.packed import read_rows
 from thermo_lens.passes.recorder import Recorder
 from thermo_lens.provenance import Provenance
 
@@ -73,16 +74,19 @@ class Collected:
 
     def batches(self, name: str) -> Iterable[tuple[Tensor, Tensor]]:
         """Reduction ``name`` batch by batch, as recorded: ``([index, batch, ...], lengths [batch])``,
-        each batch padded only to its own longest prompt. Concatenate what you compute from them
-        and put it back in the caller's order with :meth:`in_caller_order`."""
+        each batch padded only to its own longest prompt (possibly a view of the stored results: read
+        it, never change it in place). Concatenate what you compute from them and put it back in the
+        caller's order with :meth:`in_caller_order`."""
         keys = sorted(k for k in self.recorder._parts if k[0] == name)
         if not keys:
             raise KeyError(f"no reduction named {name!r} was recorded; recorded: {sorted(self.recorder.names)}")
         rows = self.lengths if self.row_prompt is None else self.lengths[self.row_prompt]
         start = 0
-        for parts in zip(*(self.recorder._parts[k] for k in keys)):
-            size = parts[0].shape[0]
-            yield torch.stack(parts), rows[start:start + size]
+        lists = [self.recorder._parts[k] for k in keys]
+        for i in range(min(len(p) for p in lists)):
+            part = read_rows(self.recorder._slabs, lists, i)  # [index, batch, ...]
+            size = part.shape[1]
+            yield part, rows[start:start + size]
             start += size
 
     def in_caller_order(self, rows: Tensor, dim: int = 0) -> Tensor:

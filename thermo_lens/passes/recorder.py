@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from thermo_lens.model import ModelView
-from thermo_lens.packed import PackedParts, Slabs
+from thermo_lens.packed import PackedParts, Slabs, read_rows
 from thermo_lens.tokens import TokenBatch, scope_rows, to_device
 
 __all__ = ["Recorder", "Reduction", "Reduce"]
@@ -107,6 +107,14 @@ class Recorder:
         if self._batch is None:
             raise RuntimeError("Recorder.expect_finite used outside Recorder.batch(...)")
         self._checks.append((hook_name, torch.isfinite(values).sum(), n_real))
+
+    def expect_finite_rows(self, hook_names: Sequence[str], values: Tensor, n_real: int) -> None:
+        """:meth:`expect_finite` of ``values[i]`` at ``hook_names[i]`` for every row, counted with one
+        op for all rows (e.g. a reduction's per-layer results finished together)."""
+        if self._batch is None:
+            raise RuntimeError("Recorder.expect_finite_rows used outside Recorder.batch(...)")
+        counts = torch.isfinite(values).reshape(values.shape[0], -1).sum(1).unbind()
+        self._checks += [(name, c, n_real) for name, c in zip(hook_names, counts)]
 
     def _flush(self) -> None:
         """End the batch: its pending results, in the order they were recorded, are concatenated per
@@ -265,7 +273,10 @@ class Recorder:
         keys = sorted(k for k in self._parts if k[0] == name)
         if not keys:
             raise KeyError(f"no reduction named {name!r} was recorded; recorded: {sorted(self.names)}")
-        return torch.stack([self._cat(self._parts[k]) for k in keys])
+        lists = [self._parts[k] for k in keys]
+        if len({len(p) for p in lists}) == 1:  # batch by batch, every index's part at once (packed.read_rows)
+            return self._cat([read_rows(self._slabs, lists, i) for i in range(len(lists[0]))], dim=1)
+        return torch.stack([self._cat(p) for p in lists])
 
     def reduce(self, name: str, fn: Callable[[Tensor], Tensor]) -> Tensor:
         """Like :meth:`stack`, but ``fn`` (which must drop the position dimensions) is applied to
@@ -278,17 +289,17 @@ class Recorder:
         return torch.stack([torch.cat([fn(p) for p in self._parts[k]], dim=0) for k in keys])
 
     @staticmethod
-    def _cat(parts: Sequence[Tensor] | PackedParts) -> Tensor:
-        # Batches differ in padded length: pad every non-batch dimension (the position ones;
-        # heads etc. agree) with NaN up to the largest batch, then concatenate the batches.
-        shape = [max(p.shape[d] for p in parts) for d in range(1, parts[0].ndim)]
+    def _cat(parts: Sequence[Tensor] | PackedParts, dim: int = 0) -> Tensor:
+        # Batches (along dim) differ in padded length: pad every dimension after the batch's (the
+        # position ones; heads etc. agree) with NaN up to the largest batch, then concatenate them.
+        shape = [max(p.shape[d] for p in parts) for d in range(dim + 1, parts[0].ndim)]
         padded = []
         for p in parts:
             pad: list[int] = []
-            for d in reversed(range(1, p.ndim)):
-                pad += [0, shape[d - 1] - p.shape[d]]
+            for d in reversed(range(dim + 1, p.ndim)):
+                pad += [0, shape[d - dim - 1] - p.shape[d]]
             padded.append(torch.nn.functional.pad(p, pad, value=float("nan")) if any(pad) else p)
-        return torch.cat(padded, dim=0)
+        return torch.cat(padded, dim=dim)
 
 
 class _BatchContext:

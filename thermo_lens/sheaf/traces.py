@@ -17,6 +17,7 @@ from thermo_lens.inputs import Prompts
 from thermo_lens.settings import RunOptions, RunSettings
 from thermo_lens.passes import Collected, Recorder
 from thermo_lens.passes.cached import documents_cache
+from thermo_lens.products import PerLayer, as_float32
 from thermo_lens.tokens import TokenBatch
 from thermo_lens.model import ModelView, as_view, kv_head_map
 from thermo_lens.errors import ThermoLensInputError
@@ -60,31 +61,52 @@ for _name, _symbol, _formula, _shape, _unit in (
 _TOKEN_SCOPE = "all real tokens (every query position 0..n-1 of each prompt; padding excluded)"
 
 
-def _diagonal(a: Tensor, rec: Recorder, name: str) -> Tensor:
-    """``[batch, head, pos]`` float32 ``A_ii``, NaN on padded query positions (a real query's NaN/inf
-    counted by :meth:`Recorder.expect_finite`)."""
-    d = torch.diagonal(a, dim1=-2, dim2=-1).float()
+def _diagonal(a: Tensor, rec: Recorder) -> Tensor:
+    """``[batch, head, pos]`` float32 ``A_ii`` (a new tensor: the pattern is not kept alive), NaN on
+    padded query positions."""
     pad = rec.per_batch(("attn_pad", str(a.device)), lambda batch: rec.pad_mask(a.device)[:, None, :])
-    out = d.masked_fill(pad, float("nan"))
-    rec.expect_finite(name, out, rec.n_real() * out.shape[1])  # a real query's A_ii is NaN/inf: checked after the pass
-    return out
+    return as_float32(torch.diagonal(a, dim1=-2, dim2=-1)).masked_fill(pad, float("nan"))
 
 
-def _mass(rec: Recorder) -> Any:
+def _diagonals(rec: Recorder, key: str, names: list[str], finish: Any) -> PerLayer:
+    """Each layer's :func:`_diagonal`, kept for the batch; at the last layer the real queries' finite
+    entries are counted for every layer at once (:meth:`Recorder.expect_finite_rows`: a real query's
+    NaN/inf ``A_ii`` fails the pass when it ends) and ``finish(layers, diagonals)`` records them
+    (``diagonals`` ``[layer, batch, head, pos]``)."""
+    def done(layers: list[int], stacks: list[Tensor]) -> None:
+        d = stacks[0]
+        rec.expect_finite_rows([names[l] for l in layers], d, rec.n_real() * d.shape[2])
+        finish(layers, d)
+    return PerLayer(rec, key, done)
+
+
+def _masses(rec: Recorder) -> tuple[PerLayer, Any]:
+    """Each layer's total attention mass over the real tokens: the per-layer hook's part and, at the
+    last layer, the rest for every layer at once, recorded as ``("attn_mass", l)`` ``[batch, head]``."""
     def views(device: torch.device, dtype: torch.dtype, batch: TokenBatch) -> tuple[Tensor, Tensor, Tensor | None]:
         mask = rec.mask(device).to(dtype)  # once per batch, shared by every layer
         half = dtype not in (torch.float32, torch.float64)
         return mask[:, None, :, None], mask[:, None, :], mask[:, None, :, None] * mask[:, None, None, :] if half else None
 
-    def mass(a: Tensor, batch: TokenBatch) -> Tensor:
+    def finish(layers: list[int], stacks: list[Tensor]) -> None:
+        mass = stacks[0]
+        if mass.ndim == 5:  # [layer, batch, head, pos, 1] float32/64 row sums: sum_i m_i (row_i)
+            row = rec.per_batch(("attn_mass", str(mass.device), mass.dtype),
+                                functools.partial(views, mass.device, mass.dtype))[1]
+            mass = (mass.squeeze(-1) * row).sum(dim=-1, dtype=torch.float32)
+        rec.put_rows([("attn_mass", l) for l in layers], mass)
+
+    per_layer = PerLayer(rec, "attn_mass", finish)
+
+    def mass(a: Tensor, layer: int) -> None:
         col, row, pair = rec.per_batch(("attn_mass", str(a.device), a.dtype), functools.partial(views, a.device, a.dtype))
         if a.dtype in (torch.float32, torch.float64):
-            # sum_i m_i sum_j A_ij m_j: a matrix-vector product per head, no [pos, pos] mask.
-            rows = torch.matmul(a, col).squeeze(-1)  # [batch, head, pos]
-            return (rows * row).sum(dim=-1, dtype=torch.float32)
-        # half precision: mask and reduce in float32 (a product would round each row sum)
-        return (a * pair).sum(dim=(-1, -2), dtype=torch.float32)
-    return mass
+            # sum_i m_i sum_j A_ij m_j: a matrix-vector product per head, no [pos, pos] mask; the
+            # masked sum over the rows is taken for every layer at once.
+            per_layer.add(layer, torch.matmul(a, col))  # [batch, head, pos, 1]
+        else:  # half precision: mask and reduce in float32 (a product would round each row sum)
+            per_layer.add(layer, (a * pair).sum(dim=(-1, -2), dtype=torch.float32))
+    return per_layer, mass
 
 
 def attention_diagonal(view: ModelView, rec: Recorder) -> None:
@@ -97,14 +119,20 @@ def attention_diagonal(view: ModelView, rec: Recorder) -> None:
     tokens for softmax attention: the reason the paper's printed trace formula is zero).
     :func:`sheaf_traces` runs :func:`attention_diagonal_sums`, which keeps only the sums.
     """
-    for l in range(view.n_layers):
-        name = view.pattern_hook_name(l)
+    names = [view.pattern_hook_name(l) for l in range(view.n_layers)]
+    diagonals = _diagonals(rec, "attn_diag", names, lambda layers, d: rec.put_rows([("attn_diag", l) for l in layers], d))
+    masses, mass = _masses(rec)
+    for l, name in enumerate(names):
+        def diag(a: Tensor, batch: TokenBatch, _l: int = l) -> None:
+            diagonals.add(_l, _diagonal(a, rec))
 
-        def diag(a: Tensor, batch: TokenBatch, _name: str = name) -> Tensor:
-            return _diagonal(a, rec, _name)
+        def mass_of(a: Tensor, batch: TokenBatch, _l: int = l) -> None:
+            mass(a, _l)
 
         rec.add(name, ("attn_diag", l), diag)
-        rec.add(name, ("attn_mass", l), _mass(rec))
+        rec.add(name, ("attn_mass", l), mass_of)
+    diagonals.close()
+    masses.close()
 
 
 def attention_diagonal_sums(view: ModelView, rec: Recorder) -> None:
@@ -114,18 +142,29 @@ def attention_diagonal_sums(view: ModelView, rec: Recorder) -> None:
     real query positions (with attention sinks, ``("attn_diag_sum", l)``, ``sum_i A_ii``, instead),
     and ``("attn_mass", l)`` as :func:`attention_diagonal` does. The sums are those
     :func:`traces_from_collected` forms from :func:`attention_diagonal`'s diagonal (float64, the
-    same order).
+    same order), taken for every layer at once at the last layer's hook.
     """
     sinks = bool(getattr(view.layout, "attention_sinks", False))
-    for l in range(view.n_layers):
-        name = view.pattern_hook_name(l)
+    key = "attn_diag_sum" if sinks else "attn_off_diag"
+    names = [view.pattern_hook_name(l) for l in range(view.n_layers)]
 
-        def diag_sum(a: Tensor, batch: TokenBatch, _name: str = name) -> Tensor:
-            d = _diagonal(a, rec, _name).double()
-            return torch.nansum(d if sinks else 1.0 - d, dim=-1)
+    def sums(layers: list[int], d: Tensor) -> None:
+        d = d.double()
+        rec.put_rows([(key, l) for l in layers], torch.nansum(d if sinks else 1.0 - d, dim=-1))
 
-        rec.add(name, ("attn_diag_sum" if sinks else "attn_off_diag", l), diag_sum)
-        rec.add(name, ("attn_mass", l), _mass(rec))
+    diagonals = _diagonals(rec, key, names, sums)
+    masses, mass = _masses(rec)
+    for l, name in enumerate(names):
+        def diag_sum(a: Tensor, batch: TokenBatch, _l: int = l) -> None:
+            diagonals.add(_l, _diagonal(a, rec))
+
+        def mass_of(a: Tensor, batch: TokenBatch, _l: int = l) -> None:
+            mass(a, _l)
+
+        rec.add(name, (key, l), diag_sum)
+        rec.add(name, ("attn_mass", l), mass_of)
+    diagonals.close()
+    masses.close()
 
 
 @dataclass(frozen=True, eq=False)
