@@ -144,7 +144,7 @@ def wrapped_reductions(wrap: Callable[[tuple[str, int], Callable], Callable]) ->
     """Inside the block, every reduction a pass registers (``Recorder.add``) runs as
     ``wrap(key, fn)`` instead of ``fn``: a benchmark times or names thermo-lens' hooks without
     anything in the package being timed. Restored on exit."""
-    from thermo_lens import passes
+    from thermo_lens.core import passes
 
     orig = passes.Recorder.add
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-import thermo_lens.spectral.kernels as kernels
+import thermo_lens.measures.spectral.kernels as kernels
 
 
 def random_weights(L, H, K, d_model, d_head, dtype, spike=0, seed=0, device="cpu"):
@@ -41,7 +41,7 @@ class StepCounter:
     matrices of a stack at once, up to the last to stop)."""
 
     def __enter__(self):
-        from thermo_lens.spectral import lanczos
+        from thermo_lens.measures.spectral import lanczos
 
         self.n, self.batched = 0, 0
         self._orig = kernels._GramOperator.__call__
@@ -62,7 +62,7 @@ class StepCounter:
         return self
 
     def __exit__(self, *exc):
-        from thermo_lens.spectral import lanczos
+        from thermo_lens.measures.spectral import lanczos
 
         kernels._GramOperator.__call__ = self._orig
         lanczos.lanczos_sigma_max_batched = self._batched

@@ -1,8 +1,8 @@
 """Op and host-sync census of ``profile()`` against a bare forward pass, on the CPU.
 
-Counts, with :class:`thermo_lens.census.OpCensus` (a ``TorchDispatchMode``), the aten ops and the
+Counts, with :class:`thermo_lens.core.census.OpCensus` (a ``TorchDispatchMode``), the aten ops and the
 host-synchronising ops (``.item()``/``float(t)``, ``bool(t)``, ``.tolist()``, ``nonzero``,
-boolean-mask indexing, ...) that ``thermo_lens.profile`` dispatches, against a bare pass of the same
+boolean-mask indexing, ...) that ``thermo_lens.measures.profile`` dispatches, against a bare pass of the same
 batches (the model's own forward, ending after the last block, as ``profile()``'s pass does). On a
 GPU each op is at least one kernel launch and each sync stalls the host until the device drains,
 so the census predicts a device's launch and stall counts without one.
@@ -45,7 +45,7 @@ from _common import build_checkpoint  # noqa: E402
 
 
 def census_of(fn):
-    from thermo_lens.census import OpCensus
+    from thermo_lens.core.census import OpCensus
 
     with OpCensus() as c:
         fn()
@@ -66,9 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     from transformer_lens.model_bridge import TransformerBridge
 
     import thermo_lens as tl
-    from thermo_lens import registry
-    from thermo_lens.model import ModelView
-    from thermo_lens.spectral import clear_cache, spectral_signature
+    from thermo_lens.core import registry
+    from thermo_lens.core.model import ModelView
+    from thermo_lens.measures.spectral import clear_cache, spectral_signature
 
     with tempfile.TemporaryDirectory() as tmp:
         bridge = TransformerBridge.boot_transformers(str(build_checkpoint("gpt2", tmp, args.quick)))

@@ -65,7 +65,7 @@ def bench_sweeps(dev: torch.device, dry: bool, repeats: int) -> dict:
     from _common import build_checkpoint
     from transformer_lens.model_bridge import TransformerBridge
 
-    from thermo_lens.sweeps import LogitDifference, patch_sweep
+    from thermo_lens.experiments.sweeps import LogitDifference, patch_sweep
 
     with tempfile.TemporaryDirectory() as tmp:
         path = build_checkpoint("gpt2", tmp, quick=dry, real_vocab=not dry)

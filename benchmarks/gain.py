@@ -3,7 +3,7 @@
 Model: a GPT-2-small-sized model with random weights (12 layers, d_model 768, 12 heads, context
 1024; the tiny offline byte-level tokenizer of ``thermo_lens.testing``, so the vocabulary is
 small and prompts are longer in tokens than with GPT-2's own tokenizer). Prompts: the paper's 25
-(``thermo_lens.prompts.get("paper25")``). All on CPU.
+(``thermo_lens.core.prompts.get("paper25")``). All on CPU.
 
 Printed, as ratios to the bare batched forward pass of the same (length-sorted) batches (medians over ``--repeats``, methods
 interleaved within each repeat):
@@ -59,10 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import GPT2LMHeadModel
 
-    from thermo_lens import prompts as prompt_sets
-    from thermo_lens.gain import residual_gain
-    from thermo_lens.model import ModelView
-    from thermo_lens.tokens import encode, plan_batches, tokenize
+    from thermo_lens.core import prompts as prompt_sets
+    from thermo_lens.measures.gain import residual_gain
+    from thermo_lens.core.model import ModelView
+    from thermo_lens.core.tokens import encode, plan_batches, tokenize
 
     prompts = list(prompt_sets.get("paper25").prompts)
     if args.quick:

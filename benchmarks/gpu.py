@@ -21,7 +21,7 @@ matrix, a spectrum with a gap as trained weights have):
 * *floor*: the float32 per-head Gram products of the four weights (batched; the conversion to float32
   outside the timed region), which every exact method computes; and the time of one read of the
   stored weights at the measured copy rate (the memory floor);
-* *ours*: :func:`thermo_lens.spectral.signature_from_weights`, all per-head, KV-head, OV and QK norms
+* *ours*: :func:`thermo_lens.measures.spectral.signature_from_weights`, all per-head, KV-head, OV and QK norms
   and the whole-layer norms (``layer_norm_method="auto"``), split into the per-head part and the
   whole-layer part;
 * the whole-layer norms by each method (``batched``: Lanczos on every layer's matrices at once, one
@@ -64,9 +64,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-import thermo_lens.spectral.kernels as kernels  # noqa: E402
-from thermo_lens.spectral import signature_from_weights  # noqa: E402
-from thermo_lens.spectral.layer_norms import LayerStacks, layer_norms  # noqa: E402
+import thermo_lens.measures.spectral.kernels as kernels  # noqa: E402
+from thermo_lens.measures.spectral import signature_from_weights  # noqa: E402
+from thermo_lens.measures.spectral.layer_norms import LayerStacks, layer_norms  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import wrapped_reductions  # noqa: E402
@@ -127,10 +127,10 @@ def peak_growth(fn, dev: torch.device) -> float:
 
 def op_counts(fn, dev: torch.device) -> dict[str, int]:
     """What one call of ``fn`` dispatches: aten ops and host-synchronising ops (the census of
-    :mod:`thermo_lens.census`), and on CUDA the kernel launches (``cudaLaunchKernel`` and kin), the
+    :mod:`thermo_lens.core.census`), and on CUDA the kernel launches (``cudaLaunchKernel`` and kin), the
     ``cudaMemcpy*`` calls and the device activities (kernels and copies) that ``torch.profiler``
     records; on the CPU the census's op count stands for the launches."""
-    from thermo_lens.census import OpCensus
+    from thermo_lens.core.census import OpCensus
 
     with OpCensus() as c:
         fn()
@@ -212,7 +212,7 @@ def per_head_parts(w, dev: torch.device, repeats: int, per_layer: float) -> dict
     ``cholesky`` of ``d_head x d_head`` matrices the metrics take (six ``eigvalsh`` and four
     ``cholesky`` calls of ``[head, d_head, d_head]`` per layer), the same eigenproblems as one batched
     call, and on the host CPU (copy included): which one to use is a measured choice."""
-    from thermo_lens.spectral.kernels import gram_matrices
+    from thermo_lens.measures.spectral.kernels import gram_matrices
 
     G = {n: gram_matrices(t[:1], torch.float32, rows=n == "W_O") for n, t in w.items()}
     Gv = G["W_V"].reshape(-1, *G["W_V"].shape[-2:])
@@ -358,10 +358,11 @@ def device_model(geometry, dev: torch.device, dtype: torch.dtype):
 
 
 def bench_profile(label: str, geometry, dev: torch.device, args) -> None:
-    from thermo_lens import prompts as prompt_sets
-    from thermo_lens import spectral, tokens
-    from thermo_lens.model import ModelView
-    from thermo_lens.profile import profile
+    from thermo_lens.core import prompts as prompt_sets
+    from thermo_lens.measures import spectral
+    from thermo_lens.core import tokens
+    from thermo_lens.core.model import ModelView
+    from thermo_lens.measures.profile import profile
 
     t0 = time.perf_counter()
     bridge = device_model(geometry, dev, torch.bfloat16)
@@ -414,7 +415,7 @@ def bench_profile(label: str, geometry, dev: torch.device, args) -> None:
         print(f"  {name:<28}{med(ts):>9.3f}{n_tok / med(ts):>11.0f}{r1:>16.3f}x{r2:>17.3f}x"
               f"{c['ops']:>9}{c['syncs']:>7}{c['launches']:>10}")
         row["methods"][name] = dict(s=med(ts), all_s=ts, vs_same=r1, vs_to_last=r2, counts=c)
-    print("  ops / syncs: aten ops and host syncs dispatched by one call (thermo_lens.census); launches: kernel "
+    print("  ops / syncs: aten ops and host syncs dispatched by one call (thermo_lens.core.census); launches: kernel "
           "launches recorded by torch.profiler on CUDA, the op count on the CPU")
     print(f"  device memory beyond the weights (peak): bare pass to the last block {mem_bare / 2**20:.0f} MiB, "
           f"profile (warm) {mem_prof / 2**20:.0f} MiB")
@@ -428,7 +429,7 @@ def trace(bridge, prompts, args, label: str) -> None:
     from torch.profiler import ProfilerActivity, record_function
     from torch.profiler import profile as torch_profile
 
-    from thermo_lens.profile import profile
+    from thermo_lens.measures.profile import profile
 
     def named(key, fn):
         def run(x, batch, _name=f"tl:{key[0]}"):

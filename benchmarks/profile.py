@@ -4,7 +4,7 @@ Every ratio is measured in this process, methods interleaved within each repeat,
 spread: min..max of the per-repeat ratios) over ``--repeats``. Models have random weights and are
 built locally from configs (no downloads), with the tiny offline byte-level tokenizer of
 ``thermo_lens.testing`` (a small vocabulary, so prompts are longer in tokens than with a real
-tokenizer). Prompts: the paper's 25 (``thermo_lens.prompts.get("paper25")``). All on CPU.
+tokenizer). Prompts: the paper's 25 (``thermo_lens.core.prompts.get("paper25")``). All on CPU.
 
 Models:
 
@@ -32,7 +32,7 @@ and the wall-clock ratio are printed alongside. Per model, rows (and ratios to
 ``bare, same batches``):
 
 * ``bare, same batches``: ``run_with_hooks(return_type=None)`` of exactly the padded batches
-  ``profile()`` runs (:func:`thermo_lens.tokens.plan_batches`), tokenization excluded.
+  ``profile()`` runs (:func:`thermo_lens.core.tokens.plan_batches`), tokenization excluded.
 * ``bare, to the last block``: the same batches, the pass ended after the last block's
   ``hook_resid_post`` (no final norm, no unembedding), as ``profile()`` ends its own pass: no
   metric reads the logits. Against it, the last summary line gives the measurements' own cost.
@@ -110,7 +110,7 @@ from _common import PeakRSS, build_checkpoint, release_freed_memory, wrapped_red
 
 def _plan(view, prompts, batch_size):
     """The padded batches profile() runs, and the plain length-sorted ones (old behaviour)."""
-    from thermo_lens import tokens
+    from thermo_lens.core import tokens
 
     everything = tokens.tokenize(view, prompts, prepend_bos=True)
     lengths = everything.lengths
@@ -129,7 +129,7 @@ def _padding(batches) -> float:
 
 
 def _clear_cache() -> None:
-    from thermo_lens import spectral
+    from thermo_lens.measures import spectral
 
     clear = getattr(spectral, "clear_cache", None)
     if clear is not None:
@@ -158,7 +158,7 @@ def _in_pass_shares(bridge, prompts, args, bare_cpu: float, floor_cpu: float) ->
     median of ``attribution matmul alone``)."""
     from collections import defaultdict
 
-    from thermo_lens.profile import profile
+    from thermo_lens.measures.profile import profile
 
     spent: dict[str, float] = defaultdict(float)
 
@@ -202,9 +202,9 @@ def bench_model(label: str, kind: str, prompts, args, *, repeats: int | None = N
     a time`` (the "best bare" ratios are then against ``bare, same batches``), ``repeats`` repeats."""
     from transformer_lens.model_bridge import TransformerBridge
 
-    from thermo_lens.model import ModelView
-    from thermo_lens.profile import profile
-    from thermo_lens.spectral import spectral_signature
+    from thermo_lens.core.model import ModelView
+    from thermo_lens.measures.profile import profile
+    from thermo_lens.measures.spectral import spectral_signature
 
     with tempfile.TemporaryDirectory() as tmp:
         path = build_checkpoint(kind, tmp, args.quick, real_vocab=not args.quick)
@@ -294,7 +294,7 @@ def bench_model(label: str, kind: str, prompts, args, *, repeats: int | None = N
 
 
 def bench_spectral_7b(args) -> None:
-    from thermo_lens.spectral import signature_from_weights
+    from thermo_lens.measures.spectral import signature_from_weights
 
     if args.quick:
         L, H, d_model, d_head = 2, 4, 256, 32
@@ -329,15 +329,15 @@ def bench_spectral_7b(args) -> None:
 
 def stream_one(n: int, args) -> None:
     """One size of the streaming measurement, in this (fresh) process: prints one line."""
-    from thermo_lens import prompts as prompt_sets
-    from thermo_lens.profile import profile
+    from thermo_lens.core import prompts as prompt_sets
+    from thermo_lens.measures.profile import profile
     from transformer_lens.model_bridge import TransformerBridge
 
     base = list(prompt_sets.get("paper25").prompts)
     with tempfile.TemporaryDirectory() as tmp:
         model = TransformerBridge.boot_transformers(str(build_checkpoint("small", tmp, args.quick)))
     prompts = [f"{base[i % len(base)]} ({i})" for i in range(n)]
-    from thermo_lens import measure
+    from thermo_lens.core import measure
 
     profile(model, prompts[:8], progress=False)  # warm-up
     kept: dict[str, int] = {}
@@ -450,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.stream_one is not None:
         stream_one(args.stream_one, args)
         return 0
-    from thermo_lens import prompts as prompt_sets
+    from thermo_lens.core import prompts as prompt_sets
 
     prompts = list(prompt_sets.get("paper25").prompts)
     if args.quick:

@@ -3,7 +3,7 @@
 Model: the embedded ``gpt2-tiny-wd`` (4 layers, 4 heads, context 128; offline). Prompts: the
 paper's 25 repeated to ``--prompts`` short prompts, plus one prompt of about 110 tokens.
 
-Printed, for the reductions :func:`thermo_lens.profile` records (``resid_norm`` ``[L+1, prompt,
+Printed, for the reductions :func:`thermo_lens.measures.profile` records (``resid_norm`` ``[L+1, prompt,
 pos]``, ``attn_diag`` ``[L, prompt, head, pos]``), in the same run:
 
 * bytes the recorder holds: length-bucketed batches, each padded only to its own longest prompt;
@@ -34,11 +34,11 @@ def main() -> None:
 
     torch.set_num_threads(1)
     from thermo_lens import zoo
-    from thermo_lens.passes import collect
-    from thermo_lens.anisotropy import anisotropy
-    from thermo_lens.sheaf.traces import attention_diagonal
-    from thermo_lens.gain import residual_norms
-    from thermo_lens.prompts import get
+    from thermo_lens.core.passes import collect
+    from thermo_lens.measures.anisotropy import anisotropy
+    from thermo_lens.measures.sheaf.traces import attention_diagonal
+    from thermo_lens.measures.gain import residual_norms
+    from thermo_lens.core.prompts import get
 
     n_short = 100 if args.quick else args.prompts
     base = list(get("paper25").prompts)

@@ -41,7 +41,7 @@ def main() -> None:
     from _common import PeakRSS, release_freed_memory
 
     import thermo_lens as tl
-    from thermo_lens.prompts import get
+    from thermo_lens.core.prompts import get
     from thermo_lens.testing import hooked_transformer, make_checkpoint, random_sae
 
     torch.set_num_threads(1)

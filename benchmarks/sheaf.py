@@ -23,8 +23,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
 
-from thermo_lens.sheaf import SheafLaplacian, sheaf_traces  # noqa: E402
-from thermo_lens.tokens import tokenize  # noqa: E402
+from thermo_lens.measures.sheaf import SheafLaplacian, sheaf_traces  # noqa: E402
+from thermo_lens.core.tokens import tokenize  # noqa: E402
 
 BUDGET_S = 10.0
 
@@ -123,14 +123,14 @@ def make_model(quick: bool, directory: str):
 
 
 def paper_prompts(quick: bool) -> list[str]:
-    from thermo_lens import prompts
+    from thermo_lens.core import prompts
 
     ps = list(prompts.get("paper25").prompts)
     return ps[:5] if quick else ps
 
 
 def traces_ratio(quick: bool, reps: int):
-    from thermo_lens.model import ModelView
+    from thermo_lens.core.model import ModelView
 
     prompts = paper_prompts(quick)
     with tempfile.TemporaryDirectory() as tmp:

@@ -10,7 +10,7 @@ ours alternating so that both see the same machine load.
 **Floor table.** The *floor* is the float32 per-head Gram products ``W^T W`` of ``W_Q``, ``W_K``,
 ``W_V`` and ``W_O^T`` (batched matmuls of weights already in float32): every exact method computes
 them (each head's ``sigma_max`` and the factors of its OV and QK circuits come from them), so no
-exact signature costs less. *Ours* is :func:`thermo_lens.spectral.signature_from_weights` with
+exact signature costs less. *Ours* is :func:`thermo_lens.measures.spectral.signature_from_weights` with
 ``W_Q`` / ``W_K`` from the model's stored weights (bf16 at 7B width, float32 elsewhere): every
 per-head, KV-head, OV and QK norm plus the paper's whole-layer norms (``layer_norm_method="auto"``:
 Lanczos on CPU). The table splits ours into the per-head part (``layer_norms=False``) and the
@@ -48,8 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PeakRSS, release_freed_memory  # noqa: E402
 from _weights import StepCounter, dense_errors, random_weights  # noqa: E402
 
-import thermo_lens.spectral.kernels as kernels  # noqa: E402
-from thermo_lens.spectral import matrix_spectral_norm, ov_norm_factored, signature_from_weights  # noqa: E402
+import thermo_lens.measures.spectral.kernels as kernels  # noqa: E402
+from thermo_lens.measures.spectral import matrix_spectral_norm, ov_norm_factored, signature_from_weights  # noqa: E402
 
 #: name -> (layers, heads, KV heads, d_model, d_head, stored dtype, spike rank); ``--quick`` shrinks them.
 GEOMETRIES = {
@@ -155,8 +155,8 @@ def model_row(quick, repeats):
     import transformers
     from transformer_lens.model_bridge import TransformerBridge
 
-    from thermo_lens.model import ModelView
-    from thermo_lens.spectral import spectral_signature
+    from thermo_lens.core.model import ModelView
+    from thermo_lens.measures.spectral import spectral_signature
     from thermo_lens.testing import make_tokenizer
 
     transformers.utils.logging.disable_progress_bar()

@@ -2,14 +2,14 @@
 device path, both run on the CPU in this process.
 
 On a GPU every dispatched op is at least one kernel launch and every host-synchronising op a stall
-(:mod:`thermo_lens.census`). The spectral signature's device path steps the whole-layer Lanczos
+(:mod:`thermo_lens.core.census`). The spectral signature's device path steps the whole-layer Lanczos
 iterations of all layers together (one batched product per step) and solves the per-head
 eigenproblems of all layers in one batched call; the per-matrix path (the CPU's default, and what
 a device ran before) runs one Lanczos iteration per matrix, deciding after every step on the host.
 The CPU census of each predicts its launch and sync counts on a device.
 
 Rows, per geometry (random weights, Gaussian entries of variance ``1 / d_model``, ``W_Q``, ``W_K``,
-``W_V``, ``W_O`` stored in the dtype named; :func:`thermo_lens.spectral.signature_from_weights` with
+``W_V``, ``W_O`` stored in the dtype named; :func:`thermo_lens.measures.spectral.signature_from_weights` with
 every metric and the whole-layer norms by ``"auto"``, float32):
 
 * ``ops``: aten ops dispatched; ``syncs``: host-synchronising ops (``.item()``, ``bool(t)``,
@@ -43,9 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _weights import StepCounter, random_weights  # noqa: E402
 
-import thermo_lens.spectral.from_weights as from_weights  # noqa: E402
-from thermo_lens.census import OpCensus  # noqa: E402
-from thermo_lens.spectral import signature_from_weights  # noqa: E402
+import thermo_lens.measures.spectral.from_weights as from_weights  # noqa: E402
+from thermo_lens.core.census import OpCensus  # noqa: E402
+from thermo_lens.measures.spectral import signature_from_weights  # noqa: E402
 
 #: name -> (layers, heads, KV heads, d_model, d_head, stored dtype)
 GEOMETRIES = {
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                              / getattr(sigs[0], m).double()).abs().max())
                       for m in (*sigs[0].head_metrics, "layer_W_V_norm", "layer_W_O_norm"))
             print(f"  largest relative difference batched vs per-matrix, every metric: {err:.1e}")
-    print("  ops/syncs: aten ops and host syncs dispatched (thermo_lens.census.OpCensus); Lanczos steps: operator "
+    print("  ops/syncs: aten ops and host syncs dispatched (thermo_lens.core.census.OpCensus); Lanczos steps: operator "
           "products, one per matrix and step (per-matrix) or batched steps (all matrices at once, summed over the "
           "batched iterations); ratio: per-matrix wall / this path's")
     return 0

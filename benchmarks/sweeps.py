@@ -14,7 +14,7 @@ average of the shared machine with each group):
   ``thermo_lens.patch_sweep`` with that function of the logits (conditions stacked along the batch,
   ``--rows`` rows per pass, each cell's pass starting at its layer from the corrupted run's residual),
   the same with ``start_at_layer=False`` (every pass from the embedding), and with
-  ``thermo_lens.sweeps.LogitDifference(5, 7)`` (the difference from the final residual: the final norm
+  ``thermo_lens.experiments.sweeps.LogitDifference(5, 7)`` (the difference from the final residual: the final norm
   and two unembedding columns, passes ending after the last block); each with its ratio and the
   largest difference of the cells (``patch_sweep`` effect vs TransformerLens' cell minus the
   unpatched metric).
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformer_lens.model_bridge import TransformerBridge
 
     import thermo_lens as tl
-    from thermo_lens.sweeps import LogitDifference, patch_sweep
+    from thermo_lens.experiments.sweeps import LogitDifference, patch_sweep
 
     with tempfile.TemporaryDirectory() as tmp:
         path = build_checkpoint("gpt2", tmp, quick=args.quick, real_vocab=args.real_vocab)

@@ -1,6 +1,6 @@
 """The builder of the zoo's docstring corpus (was ``thermo_lens/zoo/corpus.py``; kept for the record).
 
-The corpus is now the fixed file ``thermo_lens/lab/corpora/stdlib-docstrings.jsonl.gz``, frozen by
+The corpus is now the fixed file ``thermo_lens/experiments/lab/corpora/stdlib-docstrings.jsonl.gz``, frozen by
 ``recipes/freeze_corpora.py`` with this builder; nothing in the package rebuilds it.
 
 The corpus is the docstrings of a fixed, sorted list of pure-Python

@@ -3,7 +3,7 @@
 Usage (from the repository root, in a *fresh* interpreter: importing thermo-lens or its
 dependencies first changes one stdlib docstring, see below)::
 
-    python recipes/freeze_corpora.py --out thermo_lens/lab/corpora
+    python recipes/freeze_corpora.py --out thermo_lens/experiments/lab/corpora
 
 Writes ``<name>.jsonl.gz`` (one JSON string per document, in order; gzip with mtime 0) and
 ``index.json`` (per corpus: file, sha256 of the uncompressed JSONL, sha256 of the text
@@ -24,7 +24,7 @@ Corpora:
     in module order, truncated to about the size of ``stdlib-docstrings``. Code, not prose.
 
 Both are derived from the CPython standard library (PSF License Agreement, which permits
-redistribution of derived works with its notice; see ``thermo_lens/lab/corpora/NOTICE``).
+redistribution of derived works with its notice; see ``thermo_lens/experiments/lab/corpora/NOTICE``).
 """
 
 from __future__ import annotations

@@ -40,14 +40,14 @@ def _record(name: str, spec: str, arm: str, entry: dict, corpus, reproduction: d
     if reproduction is not None:
         reproduction["final_val_loss_recorded"] = info["results"]["final_val_loss"]
     info["provenance"] = {
-        "corpus_file": f"thermo_lens/lab/corpora/{entry['file']}",
+        "corpus_file": f"thermo_lens/experiments/lab/corpora/{entry['file']}",
         "corpus_file_sha256": entry["sha256"],
         "corpus_text_sha256": corpus.text_sha256,
         "corpus_text_matches_recorded_sha256": corpus.text_sha256 == info["corpus"]["sha256"],
         "rebuild_command": f"thermo-lens lab {spec} --out DIR",
         "lab_spec": spec,
         "lab_arm": arm,
-        "trainer": "thermo_lens.lab.train.train_run (the protocol of recipes/zoo_recipe_v0.py)",
+        "trainer": "thermo_lens.experiments.lab.train.train_run (the protocol of recipes/zoo_recipe_v0.py)",
         "original_recipe": "recipes/zoo_recipe_v0.py (was thermo_lens.zoo.recipe); corpus builder "
                            "recipes/docstring_corpus.py (was thermo_lens.zoo.corpus); both outside the package",
         "reproduction": {"compared": reproduction is not None, **(reproduction or {}), "note": NOTE},
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
     from safetensors.torch import load_file
 
-    from thermo_lens.lab import corpora
+    from thermo_lens.experiments.lab import corpora
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpt2", type=Path, default=None, help="output directory of recipes/zoo.toml (optional)")

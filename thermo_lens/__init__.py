@@ -21,7 +21,7 @@ Run options (``prepend_bos``, ``batch_size``, ``truncate``, ``fwd_hooks``, ``pro
 models), ``views`` (figures), ``laws`` and ``paper`` (cross-model laws, the paper's definitions and
 numbers), ``study`` (many-model studies), ``registry`` (every metric and measurement),
 ``definitions`` (what every number means). Result classes live in their modules
-(``thermo_lens.gain.GainResult`` ...). Every definition: :mod:`thermo_lens.definitions`; the
+(``thermo_lens.measures.gain.GainResult`` ...). Every definition: :mod:`thermo_lens.definitions`; the
 paper: D'Elia (2026), "Thermodynamic Constraints in Transformer Architectures: A Sheaf-Theoretic
 Perspective".
 
@@ -35,43 +35,52 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from thermo_lens.ablation import head_ablation
-from thermo_lens.anisotropy import anisotropy_profile
-from thermo_lens.attribution import gain_attribution
-from thermo_lens.errors import ThermoLensError, ThermoLensInputError
-from thermo_lens.gain import residual_gain
-from thermo_lens.interventions import patch_from
-from thermo_lens.measure import run
-from thermo_lens.model import ModelView
-from thermo_lens.paired import paired_difference
-from thermo_lens.profile import profile, profiles_frame
-from thermo_lens.settings import RunSettings
-from thermo_lens.sheaf import sheaf_laplacian, sheaf_traces
-from thermo_lens.spectral import spectral_signature
-from thermo_lens.sweeps import ablation_sweep, patch_sweep
+from thermo_lens import _moved
+from thermo_lens.measures.ablation import head_ablation
+from thermo_lens.measures.anisotropy import anisotropy_profile
+from thermo_lens.measures.attribution import gain_attribution
+from thermo_lens.core.errors import ThermoLensError, ThermoLensInputError
+from thermo_lens.measures.gain import residual_gain
+from thermo_lens.core.interventions import patch_from
+from thermo_lens.core.measure import run
+from thermo_lens.core.model import ModelView
+from thermo_lens.stats.paired import paired_difference
+from thermo_lens.measures.profile import profile, profiles_frame
+from thermo_lens.core.settings import RunSettings
+from thermo_lens.measures.sheaf import sheaf_laplacian, sheaf_traces
+from thermo_lens.measures.spectral import spectral_signature
+from thermo_lens.experiments.sweeps import ablation_sweep, patch_sweep
+
+_moved.install()  # old module paths (thermo_lens.gain ...) keep importing for one release
 
 if TYPE_CHECKING:  # the lazy names, for type checkers and IDEs
-    from thermo_lens import definitions, laws, paper, prompts, registry, study, views, zoo
+    from thermo_lens import definitions, laws, paper, views, zoo
+    from thermo_lens.core import prompts, registry
+    from thermo_lens.experiments import study
     from thermo_lens.report import write_report
-    from thermo_lens.robustness import input_robustness
-    from thermo_lens.sae import sae_gain_change
+    from thermo_lens.measures.robustness import input_robustness
+    from thermo_lens.measures.sae import sae_gain_change
 
 __version__ = "0.1.0"
 
 # Submodules loaded on first attribute access, and functions loaded from them.
-_LAZY_MODULES = ("definitions", "laws", "paper", "prompts", "registry", "study", "views", "zoo")
-_LAZY_ATTRS = {"write_report": "thermo_lens.report", "input_robustness": "thermo_lens.robustness",
-               "sae_gain_change": "thermo_lens.sae"}
+_LAZY_MODULES = {"definitions": "thermo_lens.definitions", "laws": "thermo_lens.laws", "paper": "thermo_lens.paper",
+                 "prompts": "thermo_lens.core.prompts", "registry": "thermo_lens.core.registry",
+                 "study": "thermo_lens.experiments.study", "views": "thermo_lens.views", "zoo": "thermo_lens.zoo"}
+_LAZY_ATTRS = {"write_report": "thermo_lens.report", "input_robustness": "thermo_lens.measures.robustness",
+               "sae_gain_change": "thermo_lens.measures.sae"}
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY_MODULES:
+        return importlib.import_module(_LAZY_MODULES[name])
+    if name in _moved.MOVED:  # an old module path (tl.gain ...): the moved module, with a DeprecationWarning
         return importlib.import_module(f"thermo_lens.{name}")
     if name in _LAZY_ATTRS:
         value = getattr(importlib.import_module(_LAZY_ATTRS[name]), name)
         globals()[name] = value
         return value
-    from thermo_lens.result import _result_class
+    from thermo_lens.core.result import _result_class
 
     cls = _result_class(name) if name[:1].isupper() else None  # a result class, to read a stored one
     if cls is not None and not name.startswith("_"):

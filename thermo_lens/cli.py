@@ -11,7 +11,7 @@ Commands::
 Exit codes: 0 success; 1 the run finished but some models failed (see the manifest);
 2 bad usage or bad input (the message says what to fix), including files that cannot be read or
 written. Errors are printed without a traceback unless ``--debug`` is given. Every option is
-checked (:mod:`thermo_lens.validate`) before any model is loaded.
+checked (:mod:`thermo_lens.core.validate`) before any model is loaded.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import re
 import sys
 from pathlib import Path
 from typing import Sequence
-from thermo_lens.errors import FolderLockedError, ThermoLensInputError, ThermoLensSchemaError
+from thermo_lens.core.errors import FolderLockedError, ThermoLensInputError, ThermoLensSchemaError
 
 EXIT_OK, EXIT_FAILED_MODELS, EXIT_USAGE = 0, 1, 2
 DEFAULT_OUT = "thermo-lens-report"
@@ -56,7 +56,7 @@ def _positive_int(value: str) -> int:
 
 def _add_measure_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", default="paper25",
-                   help="built-in prompt set (see thermo_lens.prompts.names()) or a text file with one prompt per line (default: paper25)")
+                   help="built-in prompt set (see thermo_lens.core.prompts.names()) or a text file with one prompt per line (default: paper25)")
     p.add_argument("--prepend-bos", type=_bos, default="host", metavar="{host,true,false,tokenizer}",
                    help="host: tokens exactly as model.to_tokens gives them (default); true: prepend BOS; false: none; "
                         "tokenizer: the HF tokenizer's own special tokens as the paper did")
@@ -119,13 +119,13 @@ def _add_run_options(p: argparse.ArgumentParser, out_help: str, executor_help: s
 
 
 def _prompts_arg(value: str) -> object:
-    from thermo_lens import prompts
+    from thermo_lens.core import prompts
 
     if value in prompts.names() and not Path(value).is_file():
         return value
     path = Path(value)
     if os.path.lexists(path):
-        from thermo_lens.safe_io import safe_read_text
+        from thermo_lens.core.safe_io import safe_read_text
 
         text = safe_read_text(path, 64 << 20, what="prompt file")
         lines = [l.strip() for l in text.splitlines() if l.strip()]
@@ -146,7 +146,7 @@ def _prompts_arg(value: str) -> object:
 def _say(message: str, *, err: bool = False) -> None:
     """Print a message; control characters in it (from a path, a spec key, a model name, a
     manifest edited by hand) are escaped, so nothing the user's input holds drives the terminal."""
-    from thermo_lens.safe_io import printable
+    from thermo_lens.core.safe_io import printable
 
     print(printable(message, keep_newlines=True), file=sys.stderr if err else sys.stdout)
 
@@ -162,7 +162,7 @@ def _print_status(contents, recomputed: Sequence[str] = (), *, runs: bool = Fals
     """One line per current model (status, error, why a result is not used, why it was recomputed
     now), then the stale ids and the count of results left out. ``runs``: the folder collects
     separate ``profile`` runs, so results not in this run are "from earlier runs", not stale."""
-    from thermo_lens import study
+    from thermo_lens.experiments import study
 
     entries = contents.manifest.get("models", {})
     for mid in contents.manifest.get("study", {}).get("models") or list(entries):
@@ -192,7 +192,7 @@ def _run(spec, args: argparse.Namespace, executor: str = "local", ray_address: s
          runs: bool = False) -> int:
     """Run or resume ``spec`` into ``args.out``, print what became of each model, write the
     summary and (unless ``--no-report``) the report; the exit code."""
-    from thermo_lens import study
+    from thermo_lens.experiments import study
 
     outcome = study.run_study(spec, args.out, executor=executor, ray_address=ray_address, progress=None)
     if outcome.skipped:
@@ -207,8 +207,8 @@ def _run(spec, args: argparse.Namespace, executor: str = "local", ray_address: s
 
 
 def _write_summary(out_dir: str | Path, profiles: dict) -> None:
-    from thermo_lens.profile import profiles_frame
-    from thermo_lens.safe_io import atomic_write_text, neutralise_formulas
+    from thermo_lens.measures.profile import profiles_frame
+    from thermo_lens.core.safe_io import atomic_write_text, neutralise_formulas
 
     frame = neutralise_formulas(profiles_frame(profiles.values()))
     atomic_write_text(Path(out_dir) / SUMMARY, frame.to_csv(index=False))
@@ -218,7 +218,7 @@ def _write_summary(out_dir: str | Path, profiles: dict) -> None:
 def _write_outputs(out_dir: str, contents, no_report: bool, output: str | None = None) -> None:
     """summary.csv and the report, holding the folder's lock (no study run writes meanwhile), after
     removing temporary files a killed earlier write left behind."""
-    from thermo_lens.safe_io import FolderLock, remove_stale_temps
+    from thermo_lens.core.safe_io import FolderLock, remove_stale_temps
 
     with FolderLock(out_dir, what="thermo-lens run"):
         remove_stale_temps(out_dir)
@@ -238,7 +238,7 @@ def _write_outputs_locked(out_dir: str, contents, no_report: bool, output: str |
         from thermo_lens.report import write_report
     except ImportError:
         return
-    from thermo_lens.lab.report_section import lab_dir_of, lab_section
+    from thermo_lens.experiments.lab.report_section import lab_dir_of, lab_section
 
     lab_dir = lab_dir_of(out_dir)  # a lab's train/ folder: its report has the lab's section too
     with warnings.catch_warnings():
@@ -261,11 +261,12 @@ def _remove_outputs(out_dir: str) -> None:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from thermo_lens import study, zoo
+    from thermo_lens import zoo
+    from thermo_lens.experiments import study
 
     study.output_path(args.out)
     models = list(args.models) or list(zoo.DEFAULT)
-    from thermo_lens.study.sources import check_model_name
+    from thermo_lens.experiments.study.sources import check_model_name
 
     for m in models:  # before anything loads: a typo or an offline hub fails in a second, not after retries
         check_model_name(m, "MODEL")
@@ -286,7 +287,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from thermo_lens import study
+    from thermo_lens.experiments import study
 
     study.output_path(args.out)
     spec = study.load_spec(args.spec)
@@ -295,7 +296,7 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from thermo_lens import study
+    from thermo_lens.experiments import study
 
     d = study.output_path(args.dir, "study folder")
     if not d.is_dir():
@@ -323,7 +324,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _still_running(d: Path, contents) -> str | None:
     """The message for ``report`` on a folder a study run holds (its lock is taken): which study,
     how many of its models are unfinished, which; ``None`` when no run holds it."""
-    from thermo_lens.safe_io import FolderLock
+    from thermo_lens.core.safe_io import FolderLock
 
     try:
         with FolderLock(d, what="thermo-lens run"):
@@ -371,8 +372,8 @@ def cmd_zoo(args: argparse.Namespace) -> int:
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
-    from thermo_lens import study
-    from thermo_lens.lab import load_lab_spec, run_lab
+    from thermo_lens.experiments import study
+    from thermo_lens.experiments.lab import load_lab_spec, run_lab
 
     study.output_path(args.out, "lab folder")
     spec = load_lab_spec(args.spec)
@@ -404,7 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError:  # pragma: no cover - without plotly
         pass
 
-    from thermo_lens.lab.recipe import LabSpecError
+    from thermo_lens.experiments.lab.recipe import LabSpecError
 
     try:
         return handlers[args.command](args)
@@ -427,7 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _os_error(e: OSError) -> str:
-    from thermo_lens.safe_io import os_error_reason
+    from thermo_lens.core.safe_io import os_error_reason
 
     where = f" {e.filename}" if e.filename else ""
     return f"cannot access{where}: {os_error_reason(e)}"

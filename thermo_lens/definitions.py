@@ -2,7 +2,7 @@
 
 The page ships inside the package (``thermo_lens/definitions.md``); docstrings cite its sections
 as ``thermo_lens.definitions §N``. Its metric reference table is generated from the metric
-registry (:mod:`thermo_lens.registry`), so it lists exactly the metrics thermo-lens computes.
+registry (:mod:`thermo_lens.core.registry`), so it lists exactly the metrics thermo-lens computes.
 
 ``python -m thermo_lens.definitions`` prints the page; ``--write`` regenerates the table in the
 source tree after a metric is added.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from thermo_lens import registry
+from thermo_lens.core import registry
 from thermo_lens.views import panels  # noqa: F401 - the attention panel registers its own columns
 
 __all__ = ["path", "text", "metric_table", "readout_table", "render"]

@@ -40,13 +40,13 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from thermo_lens import registry
-from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.core import registry
+from thermo_lens.core.errors import ThermoLensInputError
 from thermo_lens.views.sections import Document
 
 if TYPE_CHECKING:
     from thermo_lens.laws.base import LawResult
-    from thermo_lens.profile import ThermoProfile
+    from thermo_lens.measures.profile import ThermoProfile
 
     #: What a report is made from: a study or profile folder, a profile JSON file, a ThermoProfile, or
     #: a list or ``{name: profile}`` dict of them.
@@ -83,13 +83,13 @@ def _load_inputs(dir_or_profiles: ReportInput) -> tuple[dict[str, Any], dict[str
     if isinstance(dir_or_profiles, (str, os.PathLike)):
         path = Path(dir_or_profiles)
         if path.is_file() and path.suffix == ".json":
-            from thermo_lens.profile import ThermoProfile
+            from thermo_lens.measures.profile import ThermoProfile
 
             prof = ThermoProfile.from_json(path)
             return {path.stem: prof}, {"models": {}}, path.parent
         if not path.is_dir():
             raise ReportError(f"{path} is neither a study/profile directory nor a profile JSON file")
-        from thermo_lens import study
+        from thermo_lens.experiments import study
 
         manifest = study.read_manifest(path)
         if not manifest.get("models"):
@@ -117,7 +117,7 @@ def _load_inputs(dir_or_profiles: ReportInput) -> tuple[dict[str, Any], dict[str
             f"them; got {type(dir_or_profiles).__name__}")
     for k, p in profiles.items():
         if not (hasattr(p, "meta") and hasattr(p, "gain")):
-            from thermo_lens.validate import excerpt
+            from thermo_lens.core.validate import excerpt
 
             raise ReportError(f"{excerpt(k, 60)} is a {type(p).__name__}, not a ThermoProfile "
                               "(thermo_lens.profile(model, prompts))")
@@ -133,7 +133,7 @@ def _meta(p: object) -> dict[str, Any]:
 
 def _rows(profiles: dict[str, Any]) -> pd.DataFrame:
     try:
-        from thermo_lens.profile import profiles_frame
+        from thermo_lens.measures.profile import profiles_frame
 
         df = profiles_frame(list(profiles.values()))
     except Exception:  # noqa: BLE001 - fall back to the rows themselves
@@ -238,7 +238,7 @@ def _version() -> str:
 # ---------------------------------------------------------------------------- sections
 def _summary_cols() -> list[str]:
     """Columns of the per-model summary table: identity, the deciding gain with its CI and regime,
-    every registered metric marked ``summary`` (:mod:`thermo_lens.registry`), then the settings."""
+    every registered metric marked ``summary`` (:mod:`thermo_lens.core.registry`), then the settings."""
     metric_cols = [m.row for m in registry.metrics() if m.summary_table and m.row]
     return (["model", "lab", "family", "n_layers", "n_heads", "d_head", "rho", "gain", "gain_ci_low",
              "gain_ci_high", "regime"] + metric_cols
@@ -275,7 +275,7 @@ def _settings_table(profiles: dict[str, Any]) -> tuple[str, list[str]]:
 def prompt_set_label(name: object) -> str:
     """A prompt set's name as Settings and the tables show it: ``paper25 (grand_unified_twin_gpt2_gptj_25)``
     for a built-in set with a short alias (whichever of the two was recorded), else the name."""
-    from thermo_lens import prompts
+    from thermo_lens.core import prompts
 
     if not isinstance(name, str):
         return "" if name is None else str(name)
@@ -502,9 +502,10 @@ def _tests_table(result: LawResult) -> str:
 
 
 def _definitions_html() -> str:
-    from thermo_lens import definitions, depth, sheaf
+    from thermo_lens import definitions
+    from thermo_lens.measures import depth, sheaf
     from thermo_lens.paper.metrics import PAPER_METRICS
-    from thermo_lens.tokens import TOKEN_SCOPES
+    from thermo_lens.core.tokens import TOKEN_SCOPES
     from thermo_lens.views._common import POST_LN_NOTE
     from thermo_lens.views.laws import PAPER_DEFINITION_NOTE
 
@@ -699,7 +700,7 @@ def _panel_section(doc: _Doc, profiles: dict[str, Any], panel: object, panel_lay
         return
     try:
         from thermo_lens import views
-        from thermo_lens.model import as_view
+        from thermo_lens.core.model import as_view
 
         meta = _meta(prof)
         g = getattr(prof, "gain", None)
@@ -761,7 +762,7 @@ def render_report(dir_or_profiles: ReportInput, *, title: str | None = None, pan
         _summary_section(doc, profiles, rows)
         _measurement_sections(doc, profiles)
         _laws_section(doc, rows)
-        for extra in sections:  # e.g. the heritage lab's (thermo_lens.lab.report_section)
+        for extra in sections:  # e.g. the heritage lab's (thermo_lens.experiments.lab.report_section)
             extra(doc)
         _reference_section(doc, rows)
     _panel_section(doc, profiles, panel, panel_layer)
@@ -809,7 +810,7 @@ def write_report(dir_or_profiles: ReportInput, output: str | os.PathLike | None 
         page, _ = render_report(dir_or_profiles, title=title, panel=panel, panel_layer=panel_layer, sections=sections)
     if not out.parent.is_dir():  # never create folders (up to the root) for a mistyped path
         raise ReportError(f"cannot write {out}: folder {out.parent} does not exist or is not a folder")
-    from thermo_lens.safe_io import atomic_write_text
+    from thermo_lens.core.safe_io import atomic_write_text
 
     atomic_write_text(out, page)  # temp file in the same folder + rename; never follows a symlink
     return out

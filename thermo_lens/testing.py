@@ -221,7 +221,7 @@ def boot(arch: str, directory: str | os.PathLike, **boot_kwargs: object) -> Tran
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if "device_map" not in boot_kwargs and "n_devices" not in boot_kwargs:
         boot_kwargs.setdefault("device", "cpu")
-    from thermo_lens.host import import_bridge
+    from thermo_lens.core.host import import_bridge
 
     TransformerBridge = import_bridge("thermo_lens.testing.boot")
 
@@ -232,7 +232,7 @@ def boot(arch: str, directory: str | os.PathLike, **boot_kwargs: object) -> Tran
 
 
 # Fixture architectures the legacy HookedTransformer (TransformerLens 2.16 / 3.x) loads; BERT is a
-# HookedEncoder there (unsupported: see thermo_lens.host); OPT-350m-style post-LN, Falcon and a Gemma
+# HookedEncoder there (unsupported: see thermo_lens.core.host); OPT-350m-style post-LN, Falcon and a Gemma
 # read from a local directory (its Gemma config is chosen by hub name) are not in its converters.
 LEGACY_ARCHITECTURES = ("gpt2", "neox", "opt", "llama_gqa", "gptj", "bloom")
 

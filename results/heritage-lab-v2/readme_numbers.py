@@ -3,11 +3,11 @@
     python results/heritage-lab-v2/readme_numbers.py
 
 With the package's own functions: the exact sign-flip p and the interval that inverts it
-(:func:`thermo_lens.stats.exact.sign_flip_pvalue`, :func:`thermo_lens.lab.effects.sign_flip_interval`),
+(:func:`thermo_lens.stats.exact.sign_flip_pvalue`, :func:`thermo_lens.experiments.lab.effects.sign_flip_interval`),
 the t-interval (:func:`thermo_lens.stats.summarize`), Holm (:func:`thermo_lens.stats.holm`), the
 realised detectable shift (:func:`thermo_lens.stats.paired_detectable_shift`: 80% power of the paired
 t-test on the realised SD of the 12 seed differences, two-sided, at alpha 0.05 and at 0.05 / 6, the
-strictest step of Holm over the primary family) and the regimes (:mod:`thermo_lens.lab.regimes`).
+strictest step of Holm over the primary family) and the regimes (:mod:`thermo_lens.experiments.lab.regimes`).
 Nothing is written; it prints.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from thermo_lens.lab.effects import last_checkpoints, matched_loss_frame, sign_flip_interval
+from thermo_lens.experiments.lab.effects import last_checkpoints, matched_loss_frame, sign_flip_interval
 from thermo_lens.stats import holm, paired_detectable_shift, summarize
 from thermo_lens.stats.exact import sign_flip_pvalue
 

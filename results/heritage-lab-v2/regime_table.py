@@ -6,7 +6,7 @@ Without arguments it reads this folder's runs.csv (budgets 150 / 300 / 600) and,
 the longer budgets' runs.csv of Amendment 1 (budgets 1200 / 2400; ``runs-long.csv`` or
 ``long/runs.csv`` here). Each arm and budget needs all 12 seeds finished for a regime (the
 amendment's stopping rule); a cell with fewer says "incomplete". The rule and the table:
-:mod:`thermo_lens.lab.regimes`. Nothing is written; it prints.
+:mod:`thermo_lens.experiments.lab.regimes`. Nothing is written; it prints.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from thermo_lens.lab.regimes import arm_regimes, format_regimes, knob_flips, read_runs
+from thermo_lens.experiments.lab.regimes import arm_regimes, format_regimes, knob_flips, read_runs
 
 HERE = Path(__file__).resolve().parent
 SEEDS = 12  # PLAN.md: seeds 1-12 for every arm and budget

@@ -91,7 +91,7 @@ def test_output_never_echoes_control_characters(tmp_path, capsys, monkeypatch):
     """Paths, spec keys and model names from the user are shown escaped (issue 27)."""
     from study_helpers import fake_profile, write_spec
 
-    from thermo_lens import study
+    from thermo_lens.experiments import study
 
     monkeypatch.setattr(study.run, "profile_one", fake_profile([]))
     evil = "\x1b]0;pwned\x07\x1b[2J\u202e"

@@ -8,8 +8,9 @@ import time
 import pytest
 from study_helpers import fake_profile, run_cli
 
-from thermo_lens import study, zoo
-from thermo_lens.study import sources
+from thermo_lens import zoo
+from thermo_lens.experiments import study
+from thermo_lens.experiments.study import sources
 
 
 def _closed_port() -> int:

@@ -1,5 +1,5 @@
 """A ``cache=`` is measured only when it was made from the given tokens, by the given model, with
-the pads masked (thermo_lens.cache_match): a cache of other prompts, of the same prompts reversed,
+the pads masked (thermo_lens.core.cache_match): a cache of other prompts, of the same prompts reversed,
 of a twin model or of an unmasked padded encoder batch is refused, never measured under the
 given prompts' names."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import thermo_lens as tl
-from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.core.errors import ThermoLensInputError
 
 PROMPTS = ["The capital of France is Paris", "Water freezes at zero", "the early bird catches",
            "Colorless green ideas sleep"]

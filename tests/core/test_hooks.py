@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from thermo_lens.passes import collect
-from thermo_lens.errors import ThermoLensNumericsError
-from thermo_lens.anisotropy import anisotropy
-from thermo_lens.sheaf.traces import attention_diagonal
-from thermo_lens.gain import residual_norms
-from thermo_lens.model import ModelView
-from thermo_lens.tokens import tokenize
+from thermo_lens.core.passes import collect
+from thermo_lens.core.errors import ThermoLensNumericsError
+from thermo_lens.measures.anisotropy import anisotropy
+from thermo_lens.measures.sheaf.traces import attention_diagonal
+from thermo_lens.measures.gain import residual_norms
+from thermo_lens.core.model import ModelView
+from thermo_lens.core.tokens import tokenize
 
 PROMPTS = ["The capital of France is Paris", "Water", "the early bird catches the worm, and the cat"]
 

@@ -20,10 +20,10 @@ import torch
 
 import thermo_lens as tl
 from thermo_lens import ModelView
-from thermo_lens.tokens import BatchInfo
-from thermo_lens.errors import ThermoLensHookError
-from thermo_lens.ablation import head_ablation
-from thermo_lens.tokens import tokenize, encode
+from thermo_lens.core.tokens import BatchInfo
+from thermo_lens.core.errors import ThermoLensHookError
+from thermo_lens.measures.ablation import head_ablation
+from thermo_lens.core.tokens import tokenize, encode
 
 WORDS = ("the cat sat on a mat while water froze and early birds caught worms near the capital of "
          "France where green ideas sleep furiously").split()

@@ -5,9 +5,9 @@ import torch
 
 from conftest import ARCHS
 from hf_slices import hf_all_head_weights, hf_head_weights
-from thermo_lens.model import ModelView
-from thermo_lens.errors import ThermoLensInputError
-from thermo_lens.tokens import tokenize
+from thermo_lens.core.model import ModelView
+from thermo_lens.core.errors import ThermoLensInputError
+from thermo_lens.core.tokens import tokenize
 
 # (n_layers, n_heads, n_kv_heads, d_model, d_head, norm placement, parallel attention)
 EXPECTED = {

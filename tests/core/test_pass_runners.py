@@ -1,11 +1,11 @@
 """The pass engine's runners and compositions against independent computations.
 
-* :class:`~thermo_lens.passes.from_layer.FromLayer`: a pass that starts at block ``l`` from the
+* :class:`~thermo_lens.core.passes.from_layer.FromLayer`: a pass that starts at block ``l`` from the
   residual ``x_l`` of ``run_with_cache`` gives the residual norms of ``x_l .. x_L`` of the cache
   (and of a full pass), and never runs the earlier blocks.
-* :func:`~thermo_lens.passes.stacked.run_stacked`: each copy's rows equal the same prompts run alone
+* :func:`~thermo_lens.core.passes.stacked.run_stacked`: each copy's rows equal the same prompts run alone
   under the copy's condition as a plain ``fwd_hooks`` hook.
-* :func:`~thermo_lens.passes.capture.capture`: per prompt, the real tokens of ``run_with_cache``.
+* :func:`~thermo_lens.core.passes.capture.capture`: per prompt, the real tokens of ``run_with_cache``.
 * ``patch_from`` takes the run settings: batched clean runs equal one prompt per pass (float
   rounding), and the clean run's own ``fwd_hooks`` run and are recorded.
 * ``cache=`` is documented once: every public entry point with the parameter carries the fragment.
@@ -21,15 +21,15 @@ import torch
 
 import thermo_lens as tl
 from test_hosts import host_model  # noqa: F401  (the session fixture)
-from thermo_lens.gain import residual_norms
-from thermo_lens.model import ModelView
-from thermo_lens.passes import collect
-from thermo_lens.passes.cached import CACHE_DOC, documents_cache
-from thermo_lens.passes.capture import capture
-from thermo_lens.passes.from_layer import FromLayer, start_support
-from thermo_lens.passes.stacked import StackedRows, run_stacked
-from thermo_lens.settings import RunSettings
-from thermo_lens.tokens import tokenize
+from thermo_lens.measures.gain import residual_norms
+from thermo_lens.core.model import ModelView
+from thermo_lens.core.passes import collect
+from thermo_lens.core.passes.cached import CACHE_DOC, documents_cache
+from thermo_lens.core.passes.capture import capture
+from thermo_lens.core.passes.from_layer import FromLayer, start_support
+from thermo_lens.core.passes.stacked import StackedRows, run_stacked
+from thermo_lens.core.settings import RunSettings
+from thermo_lens.core.tokens import tokenize
 
 PROMPTS = ["The capital of France is Paris", "Water", "the early bird catches the worm, and the cat"]
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import thermo_lens as tl
-from thermo_lens.profile import ThermoProfile, profile, profiles_frame
+from thermo_lens.measures.profile import ThermoProfile, profile, profiles_frame
 
 PROMPTS = ["The capital of France is", "Water freezes at a temperature of",
            "Birds of a feather flock", "The Voynich manuscript's undeciphered text"]
@@ -29,8 +29,8 @@ def test_one_forward_pass_per_batch(bridge):
 def test_a_profile_looks_up_the_device_once(bridge, monkeypatch):
     """For a dispatched model each device lookup walks every module: a profile (its pass, the
     spectral signature, every result's metadata) does it once, and the pin ends with it."""
-    from thermo_lens import offload
-    from thermo_lens.model import ModelView
+    from thermo_lens.core import offload
+    from thermo_lens.core.model import ModelView
 
     view = ModelView(bridge("gpt2"))
     calls = []

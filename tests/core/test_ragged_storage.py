@@ -7,9 +7,9 @@ import torch
 
 import thermo_lens
 from thermo_lens import zoo
-from thermo_lens.passes import Recorder, collect
-from thermo_lens.sheaf.traces import attention_diagonal
-from thermo_lens.gain import residual_norms
+from thermo_lens.core.passes import Recorder, collect
+from thermo_lens.measures.sheaf.traces import attention_diagonal
+from thermo_lens.measures.gain import residual_norms
 
 SHORT = ["The capital of France is", "Water freezes at", "Birds of a feather", "Two plus two is"] * 10
 LONG = "word " * 55  # about 110 tokens; the context is 128
@@ -76,7 +76,7 @@ def test_benchmark_script_runs_quick():
 
 
 def test_small_results_are_packed_into_a_few_slabs_and_read_back_exactly():
-    from thermo_lens.packed import PackedParts, Slabs
+    from thermo_lens.core.packed import PackedParts, Slabs
 
     slabs = Slabs()
     parts = PackedParts(slabs)
@@ -100,7 +100,7 @@ def test_packed_bookkeeping_is_two_int_arrays_not_a_tuple_per_tensor():
     of bookkeeping (a tuple per tensor held ~100 bytes), and reads back exactly, by index too."""
     import sys as _sys
 
-    from thermo_lens.packed import PackedParts, Slabs
+    from thermo_lens.core.packed import PackedParts, Slabs
 
     gen = torch.Generator().manual_seed(0)
     slabs = Slabs()
@@ -141,7 +141,7 @@ def test_a_batch_stores_its_results_when_it_ends_in_order_and_a_failed_batch_sto
     device-to-host copy per dtype on a GPU instead of one per hook), each equal to what was recorded;
     a batch that raises stores nothing; a result the slabs keep as it is does not share (pin) the
     batched copy of the small ones."""
-    from thermo_lens.tokens import TokenBatch
+    from thermo_lens.core.tokens import TokenBatch
 
     batch = TokenBatch(tokens=torch.zeros(2, 3, dtype=torch.long), lengths=torch.tensor([3, 2]),
                        prompt_index=torch.tensor([0, 1]), prepend_bos=True)
@@ -166,7 +166,7 @@ def test_a_batch_stores_its_results_when_it_ends_in_order_and_a_failed_batch_sto
 
 
 def test_a_pass_keeps_its_results_in_slabs_and_the_sheaf_sums_in_the_hook(tiny):
-    from thermo_lens.sheaf.traces import attention_diagonal_sums, traces_from_collected
+    from thermo_lens.measures.sheaf.traces import attention_diagonal_sums, traces_from_collected
 
     prompts = SHORT + [LONG]
     per_token = collect(tiny, prompts, [attention_diagonal], prepend_bos=True, batch_size=4, progress=False)

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 import thermo_lens as tl
-from thermo_lens import attached
-from thermo_lens.errors import ThermoLensHookError, ThermoLensInputError, ThermoLensInputTypeError
-from thermo_lens.inputs import as_prompts
-from thermo_lens.model import _centred
-from thermo_lens.tokens import plan_batches
+from thermo_lens.core import attached
+from thermo_lens.core.errors import ThermoLensHookError, ThermoLensInputError, ThermoLensInputTypeError
+from thermo_lens.core.inputs import as_prompts
+from thermo_lens.core.model import _centred
+from thermo_lens.core.tokens import plan_batches
 
 PROMPTS = ["The capital of France is Paris", "Water freezes at zero degrees", "the cat sat on the mat"]
 

@@ -3,7 +3,8 @@
 import re
 from pathlib import Path
 
-from thermo_lens import definitions, registry
+from thermo_lens import definitions
+from thermo_lens.core import registry
 
 ROOT = Path(__file__).resolve().parents[2]
 # laws.py is being split into laws/ by another change (#14), which rewrites its 7 citations; drop

@@ -54,7 +54,8 @@ def test_expand_replaces_markers_and_refuses_unknown_ones():
 
 
 def test_the_definitions_page_is_the_shipped_one_with_the_registry_table():
-    from thermo_lens import definitions, registry
+    from thermo_lens import definitions
+    from thermo_lens.core import registry
 
     page = (DOCS / "concepts" / "definitions.md").read_text(encoding="utf-8")
     assert page.strip() == "<!-- generated: definitions -->"  # nothing written by hand beside it

@@ -15,7 +15,7 @@ import re
 import pytest
 
 import thermo_lens as tl
-from thermo_lens.settings import RunSettings
+from thermo_lens.core.settings import RunSettings
 
 _ARG = re.compile(r"^\s{4,8}(\*{0,2}[A-Za-z_][A-Za-z0-9_]*(?:\s*,\s*\*{0,2}[A-Za-z_][A-Za-z0-9_]*)*)\s*:\s", re.M)
 # "default ``X``", "Default ``X``", "default: ``X``", "(default ``X``)", "``X`` (default", "``X`` (the default"

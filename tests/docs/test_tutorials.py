@@ -59,7 +59,7 @@ def test_notebook_is_committed_without_outputs(path):
 
 
 def test_paper_spec_loads_offline_with_lab_and_family():
-    from thermo_lens import study
+    from thermo_lens.experiments import study
 
     spec = study.load_spec(TUTORIALS / "paper_models.toml")
     assert len(spec.models) >= 30

@@ -27,12 +27,12 @@ from conftest import ARCHS
 from hf_slices import hf_all_head_weights
 from test_gain import PROMPTS, hf_ids, hf_states, ref_gains
 from thermo_lens import ModelView, ThermoLensInputError, residual_gain, sheaf_traces, spectral_signature
-from thermo_lens.host import _parse, detect_host, transformer_lens_version
-from thermo_lens.errors import UnsupportedHostError
-from thermo_lens.passes import collect
-from thermo_lens.gain import residual_norms
+from thermo_lens.core.host import _parse, detect_host, transformer_lens_version
+from thermo_lens.core.errors import UnsupportedHostError
+from thermo_lens.core.passes import collect
+from thermo_lens.measures.gain import residual_norms
 from thermo_lens.testing import LEGACY_ARCHITECTURES, hooked_transformer, make_checkpoint
-from thermo_lens.tokens import tokenize
+from thermo_lens.core.tokens import tokenize
 
 pytestmark = pytest.mark.hosts
 
@@ -269,7 +269,7 @@ def test_unsupported_transformer_lens_version_is_refused(any_host_gpt2, monkeypa
         detect_host(model, version="2.10.0")
     with pytest.raises(UnsupportedHostError, match=r"TransformerLens 5\.0\.0.*pip install 'transformer-lens>=2\.16\.1,<5'"):
         detect_host(model, version="5.0.0")
-    monkeypatch.setattr("thermo_lens.host.transformer_lens_version", lambda: "2.15.4")
+    monkeypatch.setattr("thermo_lens.core.host.transformer_lens_version", lambda: "2.15.4")
     with pytest.raises(UnsupportedHostError, match="2.15.4"):
         residual_gain(model, PROMPTS)
     assert detect_host(model, version="3.9.0").kind == kind

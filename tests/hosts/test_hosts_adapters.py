@@ -1,7 +1,7 @@
 """The host matrix: one row per host class, its adapter checked against what the host itself does.
 
 Each row of :data:`ROWS` names a host class, the adapter that must read it
-(:mod:`thermo_lens.hosts`), how to build it offline on the tiny fixtures, and what its blocks are.
+(:mod:`thermo_lens.core.hosts`), how to build it offline on the tiny fixtures, and what its blocks are.
 Every adapter's answers are checked against the host's own behaviour, not against the adapter's
 constants: the residual a block hands on must be the tensor the next block receives, the embedding
 hook must exist and carry ``d_model`` per token, the mask keyword must make a padded row equal the
@@ -26,10 +26,10 @@ import pytest
 import torch
 
 from thermo_lens import ModelView
-from thermo_lens.host import _parse, detect_host, transformer_lens_version
-from thermo_lens.hosts import (ADAPTERS, FALLBACK, BridgeAdapter, HookedEncoderAdapter, HookedSAETransformerAdapter,
+from thermo_lens.core.host import _parse, detect_host, transformer_lens_version
+from thermo_lens.core.hosts import (ADAPTERS, FALLBACK, BridgeAdapter, HookedEncoderAdapter, HookedSAETransformerAdapter,
                                HookedTransformerAdapter, SAETransformerBridgeAdapter, adapter_for)
-from thermo_lens.hosts.protocol import PROTOCOL_MEMBERS, ThermoLensModelProtocol, TransformerLensModel
+from thermo_lens.core.hosts.protocol import PROTOCOL_MEMBERS, ThermoLensModelProtocol, TransformerLensModel
 from thermo_lens.testing import hooked_encoder, hooked_transformer
 
 pytestmark = pytest.mark.hosts
@@ -216,7 +216,7 @@ def test_mask_keyword_and_tokens_are_the_hosts(name, host):
 def test_a_pass_from_a_layer_equals_the_full_pass_where_the_adapter_allows_one(name, host):
     """Where :meth:`start_support` says yes, ``run_with_hooks(x_1, start_at_layer=1)`` inside
     :meth:`only_later_blocks` gives the full pass's last residual; where it says no, it says why."""
-    from thermo_lens.hosts import takes_start_at_layer
+    from thermo_lens.core.hosts import takes_start_at_layer
 
     row, model = host(name)
     view = ModelView(model)
@@ -280,12 +280,12 @@ _BRANCH = re.compile(r"\.backend\s*[!=]=|\bkind\s*[!=]=\s*\"(bridge|hooked_\w+)\
                      r"|original_model|one_zero_attention_mask|hook_normalized_resid_post|hook_full_embed")
 
 
-@pytest.mark.parametrize("module", ["thermo_lens.model", "thermo_lens.tokens", "thermo_lens.sweeps.start",
-                                    "thermo_lens.sweeps.engine", "thermo_lens.sweeps.logits", "thermo_lens.passes",
-                                    "thermo_lens.cache_match", "thermo_lens.attribution.terms", "thermo_lens.layout"])
+@pytest.mark.parametrize("module", ["thermo_lens.core.model", "thermo_lens.core.tokens", "thermo_lens.experiments.sweeps.start",
+                                    "thermo_lens.experiments.sweeps.engine", "thermo_lens.experiments.sweeps.logits", "thermo_lens.core.passes",
+                                    "thermo_lens.core.cache_match", "thermo_lens.measures.attribution.terms", "thermo_lens.core.layout"])
 def test_the_view_and_the_passes_ask_the_adapter(module):
     """The modules that read a model through its view hold no branch on the host class: the
-    adapters (``thermo_lens/hosts/``) answer."""
+    adapters (``thermo_lens/core/hosts/``) answer."""
     import importlib
 
     path = Path(importlib.import_module(module).__file__)

@@ -16,11 +16,11 @@ import torch
 
 from test_gain import PROMPTS
 from test_hosts import LEGACY, TOL
-from thermo_lens import attached
+from thermo_lens.core import attached
 from thermo_lens import ModelView, ThermoLensInputError, residual_gain, sae_gain_change, sheaf_traces
-from thermo_lens.passes import collect
-from thermo_lens.gain import residual_norms
-from thermo_lens.sae import SAEGainChange
+from thermo_lens.core.passes import collect
+from thermo_lens.measures.gain import residual_norms
+from thermo_lens.measures.sae import SAEGainChange
 from thermo_lens.testing import hooked_transformer, random_sae
 
 pytestmark = pytest.mark.hosts

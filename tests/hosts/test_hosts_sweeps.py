@@ -11,7 +11,7 @@ import torch
 
 from test_hosts import host_model  # noqa: F401  (the session fixture)
 from test_sweeps import TOL, _gain_cell_ref, _logit_diff, _pairs
-from thermo_lens.sweeps import LogitDifference, ablation_sweep, patch_sweep
+from thermo_lens.experiments.sweeps import LogitDifference, ablation_sweep, patch_sweep
 
 pytestmark = pytest.mark.hosts
 

@@ -30,8 +30,8 @@ import thermo_lens as tl
 from test_gain import ref_gains
 import test_hosts
 from test_hosts import HOSTS, TOL, _available
-from thermo_lens.errors import ThermoLensHookError, ThermoLensInputError
-from thermo_lens.gain import GainResult
+from thermo_lens.core.errors import ThermoLensHookError, ThermoLensInputError
+from thermo_lens.measures.gain import GainResult
 
 pytestmark = pytest.mark.hosts
 host_model = test_hosts.host_model  # the session fixture: every host of this leg, built offline

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from thermo_lens import lab
-from thermo_lens.lab.architecture import (Architecture, ArchitectureError, build_model, from_canonical, init_model, to_canonical)
-from thermo_lens.lab.recipe import KNOBS, LabSpecError, Recipe
-from thermo_lens.lab.spec import parse_lab_spec
+from thermo_lens.experiments import lab
+from thermo_lens.experiments.lab.architecture import (Architecture, ArchitectureError, build_model, from_canonical, init_model, to_canonical)
+from thermo_lens.experiments.lab.recipe import KNOBS, LabSpecError, Recipe
+from thermo_lens.experiments.lab.spec import parse_lab_spec
 
 MICRO = Path(__file__).parents[1] / "data" / "lab_micro.toml"
 MICRO_BASE = dict(n_layers=2, d_model=16, n_heads=2, d_mlp=32, n_ctx=32, block_size=16, batch_size=4,
@@ -145,7 +145,7 @@ def test_gpt2_and_opt_pre_ln_compute_the_same_function():
                                  activation_function="gelu_new", dropout=0.0, pad_token_id=0)
     cfg._attn_implementation = "eager"
     opt = transformers.OPTForCausalLM(cfg)
-    import thermo_lens.lab.architecture as A
+    import thermo_lens.experiments.lab.architecture as A
 
     orig = A.family_of
     A.family_of = lambda a: "opt"
@@ -222,7 +222,7 @@ def _weights(run_dir, step):
 def test_weight_decay_arms_share_init_and_first_batch(tmp_path):
     """After one AdamW step from the same weights on the same batch, two arms that differ only in
     weight decay differ by exactly the decay term -lr * wd * W_0 (on matrices; nothing else)."""
-    from thermo_lens.lab.train import lr_at, train_run
+    from thermo_lens.experiments.lab.train import lr_at, train_run
 
     base = Recipe(**dict(MICRO_BASE, steps=1, warmup_steps=1))
     nowd = dc.replace(base, weight_decay=0.0)
@@ -242,7 +242,7 @@ def test_weight_decay_arms_share_init_and_first_batch(tmp_path):
 @pytest.mark.slow
 def test_batches_do_not_depend_on_the_arm(tmp_path, monkeypatch):
     """The data generator's draws are the same for every arm on a corpus (recorded at each step)."""
-    import thermo_lens.lab.train as T
+    import thermo_lens.experiments.lab.train as T
 
     seen: dict[str, list] = {}
     real = T.batch_offsets
@@ -268,7 +268,7 @@ def test_batches_do_not_depend_on_the_arm(tmp_path, monkeypatch):
 
 
 def test_checkpoint_steps_are_log_spaced():
-    from thermo_lens.lab.train import checkpoint_steps
+    from thermo_lens.experiments.lab.train import checkpoint_steps
 
     assert checkpoint_steps(1000, 8) == [0, 1, 3, 10, 32, 100, 316, 1000]
     assert checkpoint_steps(6, 3) == [0, 1, 6]
@@ -277,7 +277,7 @@ def test_checkpoint_steps_are_log_spaced():
 
 def test_corpora_are_fixed_files():
     from thermo_lens import zoo
-    from thermo_lens.lab import corpora
+    from thermo_lens.experiments.lab import corpora
 
     a = corpora.load("stdlib-docstrings")
     # the embedded zoo was trained on exactly this text
@@ -307,7 +307,7 @@ def _exact_sign_flip_p(d):
 def test_paired_effect_matches_scipy(ref, lev):
     from scipy import stats
 
-    from thermo_lens.lab.effects import paired_effect
+    from thermo_lens.experiments.lab.effects import paired_effect
 
     e = paired_effect(ref, lev)
     d = np.asarray(lev) - np.asarray(ref)
@@ -322,7 +322,7 @@ def test_paired_effect_matches_scipy(ref, lev):
 
 
 def test_paired_effect_known_values():
-    from thermo_lens.lab.effects import paired_effect
+    from thermo_lens.experiments.lab.effects import paired_effect
 
     e = paired_effect([0, 0, 0, 0, 0], [1, 2, 3, 4, 5])
     assert e.effect == 3.0 and e.pvalue == pytest.approx(2 / 32)
@@ -335,7 +335,7 @@ def test_paired_effect_known_values():
 def test_effects_frame_pairs_by_seed_and_flags_flips():
     import pandas as pd
 
-    from thermo_lens.lab.effects import effects_frame
+    from thermo_lens.experiments.lab.effects import effects_frame
 
     rows = []
     for arm, gains in (("base", [0.9, 0.95, 0.92]), ("wd=0", [1.1, 1.05, 0.99])):
@@ -391,7 +391,7 @@ def test_micro_lab_profiles_match_a_fresh_profile(micro_lab):
     from transformer_lens.model_bridge import TransformerBridge
 
     import thermo_lens
-    from thermo_lens.study import load_profiles
+    from thermo_lens.experiments.study import load_profiles
 
     out, _ = micro_lab
     profs = load_profiles(out / "profiles")
@@ -414,7 +414,7 @@ def test_micro_lab_rerun_skips_everything(micro_lab):
 
 @pytest.mark.slow
 def test_micro_lab_report_has_the_lab_section(micro_lab):
-    from thermo_lens.lab.report_section import lab_dir_of, lab_section
+    from thermo_lens.experiments.lab.report_section import lab_dir_of, lab_section
     from thermo_lens.report import render_report
 
     out, _ = micro_lab
@@ -441,7 +441,7 @@ def test_ray_executor_matches_local(micro_lab, tmp_path):
     a = pd.read_csv(out / "runs.csv")[cols]
     b = pd.read_csv(tmp_path / "ray" / "runs.csv")[cols]
     pd.testing.assert_frame_equal(a, b)
-    from thermo_lens.study import read_manifest
+    from thermo_lens.experiments.study import read_manifest
 
     assert read_manifest(tmp_path / "ray" / "train")["study"]["executor"] == "ray"
 

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from thermo_lens.lab import effects
-from thermo_lens.lab.recipe import LabSpecError
-from thermo_lens.lab.spec import parse_lab_spec
+from thermo_lens.experiments.lab import effects
+from thermo_lens.experiments.lab.recipe import LabSpecError
+from thermo_lens.experiments.lab.spec import parse_lab_spec
 from thermo_lens.stats import holm
 
 
@@ -105,7 +105,7 @@ def test_spec_budgets_primary_and_hash():
     assert len(spec.sha256) == 64 and spec.sha256 == parse_lab_spec(data).sha256
     changed = {**data, "lab": {**data["lab"], "budgets": [150, 600]}}
     assert parse_lab_spec(changed).sha256 != spec.sha256
-    from thermo_lens.lab.run import _run_infos
+    from thermo_lens.experiments.lab.run import _run_infos
 
     ids = [i.run_id for i in _run_infos(spec)]
     assert len(ids) == 2 * 2 * 2 and "base__seed1__b150" in ids and "weight_decay=0.9__seed2__b300" in ids
@@ -145,8 +145,8 @@ weight_decay = [0.1, 0.9]
 def test_a_lab_with_budgets_end_to_end(tmp_path):
     import json
 
-    from thermo_lens.lab.run import run_lab, write_tables
-    from thermo_lens.lab.spec import load_lab_spec
+    from thermo_lens.experiments.lab.run import run_lab, write_tables
+    from thermo_lens.experiments.lab.spec import load_lab_spec
 
     spec_file = tmp_path / "micro.toml"
     spec_file.write_text(MICRO)
@@ -164,7 +164,7 @@ def test_a_lab_with_budgets_end_to_end(tmp_path):
     assert len(prim) == 2 and (prim["budget"] == 24).all() and prim["pvalue_holm"].notna().all()
     assert (out / "figures" / "per_seed_weight_decay_0.9.html").is_file()
     # the report's lab section shows the declared family and says how intervals and flips are decided
-    from thermo_lens.lab.report_section import lab_section
+    from thermo_lens.experiments.lab.report_section import lab_section
     from thermo_lens.report import write_report
 
     write_report(out / "train", tmp_path / "r.html", panel=False, sections=[lab_section(out)])
@@ -212,7 +212,7 @@ def _synthetic_runs(tmp_path):
 
 
 def test_regimes_on_a_synthetic_lab(tmp_path):
-    from thermo_lens.lab import regimes
+    from thermo_lens.experiments.lab import regimes
 
     runs = regimes.read_runs([_synthetic_runs(tmp_path)])
     reg = regimes.arm_regimes(runs, min_seeds=12).set_index(["metric", "arm", "budget"])
@@ -241,7 +241,7 @@ def test_regime_table_of_the_v2_lab_agrees_with_its_effects_table():
     150 and 300 steps every arm is a determined expander that no knob flips."""
     import runpy
 
-    from thermo_lens.lab import regimes
+    from thermo_lens.experiments.lab import regimes
 
     runs = regimes.read_runs([V2 / "runs.csv"])
     reg = regimes.arm_regimes(runs, min_seeds=12)
@@ -267,7 +267,7 @@ def test_the_v2_readme_numbers_are_the_csvs():
     effects.csv); the README's regime table and primary rows are those numbers."""
     import runpy
 
-    from thermo_lens.lab import regimes
+    from thermo_lens.experiments.lab import regimes
 
     out = runpy.run_path(str(V2 / "readme_numbers.py"), run_name="not_main")["main"]()
     tab = out["table"].set_index(["basis", "budget", "arm", "metric"])

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from thermo_lens import cli, safe_io
-from thermo_lens.lab import run as lab_run
-from thermo_lens.lab.recipe import FIELD_RANGES, LabSpecError, Recipe
-from thermo_lens.lab.spec import check_lab_spec, load_lab_spec, parse_lab_spec, spec_fingerprint
+from thermo_lens import cli
+from thermo_lens.core import safe_io
+from thermo_lens.experiments.lab import run as lab_run
+from thermo_lens.experiments.lab.recipe import FIELD_RANGES, LabSpecError, Recipe
+from thermo_lens.experiments.lab.spec import check_lab_spec, load_lab_spec, parse_lab_spec, spec_fingerprint
 
 TINY = """\
 [lab]
@@ -125,8 +126,8 @@ def test_budgets_and_checkpoint_every_are_bounded(field, value, valid):
 
 
 def test_the_budget_cap_is_the_recipe_step_cap():
-    from thermo_lens.lab.recipe import check_field
-    from thermo_lens.lab.spec import MAX_STEPS
+    from thermo_lens.experiments.lab.recipe import check_field
+    from thermo_lens.experiments.lab.spec import MAX_STEPS
 
     assert check_field("steps", MAX_STEPS) == MAX_STEPS
     with pytest.raises(LabSpecError):
@@ -302,7 +303,7 @@ def test_figures_link_is_never_followed(tmp_path, monkeypatch):
                          "run": ["base__seed1"], "recipe_hash": [spec.base.hash], "knob": ["base"], "level": ["base"],
                          "family": ["gpt2"], "budget": [spec.base.steps], "spec_sha256": [spec.sha256]})
     monkeypatch.setattr(lab_run, "runs_frame", lambda d: runs)
-    monkeypatch.setattr("thermo_lens.lab.effects.effects_frame", lambda *a, **k: pd.DataFrame())
+    monkeypatch.setattr("thermo_lens.experiments.lab.effects.effects_frame", lambda *a, **k: pd.DataFrame())
     with pytest.raises(safe_io.SafeIOError, match="figures: it is a symbolic link"):
         lab_run.write_tables(out, spec)
     assert _tree(victim) == []

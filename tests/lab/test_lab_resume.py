@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from thermo_lens import lab
+from thermo_lens.experiments import lab
 
 MICRO = Path(__file__).parents[1] / "data" / "lab_micro.toml"
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,8 +82,8 @@ def test_sigkill_mid_lab_then_rerun_keeps_finished_results(tmp_path):
 
 _TRAIN = """
 import sys
-from thermo_lens.lab.recipe import Recipe
-from thermo_lens.lab.train import train_run
+from thermo_lens.experiments.lab.recipe import Recipe
+from thermo_lens.experiments.lab.train import train_run
 r = Recipe(n_layers=2, d_model=16, n_heads=2, d_mlp=32, n_ctx=32, block_size=16, batch_size=4, vocab_size=320,
            steps=400, warmup_steps=5)
 train_run(r, 3, sys.argv[1], n_checkpoints=6, tokenizer_cache=sys.argv[2])
@@ -95,8 +95,8 @@ def test_sigkill_mid_training_resumes_to_the_same_weights(tmp_path):
     an uninterrupted run."""
     from safetensors.torch import load_file
 
-    from thermo_lens.lab.recipe import Recipe
-    from thermo_lens.lab.train import train_run
+    from thermo_lens.experiments.lab.recipe import Recipe
+    from thermo_lens.experiments.lab.train import train_run
 
     run, cache = tmp_path / "killed", tmp_path / "tok"
     proc = subprocess.Popen([sys.executable, "-c", _TRAIN, str(run), str(cache)], env=_env(),

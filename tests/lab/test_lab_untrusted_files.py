@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from thermo_lens.lab import run_record
-from thermo_lens.lab.recipe import Recipe
-from thermo_lens.lab.train import (STATE, load_state_bytes, rng_states, set_rng_states, state_bytes, step_dir_name,
+from thermo_lens.experiments.lab import run_record
+from thermo_lens.experiments.lab.recipe import Recipe
+from thermo_lens.experiments.lab.train import (STATE, load_state_bytes, rng_states, set_rng_states, state_bytes, step_dir_name,
                                    train_run)
-from thermo_lens.safe_io import SafeIOError
+from thermo_lens.core.safe_io import SafeIOError
 
 TINY = Recipe(n_layers=1, d_model=16, n_heads=2, d_mlp=32, n_ctx=32, block_size=16, batch_size=2, vocab_size=300,
               steps=4, warmup_steps=1)
@@ -198,7 +198,7 @@ def test_reading_a_checkpoint_file_checks_link_and_hash(tmp_path):
 @pytest.mark.slow
 def test_a_cached_tokenizer_is_used_only_as_written(trained, tmp_path):
     """A cached tokenizer whose files were edited (or linked) is made anew, never read."""
-    from thermo_lens.lab.train import get_tokenizer
+    from thermo_lens.experiments.lab.train import get_tokenizer
 
     root, _ = trained
     cache = tmp_path / "tok"
@@ -221,8 +221,8 @@ def test_a_cached_tokenizer_is_used_only_as_written(trained, tmp_path):
 def test_the_report_reads_the_lab_tables_only_as_written(tmp_path):
     import hashlib
 
-    from thermo_lens.lab.report_section import read_tables
-    from thermo_lens.lab.run_record import TABLES_RECORD
+    from thermo_lens.experiments.lab.report_section import read_tables
+    from thermo_lens.experiments.lab.run_record import TABLES_RECORD
 
     lab_dir = tmp_path / "lab"
     lab_dir.mkdir()

@@ -16,8 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from thermo_lens import lab
-from thermo_lens.lab.spec import parse_lab_spec
+from thermo_lens.experiments import lab
+from thermo_lens.experiments.lab.spec import parse_lab_spec
 
 pytestmark = pytest.mark.slow
 

@@ -8,14 +8,14 @@ import torch
 
 from conftest import ARCHS
 from test_gain import PROMPTS, hf_ids, hf_states
-from thermo_lens.anisotropy import AnisotropyResult, anisotropy_from_collected, anisotropy_profile
-from thermo_lens.gain import gain_from_collected, residual_gain
-from thermo_lens.passes import collect
-from thermo_lens.anisotropy import anisotropy
-from thermo_lens.gain import residual_norms
-from thermo_lens.model import ModelView
-from thermo_lens.errors import ThermoLensInputError
-from thermo_lens.tokens import encode
+from thermo_lens.measures.anisotropy import AnisotropyResult, anisotropy_from_collected, anisotropy_profile
+from thermo_lens.measures.gain import gain_from_collected, residual_gain
+from thermo_lens.core.passes import collect
+from thermo_lens.measures.anisotropy import anisotropy
+from thermo_lens.measures.gain import residual_norms
+from thermo_lens.core.model import ModelView
+from thermo_lens.core.errors import ThermoLensInputError
+from thermo_lens.core.tokens import encode
 
 torch.set_num_threads(1)  # tiny models on a shared machine: threads only contend
 
@@ -108,7 +108,7 @@ def test_bad_input(bridge):
 def test_a_sweep_reads_one_state_s_anisotropy(bridge):
     # The registry's readout anisotropy:<state>: each cell equals anisotropy_profile under its hook;
     # cells in blocks at or after the state's reader leave it unchanged.
-    from thermo_lens.sweeps import ablation_sweep
+    from thermo_lens.experiments.sweeps import ablation_sweep
 
     model = bridge("gpt2")
     H = model.cfg.n_heads

@@ -19,7 +19,7 @@ import torch
 
 import thermo_lens as tl
 from thermo_lens import ModelView
-from thermo_lens.tokens import tokenize
+from thermo_lens.core.tokens import tokenize
 
 PROMPTS = ["The capital of France is Paris", "Water", "the early bird catches the worm, and the cat sat",
            "Colorless green ideas sleep"]
@@ -254,7 +254,7 @@ def test_results_stored_before_the_new_terms_still_load(bridge):
 
 # ---------------------------------------------------------------------------- legacy hosts
 def _legacy():
-    from thermo_lens.host import _parse, transformer_lens_version
+    from thermo_lens.core.host import _parse, transformer_lens_version
 
     if _parse(transformer_lens_version())[0] not in (2, 3):
         pytest.skip("HookedEncoder / HookedSAETransformer need TransformerLens 2.16.x / 3.x (the tl2 / tl3 legs)")
@@ -342,7 +342,7 @@ def test_spliced_saes_are_components_and_the_attribution_closes(checkpoint_dir, 
     in every block."""
     _legacy()
     sae_lens = pytest.importorskip("sae_lens")
-    from thermo_lens.attribution import sae_sites
+    from thermo_lens.measures.attribution import sae_sites
     from thermo_lens.testing import hooked_transformer
 
     model = hooked_transformer(checkpoint_dir("gpt2"), cls=sae_lens.HookedSAETransformer)
@@ -447,8 +447,8 @@ def test_a_pass_with_no_other_hooks_reads_no_splice_and_gives_the_same_terms(bri
     """Without hooks other than the reductions' the stream cannot change between a block's output and
     the next block's input: the pass keeps no copy of the output (no splice hook) and the terms are
     exactly those of a pass that reads the splice (a do-nothing user hook makes it read it)."""
-    from thermo_lens.attribution.terms import TERM_COLUMNS, attribution_terms
-    from thermo_lens.passes import collect
+    from thermo_lens.measures.attribution.terms import TERM_COLUMNS, attribution_terms
+    from thermo_lens.core.passes import collect
 
     model = bridge("gpt2")
     seen = []
@@ -474,9 +474,9 @@ def test_terms_recorded_per_batch_by_the_last_registered_block(bridge):
     """The means are taken and recorded once per batch by the last block whose hooks are registered:
     a pass registering one block's hooks (as a sweep does) records that block's terms alone, equal
     to the whole pass's, batch by batch."""
-    from thermo_lens.attribution.terms import TERM_COLUMNS, attribution_terms
-    from thermo_lens.passes import collect
-    from thermo_lens.sweeps.engine import _one_layer
+    from thermo_lens.measures.attribution.terms import TERM_COLUMNS, attribution_terms
+    from thermo_lens.core.passes import collect
+    from thermo_lens.experiments.sweeps.engine import _one_layer
 
     model = bridge("gpt2")
     full = collect(model, PROMPTS, [attribution_terms()], batch_size=2)
@@ -492,7 +492,7 @@ def test_block_plan_constants_move_to_the_activations_device_once():
     """The attribution's per-block constants go to the device of the block's activations once per
     pass (memoised), not in every batch: on a GPU the per-batch host-to-device copies of W_O were
     most of a warm profile's device time. ``meta`` stands in for a second device here."""
-    from thermo_lens.attribution.terms import _BlockPlan
+    from thermo_lens.measures.attribution.terms import _BlockPlan
 
     W, b = torch.randn(8, 4), torch.zeros(4)
     plan = _BlockPlan(layer=0, reads=[], W_O=W, b_O=b, b_out=b, norms={"ln": (torch.ones(4), None)}, sites=[])

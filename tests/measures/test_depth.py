@@ -10,7 +10,7 @@ from scipy import stats
 import pytest
 import torch
 
-from thermo_lens.depth import (
+from thermo_lens.measures.depth import (
     LStarResult,
     empirical_l_star,
     l_star_error,
@@ -18,8 +18,8 @@ from thermo_lens.depth import (
     predicted_l_star,
     trace_derivative,
 )
-from thermo_lens.errors import ThermoLensInputError
-from thermo_lens.sheaf import sheaf_traces
+from thermo_lens.core.errors import ThermoLensInputError
+from thermo_lens.measures.sheaf import sheaf_traces
 
 TABLE = Path(__file__).resolve().parents[2] / "thermo_lens" / "data" / "paper_reference_table.csv"
 
@@ -200,7 +200,7 @@ def test_old_names_are_deprecated_aliases():
 
 
 def test_only_the_appendix_e_rule_is_called_the_papers():
-    from thermo_lens.depth import L_STAR_RULES, PAPER_L_STAR_RULE
+    from thermo_lens.measures.depth import L_STAR_RULES, PAPER_L_STAR_RULE
 
     assert PAPER_L_STAR_RULE == "argmax_abs_gradient"
     assert [n for n, r in L_STAR_RULES.items() if r.paper] == ["argmax_abs_gradient"]
@@ -219,19 +219,19 @@ def test_only_the_appendix_e_rule_is_called_the_papers():
 
 def test_one_account_of_l_star_definitions_and_docstring():
     """definitions.md §4 (also the docs' definitions page) and depth's docstring carry the registry's
-    text (regenerate the page with ``python -m thermo_lens.depth --write``)."""
+    text (regenerate the page with ``python -m thermo_lens.measures.depth --write``)."""
     import re
 
-    import thermo_lens.depth as depth
-    from thermo_lens.depth.__main__ import render
-    from thermo_lens.depth.rules import L_STAR_RULES, RULES_BEGIN
+    import thermo_lens.measures.depth as depth
+    from thermo_lens.measures.depth.__main__ import render
+    from thermo_lens.measures.depth.rules import L_STAR_RULES, RULES_BEGIN
 
     root = Path(__file__).resolve().parents[2]
     flat = lambda s: re.sub(r"\s+", " ", s)  # noqa: E731
     for path, indent in ((root / "thermo_lens" / "definitions.md", ""),):
         text = path.read_text(encoding="utf-8")
         assert RULES_BEGIN in text, f"{path.name} lost its L* markers"
-        assert render(text, indent) == text, f"{path.name}: run python -m thermo_lens.depth --write"
+        assert render(text, indent) == text, f"{path.name}: run python -m thermo_lens.measures.depth --write"
     doc = flat(depth.__doc__)
     for r in L_STAR_RULES.values():
         assert flat(r.definition) in doc, r.name
@@ -267,7 +267,7 @@ def test_prediction_beyond_depth_warns():
 
 
 def test_steepest_step_on_a_plateau_and_at_the_ends():
-    from thermo_lens.depth import DEFAULT_L_STAR_RULE, L_STAR_RULES
+    from thermo_lens.measures.depth import DEFAULT_L_STAR_RULE, L_STAR_RULES
 
     assert DEFAULT_L_STAR_RULE == "steepest_step" and not L_STAR_RULES[DEFAULT_L_STAR_RULE].paper
     # the plateau: the largest change, 5, is between layers 3 and 4; the paper's rule says 0
@@ -290,7 +290,7 @@ def test_steepest_step_on_a_plateau_and_at_the_ends():
 
 
 def test_a_flat_trace_has_no_l_star_and_says_why():
-    from thermo_lens.depth import l_star_note
+    from thermo_lens.measures.depth import l_star_note
 
     for flat in ([3.0, 3.0, 3.0, 3.0], [0.0, 0.0, 0.0], [1e6, 1e6 * (1 + 1e-16), 1e6]):
         assert math.isnan(empirical_l_star(flat)) and "flat" in l_star_note(flat)

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from tiers import examples
 
 from conftest import ARCHS
-from thermo_lens.gain import (
+from thermo_lens.measures.gain import (
     SUMMARIES,
     GainResult,
     gain_from_collected,
@@ -29,14 +29,14 @@ from thermo_lens.gain import (
     scope_ratio,
 )
 from thermo_lens.paper.metrics import PAPER_METRICS, paper_metric
-from thermo_lens.tokens import TOKEN_SCOPES
-from thermo_lens.passes import collect
-from thermo_lens.gain import residual_norms
-from thermo_lens.errors import ThermoLensNumericsError
-from thermo_lens.model import ModelView
-from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.core.tokens import TOKEN_SCOPES
+from thermo_lens.core.passes import collect
+from thermo_lens.measures.gain import residual_norms
+from thermo_lens.core.errors import ThermoLensNumericsError
+from thermo_lens.core.model import ModelView
+from thermo_lens.core.errors import ThermoLensInputError
 from thermo_lens.stats import summarize
-from thermo_lens.tokens import encode
+from thermo_lens.core.tokens import encode
 
 # Tiny models on a shared 2-core machine: extra intra-op threads only contend (5x slower).
 torch.set_num_threads(1)
@@ -484,7 +484,7 @@ def test_nan_from_user_hook_names_the_layer(bridge):
 
 
 def test_gain_from_collected_needs_norms(bridge):
-    from thermo_lens.anisotropy import anisotropy
+    from thermo_lens.measures.anisotropy import anisotropy
 
     c = collect(bridge("gpt2"), PROMPTS, [anisotropy], prepend_bos=True)
     with pytest.raises(ThermoLensInputError, match="residual_norms"):

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from thermo_lens.errors import ThermoLensInputError, ThermoLensNumericsError
-from thermo_lens.sweeps import LogitDifference, ablation_sweep
+from thermo_lens.core.errors import ThermoLensInputError, ThermoLensNumericsError
+from thermo_lens.experiments.sweeps import LogitDifference, ablation_sweep
 from thermo_lens.testing import ARCHITECTURES, FAST_ARCHITECTURES
 
 TOL = 2e-5
@@ -48,7 +48,7 @@ def test_the_head_steps_are_named_and_needed(bridge, arch):
     """Each family's extra head step is in the readout, and the readout without it is not the
     model's difference (the test would fail if the step were a no-op on these weights)."""
     from thermo_lens import ModelView
-    from thermo_lens.sweeps.logits import head_readout
+    from thermo_lens.experiments.sweeps.logits import head_readout
 
     m = bridge(arch)
     head = head_readout(ModelView(m))
@@ -69,7 +69,7 @@ def test_the_head_steps_are_named_and_needed(bridge, arch):
 
 
 def test_a_head_it_cannot_reproduce_is_refused_with_the_way_out(bridge, monkeypatch):
-    import thermo_lens.sweeps.logits as logits
+    import thermo_lens.experiments.sweeps.logits as logits
 
     m = bridge("granite")
     real = logits._build_head

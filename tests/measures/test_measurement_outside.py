@@ -13,13 +13,13 @@ import torch
 from torch import Tensor
 
 import thermo_lens as tl
-from thermo_lens import registry
-from thermo_lens.errors import ThermoLensInputError
-from thermo_lens.model import ModelView
-from thermo_lens.paired import PairedMixin
-from thermo_lens.provenance import Provenance, ProvenanceFields
-from thermo_lens.result import Result
-from thermo_lens.tokens import scope_mask, tokenize
+from thermo_lens.core import registry
+from thermo_lens.core.errors import ThermoLensInputError
+from thermo_lens.core.model import ModelView
+from thermo_lens.stats.paired import PairedMixin
+from thermo_lens.core.provenance import Provenance, ProvenanceFields
+from thermo_lens.core.result import Result
+from thermo_lens.core.tokens import scope_mask, tokenize
 
 PROMPTS = ["The capital of France is Paris", "Water boils at one hundred degrees", "the early bird catches the worm"]
 

@@ -5,11 +5,11 @@ import pytest
 import torch
 from scipy import stats
 
-from thermo_lens import prompts
-from thermo_lens.gain import residual_gain
-from thermo_lens.model import ModelView
-from thermo_lens.errors import ThermoLensInputError
-from thermo_lens.robustness import RobustnessResult, input_robustness, robustness_from_gain
+from thermo_lens.core import prompts
+from thermo_lens.measures.gain import residual_gain
+from thermo_lens.core.model import ModelView
+from thermo_lens.core.errors import ThermoLensInputError
+from thermo_lens.measures.robustness import RobustnessResult, input_robustness, robustness_from_gain
 
 torch.set_num_threads(1)  # tiny models on a shared machine: threads only contend
 

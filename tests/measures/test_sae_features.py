@@ -16,8 +16,8 @@ import torch
 from test_gain import PROMPTS
 from test_hosts import LEGACY
 from thermo_lens import ThermoLensInputError, gain_attribution
-from thermo_lens.errors import ThermoLensNumericsError
-from thermo_lens.attribution import GainAttribution
+from thermo_lens.core.errors import ThermoLensNumericsError
+from thermo_lens.measures.attribution import GainAttribution
 from thermo_lens.testing import hooked_transformer, random_sae
 
 pytestmark = pytest.mark.hosts
@@ -280,7 +280,7 @@ def test_sae_transformer_bridge_gives_the_same_features(model, checkpoint_dir):
 
 
 def test_registered_feature_metrics_are_in_their_frames(model):
-    from thermo_lens import registry
+    from thermo_lens.core import registry
 
     model.add_sae(random_sae("blocks.1.hook_resid_post", 32, D_SAE, seed=11, b_dec=0.1), use_error_term=True)
     r = gain_attribution(model, PROMPTS, sae_features=True, prepend_bos=True)

@@ -14,13 +14,13 @@ from hypothesis import strategies as st
 from tiers import examples
 
 from hf_slices import hf_all_head_weights, hf_head_weights
-from thermo_lens.passes import collect
-from thermo_lens.sheaf.traces import attention_diagonal
-from thermo_lens.gain import residual_norms
-from thermo_lens.model import ModelView
-from thermo_lens.errors import ThermoLensInputError
-from thermo_lens.tokens import tokenize
-from thermo_lens.sheaf import (
+from thermo_lens.core.passes import collect
+from thermo_lens.measures.sheaf.traces import attention_diagonal
+from thermo_lens.measures.gain import residual_norms
+from thermo_lens.core.model import ModelView
+from thermo_lens.core.errors import ThermoLensInputError
+from thermo_lens.core.tokens import tokenize
+from thermo_lens.measures.sheaf import (
     DENSE_LIMIT,
     LayerSheafLaplacian,
     SheafLaplacian,

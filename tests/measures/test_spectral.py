@@ -14,12 +14,12 @@ from tiers import examples
 
 from conftest import ARCHS
 from hf_slices import hf_all_head_weights, hf_all_qk_weights
-from thermo_lens.passes import collect
-from thermo_lens.gain import residual_norms
-from thermo_lens.errors import ThermoLensNumericsError
-from thermo_lens.model import ModelView
-from thermo_lens.errors import ThermoLensInputError
-from thermo_lens.spectral import (
+from thermo_lens.core.passes import collect
+from thermo_lens.measures.gain import residual_norms
+from thermo_lens.core.errors import ThermoLensNumericsError
+from thermo_lens.core.model import ModelView
+from thermo_lens.core.errors import ThermoLensInputError
+from thermo_lens.measures.spectral import (
     HEAD_METRICS,
     SpectralSignature,
     matrix_spectral_norm,
@@ -284,7 +284,7 @@ def test_ov_norm_factored_of_half_precision_weights_is_reduced_in_float32():
 
 @pytest.mark.slow
 def test_lanczos_converges_on_hard_spectra_and_falls_back_when_it_cannot():
-    from thermo_lens.spectral.kernels import _lanczos_sigma_max
+    from thermo_lens.measures.spectral.kernels import _lanczos_sigma_max
 
     gen = torch.Generator().manual_seed(3)
     n = 200
@@ -308,7 +308,7 @@ def test_lanczos_converges_on_hard_spectra_and_falls_back_when_it_cannot():
     # exact Gram eigenvalue and says so in the method.
     hard = cases["gaussian (unseparated top)"]
     assert _lanczos_sigma_max(hard, max_steps=3) is None
-    import thermo_lens.spectral.kernels as sp
+    import thermo_lens.measures.spectral.kernels as sp
 
     orig = sp._lanczos_sigma_max
     sp._lanczos_sigma_max = lambda w, **kw: orig(w, max_steps=3, **kw)

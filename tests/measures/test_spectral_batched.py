@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-import thermo_lens.spectral.from_weights as from_weights
-import thermo_lens.spectral.layer_norms as layer_norms_mod
-from thermo_lens.census import OpCensus
-from thermo_lens.errors import ThermoLensNumericsError
-from thermo_lens.spectral import signature_from_weights, spectral_signature
-from thermo_lens.spectral.kernels import _lanczos_sigma_max
-from thermo_lens.spectral.lanczos import CHECK_EVERY, lanczos_sigma_max_batched
+import thermo_lens.measures.spectral.from_weights as from_weights
+import thermo_lens.measures.spectral.layer_norms as layer_norms_mod
+from thermo_lens.core.census import OpCensus
+from thermo_lens.core.errors import ThermoLensNumericsError
+from thermo_lens.measures.spectral import signature_from_weights, spectral_signature
+from thermo_lens.measures.spectral.kernels import _lanczos_sigma_max
+from thermo_lens.measures.spectral.lanczos import CHECK_EVERY, lanczos_sigma_max_batched
 
 #: (layers, heads, KV heads, d_model, d_head)
 GEOMETRIES = {
@@ -168,7 +168,7 @@ def test_device_path_op_count_does_not_grow_with_the_number_of_layers(monkeypatc
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: the device path runs on the CPU above")
 @pytest.mark.parametrize("geometry", ["square (GPT-2-like)", "GQA", "MQA, d_head 32"])
 def test_on_cuda_the_default_is_the_batched_path_equal_to_the_per_matrix_path_and_float64(geometry, monkeypatch):
-    from thermo_lens.spectral import lanczos
+    from thermo_lens.measures.spectral import lanczos
 
     w = _weights(*GEOMETRIES[geometry], torch.bfloat16)
     dev = [t.cuda() for t in w]

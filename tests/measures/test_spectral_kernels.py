@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-import thermo_lens.spectral.from_weights as from_weights
-import thermo_lens.spectral.kernels as kernels
-from thermo_lens.errors import ThermoLensInputError
-from thermo_lens.model import ModelView
-from thermo_lens.spectral import HEAD_METRICS, HeadWeights, signature_from_weights, spectral_signature
-from thermo_lens.spectral.kernels import _GramOperator, _lanczos_sigma_max, gram_matrices
+import thermo_lens.measures.spectral.from_weights as from_weights
+import thermo_lens.measures.spectral.kernels as kernels
+from thermo_lens.core.errors import ThermoLensInputError
+from thermo_lens.core.model import ModelView
+from thermo_lens.measures.spectral import HEAD_METRICS, HeadWeights, signature_from_weights, spectral_signature
+from thermo_lens.measures.spectral.kernels import _GramOperator, _lanczos_sigma_max, gram_matrices
 
 
 def _layouts(L, n, a, b, gen, dtype):
@@ -171,7 +171,7 @@ def test_head_weights_never_convert_a_whole_chunk_for_the_registered_metrics():
     gen = torch.Generator().manual_seed(2)
     wv, wo, wq, wk = (w.to(torch.bfloat16) for w in _degenerate_weights(gen))
     w = HeadWeights(wv, wo, torch.tensor([0, 0, 1, 1]), W_Q=wq, W_K=wk, dtype=torch.float32)
-    from thermo_lens.registry import metrics
+    from thermo_lens.core.registry import metrics
 
     for m in metrics(result="SpectralSignature", computed=True):
         m.compute(w)  # type: ignore[misc]
@@ -233,8 +233,8 @@ def test_lanczos_reads_a_layer_stored_head_after_head_in_place(stored, monkeypat
     """TransformerLens' W_V [kv_head, d_model, d_head] (heads one after another): the layer's value
     matrix [d_model, kv_head * d_head] is no view of it, so the whole-layer norm reads the heads'
     panels W_V[h]^T in place; same value as the dense matrix, no copy of the layer."""
-    from thermo_lens.spectral import layer_norms as ln
-    from thermo_lens.spectral.kernels import RowPanels
+    from thermo_lens.measures.spectral import layer_norms as ln
+    from thermo_lens.measures.spectral.kernels import RowPanels
 
     gen = torch.Generator().manual_seed(5)
     W_V = (torch.randn(6, 80, 16, generator=gen) / 80**0.5).to(stored)
@@ -323,7 +323,7 @@ def test_per_head_norms_by_squaring_equal_the_cpu_path(monkeypatch):
              W_Q=torch.randn(L, H, d_model, d_head, generator=gen), W_K=torch.randn(L, K, d_model, d_head, generator=gen))
     a = signature_from_weights(w["W_V"], w["W_O"], W_Q=w["W_Q"], W_K=w["W_K"], layer_norms=False)
     monkeypatch.setattr(kernels, "top_eigenvalue", kernels._top_eigenvalue_by_squaring)
-    import thermo_lens.spectral.heads as heads
+    import thermo_lens.measures.spectral.heads as heads
     monkeypatch.setattr(heads, "top_eigenvalue", kernels._top_eigenvalue_by_squaring)
     b = signature_from_weights(w["W_V"], w["W_O"], W_Q=w["W_Q"], W_K=w["W_K"], layer_norms=False)
     for m in HEAD_METRICS:

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import thermo_lens as tl
-from thermo_lens import registry
-from thermo_lens.model import ModelView
-from thermo_lens.tokens import tokenize
+from thermo_lens.core import registry
+from thermo_lens.core.model import ModelView
+from thermo_lens.core.tokens import tokenize
 
 PROMPTS = ["The capital of France is Paris", "Water boils at one hundred degrees", "the early bird catches the worm"]
 
@@ -58,7 +58,7 @@ def test_an_ablated_head_writes_nothing_and_the_hook_is_recorded(bridge):
 
 @pytest.mark.slow
 def test_the_registry_carries_it_everywhere(bridge):
-    # No code outside thermo_lens/write_norm.py knows about write norms: the profile runs it, the row
+    # No code outside thermo_lens/measures/write_norm.py knows about write norms: the profile runs it, the row
     # and the panel show it, the report draws it, the definitions page lists it.
     from thermo_lens.report import render_report
 
@@ -77,7 +77,7 @@ def test_the_registry_carries_it_everywhere(bridge):
 
 
 def test_frobenius_has_no_per_token_form():
-    from thermo_lens.errors import ThermoLensInputError
+    from thermo_lens.core.errors import ThermoLensInputError
 
     with pytest.raises(ThermoLensInputError, match="token_scope must be one of"):
         registry.measurement("write_norm").resolve({"token_scope": "frobenius"})

@@ -34,7 +34,7 @@ import thermo_lens as tl
 from hf_slices import hf_head_weights, hf_layers, hf_n_layers, hf_norms, hf_out_proj, hf_qk_weights
 from thermo_lens import ModelView
 from thermo_lens.testing import ARCHITECTURES, minilm_path
-from thermo_lens.tokens import tokenize
+from thermo_lens.core.tokens import tokenize
 
 pytestmark = pytest.mark.slow
 

@@ -29,7 +29,7 @@ def _flatten(d, prefix=""):
 @pytest.fixture(scope="module")
 def val_windows():
     """Held-out validation windows (the corpus's last 5% of documents)."""
-    from thermo_lens.lab import corpora
+    from thermo_lens.experiments.lab import corpora
 
     return corpora.load("stdlib-docstrings").val_documents
 
@@ -177,7 +177,7 @@ def test_boot_forward_and_trained(booted, val_windows):
 def test_provenance_names_the_fixed_corpus_and_the_lab_spec():
     from pathlib import Path
 
-    from thermo_lens.lab import corpora, load_lab_spec
+    from thermo_lens.experiments.lab import corpora, load_lab_spec
 
     root = Path(__file__).resolve().parents[2]
     for n in zoo.names():
@@ -194,7 +194,7 @@ def test_provenance_names_the_fixed_corpus_and_the_lab_spec():
 
 def test_load_bridge_is_the_default_host_and_hosts_are_checked():
     pytest.importorskip("transformer_lens.model_bridge")
-    from thermo_lens.errors import ThermoLensInputError
+    from thermo_lens.core.errors import ThermoLensInputError
 
     model = zoo.load("gpt2-tiny-wd", host="bridge")
     assert type(model).__name__ == "TransformerBridge" and model.cfg.model_name == "gpt2-tiny-wd"
@@ -208,7 +208,7 @@ def test_hooked_host_missing_says_what_to_install():
     """On TransformerLens 4 (no HookedTransformer) or without sae-lens, the error names the fix."""
     import importlib.util
 
-    from thermo_lens.errors import UnsupportedHostError
+    from thermo_lens.core.errors import UnsupportedHostError
 
     pytest.importorskip("transformer_lens")
     try:

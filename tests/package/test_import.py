@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-HEAVY = ("plotly", "pandas", "scipy.stats", "circuitsvis", "transformer_lens", "thermo_lens.report", "thermo_lens.study",
-         "thermo_lens.laws", "thermo_lens.views", "thermo_lens.robustness", "thermo_lens.zoo")
+HEAVY = ("plotly", "pandas", "scipy.stats", "circuitsvis", "transformer_lens", "thermo_lens.report", "thermo_lens.experiments.study",
+         "thermo_lens.laws", "thermo_lens.views", "thermo_lens.measures.robustness", "thermo_lens.zoo")
 
 
 @pytest.mark.slow

@@ -348,7 +348,7 @@ def _all_results():
 
 @pytest.mark.slow
 def test_law_results_round_trip_through_json():
-    from thermo_lens.result import Result
+    from thermo_lens.core.result import Result
 
     for name, res in _all_results().items():
         assert isinstance(res, Result), name

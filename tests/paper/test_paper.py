@@ -263,7 +263,7 @@ def test_law_results_take_the_papers_tables_plus_your_models():
 
 
 def test_eq6_lives_with_the_measure():
-    from thermo_lens.depth.predicted import predicted_l_star
+    from thermo_lens.measures.depth.predicted import predicted_l_star
 
     assert paper.lstar.predicted_l_star is predicted_l_star is paper.predicted_l_star
 

@@ -105,7 +105,8 @@ def _browse(binary: str, page: str, workdir: Path, *, shot: Path | None = None, 
 def _profiles() -> dict:
     """The embedded default models profiled on the default prompt set (once per session)."""
     import thermo_lens
-    from thermo_lens import study, zoo
+    from thermo_lens import zoo
+    from thermo_lens.experiments import study
 
     out = {}
     for name in zoo.DEFAULT:
@@ -118,10 +119,11 @@ def _profiles() -> dict:
 def _figures() -> dict:
     """One figure of every type the package draws (the SAE figure needs an SAE: its layout is the
     shared one, checked through the others)."""
-    from thermo_lens import prompts, views, zoo
+    from thermo_lens import views, zoo
+    from thermo_lens.core import prompts
     from thermo_lens.report import _rows
-    from thermo_lens.robustness import robustness_from_gain
-    from thermo_lens.sheaf import sheaf_laplacian
+    from thermo_lens.measures.robustness import robustness_from_gain
+    from thermo_lens.measures.sheaf import sheaf_laplacian
 
     profs = _profiles()
     rows = _rows(profs)
@@ -155,7 +157,7 @@ def _sweep():
     import torch
 
     from thermo_lens import zoo
-    from thermo_lens.sweeps import patch_sweep
+    from thermo_lens.experiments.sweeps import patch_sweep
 
     g = torch.Generator().manual_seed(0)
     clean, corr = torch.randint(1, 250, (4, 6), generator=g), torch.randint(1, 250, (4, 6), generator=g)
@@ -167,7 +169,7 @@ def _lab_figures() -> dict:
     import numpy as np
     import pandas as pd
 
-    from thermo_lens.lab import views as lab_views
+    from thermo_lens.experiments.lab import views as lab_views
 
     rng = np.random.default_rng(0)
     runs = pd.DataFrame([{"arm": arm, "seed": seed, "step": step, "token_scope": "all_but_first",

@@ -6,8 +6,9 @@ import re
 import plotly.offline
 import pytest
 
-from thermo_lens import report, study, zoo
-from thermo_lens.profile import ThermoProfile, profile
+from thermo_lens import report, zoo
+from thermo_lens.experiments import study
+from thermo_lens.measures.profile import ThermoProfile, profile
 from thermo_lens.report import ReportError, render_report, write_report
 
 PROMPTS = {"Factual": ["The capital of France is Paris", "Water boils at one hundred degrees"],

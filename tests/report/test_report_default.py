@@ -10,7 +10,8 @@ import re
 import pytest
 from study_helpers import template
 
-from thermo_lens import report, study, zoo
+from thermo_lens import report, zoo
+from thermo_lens.experiments import study
 from thermo_lens.views import markdown, sections
 
 

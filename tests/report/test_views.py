@@ -15,19 +15,19 @@ from scipy import stats
 
 from thermo_lens import laws, views
 from thermo_lens.paper import reference
-from thermo_lens.anisotropy import anisotropy_from_collected
-from thermo_lens.depth import l_star_from_traces
-from thermo_lens.gain import gain_from_collected
-from thermo_lens.passes import collect
-from thermo_lens.anisotropy import anisotropy
-from thermo_lens.sheaf.traces import attention_diagonal
-from thermo_lens.gain import residual_norms
-from thermo_lens.model import ModelView
-from thermo_lens.robustness import robustness_from_gain
-from thermo_lens.sheaf import sheaf_laplacian, traces_from_collected
-from thermo_lens.spectral import spectral_signature
+from thermo_lens.measures.anisotropy import anisotropy_from_collected
+from thermo_lens.measures.depth import l_star_from_traces
+from thermo_lens.measures.gain import gain_from_collected
+from thermo_lens.core.passes import collect
+from thermo_lens.measures.anisotropy import anisotropy
+from thermo_lens.measures.sheaf.traces import attention_diagonal
+from thermo_lens.measures.gain import residual_norms
+from thermo_lens.core.model import ModelView
+from thermo_lens.measures.robustness import robustness_from_gain
+from thermo_lens.measures.sheaf import sheaf_laplacian, traces_from_collected
+from thermo_lens.measures.spectral import spectral_signature
 from thermo_lens.views import ThermoLensViewError
-from thermo_lens.tokens import tokenize
+from thermo_lens.core.tokens import tokenize
 
 PROMPTS = ["The capital of France is Paris", "Water boils at one hundred degrees",
            "the early bird catches the worm", "Colorless green ideas sleep furiously"]
@@ -515,7 +515,7 @@ def test_every_result_plots_itself_through_the_views_it_registered(measured, bri
 
 # ---------------------------------------------------------------------------- sweeps
 def test_sweep_heatmap_says_what_its_marker_means(bridge):
-    from thermo_lens.sweeps import patch_sweep
+    from thermo_lens.experiments.sweeps import patch_sweep
 
     g = torch.Generator().manual_seed(0)
     clean, corr = torch.randint(1, 250, (3, 6), generator=g), torch.randint(1, 250, (3, 6), generator=g)

@@ -1,4 +1,4 @@
-"""Op and host-sync census of a pass (:mod:`thermo_lens.census`): what a batch of ``profile()``
+"""Op and host-sync census of a pass (:mod:`thermo_lens.core.census`): what a batch of ``profile()``
 dispatches beyond a bare forward pass of the same batch, and the device-resident checks that keep
 host syncs out of the pass. On a GPU each op is a kernel launch and each sync stalls the host, so
 these counts guard the GPU behaviour on the CPU. ``benchmarks/census.py`` prints the full census."""
@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import thermo_lens as tl
-from thermo_lens.census import OpCensus
-from thermo_lens.errors import ThermoLensNumericsError
-from thermo_lens.model import ModelView
-from thermo_lens.passes import collect
+from thermo_lens.core.census import OpCensus
+from thermo_lens.core.errors import ThermoLensNumericsError
+from thermo_lens.core.model import ModelView
+from thermo_lens.core.passes import collect
 
 #: The ops one more batch of profile() may dispatch, as a multiple of a bare pass's batch (tiny GPT-2,
 #: 3 blocks: the per-batch bookkeeping weighs more than on a 12-block model; the census of
@@ -96,7 +96,7 @@ def test_a_nonfinite_token_fails_the_pass_naming_its_batch_prompts_and_layer(bri
             x[0, 3] = float("nan")
         return x
 
-    from thermo_lens.gain import residual_norms
+    from thermo_lens.measures.gain import residual_norms
 
     with pytest.raises(ThermoLensNumericsError, match=r"blocks\.1\.hook_resid_post \(layer 1\).*prompt\(s\) \[4, 5, 6, 7\]"):
         collect(view, ids, [residual_norms], prepend_bos=False, batch_size=B, progress=False,
@@ -106,7 +106,7 @@ def test_a_nonfinite_token_fails_the_pass_naming_its_batch_prompts_and_layer(bri
 def test_a_padding_nan_is_not_a_real_tokens_nan(bridge):
     """NaN on padding is how the results mark it: only a real token's NaN/inf fails the count."""
     view = ModelView(bridge("gpt2"))
-    from thermo_lens.gain import residual_norms
+    from thermo_lens.measures.gain import residual_norms
 
     got = collect(view, ["The cat sat on the mat today.", "Hi"], [residual_norms], prepend_bos=True,
                   batch_size=2, progress=False)
@@ -116,7 +116,7 @@ def test_a_padding_nan_is_not_a_real_tokens_nan(bridge):
 
 @pytest.mark.parametrize("scope", ["all", "all_but_first", "last", "frobenius"])
 def test_scope_rows_are_the_scope_masks_tokens(scope):
-    from thermo_lens.tokens import scope_mask, scope_rows
+    from thermo_lens.core.tokens import scope_mask, scope_rows
 
     gen = torch.Generator().manual_seed(0)
     for _ in range(20):
@@ -134,8 +134,8 @@ def test_results_kept_on_their_device_until_the_pass_ends_are_stored_as_at_each_
     """The GPU's path (every batch's results wait on the device; one host copy per dtype when the
     pass ends), run on the CPU: the same parts, in batch order, as storing each batch at its end;
     the finiteness counts read once then."""
-    from thermo_lens.passes import Recorder
-    from thermo_lens.tokens import TokenBatch
+    from thermo_lens.core.passes import Recorder
+    from thermo_lens.core.tokens import TokenBatch
 
     batches = [TokenBatch(tokens=torch.zeros(n, w, dtype=torch.long), lengths=torch.full((n,), w),
                           prompt_index=torch.arange(n) + 10 * k, prepend_bos=True) for k, (n, w) in enumerate([(2, 3), (3, 5)])]
@@ -181,9 +181,9 @@ def test_census_benchmark_runs_quick():
 def test_a_stored_names_rows_are_read_with_one_view_per_batch():
     """packed.read_rows: the rows a reduction recorded together (put_rows), read back as one view, equal
     torch.stack of the parts one by one; parts stored apart fall back to that stack."""
-    from thermo_lens.packed import read_rows
-    from thermo_lens.passes import Recorder
-    from thermo_lens.tokens import TokenBatch
+    from thermo_lens.core.packed import read_rows
+    from thermo_lens.core.passes import Recorder
+    from thermo_lens.core.tokens import TokenBatch
 
     rec = Recorder()
     gen = torch.Generator().manual_seed(0)
@@ -210,11 +210,11 @@ def test_a_stored_names_rows_are_read_with_one_view_per_batch():
 
 
 def test_shared_products_are_made_once_per_activation_and_hook_point():
-    """thermo_lens.products.shared: the same activation (or a view with the same memory and layout) at
+    """thermo_lens.core.products.shared: the same activation (or a view with the same memory and layout) at
     the same hook point gets the product made once; another activation, or another hook point, a new one."""
-    from thermo_lens.passes import Recorder
-    from thermo_lens.products import shared
-    from thermo_lens.tokens import TokenBatch
+    from thermo_lens.core.passes import Recorder
+    from thermo_lens.core.products import shared
+    from thermo_lens.core.tokens import TokenBatch
 
     rec = Recorder()
     calls: list[int] = []
@@ -242,10 +242,10 @@ def test_shared_products_are_made_once_per_activation_and_hook_point():
 def test_reductions_finished_together_keep_the_layers_a_sweep_kept(bridge, layers):
     """A sweep registers some blocks' hooks (a filtering recorder): the per-layer results finished at the
     last kept hook are the same numbers a full pass records for those layers."""
-    from thermo_lens.anisotropy import anisotropy
-    from thermo_lens.gain import residual_norms
-    from thermo_lens.sweeps.engine import _only
-    from thermo_lens.write_norm import write_norm_terms
+    from thermo_lens.measures.anisotropy import anisotropy
+    from thermo_lens.measures.gain import residual_norms
+    from thermo_lens.experiments.sweeps.engine import _only
+    from thermo_lens.measures.write_norm import write_norm_terms
 
     view = ModelView(bridge("gpt2"))
     prompts = ["The cat sat on the mat today.", "Hi there you", "Water boils at"]

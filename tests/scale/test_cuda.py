@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import thermo_lens as tl
-from thermo_lens.spectral import signature_from_weights
+from thermo_lens.measures.spectral import signature_from_weights
 from thermo_lens.testing import boot
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -88,7 +88,7 @@ def test_weights_in_cpu_memory_executed_on_the_gpu(checkpoint_dir):
     layer's forward; activations live on the GPU (the execution device)."""
     from accelerate import cpu_offload
 
-    from thermo_lens import offload
+    from thermo_lens.core import offload
 
     d = checkpoint_dir("llama_gqa")
     ref = boot("llama_gqa", d, device="cpu")

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import thermo_lens as tl
-from thermo_lens import offload
-from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.core import offload
+from thermo_lens.core.errors import ThermoLensInputError
 
 accelerate = pytest.importorskip("accelerate")
 
@@ -91,7 +91,7 @@ def test_a_wholly_disk_offloaded_gpt2_or_neox_equals_the_model_in_memory(checkpo
     read through the module)."""
     from transformer_lens.model_bridge import TransformerBridge
 
-    from thermo_lens.sweeps import LogitDifference, ablation_sweep
+    from thermo_lens.experiments.sweeps import LogitDifference, ablation_sweep
 
     ref = bridge(arch)
     off = TransformerBridge.boot_transformers(str(checkpoint_dir(arch)), device_map={"": "disk"},
@@ -157,7 +157,7 @@ def test_a_model_in_memory_is_untouched_and_empty_weights_are_refused():
 def test_a_pass_looks_up_the_device_once(bridge, monkeypatch):
     """Finding a dispatched model's execution device walks every module: a pass of many batches
     does it once (ModelView.pinned_device), not per batch, and the pin ends with the pass."""
-    from thermo_lens.model import ModelView
+    from thermo_lens.core.model import ModelView
 
     view = ModelView(bridge("gpt2"))
     calls = []

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import thermo_lens as tl
-from thermo_lens import spectral
-from thermo_lens.tokens import MAX_PADDING, plan_batches
-from thermo_lens.model import ModelView
-from thermo_lens.profile import profile
-from thermo_lens.spectral import signature_from_weights, spectral_signature
+from thermo_lens.measures import spectral
+from thermo_lens.core.tokens import MAX_PADDING, plan_batches
+from thermo_lens.core.model import ModelView
+from thermo_lens.measures.profile import profile
+from thermo_lens.measures.spectral import signature_from_weights, spectral_signature
 from thermo_lens.testing import boot, make_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -231,7 +231,7 @@ def test_freed_activation_memory_is_handed_back_every_few_batches(bridge, monkey
     # glibc keeps freed activation blocks pinned behind the small per-batch results; collect
     # trims every TRIM_EVERY batches on CPU (RSS was +0.6 MiB per prompt without it). The trim
     # changes no number.
-    from thermo_lens.passes import memory as hooks
+    from thermo_lens.core.passes import memory as hooks
 
     m = bridge("gpt2")
     prompts = [f"prompt number {i} " + "x " * (i % 5) for i in range(17)]

@@ -9,10 +9,10 @@ import time
 import pytest
 import torch
 
-from thermo_lens import study
-from thermo_lens.safe_io import FolderLock
-from thermo_lens.profile import ThermoProfile
-from thermo_lens.study import ModelSpec, StudyLockedError, StudySpec, run_study
+from thermo_lens.experiments import study
+from thermo_lens.core.safe_io import FolderLock
+from thermo_lens.measures.profile import ThermoProfile
+from thermo_lens.experiments.study import ModelSpec, StudyLockedError, StudySpec, run_study
 
 PROMPTS = ["The capital of France is", "Birds of a feather flock", "Water freezes at"]
 

@@ -9,8 +9,9 @@ import struct
 import pytest
 from study_helpers import fake_profile, run_cli, write_spec
 
-from thermo_lens import study, zoo
-from thermo_lens.study import checkpoint_fingerprint, weights_changed
+from thermo_lens import zoo
+from thermo_lens.experiments import study
+from thermo_lens.experiments.study import checkpoint_fingerprint, weights_changed
 
 
 @pytest.fixture

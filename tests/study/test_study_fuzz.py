@@ -15,7 +15,8 @@ from hypothesis import strategies as st  # noqa: E402
 import study_helpers  # noqa: E402
 from tiers import examples  # noqa: E402
 
-from thermo_lens import cli, study, zoo  # noqa: E402
+from thermo_lens import cli, zoo  # noqa: E402
+from thermo_lens.experiments import study  # noqa: E402
 
 PROMPTS = ["The capital of France is", "Water freezes at"]
 STUDY_KEYS = ["name", "prompts", "prepend_bos", "token_scope", "batch_size", "truncate"]
@@ -153,7 +154,7 @@ json_values = st.recursive(
 @pytest.fixture(scope="module")
 def finished_study(fake_profile, tmp_path_factory):
     """A real study folder (two results) whose manifest the fuzzer then rewrites."""
-    from thermo_lens.study import ModelSpec, StudySpec, run_study
+    from thermo_lens.experiments.study import ModelSpec, StudySpec, run_study
 
     out = tmp_path_factory.mktemp("finished") / "out"
     spec = StudySpec(name="s", models=(ModelSpec(id="a", zoo="gpt2-tiny-wd"), ModelSpec(id="b", zoo="neox-tiny")),

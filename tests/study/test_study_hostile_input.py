@@ -12,8 +12,10 @@ import tracemalloc
 import pytest
 import study_helpers
 
-from thermo_lens import cli, safe_io, study, zoo
-from thermo_lens.study import ModelSpec, StudySpec, StudySpecError, load_spec
+from thermo_lens import cli, zoo
+from thermo_lens.core import safe_io
+from thermo_lens.experiments import study
+from thermo_lens.experiments.study import ModelSpec, StudySpec, StudySpecError, load_spec
 
 PROMPTS = ["The capital of France is", "Water freezes at"]
 

@@ -7,8 +7,8 @@ import os
 import pytest
 from study_helpers import fake_profile, run_cli, tree, write_spec
 
-from thermo_lens import study
-from thermo_lens.study import ModelSpec, StudyFolderError, StudySpec, run_study
+from thermo_lens.experiments import study
+from thermo_lens.experiments.study import ModelSpec, StudyFolderError, StudySpec, run_study
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ import time
 import pytest
 from study_helpers import fake_profile, run_cli, write_spec
 
-from thermo_lens import study
-from thermo_lens.study import ModelSpec, StudyExecutorError, StudySpec, executors, run_study
+from thermo_lens.experiments import study
+from thermo_lens.experiments.study import ModelSpec, StudyExecutorError, StudySpec, executors, run_study
 
 
 @pytest.fixture

@@ -11,7 +11,8 @@ import os
 import pytest
 import study_helpers
 
-from thermo_lens import safe_io, study
+from thermo_lens.core import safe_io
+from thermo_lens.experiments import study
 
 
 @pytest.fixture
@@ -67,7 +68,7 @@ def test_report_on_a_type_tampered_result_names_the_field(tmp_path, capsys, fast
 
 
 def test_report_on_a_type_tampered_profile_file_is_a_clear_error(tmp_path):
-    from thermo_lens.errors import ThermoLensSchemaError
+    from thermo_lens.core.errors import ThermoLensSchemaError
     from thermo_lens.report import write_report
 
     prof = study_helpers.template()
@@ -121,7 +122,7 @@ def test_a_gpu_device_map_on_a_machine_without_one_exits_2_before_any_load(tmp_p
 
 
 def test_a_cpu_or_disk_device_map_is_still_accepted():
-    from thermo_lens import validate as V
+    from thermo_lens.core import validate as V
 
     assert V.device_map({"": "cpu", "lm_head": "disk"}) == {"": "cpu", "lm_head": "disk"}
     assert V.device_map({"": 3}, here=False) == {"": 3}  # a spec that runs on Ray workers

@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from thermo_lens.study import ModelSpec, StudySpec, StudySpecError, load_spec
+from thermo_lens.experiments.study import ModelSpec, StudySpec, StudySpecError, load_spec
 
 GOOD = """\
 [study]

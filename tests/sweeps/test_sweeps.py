@@ -14,7 +14,7 @@ import torch
 
 import thermo_lens as tl
 from thermo_lens import ThermoLensInputError
-from thermo_lens.sweeps import SweepResult, ablation_sweep, patch_sweep
+from thermo_lens.experiments.sweeps import SweepResult, ablation_sweep, patch_sweep
 
 TOL = 1e-5
 
@@ -384,7 +384,7 @@ def test_attribution_and_sheaf_measure_errors(bridge):
 def test_start_at_layer_falls_back_and_says_why(bridge, monkeypatch):
     """Hooks already on the model run in every block: full passes (recorded); a host whose
     start-at-layer pass gives other numbers fails the check and the sweep runs full passes."""
-    from thermo_lens.sweeps import start
+    from thermo_lens.experiments.sweeps import start
 
     m = bridge("gpt2")
     clean, corr = _pairs(n=2, length=5, seed=12)
@@ -416,7 +416,7 @@ def test_start_at_layer_falls_back_and_says_why(bridge, monkeypatch):
 def test_logit_difference_from_the_final_residual_equals_full_logits(bridge, arch):
     """LogitDifference (final norm + two W_U columns) gives the cells of the same difference of the
     full logits, and of transformer_lens.patching; per-prompt ids and positions of padded prompts."""
-    from thermo_lens.sweeps import LogitDifference
+    from thermo_lens.experiments.sweeps import LogitDifference
 
     m = bridge(arch)
     clean, corr = _pairs(n=3, length=5, seed=13)
@@ -465,7 +465,7 @@ def test_start_at_layer_keeps_each_blocks_attention_kind(bridge, arch, monkeypat
     host that shifted the kinds is caught by the check at that start layer and falls back."""
     import contextlib
 
-    import thermo_lens.sweeps.start as start
+    import thermo_lens.experiments.sweeps.start as start
 
     m = bridge(arch)
     prompts = ["The cat sat on the mat and looked at the dog", "Entropy always increases in a closed system"]

@@ -13,8 +13,8 @@ import torch
 
 import thermo_lens as tl
 from thermo_lens import ThermoLensInputError
-from thermo_lens.errors import ThermoLensNumericsError, ThermoLensWarning
-from thermo_lens.sweeps import LogitDifference, SweepResult, ablation_sweep, patch_sweep
+from thermo_lens.core.errors import ThermoLensNumericsError, ThermoLensWarning
+from thermo_lens.experiments.sweeps import LogitDifference, SweepResult, ablation_sweep, patch_sweep
 
 TOL = 1e-5
 A, B = 5, 7  # the logit difference's token ids
@@ -341,7 +341,7 @@ def test_prompt_frame_has_an_integer_prompt_and_its_text(zoo_model):
 def test_start_at_layer_is_found_through_a_forward_that_passes_keywords_on():
     """SAELens' HookedSAETransformer.forward(input, **kwargs) hands start_at_layer to
     HookedTransformer.forward; a forward without **kwargs or the name does not take it."""
-    from thermo_lens.sweeps.start import _takes_start
+    from thermo_lens.experiments.sweeps.start import _takes_start
 
     class Host(torch.nn.Module):
         def forward(self, input, return_type="logits", start_at_layer=None):

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from thermo_lens import ThermoLensInputError
-from thermo_lens.settings import RunSettings
-from thermo_lens.sweeps import patch_sweep, rows
+from thermo_lens.core.settings import RunSettings
+from thermo_lens.experiments.sweeps import patch_sweep, rows
 
 
 def _pairs(n: int = 3, length: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,7 +49,7 @@ def test_auto_on_cuda_fills_the_headroom_of_the_free_memory(monkeypatch):
 
 @pytest.mark.slow
 def test_a_pass_out_of_memory_runs_again_at_half_the_rows_with_the_same_cells(bridge, monkeypatch):
-    from thermo_lens.passes import capture, stacked
+    from thermo_lens.core.passes import capture, stacked
 
     m = bridge("gpt2")
     clean, corr = _pairs()

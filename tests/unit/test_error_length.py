@@ -6,7 +6,7 @@ import pytest
 
 import thermo_lens as tl
 from thermo_lens import zoo
-from thermo_lens.errors import MAX_MESSAGE, ThermoLensError, ThermoLensInputError, readable
+from thermo_lens.core.errors import MAX_MESSAGE, ThermoLensError, ThermoLensInputError, readable
 
 BIG = "x" * 10**6
 

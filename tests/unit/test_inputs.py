@@ -7,7 +7,7 @@ import torch
 
 import thermo_lens as tl
 from thermo_lens import ModelView
-from thermo_lens.tokens import tokenize
+from thermo_lens.core.tokens import tokenize
 
 ENTRY = {
     "residual_gain": lambda m, p, **k: tl.residual_gain(m, p, **k).block_gain,

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import thermo_lens as tl
-from thermo_lens.errors import ThermoLensError, ThermoLensNumericsError
-from thermo_lens.sweeps import LogitDifference, ablation_sweep
+from thermo_lens.core.errors import ThermoLensError, ThermoLensNumericsError
+from thermo_lens.experiments.sweeps import LogitDifference, ablation_sweep
 
 PROMPTS = ["The capital of France is Paris", "Water freezes at zero"]
 TOKENS = torch.tensor([[3, 5, 17, 33, 41, 9], [7, 2, 11, 13, 19, 23]])

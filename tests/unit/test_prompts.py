@@ -1,11 +1,11 @@
-"""Built-in prompt sets (thermo_lens.prompts): sizes, categories, aliases, user input, errors."""
+"""Built-in prompt sets (thermo_lens.core.prompts): sizes, categories, aliases, user input, errors."""
 
 import dataclasses
 
 import pytest
 
-from thermo_lens import prompts
-from thermo_lens.prompts import CATEGORIES, PromptSet, as_prompt_set
+from thermo_lens.core import prompts
+from thermo_lens.core.prompts import CATEGORIES, PromptSet, as_prompt_set
 
 EXPECTED_SIZES = {
     "pythia_family_sweep_25": 25,

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from thermo_lens import definitions, registry
-from thermo_lens.registry import Metric, register_head_metric
+from thermo_lens import definitions
+from thermo_lens.core import registry
+from thermo_lens.core.registry import Metric, register_head_metric
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +132,7 @@ def test_a_new_head_metric_is_one_registered_function(monkeypatch, bridge):
 
 def test_qk_norm_known_answer_under_multi_query_attention():
     """W_Q^h W_K^T = diag(3 s_h, 2, 0, ...) by construction: sigma_max = max(3 s_h, 2)."""
-    from thermo_lens.spectral import signature_from_weights
+    from thermo_lens.measures.spectral import signature_from_weights
 
     d_model, d_head, H = 6, 2, 3
     W_K = torch.zeros(1, 1, d_model, d_head, dtype=torch.float64)  # one KV head (MQA)
@@ -149,7 +150,7 @@ def test_qk_norm_known_answer_under_multi_query_attention():
     assert "qk_norm" not in without.head_metrics
     with pytest.raises(AttributeError, match="qk_norm was not computed.*W_Q and W_K"):
         _ = without.qk_norm
-    from thermo_lens.errors import ThermoLensInputError
+    from thermo_lens.core.errors import ThermoLensInputError
 
     with pytest.raises(ThermoLensInputError, match="both W_Q and W_K"):
         signature_from_weights(W_V, W_O, W_Q=W_Q)
@@ -159,11 +160,11 @@ def test_qk_norm_known_answer_under_multi_query_attention():
 
 def test_results_are_made_from_a_pass_by_their_classes_and_the_old_names_still_work(bridge):
     import thermo_lens as tl
-    from thermo_lens.anisotropy import AnisotropyResult, anisotropy, anisotropy_from_collected
-    from thermo_lens.attribution import GainAttribution, attribution_from_collected, attribution_terms
-    from thermo_lens.gain import GainResult, gain_from_collected, residual_norms
-    from thermo_lens.passes import collect
-    from thermo_lens.sheaf.traces import SheafTraces, attention_diagonal, traces_from_collected
+    from thermo_lens.measures.anisotropy import AnisotropyResult, anisotropy, anisotropy_from_collected
+    from thermo_lens.measures.attribution import GainAttribution, attribution_from_collected, attribution_terms
+    from thermo_lens.measures.gain import GainResult, gain_from_collected, residual_norms
+    from thermo_lens.core.passes import collect
+    from thermo_lens.measures.sheaf.traces import SheafTraces, attention_diagonal, traces_from_collected
 
     model = bridge("gpt2")
     prompts = ["The capital of France is Paris", "Water boils at one hundred degrees"]
@@ -184,7 +185,7 @@ def test_results_are_made_from_a_pass_by_their_classes_and_the_old_names_still_w
 
 def test_a_too_short_prompt_is_named_with_the_scope_that_needs_two_tokens(bridge):
     import thermo_lens as tl
-    from thermo_lens.errors import PromptTooShortError
+    from thermo_lens.core.errors import PromptTooShortError
 
     model = bridge("gpt2")
     with pytest.raises(PromptTooShortError, match=r"token_scope='all_but_first' \(gain, write_norm\) excludes position 0"):

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from thermo_lens.result import Result, encode
-from thermo_lens.errors import ThermoLensSchemaError
+from thermo_lens.core.result import Result, encode
+from thermo_lens.core.errors import ThermoLensSchemaError
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ DATA = Path(__file__).parents[1] / "data"
 def test_a_profile_stored_by_thermo_lens_0_1_still_loads():
     """tests/data/profile_schema1.json was written by the first release's format (every per-head
     spectral metric its own field, no per-result versions); it must load, with its numbers."""
-    from thermo_lens.profile import ThermoProfile
+    from thermo_lens.measures.profile import ThermoProfile
 
     raw = json.loads((DATA / "profile_schema1.json").read_text())
     assert raw["thermo_lens_schema"] == 1 and "version" not in raw["fields"]["spectral"]
@@ -99,7 +99,7 @@ def test_a_newer_schema_is_refused_with_a_clear_message():
 
 
 # ------------------------------------------------------------------------------ hostile input (issue 27)
-from thermo_lens.errors import ThermoLensInputError, ThermoLensInputTypeError  # noqa: E402
+from thermo_lens.core.errors import ThermoLensInputError, ThermoLensInputTypeError  # noqa: E402
 
 
 def _with_x(value):
@@ -157,8 +157,8 @@ def test_from_json_bad_text(text, error, match):
 
 
 def test_from_json_bad_arguments_and_files(tmp_path, monkeypatch):
-    from thermo_lens import result
-    from thermo_lens.errors import SafeIOError
+    from thermo_lens.core import result
+    from thermo_lens.core.errors import SafeIOError
 
     for bad in (5, None, b"{}", ["{}"]):
         with pytest.raises(TypeError):  # under the test suite's type-check hook, its own TypeError first
@@ -196,7 +196,7 @@ def test_every_stored_dtype_still_round_trips():
 def test_an_unregistered_result_name_loads_the_measurement_modules_once(monkeypatch):
     """Result classes register when their module is imported, and measurement modules load lazily:
     reading a profile in a fresh process met ``LStarResult`` before anything imported it."""
-    from thermo_lens import registry, result
+    from thermo_lens.core import registry, result
 
     loads = []
 
@@ -217,7 +217,7 @@ def test_a_stored_profile_reads_back_in_a_fresh_process():
     import subprocess
     import sys
 
-    code = ("from thermo_lens.profile import ThermoProfile; "
+    code = ("from thermo_lens.measures.profile import ThermoProfile; "
             f"p = ThermoProfile.from_json({str(DATA / 'profile_schema1.json')!r}); "
             "print(sorted(type(r).__name__ for r in p.results.values()))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import thermo_lens as tl
-from thermo_lens.errors import ThermoLensInputError
-from thermo_lens.result import label
+from thermo_lens.core.errors import ThermoLensInputError
+from thermo_lens.core.result import label
 
 PROMPTS = ["the cat sat on the mat", "Water freezes at zero degrees"]
 

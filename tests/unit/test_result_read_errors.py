@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import thermo_lens as tl
-from thermo_lens.errors import ThermoLensInputTypeError, ThermoLensSchemaError
-from thermo_lens.gain import GainResult
-from thermo_lens.result import encode
+from thermo_lens.core.errors import ThermoLensInputTypeError, ThermoLensSchemaError
+from thermo_lens.measures.gain import GainResult
+from thermo_lens.core.result import encode
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +59,8 @@ def test_a_damaged_field_is_named_at_load(gain_json, path, value, match):
 
 
 def test_a_result_read_as_another_class_says_which_it_holds(gain_json, tmp_path):
-    from thermo_lens.profile import ThermoProfile
-    from thermo_lens.spectral import SpectralSignature
+    from thermo_lens.measures.profile import ThermoProfile
+    from thermo_lens.measures.spectral import SpectralSignature
 
     f = tmp_path / "gain.json"
     f.write_text(gain_json)

@@ -7,9 +7,9 @@ import threading
 import pandas as pd
 import pytest
 
-from thermo_lens import safe_io
-from thermo_lens.errors import ThermoLensInputError
-from thermo_lens.safe_io import (
+from thermo_lens.core import safe_io
+from thermo_lens.core.errors import ThermoLensInputError
+from thermo_lens.core.safe_io import (
     TEMP_PREFIX,
     FolderLock,
     FolderLockedError,
@@ -239,7 +239,7 @@ def test_control_characters_in_cells_are_escaped():
 
 
 def test_printable_escapes_what_could_drive_a_terminal():
-    from thermo_lens.safe_io import printable
+    from thermo_lens.core.safe_io import printable
 
     assert printable("plain /path/ü ok") == "plain /path/ü ok"
     assert printable("a\x1b[2Jb\u202ec\rd") == "a\\x1b[2Jb\\u202ec\\rd"

@@ -1,5 +1,5 @@
 """Token ids of any integer dtype are token ids; every token_scope goes through one check
-(thermo_lens.tokens.check_token_scope), so no entry point lets an unknown scope through."""
+(thermo_lens.core.tokens.check_token_scope), so no entry point lets an unknown scope through."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import thermo_lens as tl
-from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.core.errors import ThermoLensInputError
 
 PROMPTS = ["The cat sat", "A dog ran in the park"]
 
@@ -31,7 +31,7 @@ def test_token_ids_of_any_integer_dtype(bridge):
     lambda m, p, s: tl.sheaf_traces(m, p, token_scope=s),
     lambda m, p, s: tl.residual_gain(m, p, token_scope=s),
     lambda m, p, s: tl.gain_attribution(m, p, token_scope=s),
-    lambda m, p, s: __import__("thermo_lens.write_norm").write_norm.write_norms(m, p, token_scope=s),
+    lambda m, p, s: __import__("thermo_lens.measures.write_norm").write_norm.write_norms(m, p, token_scope=s),
     lambda m, p, s: tl.run(m, p, ["gain", "sheaf"], token_scope=s),
     lambda m, p, s: tl.anisotropy_profile(m, p, token_scope=s),
 ])

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import thermo_lens
-from thermo_lens import validate as V
+from thermo_lens.core import validate as V
 from thermo_lens import zoo
-from thermo_lens.errors import ThermoLensInputError
-from thermo_lens.study import ModelSpec, StudySpec
+from thermo_lens.core.errors import ThermoLensInputError
+from thermo_lens.experiments.study import ModelSpec, StudySpec
 
 PROMPTS = ["The capital of France is", "Water freezes at"]
 
@@ -69,7 +69,7 @@ def test_model_spec_options_are_checked_before_any_load(kw, match):
 
 def test_spec_devices_are_checked_where_the_models_run(tmp_path):
     """A spec may name GPUs only Ray workers have; the local executor checks them before any load."""
-    from thermo_lens.study import run_study
+    from thermo_lens.experiments.study import run_study
 
     m = ModelSpec(id="m", zoo="gpt2-tiny-wd", device="cuda:7")
     spec = StudySpec(name="s", models=(m,), prompts=PROMPTS)
@@ -124,7 +124,7 @@ def test_study_spec_settings(kw, match):
 def test_study_prompts_by_category_measure_the_prompts_not_the_keys():
     spec = StudySpec(name="s", models=(ModelSpec(id="m", zoo="gpt2-tiny-wd"),),
                      prompts={"Factual": ["The capital of France is"], "Math": ["Two plus two is"]})
-    from thermo_lens.prompts import as_prompt_set
+    from thermo_lens.core.prompts import as_prompt_set
 
     ps = as_prompt_set(spec.prompts)
     assert list(ps.prompts) == ["The capital of France is", "Two plus two is"]

@@ -28,7 +28,7 @@ small samples), and a leave-one-out sensitivity. Each law declares one primary t
 claim), a secondary family of distinct nulls (Holm over them only) and sensitivity tests that
 restate a null by another statistic (never counted twice); ``thermo_lens.definitions`` §5 lists
 them. With 8 or 16 models these are fragile: the ``repr`` prints all of it. Results subclass
-:class:`thermo_lens.result.Result` (exact JSON round-trip) and offer
+:class:`thermo_lens.core.result.Result` (exact JSON round-trip) and offer
 ``summary()`` and ``to_dict()``. Table coercion and measured regimes live in ``laws/table.py``;
 the shared statistics (t interval, regime rule, Holm, ...) in :mod:`thermo_lens.stats`.
 """

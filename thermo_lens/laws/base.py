@@ -13,7 +13,7 @@ Every law declares its tests' roles (``thermo_lens.definitions`` §5):
   beside Pearson, the logistic slope beside the threshold rule, another labelling); reported
   beside it, never counted again in a family (``pvalue_holm`` NaN).
 
-Law results subclass :class:`thermo_lens.result.Result`, so they round-trip through JSON exactly;
+Law results subclass :class:`thermo_lens.core.result.Result`, so they round-trip through JSON exactly;
 ``repr`` is ``summary()``, which prints the tests by role.
 """
 
@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from thermo_lens.laws.table import _py
-from thermo_lens.result import Result
+from thermo_lens.core.result import Result
 from thermo_lens.stats import fisher_z_ci, format_p, holm, permutation_correlation_pvalue
 
 if TYPE_CHECKING:

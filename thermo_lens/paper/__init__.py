@@ -8,7 +8,7 @@ of thermo-lens measures under its own named definitions; this package holds the 
 - :mod:`~thermo_lens.paper.reference` the per-model numbers in the paper's result files.
 - :mod:`~thermo_lens.paper.prompts`   which prompt set went with which experiment.
 - :mod:`~thermo_lens.paper.lstar`     eq. 6 against the trivial baselines (``l_star_predictor_test``: a paired
-  exact test); the formula itself is :mod:`thermo_lens.depth.predicted`.
+  exact test); the formula itself is :mod:`thermo_lens.measures.depth.predicted`.
 - :mod:`~thermo_lens.paper.findings`  what the paper's own numbers say when recomputed with
   :mod:`thermo_lens.laws` (the README's numbers are generated from it).
 """

@@ -3,7 +3,7 @@
 D'Elia (2026), "Thermodynamic Constraints in Transformer Architectures", section 5.3, eq. 6:
 ``L* = L (0.11 + 0.012 L + 4.9 / H)`` with ``L`` blocks and ``H`` query heads per layer,
 calibrated on 0-based argmax values; ALiBi models are out of its scope. The formula itself lives
-with the measure (:mod:`thermo_lens.depth.predicted`); this module re-exports it.
+with the measure (:mod:`thermo_lens.measures.depth.predicted`); this module re-exports it.
 
 A prediction is only as good as its baselines. :data:`L_STAR_BASELINES` names the trivial
 predictors reported beside eq. 6 everywhere (``half_depth = L/2`` needs no fit at all).
@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
-from thermo_lens.depth.predicted import (L_STAR_BASELINES, PREDICTED_DEFINITION, LStarBeyondDepthWarning,
+from thermo_lens.measures.depth.predicted import (L_STAR_BASELINES, PREDICTED_DEFINITION, LStarBeyondDepthWarning,
                                          l_star_baselines, predicted_l_star)
-from thermo_lens.errors import ThermoLensInputError
-from thermo_lens.result import Result
+from thermo_lens.core.errors import ThermoLensInputError
+from thermo_lens.core.result import Result
 from thermo_lens.stats.exact import ConfidenceInterval, SignedRankTest, signed_rank_test
 
 if TYPE_CHECKING:

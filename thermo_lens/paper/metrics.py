@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 from thermo_lens._lazy import pandas as pd
 
-from thermo_lens.gain import GainResult, residual_gain
-from thermo_lens.errors import ThermoLensInputError
-from thermo_lens.inputs import Prompts
-from thermo_lens.result import Result
+from thermo_lens.measures.gain import GainResult, residual_gain
+from thermo_lens.core.errors import ThermoLensInputError
+from thermo_lens.core.inputs import Prompts
+from thermo_lens.core.result import Result
 from thermo_lens.stats import SummaryStats
 
 if TYPE_CHECKING:
-    from thermo_lens.hosts.protocol import TransformerLensModel
-    from thermo_lens.model import ModelView
+    from thermo_lens.core.hosts.protocol import TransformerLensModel
+    from thermo_lens.core.model import ModelView
 
 __all__ = ["PAPER_METRICS", "PAPER_EXPERIMENTS", "DEFAULT_EXPERIMENT", "PaperMetric",
            "PaperMetricResult", "paper_metric"]
@@ -137,7 +137,7 @@ def paper_metric(
 
     Args:
         model: a TransformerLens model.
-        prompts: a list of prompts, a :class:`~thermo_lens.prompts.PromptSet` or a built-in set
+        prompts: a list of prompts, a :class:`~thermo_lens.core.prompts.PromptSet` or a built-in set
             name. Default ``None``: the set the paper used for ``metric`` in ``experiment``
             (:data:`PAPER_EXPERIMENTS`): metric A -> ``"pythia25"`` (Pythia sweep, Kleiber) or
             ``"high_rho_hunt_5"`` (lab survey), metric B -> ``"paper25"`` (the benchmark set).
@@ -145,7 +145,7 @@ def paper_metric(
             ``"alltokens"`` (Frobenius) or ``"emb_to_block0"``.
         experiment: which of the paper's experiments to reproduce (default
             :data:`DEFAULT_EXPERIMENT` of the metric); only picks the default prompts.
-        **kwargs: passed to :func:`~thermo_lens.gain.residual_gain` (``batch_size``,
+        **kwargs: passed to :func:`~thermo_lens.measures.gain.residual_gain` (``batch_size``,
             ``truncate``, ``fwd_hooks``, ``progress``...); ``token_scope``/``prepend_bos``
             default to the paper's.
 
@@ -160,7 +160,7 @@ def paper_metric(
     if (metric, exp) not in PAPER_EXPERIMENTS:
         known = sorted(e for m, e in PAPER_EXPERIMENTS if m == metric)
         raise ThermoLensInputError(f"the paper has no metric {metric!r} experiment {exp!r}; known: {known}")
-    from thermo_lens.prompts import PromptSet, as_prompt_set
+    from thermo_lens.core.prompts import PromptSet, as_prompt_set
 
     if prompts is None:
         ps = as_prompt_set(PAPER_EXPERIMENTS[(metric, exp)])

@@ -1,13 +1,13 @@
 """The paper's prompt sets, by experiment.
 
-Every built-in set of :mod:`thermo_lens.prompts` is one of the paper's (shipped verbatim in
+Every built-in set of :mod:`thermo_lens.core.prompts` is one of the paper's (shipped verbatim in
 ``thermo_lens/data/paper_prompts.json``). This module says which set went with which of the paper's
 experiments, so a reproduction uses the same inputs: :func:`for_experiment`.
 """
 
 from __future__ import annotations
 
-from thermo_lens.prompts import PromptSet, aliases, get, names
+from thermo_lens.core.prompts import PromptSet, aliases, get, names
 
 __all__ = ["EXPERIMENT_PROMPTS", "for_experiment", "get", "names", "aliases", "PromptSet"]
 

@@ -4,7 +4,7 @@ Source: D'Elia (2026), "Thermodynamic Constraints in Transformer Architectures: 
 Perspective", and the result files released with it. ``thermo_lens/data/paper_reference_table.csv``
 holds one row per model x measurement with the definition the paper's code actually used and the
 result file it came from (``source_file``). The list below says how these definitions relate to
-thermo-lens's own (``penultimate_gain``, ``last_block_gain``, ...; ``thermo_lens.gain.SUMMARIES``).
+thermo-lens's own (``penultimate_gain``, ``last_block_gain``, ...; ``thermo_lens.measures.gain.SUMMARIES``).
 
 The CSV's columns: ``model, hf_id, lab, n_layers, n_heads, d_model, d_head, rho, measurement,
 value, std, n_prompts, dtype, token_scope, definition, label, source_file, notes``;

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 import numpy as np
 
 from thermo_lens._lazy import scipy_stats as _st
-from thermo_lens.result import Result
+from thermo_lens.core.result import Result
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike

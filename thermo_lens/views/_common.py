@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence, TypeAlias, TypeVar, U
 
 import numpy as np
 import plotly.graph_objects as go
-from thermo_lens.errors import ThermoLensInputError
+from thermo_lens.core.errors import ThermoLensInputError
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike

@@ -29,14 +29,14 @@ from thermo_lens.views._common import (
     to_numpy,
     wrap,
 )
-from thermo_lens.result import register_plot
-from thermo_lens.gain import SUMMARIES
+from thermo_lens.core.result import register_plot
+from thermo_lens.measures.gain import SUMMARIES
 
 if TYPE_CHECKING:
-    from thermo_lens.anisotropy import AnisotropyResult
-    from thermo_lens.gain import GainResult
-    from thermo_lens.profile import ThermoProfile
-    from thermo_lens.robustness import RobustnessResult
+    from thermo_lens.measures.anisotropy import AnisotropyResult
+    from thermo_lens.measures.gain import GainResult
+    from thermo_lens.measures.profile import ThermoProfile
+    from thermo_lens.measures.robustness import RobustnessResult
     from thermo_lens.views._common import OneOrMany
 
 __all__ = ["layer_dynamics", "anisotropy_plot", "robustness_plot"]
@@ -52,7 +52,7 @@ def _rgba(hex_color: str, alpha: float) -> str:
 
 
 def gain_settings(g: GainResult) -> str:
-    """The definition sentence of a :class:`~thermo_lens.gain.GainResult`'s numbers."""
+    """The definition sentence of a :class:`~thermo_lens.measures.gain.GainResult`'s numbers."""
     return settings_text(token_scope=g.token_scope, prepend_bos=g.prepend_bos, dtype=g.dtype,
                          weights=g.weights, post_ln=g.post_ln)
 
@@ -97,7 +97,7 @@ def layer_dynamics(gains: OneOrMany[GainResult | ThermoProfile], names: Sequence
     """Block gain ``G_l`` per layer, mean over prompts with its 95% t-CI band, models overlaid.
 
     Args:
-        gains: a :class:`~thermo_lens.gain.GainResult`, a list of them, a ``{name: GainResult}``
+        gains: a :class:`~thermo_lens.measures.gain.GainResult`, a list of them, a ``{name: GainResult}``
             dict, or ThermoProfile(s) (their ``.gain`` is used).
         names: display names (default: the recorded model names).
         x: ``"layer"`` (0-based block index ``layer = 0..L-1``, as ``blocks.{layer}`` and every
@@ -246,7 +246,7 @@ def anisotropy_plot(results: OneOrMany[AnisotropyResult | ThermoProfile], names:
     """Anisotropy per residual state ``x_0..x_L``: mean pairwise cosine of token states.
 
     Args:
-        results: an :class:`~thermo_lens.anisotropy.AnisotropyResult`, a list / dict of them, or
+        results: an :class:`~thermo_lens.measures.anisotropy.AnisotropyResult`, a list / dict of them, or
             ThermoProfile(s) (their ``.anisotropy``).
         names: display names.
         show_ci: 95% t-CI band across prompts.
@@ -260,7 +260,7 @@ def anisotropy_plot(results: OneOrMany[AnisotropyResult | ThermoProfile], names:
     any_post = False
     for name, a in pairs:
         check_type(a, "AnisotropyResult", "anisotropy_plot",
-                   "Pass thermo_lens.anisotropy.anisotropy_profile(model, prompts) results (or ThermoProfiles).")
+                   "Pass thermo_lens.measures.anisotropy.anisotropy_profile(model, prompts) results (or ThermoProfiles).")
         d = _anisotropy_arrays(a)
         color = color_of(name, labels)
         post = d["post_ln"]
@@ -318,7 +318,7 @@ def robustness_plot(results: OneOrMany[RobustnessResult], names: Sequence[str] |
     """Gain distribution per prompt category (box of per-prompt values, mean +- 95% CI marker).
 
     Args:
-        results: a :class:`~thermo_lens.robustness.RobustnessResult`, a list / dict of them.
+        results: a :class:`~thermo_lens.measures.robustness.RobustnessResult`, a list / dict of them.
         names: display names.
 
     Definition: the result's gain summary (its recorded name, token scope and BOS mode) per prompt,
@@ -332,7 +332,7 @@ def robustness_plot(results: OneOrMany[RobustnessResult], names: Sequence[str] |
     data = []
     for name, r in pairs:
         check_type(r, "RobustnessResult", "robustness_plot",
-                   "Pass thermo_lens.robustness.input_robustness(model, 'paper25') results.")
+                   "Pass thermo_lens.measures.robustness.input_robustness(model, 'paper25') results.")
         data.append((name, r, _robustness_arrays(r)))
     # One numeric slot per (category, model): category i at x = i, model m offset inside it, so each
     # model's mean +- CI marker is drawn at exactly its own box's x (plotly groups boxes, not scatters).

@@ -14,7 +14,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from thermo_lens import registry
+from thermo_lens.core import registry
 from thermo_lens.views._common import (
     POST_LN_SUFFIX,
     ThermoLensViewError,
@@ -29,16 +29,16 @@ from thermo_lens.views._common import (
     to_numpy,
     wrap,
 )
-from thermo_lens.result import register_plot
+from thermo_lens.core.result import register_plot
 
 if TYPE_CHECKING:
     import torch
     from numpy.typing import ArrayLike
 
-    from thermo_lens.attribution.result import GainAttribution
-    from thermo_lens.profile import ThermoProfile
-    from thermo_lens.sheaf.traces import SheafTraces
-    from thermo_lens.spectral.signature import SpectralSignature
+    from thermo_lens.measures.attribution.result import GainAttribution
+    from thermo_lens.measures.profile import ThermoProfile
+    from thermo_lens.measures.sheaf.traces import SheafTraces
+    from thermo_lens.measures.spectral.signature import SpectralSignature
     from thermo_lens.views._common import OneOrMany, Selection
 
 __all__ = ["head_heatmap", "spectral_scatter", "spectral_heatmaps", "sheaf_trace_heatmap", "attribution_heatmap"]
@@ -143,7 +143,7 @@ def spectral_scatter(signatures: OneOrMany[SpectralSignature | ThermoProfile],
     model, one marker symbol per lab (the legend is grouped by lab).
 
     Args:
-        signatures: a :class:`~thermo_lens.spectral.SpectralSignature`, a list / dict of them, or
+        signatures: a :class:`~thermo_lens.measures.spectral.SpectralSignature`, a list / dict of them, or
             ThermoProfile(s) (``.spectral``; their ``meta["lab"]`` picks the marker symbol).
         labs: lab per model (a list aligned with ``signatures`` or a ``{name: lab}`` dict); default
             the profiles' ``meta["lab"]``, else the model name. Models of one lab share a marker
@@ -167,7 +167,7 @@ def spectral_scatter(signatures: OneOrMany[SpectralSignature | ThermoProfile],
     lo, hi = np.inf, -np.inf
     for name, sig in pairs:
         check_type(sig, "SpectralSignature", "spectral_scatter",
-                   "Pass thermo_lens.spectral.spectral_signature(model) results (or ThermoProfiles).")
+                   "Pass thermo_lens.measures.spectral.spectral_signature(model) results (or ThermoProfiles).")
         v, o, r = _sig_tensor(sig, "W_V_norm"), _sig_tensor(sig, "W_O_norm"), _sig_tensor(sig, "ratio")
         L, H = v.shape
         lab = lab_of[name]
@@ -250,11 +250,11 @@ def spectral_heatmaps(signature: SpectralSignature | ThermoProfile, metrics: Seq
     """Several per-head spectral metrics of one model as side-by-side ``[layer, head]`` heatmaps.
 
     Args:
-        signature: a :class:`~thermo_lens.spectral.SpectralSignature` (or a ThermoProfile).
-        metrics: names of registered ``[layer, head]`` metrics (:mod:`thermo_lens.registry`).
+        signature: a :class:`~thermo_lens.measures.spectral.SpectralSignature` (or a ThermoProfile).
+        metrics: names of registered ``[layer, head]`` metrics (:mod:`thermo_lens.core.registry`).
         name: display name (default: the recorded model name).
         layers, heads: show only these layers / heads (negative from the end).
-        attribution: a :class:`~thermo_lens.attribution.GainAttribution` of the same model (or a
+        attribution: a :class:`~thermo_lens.measures.attribution.GainAttribution` of the same model (or a
             ThermoProfile, whose ``.attribution`` is used when ``signature`` is one): adds its
             mean head term as a last, diverging heatmap beside the spectral ones.
     """
@@ -262,7 +262,7 @@ def spectral_heatmaps(signature: SpectralSignature | ThermoProfile, metrics: Seq
         attribution = signature.attribution
     ((label, sig),) = named(signature, "spectral", "SpectralSignature", [name] if name else None)
     check_type(sig, "SpectralSignature", "spectral_heatmaps",
-               "Pass thermo_lens.spectral.spectral_signature(model) (or a ThermoProfile).")
+               "Pass thermo_lens.measures.spectral.spectral_signature(model) (or a ThermoProfile).")
     metrics = list(metrics)
     if not metrics:
         raise ThermoLensViewError("spectral_heatmaps: give at least one metric")
@@ -312,7 +312,7 @@ def sheaf_trace_heatmap(traces: SheafTraces | ThermoProfile, *, name: str | None
     """Mean sheaf Laplacian trace per head over prompts, ``[layer, head]``.
 
     Args:
-        traces: a :class:`~thermo_lens.sheaf.SheafTraces` (or a ThermoProfile, ``.sheaf``).
+        traces: a :class:`~thermo_lens.measures.sheaf.SheafTraces` (or a ThermoProfile, ``.sheaf``).
         name: display name.
         log: colour by ``log10`` of the trace (wide dynamic range across layers).
         layers, heads: show only these layers / heads (negative from the end).
@@ -322,7 +322,7 @@ def sheaf_trace_heatmap(traces: SheafTraces | ThermoProfile, *, name: str | None
     """
     ((label, tr),) = named(traces, "sheaf", "SheafTraces", [name] if name else None)
     check_type(tr, "SheafTraces", "sheaf_trace_heatmap",
-               "Pass thermo_lens.sheaf.sheaf_traces(model, prompts) (or a ThermoProfile).")
+               "Pass thermo_lens.measures.sheaf.sheaf_traces(model, prompts) (or a ThermoProfile).")
     z = to_numpy(tr.trace).mean(axis=0)
     m = tr.model or {}
     definition = (f"{tr.definition}; mean over {tr.n_prompts} prompts; "
@@ -346,7 +346,7 @@ def attribution_heatmap(attribution: GainAttribution | ThermoProfile, *, name: s
     """Per-head gain attribution, mean over prompts, beside the block's other terms and its total.
 
     Args:
-        attribution: a :class:`~thermo_lens.attribution.GainAttribution` (or a ThermoProfile,
+        attribution: a :class:`~thermo_lens.measures.attribution.GainAttribution` (or a ThermoProfile,
             ``.attribution``).
         name: display name.
         relative: colour by the term divided by the block input's squared norm

@@ -5,7 +5,7 @@ Fig. 1-2; ``thermo_lens.definitions`` §5. The statistics come from :mod:`thermo
 p-values, never asserted); the paper's published numbers from :mod:`thermo_lens.paper.reference`.
 
 Inputs are per-model tables: a DataFrame with one row per model, or a list of ThermoProfiles
-(``.to_row()``), or of :class:`~thermo_lens.gain.GainResult` (turned into rows by
+(``.to_row()``), or of :class:`~thermo_lens.measures.gain.GainResult` (turned into rows by
 :func:`gain_row`).
 """
 
@@ -34,9 +34,9 @@ from thermo_lens.views._common import (
 )
 
 if TYPE_CHECKING:
-    from thermo_lens.gain import GainResult
+    from thermo_lens.measures.gain import GainResult
     from thermo_lens.laws.table import Table
-    from thermo_lens.profile import ThermoProfile
+    from thermo_lens.measures.profile import ThermoProfile
 
     #: What the per-model views take: a table (one row per model), or models' profiles or gain
     #: results, one row each (:func:`rows_frame`).
@@ -55,7 +55,7 @@ PAPER_DEFINITION_NOTE = (
 
 # ---------------------------------------------------------------------------- rows
 def gain_row(g: GainResult, *, lab: str | None = None, family: str | None = None, name: str | None = None) -> dict[str, Any]:
-    """One per-model summary row from a :class:`~thermo_lens.gain.GainResult` (profile-row columns).
+    """One per-model summary row from a :class:`~thermo_lens.measures.gain.GainResult` (profile-row columns).
 
     ``gain`` is the mean of the summary that decided the regime (``g.regime_by``), with its 95%
     CI in ``gain_ci_low``/``gain_ci_high``; every named summary is a column too.

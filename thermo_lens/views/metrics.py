@@ -1,4 +1,4 @@
-"""Any registered metric as a figure, drawn from its shape in :mod:`thermo_lens.registry`.
+"""Any registered metric as a figure, drawn from its shape in :mod:`thermo_lens.core.registry`.
 
 ``metric_plot(result, "qk_norm")`` draws a ``[layer, head]`` metric as a heatmap, a per-layer
 metric as a line, a per-prompt metric as a strip of points, and so on; every hover names the
@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import plotly.graph_objects as go
 
-from thermo_lens import registry
+from thermo_lens.core import registry
 from thermo_lens.views._common import ThermoLensViewError, base_layout, hover, to_numpy, wrap
 from thermo_lens.views.heads import head_heatmap
-from thermo_lens.result import register_plot
+from thermo_lens.core.result import register_plot
 
 if TYPE_CHECKING:
-    from thermo_lens.result import Result
+    from thermo_lens.core.result import Result
 
 __all__ = ["metric_plot"]
 

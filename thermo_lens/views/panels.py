@@ -11,10 +11,10 @@ Transformer Architectures"; ``thermo_lens.definitions`` §1-3):
 
 * ``delta_block_gain``: the change in the layer's block gain ``G_{l+1} = ||x_{l+1}|| / ||x_l||``
   (block ``l``, 0-based) when the head is zero-ablated (``blocks.{l}.attn.hook_z[:, :, h] = 0``,
-  a ``fwd_hooks`` hook in :func:`thermo_lens.gain.residual_gain`), mean over the prompts;
-* ``W_V_norm``, ``W_O_norm``, ``ov_norm``: spectral norms (:func:`thermo_lens.spectral.spectral_signature`);
+  a ``fwd_hooks`` hook in :func:`thermo_lens.measures.gain.residual_gain`), mean over the prompts;
+* ``W_V_norm``, ``W_O_norm``, ``ov_norm``: spectral norms (:func:`thermo_lens.measures.spectral.spectral_signature`);
 * ``sheaf_trace``: ``(n - sum_i A_ii) ||W_V||_F^2`` of the head on the panel's prompt (the trace of
-  its sheaf Laplacian, :func:`thermo_lens.sheaf.sheaf_laplacian`).
+  its sheaf Laplacian, :func:`thermo_lens.measures.sheaf.sheaf_laplacian`).
 """
 
 from __future__ import annotations
@@ -30,19 +30,19 @@ import numpy as np
 import pandas as pd
 import torch
 
-from thermo_lens.registry import Metric, metrics, register_metric
-from thermo_lens.result import Result
-from thermo_lens.tokens import TokenScope
+from thermo_lens.core.registry import Metric, metrics, register_metric
+from thermo_lens.core.result import Result
+from thermo_lens.core.tokens import TokenScope
 from thermo_lens.views._common import ThermoLensViewError, bos_text, settings_text, to_numpy
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
 
-    from thermo_lens.hosts.protocol import TransformerLensModel
-    from thermo_lens.inputs import Prompts
-    from thermo_lens.model import ModelView
-    from thermo_lens.settings import FwdHooks
-    from thermo_lens.tokens import BosMode
+    from thermo_lens.core.hosts.protocol import TransformerLensModel
+    from thermo_lens.core.inputs import Prompts
+    from thermo_lens.core.model import ModelView
+    from thermo_lens.core.settings import FwdHooks
+    from thermo_lens.core.tokens import BosMode
 
 __all__ = [
     "AttentionPanel",
@@ -124,7 +124,7 @@ def circuitsvis_html(element: str = "AttentionPatterns", *, include_js: bool = T
 
 # ---------------------------------------------------------------------------- metrics
 def _display_tokens(view: ModelView, prompt: str, prepend_bos: BosMode, n: int) -> list[str]:
-    from thermo_lens.tokens import encode
+    from thermo_lens.core.tokens import encode
 
     ids = encode(view, prompt, prepend_bos)[:n]
     tok = view.tokenizer
@@ -166,7 +166,7 @@ class AttentionPanel(Result):
         """Write a standalone offline HTML page with this panel; returns the path."""
         p = Path(path)
         title = html.escape(f"thermo-lens: {self.model}, layer {self.layer}")
-        from thermo_lens.safe_io import atomic_write_text
+        from thermo_lens.core.safe_io import atomic_write_text
 
         atomic_write_text(p, f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{title}</title></head>"
                              f"<body>{self.html}</body></html>")
@@ -274,7 +274,7 @@ def _per_head_activation_metrics(view: ModelView, prompts: Prompts, layer: int, 
                                   prepend_bos: BosMode, fwd_hooks: FwdHooks = ()) -> dict[str, np.ndarray]:
     """``{column: [head] values}``: every registered ``[prompt, layer, head]`` metric marked ``panel``,
     block ``layer``, mean over ``prompts``, from one pass over every measurement that produces one."""
-    from thermo_lens import measure, registry
+    from thermo_lens.core import measure, registry
 
     wanted = [m for m in metrics() if m.panel and m.dims == ("prompt", "layer", "head")]
     runs = [meas.name for meas in registry.measurements() if meas.needs_pass and meas.applies(view) is None
@@ -302,7 +302,7 @@ def attention_panel(model: TransformerLensModel | ModelView, prompt: str, layer:
         head: show only this head (or these heads; negative from the end); default all.
         prepend_bos: BOS mode (``True``, ``False``, ``"tokenizer"``), as in ``residual_gain``.
         gain_prompts: prompts for the ablation gain change (default ``[prompt]``).
-        token_scope: token scope of the gain (``thermo_lens.tokens.TOKEN_SCOPES``).
+        token_scope: token scope of the gain (``thermo_lens.core.tokens.TOKEN_SCOPES``).
         ablation: compute ``delta_block_gain`` (``n_heads + 1`` forward passes over ``gain_prompts``).
         attribution: compute the per-head activation metrics registered for panels
             (``Metric.panel``, shape ``[prompt, layer, head]``: the attribution's ``head_term``, ...),
@@ -315,9 +315,9 @@ def attention_panel(model: TransformerLensModel | ModelView, prompt: str, layer:
     Returns:
         :class:`AttentionPanel` (``panel.html``; displays itself in a notebook; ``panel.save(path)``).
     """
-    from thermo_lens.model import as_view
-    from thermo_lens.sheaf import LayerSheafLaplacian, sheaf_laplacian
-    from thermo_lens.spectral import spectral_signature
+    from thermo_lens.core.model import as_view
+    from thermo_lens.measures.sheaf import LayerSheafLaplacian, sheaf_laplacian
+    from thermo_lens.measures.spectral import spectral_signature
 
     if not isinstance(prompt, str) or not prompt.strip():
         raise ThermoLensViewError(f"attention_panel: prompt must be a non-empty string, got {prompt!r}")
@@ -333,9 +333,9 @@ def attention_panel(model: TransformerLensModel | ModelView, prompt: str, layer:
         if bad or not hs:
             raise ThermoLensViewError(f"attention_panel: head must be in 0..{view.n_heads - 1} (negative from the end), got {head!r}")
         shown = [int(h) % view.n_heads for h in hs]
-    from thermo_lens import attached
-    from thermo_lens.provenance import attached_records, describe_hook, hooks_text
-    from thermo_lens.validate import boolean, fwd_hooks as check_hooks
+    from thermo_lens.core import attached
+    from thermo_lens.core.provenance import attached_records, describe_hook, hooks_text
+    from thermo_lens.core.validate import boolean, fwd_hooks as check_hooks
 
     ablation, attribution = boolean("ablation", ablation), boolean("attribution", attribution)
     hooks = check_hooks(fwd_hooks)
@@ -355,7 +355,7 @@ def attention_panel(model: TransformerLensModel | ModelView, prompt: str, layer:
     })
     gp = gain_prompts if gain_prompts is not None else [prompt]
     if ablation:
-        from thermo_lens.ablation import head_ablation
+        from thermo_lens.measures.ablation import head_ablation
 
         abl = head_ablation(view, gp, layer, token_scope=token_scope, prepend_bos=prepend_bos, fwd_hooks=hooks)
         table.insert(1, "delta_block_gain", abl.to_frame()["delta_block_gain"].to_numpy())

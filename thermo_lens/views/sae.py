@@ -1,4 +1,4 @@
-"""Plotly view of :class:`thermo_lens.sae.SAEGainChange`: what attached SAEs do to the residual gain.
+"""Plotly view of :class:`thermo_lens.measures.sae.SAEGainChange`: what attached SAEs do to the residual gain.
 
 Top panel: mean block gain ``G_l`` per block ``l`` (0-based) with and without the SAEs, with 95%
 t-CI bands. Bottom panel: the paired difference ``delta_l = G_l(with) - G_l(without)`` across
@@ -23,11 +23,11 @@ from thermo_lens.views._common import (
     wrap,
 )
 from thermo_lens.views.dynamics import _rgba
-from thermo_lens.result import register_plot
-from thermo_lens.sae import sae_position
+from thermo_lens.core.result import register_plot
+from thermo_lens.measures.sae import sae_position
 
 if TYPE_CHECKING:
-    from thermo_lens.sae import SAEGainChange
+    from thermo_lens.measures.sae import SAEGainChange
 
 __all__ = ["sae_gain_change_plot"]
 
@@ -39,7 +39,7 @@ def sae_gain_change_plot(result: SAEGainChange) -> go.Figure:
     """Gain per block with and without the SAEs (top) and the paired change with CIs (bottom).
 
     Args:
-        result: a :class:`~thermo_lens.sae.SAEGainChange` (``thermo_lens.sae_gain_change(...)``).
+        result: a :class:`~thermo_lens.measures.sae.SAEGainChange` (``thermo_lens.sae_gain_change(...)``).
 
     Returns:
         ``plotly.graph_objects.Figure``: traces with ``meta["role"]`` ``"with_saes"``,

@@ -24,16 +24,16 @@ import torch
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from thermo_lens import attached
-from thermo_lens.model import as_view
-from thermo_lens.result import register_plot
+from thermo_lens.core import attached
+from thermo_lens.core.model import as_view
+from thermo_lens.core.result import register_plot
 from thermo_lens.views._common import ThermoLensViewError, base_layout, hover, wrap
 from thermo_lens.views.panels import circuitsvis_html
 
 if TYPE_CHECKING:
-    from thermo_lens.attribution.result import GainAttribution
-    from thermo_lens.hosts.protocol import TransformerLensModel
-    from thermo_lens.model import ModelView
+    from thermo_lens.measures.attribution.result import GainAttribution
+    from thermo_lens.core.hosts.protocol import TransformerLensModel
+    from thermo_lens.core.model import ModelView
 
 
 @runtime_checkable

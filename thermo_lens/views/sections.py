@@ -1,7 +1,7 @@
 """Report sections, one per registered measurement.
 
 :func:`thermo_lens.report.render_report` walks the measurement registry
-(:func:`thermo_lens.registry.measurements`) and, for each measurement its profiles hold, writes a
+(:func:`thermo_lens.core.registry.measurements`) and, for each measurement its profiles hold, writes a
 section with the measurement's title and summary, then calls the renderer registered here for it
 (:func:`register_section`), or :func:`generic_section`, which draws every registered metric of the
 measurement's result with :func:`thermo_lens.views.metric_plot`. So a new measurement appears in
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 from thermo_lens._lazy import pandas as pd
-from thermo_lens import registry
+from thermo_lens.core import registry
 
 __all__ = ["register_section", "section_for", "generic_section", "MAX_PER_MODEL_FIGURES"]
 
@@ -88,8 +88,8 @@ def generic_section(doc: Document, results: dict[str, Any], profiles: dict[str, 
 # ---------------------------------------------------------------------------- the battery's sections
 def _robustness(profiles: dict[str, Any]) -> dict[str, Any]:
     """Per-category gain for profiles whose prompts carry >= 2 categories (pure, no model run)."""
-    from thermo_lens import prompts as prompt_sets
-    from thermo_lens.robustness import robustness_from_gain
+    from thermo_lens.core import prompts as prompt_sets
+    from thermo_lens.measures.robustness import robustness_from_gain
 
     out = {}
     for k, p in profiles.items():

@@ -32,12 +32,12 @@ from thermo_lens.views._common import (
     to_numpy,
     wrap,
 )
-from thermo_lens.result import register_plot
+from thermo_lens.core.result import register_plot
 
 if TYPE_CHECKING:
-    from thermo_lens.depth import LStarResult
-    from thermo_lens.profile import ThermoProfile
-    from thermo_lens.sheaf.operator import LayerSheafLaplacian, SheafLaplacian
+    from thermo_lens.measures.depth import LStarResult
+    from thermo_lens.measures.profile import ThermoProfile
+    from thermo_lens.measures.sheaf.operator import LayerSheafLaplacian, SheafLaplacian
     from thermo_lens.views._common import OneOrMany
 
 __all__ = ["sheaf_plot", "restriction_norms", "l_star_plot", "eq6_beyond_depth"]
@@ -74,8 +74,8 @@ def sheaf_plot(laplacian: SheafLaplacian | LayerSheafLaplacian, *, head: int | N
     """One head's sheaf Laplacian: ``M`` heatmap, nonzero spectrum, restriction-map norms.
 
     Args:
-        laplacian: a :class:`~thermo_lens.sheaf.SheafLaplacian` (one head), or a
-            :class:`~thermo_lens.sheaf.LayerSheafLaplacian` with ``head`` given.
+        laplacian: a :class:`~thermo_lens.measures.sheaf.SheafLaplacian` (one head), or a
+            :class:`~thermo_lens.measures.sheaf.LayerSheafLaplacian` with ``head`` given.
         head: which head of a layer-level Laplacian.
         norm: restriction-map norm, ``"spectral"`` (``sqrt(c_ij) sigma_max(W_V)``) or ``"frobenius"``.
         max_eigenvalues: cap on plotted eigenvalues (evenly spaced ranks beyond it; stated in the title).
@@ -85,7 +85,7 @@ def sheaf_plot(laplacian: SheafLaplacian | LayerSheafLaplacian, *, head: int | N
     eigenvalues of ``L = M (x) W_V W_V^T`` by rank, log scale, with the kernel dimension and
     spectral-gap reason in the hover.
     """
-    from thermo_lens.sheaf.operator import LayerSheafLaplacian
+    from thermo_lens.measures.sheaf.operator import LayerSheafLaplacian
 
     if isinstance(laplacian, LayerSheafLaplacian):
         if head is None:
@@ -96,7 +96,7 @@ def sheaf_plot(laplacian: SheafLaplacian | LayerSheafLaplacian, *, head: int | N
     elif head is not None and getattr(laplacian, "head", None) not in (None, head):
         raise ThermoLensViewError(f"sheaf_plot: head={head} but this Laplacian is head {laplacian.head}")
     check_type(laplacian, "SheafLaplacian", "sheaf_plot",
-               "Pass thermo_lens.sheaf.sheaf_laplacian(model, prompt, layer, head).")
+               "Pass thermo_lens.measures.sheaf.sheaf_laplacian(model, prompt, layer, head).")
     L = laplacian
     M = to_numpy(L.M)
     ticks = _tokens(L)
@@ -207,7 +207,7 @@ def l_star_plot(results: OneOrMany[LStarResult | ThermoProfile], names: Sequence
     """Layer trace ``T_l`` per layer with the empirical and predicted L* marked, models overlaid.
 
     Args:
-        results: an :class:`~thermo_lens.depth.LStarResult`, a list / dict of them, or
+        results: an :class:`~thermo_lens.measures.depth.LStarResult`, a list / dict of them, or
             ThermoProfile(s) (their ``.l_star``).
         names: display names.
         x: ``"layer"`` (0-based block index) or ``"relative_depth"`` (``l / L``).
@@ -227,7 +227,7 @@ def l_star_plot(results: OneOrMany[LStarResult | ThermoProfile], names: Sequence
     beyond: dict[tuple[int, int, float], list[str]] = {}
     for name, r in pairs:
         check_type(r, "LStarResult", "l_star_plot",
-                   "Pass thermo_lens.depth.l_star_from_traces(...) results (or ThermoProfiles).")
+                   "Pass thermo_lens.measures.depth.l_star_from_traces(...) results (or ThermoProfiles).")
         d = _lstar_arrays(r)
         L = d["trace"].shape[0]
         layers = np.arange(L)

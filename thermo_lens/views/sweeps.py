@@ -2,7 +2,7 @@
 effect with non-significant cells marked, and a per-layer plot of a :class:`PairedDifference`.
 
 The effect of a cell is the measure under the condition (patched or ablated) minus the measure
-without it, mean over prompts (:mod:`thermo_lens.sweeps.result`); a cell is significant when its
+without it, mean over prompts (:mod:`thermo_lens.experiments.sweeps.result`); a cell is significant when its
 Holm-adjusted paired t-test p is below ``1 - level``. ``layer`` is the 0-based block index.
 """
 
@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import plotly.graph_objects as go
 
-from thermo_lens.result import register_plot
+from thermo_lens.core.result import register_plot
 from thermo_lens.views._common import ThermoLensViewError, base_layout, check_type, hover, to_numpy, wrap
 
 if TYPE_CHECKING:
-    from thermo_lens.paired import PairedDifference
-    from thermo_lens.sweeps.result import SweepResult
+    from thermo_lens.stats.paired import PairedDifference
+    from thermo_lens.experiments.sweeps.result import SweepResult
 
 __all__ = ["sweep_heatmap", "paired_difference_plot"]
 
@@ -61,7 +61,7 @@ def sweep_heatmap(sweep: SweepResult, *, pos: int | None = None, head: int | Non
     """A sweep's mean effect as a diverging ``[layer, head]`` (or ``[layer, pos]``) heatmap.
 
     Args:
-        sweep: a :class:`thermo_lens.sweeps.SweepResult`.
+        sweep: a :class:`thermo_lens.experiments.sweeps.SweepResult`.
         pos: for a ``("head", "pos")`` sweep, the swept position whose ``[layer, head]`` map is drawn,
             as the sweep was given it (``-1``: each prompt's last token; on prompts of one length
             ``n - 1`` names the same token); default ``None``: the last position in ``sweep.positions``.
@@ -129,7 +129,7 @@ def sweep_heatmap(sweep: SweepResult, *, pos: int | None = None, head: int | Non
 
 @register_plot("PairedDifference")
 def paired_difference_plot(diff: PairedDifference, *, head: int | None = None) -> go.Figure:
-    """A :class:`~thermo_lens.paired.PairedDifference` along its first dimension (``layer`` or
+    """A :class:`~thermo_lens.stats.paired.PairedDifference` along its first dimension (``layer`` or
     ``state``): mean difference ``b - a`` with its paired t-CI as error bars, p in the hover.
 
     Args:

@@ -9,8 +9,8 @@ of any paper and say nothing quantitative about real LLMs.
 Checkpoints (HF format: ``config.json``, ``model.safetensors``, tokenizer
 files and a ``recipe.json`` describing exactly how each was trained) live in
 ``thermo_lens/zoo/<name>/``. They are rebuilt by the heritage lab
-(:mod:`thermo_lens.lab`) from the repository's lab specs, on the fixed corpus file
-``thermo_lens/lab/corpora/stdlib-docstrings.jsonl.gz``::
+(:mod:`thermo_lens.experiments.lab`) from the repository's lab specs, on the fixed corpus file
+``thermo_lens/experiments/lab/corpora/stdlib-docstrings.jsonl.gz``::
 
     thermo-lens lab recipes/zoo.toml --out zoo-rebuild        # gpt2-tiny-wd / gpt2-tiny-nowd
     thermo-lens lab recipes/zoo-neox.toml --out zoo-rebuild   # neox-tiny
@@ -79,7 +79,7 @@ def path(name: str) -> Path:
     if not isinstance(name, str) or name not in available:
         import difflib
 
-        from thermo_lens.errors import readable  # here: the zoo's listing never imports the package (torch)
+        from thermo_lens.core.errors import readable  # here: the zoo's listing never imports the package (torch)
 
         close = difflib.get_close_matches(name, available, n=1, cutoff=0.8) if isinstance(name, str) else []
         guess = f"did you mean {close[0]!r}? " if close else ""
@@ -159,7 +159,7 @@ def load(name: str, host: str = "bridge", *, device: str | torch.device | None =
               ``pip install 'thermo-lens[sae]'``), ready for ``model.add_sae(sae)``.
 
             A host the installed TransformerLens does not have is an
-            :class:`~thermo_lens.errors.UnsupportedHostError` that says what to install.
+            :class:`~thermo_lens.core.errors.UnsupportedHostError` that says what to install.
         device: where the model goes (default: the host's choice; ``"cpu"`` for the hooked hosts).
         dtype: torch dtype (default ``torch.float32``).
         processed: hooked hosts only: ``False`` (the default) keeps the raw weights, as
@@ -176,7 +176,7 @@ def load(name: str, host: str = "bridge", *, device: str | torch.device | None =
         sae_host = zoo.load("gpt2-tiny-wd", host="hooked_sae")   # HookedSAETransformer
     """
     if host not in HOSTS:
-        from thermo_lens.errors import ThermoLensInputError
+        from thermo_lens.core.errors import ThermoLensInputError
 
         raise ThermoLensInputError(f"zoo.load: host must be one of {', '.join(map(repr, HOSTS))}, got {host!r}")
     ckpt = path(name)
@@ -186,11 +186,11 @@ def load(name: str, host: str = "bridge", *, device: str | torch.device | None =
     if host != "bridge":
         return _load_hooked(name, ckpt, host, device=device, dtype=dtype, processed=processed, **boot_kwargs)
     if processed:
-        from thermo_lens.errors import ThermoLensInputError
+        from thermo_lens.core.errors import ThermoLensInputError
 
         raise ThermoLensInputError("zoo.load: processed=True is for the hooked hosts; a TransformerBridge keeps "
                                    "the raw weights (bridge.enable_compatibility_mode() processes them)")
-    from thermo_lens.host import import_bridge
+    from thermo_lens.core.host import import_bridge
 
     TransformerBridge = import_bridge("thermo_lens.zoo.load")
 
@@ -224,8 +224,8 @@ def _quiet_offline() -> Iterator[None]:
 
 
 def _hooked_class(host: str) -> type[HookedTransformer]:
-    from thermo_lens.errors import UnsupportedHostError
-    from thermo_lens.host import transformer_lens_version
+    from thermo_lens.core.errors import UnsupportedHostError
+    from thermo_lens.core.host import transformer_lens_version
 
     if host == "hooked_sae":
         try:
