@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
-__all__ = ["pandas", "scipy_stats"]
+__all__ = ["pandas", "scipy_stats", "submodules"]
 
 
 class _LazyModule:
@@ -36,3 +36,18 @@ if TYPE_CHECKING:  # type checkers see the modules themselves
 else:
     pandas = _LazyModule("pandas")
     scipy_stats = _LazyModule("scipy.stats")
+
+
+def submodules(package: str) -> Callable[[str], ModuleType]:
+    """A package's ``__getattr__`` that imports ``package.<name>`` on first access, so that
+    ``thermo_lens.measures.gain`` resolves after ``import thermo_lens`` alone (a layer folder)."""
+
+    def __getattr__(name: str) -> ModuleType:
+        try:
+            return importlib.import_module(f"{package}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{package}.{name}":
+                raise
+            raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+
+    return __getattr__

@@ -1,15 +1,5 @@
 """The ground: host adapters, the model view, tokens, settings, the pass, results, the registry."""
 
-from __future__ import annotations
+from thermo_lens._lazy import submodules
 
-import importlib
-from types import ModuleType
-
-
-def __getattr__(name: str) -> ModuleType:  # `thermo_lens.<folder>.<module>` without importing it first
-    try:
-        return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as e:
-        if e.name != f"{__name__}.{name}":
-            raise
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+__getattr__ = submodules(__name__)  # `thermo_lens.<folder>.<module>` without importing it first
