@@ -479,7 +479,7 @@ def test_start_at_layer_keeps_each_blocks_attention_kind(bridge, arch, monkeypat
 
     @contextlib.contextmanager
     def list_only(self, view):  # the layer list cut, the per-layer kinds not: block 1 gets block 0's kind
-        parent, attr = self._hf_layers
+        parent, attr = view.adapter.hf_layer_list(view.model)
         whole = getattr(parent, attr)
         setattr(parent, attr, torch.nn.ModuleList(list(whole)[self.start_layer:]))
         try:
