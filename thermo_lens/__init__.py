@@ -74,8 +74,10 @@ _LAZY_ATTRS = {"write_report": "thermo_lens.report", "input_robustness": "thermo
 def __getattr__(name: str) -> Any:
     if name in _LAZY_MODULES:
         return importlib.import_module(_LAZY_MODULES[name])
-    if name in _moved.MOVED:  # an old module path (tl.gain ...): the moved module, with a DeprecationWarning
-        return importlib.import_module(f"thermo_lens.{name}")
+    if name in _moved.MOVED:  # tl.sweeps, tl.gain ...: the module in its layer folder (importing the old path warns)
+        module = importlib.import_module(f"thermo_lens.{_moved.MOVED[name]}.{name}")
+        globals()[name] = module
+        return module
     if name in _LAZY_ATTRS:
         value = getattr(importlib.import_module(_LAZY_ATTRS[name]), name)
         globals()[name] = value

@@ -7,6 +7,7 @@ object: ``isinstance`` checks and ``mock.patch`` targets keep working) and say w
 from __future__ import annotations
 
 import importlib
+import sys
 import warnings
 
 import pytest
@@ -17,7 +18,8 @@ from thermo_lens import _moved
 
 @pytest.mark.parametrize("old", ["thermo_lens.gain", "thermo_lens.model", "thermo_lens.spectral.kernels",
                                  "thermo_lens.sweeps", "thermo_lens.paired", "thermo_lens.study.spec"])
-def test_an_old_path_is_the_moved_module_with_a_warning(old):
+def test_an_old_path_is_the_moved_module_with_a_warning(old, monkeypatch):
+    monkeypatch.delitem(sys.modules, old, raising=False)  # imported earlier in the session: import it afresh
     new = _moved.new_name(old)
     assert new is not None and new != old
     real = importlib.import_module(new)
@@ -46,3 +48,12 @@ def test_paths_that_did_not_move_are_left_alone():
 def test_every_moved_name_exists_in_its_folder():
     for name, folder in _moved.MOVED.items():
         assert importlib.import_module(f"thermo_lens.{folder}.{name}")
+
+
+def test_front_door_attributes_reach_the_folders_without_a_warning():
+    from thermo_lens.experiments import sweeps
+    from thermo_lens.measures import gain
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        assert thermo_lens.sweeps is sweeps and thermo_lens.gain is gain  # tl.sweeps.LogitDifference ...
