@@ -130,19 +130,29 @@ class Slabs:
         if isinstance(handle, Tensor):
             return handle
         k, off, nbytes, dtype, shape = handle
+        typed = self.typed(k, dtype)
+        return typed.as_strided(shape, _contiguous_strides(shape), typed.storage_offset() + off // dtype.itemsize)
+
+    def typed(self, k: int, dtype: torch.dtype) -> Tensor:
+        """Slab ``k`` viewed as ``dtype`` (made once per slab and dtype)."""
         typed = self._typed.get((k, dtype))
         if typed is None:
             typed = self._typed[(k, dtype)] = self._slabs[k].view(dtype)
-        strides, step = [], 1
-        for n in reversed(shape):
-            strides.append(step)
-            step *= max(int(n), 1)
-        return typed.as_strided(shape, tuple(reversed(strides)), typed.storage_offset() + off // dtype.itemsize)
+        return typed
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the slabs (and the whole batch tensors kept with them)."""
         return sum(s.numel() for s in self._slabs)
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The element strides of a contiguous tensor of ``shape`` (a size-0 dimension counted as 1)."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(int(n), 1)
+    return tuple(reversed(strides))
 
 
 class PackedParts:
@@ -236,13 +246,7 @@ def read_rows(slabs: Slabs, lists: list[PackedParts], i: int) -> Tensor:
         if step >= size and step % dtype.itemsize == 0 and all(
                 p[0] == k and p[1] == off + j * step and p[2] == dtype and p[3] == shape  # type: ignore[index]
                 for j, p in enumerate(places)):
-            typed = slabs._typed.get((k, dtype))
-            if typed is None:
-                typed = slabs._typed[(k, dtype)] = slabs._slabs[k].view(dtype)
-            strides, elems = [], 1
-            for n in reversed(shape):
-                strides.append(elems)
-                elems *= max(int(n), 1)
-            return typed.as_strided((len(places), *shape), (step // dtype.itemsize, *reversed(strides)),
+            typed = slabs.typed(k, dtype)
+            return typed.as_strided((len(places), *shape), (step // dtype.itemsize, *_contiguous_strides(shape)),
                                     typed.storage_offset() + off // dtype.itemsize)
     return torch.stack([parts[i] for parts in lists])
