@@ -189,12 +189,6 @@ def _check_regime_by(regime_by: Any) -> str:
     return regime_by
 
 
-def _check_level(level: Any) -> float:
-    if not isinstance(level, (int, float)) or not 0 < level < 1:
-        raise ThermoLensInputError(f"level must be a confidence level in (0, 1), got {level!r}")
-    return float(level)
-
-
 # ---------------------------------------------------------------------------- the algebra
 def scope_ratio(
     norm_a: Float[Tensor, "*state prompt pos"],
@@ -540,7 +534,7 @@ def _gain_from_collected(
     """
     _check_scope(token_scope)
     _check_regime_by(regime_by)
-    level = _check_level(level)
+    level = validate.confidence_level("level", level)
     if not isinstance(collected, Collected):
         raise ThermoLensInputError(
             f"gain_from_collected expects a thermo_lens.core.passes.Collected, got {type(collected).__name__}; "
@@ -641,7 +635,7 @@ class GainOptions(registry.Options):
     token_scope: TokenScope = option(DEFAULT_SCOPE, "the tokens the per-token ratios are reduced over", _check_scope)
     per_token: bool = option(False, "also keep [prompt, layer, pos] gains", lambda v: validate.boolean("per_token", v))
     regime_by: str = option(DEFAULT_REGIME_BY, "the summary whose CI decides the regime", _check_regime_by)
-    level: float = option(0.95, "confidence level of the CIs", _check_level)
+    level: float = option(0.95, "confidence level of the CIs", lambda v: validate.confidence_level("level", v))
 
 
 @dataclass(frozen=True)
