@@ -215,10 +215,9 @@ def _anisotropy_from_collected(collected: Any, *, level: float | int = 0.95) -> 
     )
 
 
-def anisotropy_from_collected(*args: Any, **kwargs: Any) -> AnisotropyResult:
-    """The same as :meth:`AnisotropyResult.from_collected` (deprecated name, kept for one release; silent:
-    callers that treat every warning as an error keep working)."""
-    return AnisotropyResult.from_collected(*args, **kwargs)
+#: The same as :meth:`AnisotropyResult.from_collected` (deprecated name, kept for one release; silent:
+#: callers that treat every warning as an error keep working).
+anisotropy_from_collected = AnisotropyResult.from_collected
 
 
 @dataclass(frozen=True)

@@ -604,10 +604,9 @@ def _gain_from_collected(
     )
 
 
-def gain_from_collected(*args: Any, **kwargs: Any) -> GainResult:
-    """The same as :meth:`GainResult.from_collected` (deprecated name, kept for one release; silent:
-    callers that treat every warning as an error keep working)."""
-    return GainResult.from_collected(*args, **kwargs)
+#: The same as :meth:`GainResult.from_collected` (deprecated name, kept for one release; silent:
+#: callers that treat every warning as an error keep working).
+gain_from_collected = GainResult.from_collected
 
 
 def _check_finite(block: Tensor, total: Tensor, norms: Tensor, lengths: Tensor, token_scope: str,

@@ -308,10 +308,9 @@ def _traces_from_collected(
     return _traces(collected, _check_formula(formula, stacklevel=4), W_V=W_V)
 
 
-def traces_from_collected(*args: Any, **kwargs: Any) -> SheafTraces:
-    """The same as :meth:`SheafTraces.from_collected` (deprecated name, kept for one release; silent:
-    callers that treat every warning as an error keep working)."""
-    return SheafTraces.from_collected(*args, **kwargs)
+#: The same as :meth:`SheafTraces.from_collected` (deprecated name, kept for one release; silent:
+#: callers that treat every warning as an error keep working).
+traces_from_collected = SheafTraces.from_collected
 
 
 def _traces(collected: Collected, formula: str, W_V: Tensor | None) -> SheafTraces:
