@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from thermo_lens.core.errors import ThermoLensInputError
 from thermo_lens.experiments.lab.recipe import Recipe
-from thermo_lens.experiments.lab.run_record import TABLES_RECORD, read_json_record
+from thermo_lens.experiments.lab.run_record import TABLES_RECORD
 from thermo_lens.experiments.lab.spec import LabSpec, canonical_spec, check_lab_spec, load_lab_spec, spec_fingerprint
 from thermo_lens.core.safe_io import FolderLock, FolderLockedError, SafeIOError, atomic_write_bytes, make_folder, printable
 
@@ -262,6 +262,8 @@ def _prepare_lab_out(out_dir: str | os.PathLike[str]) -> Path:
 def _read_lab_json(out: Path) -> dict[str, Any] | None:
     """The lab folder's ``lab.json`` (``None`` when there is none); a link, a corrupt file or one
     thermo-lens did not write is refused."""
+    from thermo_lens.experiments.lab.run_record import read_json_record
+
     path = out / LAB_JSON
     return read_json_record(path, _LAB_JSON_LIMIT, "lab record", lambda data: {"arms", "base", "knobs"} <= set(data),
                             lambda: LabFolderError(f"{printable(path)} is not a thermo-lens lab record; choose a new "
