@@ -476,9 +476,10 @@ def _attribution_from_collected(collected: Collected, token_scope: str = "all_bu
                            splice=get["splice"], **feats)
 
 
-#: The same as :meth:`GainAttribution.from_collected` (deprecated name, kept for one release; silent:
-#: callers that treat every warning as an error keep working).
-attribution_from_collected = GainAttribution.from_collected
+def attribution_from_collected(*args: Any, **kwargs: Any) -> GainAttribution:
+    """The same as :meth:`GainAttribution.from_collected` (deprecated name, kept for one release; silent:
+    callers that treat every warning as an error keep working)."""
+    return GainAttribution.from_collected(*args, **kwargs)
 
 
 def _check_top_k(k: Any) -> int | None:
