@@ -133,7 +133,7 @@ def non_negative_number(name: str, value: object) -> float | int:
 
 def confidence_level(name: str, value: object) -> float:
     """A real number strictly between 0 and 1 (not a bool, not NaN), as a ``float``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < 1:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) < 1:
         raise ThermoLensInputError(f"{name} must be a confidence level in (0, 1), got {excerpt(value)}")
     return float(value)
 
