@@ -73,7 +73,7 @@ an existing one-pass :func:`thermo_lens.core.passes.collect` (what ``profile()``
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Unpack
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Unpack, overload
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
@@ -142,6 +142,23 @@ _POST_LN_NOTE = (
     "norm's weights, ||x_l[t]|| <= sqrt(d_model) * max|gamma_l| + ||beta_l||; compare regimes "
     "with pre-LN models with care"
 )
+
+
+class _Summary:
+    """``g.<name>`` for ``g.summaries["<name>"]``: a :class:`GainResult`'s named summary across prompts
+    (:class:`~thermo_lens.stats.SummaryStats`), documented by its definition in :data:`SUMMARIES`."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+        self.__doc__ = f"{SUMMARIES[name]}; across prompts."
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _Summary: ...
+    @overload
+    def __get__(self, obj: GainResult, owner: type | None = None) -> SummaryStats: ...
+
+    def __get__(self, obj: GainResult | None, owner: type | None = None) -> SummaryStats | _Summary:
+        return self if obj is None else obj.summaries[self.name]
 
 
 # ---------------------------------------------------------------------------- in-pass reduction
@@ -327,36 +344,13 @@ class GainResult(PairedMixin, ProvenanceFields, Result):
             return f"regime_by {self.regime_by[:60]!r} is not one of its summaries"
         return None
 
-    # ------------------------------------------------------------ named summaries
-    @property
-    def last_block_gain(self) -> SummaryStats:
-        """``G_L`` across prompts (paper metric B)."""
-        return self.summaries["last_block_gain"]
-
-    @property
-    def penultimate_gain(self) -> SummaryStats:
-        """``G_{L-1}`` across prompts (paper NO_FINAL_LN metric A)."""
-        return self.summaries["penultimate_gain"]
-
-    @property
-    def first_block_gain(self) -> SummaryStats:
-        """``G_1`` across prompts."""
-        return self.summaries["first_block_gain"]
-
-    @property
-    def geometric_mean_gain(self) -> SummaryStats:
-        """``(||x_L|| / ||x_0||) ** (1/L)`` across prompts."""
-        return self.summaries["geometric_mean_gain"]
-
-    @property
-    def total_amplification(self) -> SummaryStats:
-        """``||x_L|| / ||x_0||`` across prompts."""
-        return self.summaries["total_amplification"]
-
-    @property
-    def max_block_gain(self) -> SummaryStats:
-        """``max_l G_l`` across prompts."""
-        return self.summaries["max_block_gain"]
+    # ------------------------------------------------------------ named summaries (their definitions: SUMMARIES)
+    last_block_gain = _Summary()
+    penultimate_gain = _Summary()
+    first_block_gain = _Summary()
+    geometric_mean_gain = _Summary()
+    total_amplification = _Summary()
+    max_block_gain = _Summary()
 
     # ------------------------------------------------------------ derived views
     @property
