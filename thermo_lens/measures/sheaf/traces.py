@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Any, Callable, Unpack
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
@@ -110,6 +109,25 @@ def _masses(rec: Recorder) -> tuple[PerLayer, Any]:
     return per_layer, mass
 
 
+def _pattern_hooks(view: ModelView, rec: Recorder, key: str, finish: Callable[[list[int], Tensor], None]) -> None:
+    """At every layer's attention pattern hook: its diagonal (:func:`_diagonals`; ``finish`` records
+    what the traces keep of it under ``key``) and its attention mass (:func:`_masses`)."""
+    names = [view.pattern_hook_name(l) for l in range(view.n_layers)]
+    diagonals = _diagonals(rec, key, names, finish)
+    masses, mass = _masses(rec)
+    for l, name in enumerate(names):
+        def diag(a: Tensor, batch: TokenBatch, _l: int = l) -> None:
+            diagonals.add(_l, _diagonal(a, rec))
+
+        def mass_of(a: Tensor, batch: TokenBatch, _l: int = l) -> None:
+            mass(a, _l)
+
+        rec.add(name, (key, l), diag)
+        rec.add(name, ("attn_mass", l), mass_of)
+    diagonals.close()
+    masses.close()
+
+
 def attention_diagonal(view: ModelView, rec: Recorder) -> None:
     """Per layer, the attention pattern's diagonal ``A_ii`` and each head's total mass.
 
@@ -140,25 +158,6 @@ def attention_diagonal_sums(view: ModelView, rec: Recorder) -> None:
         rec.put_rows([(key, l) for l in layers], torch.nansum(d if sinks else 1.0 - d, dim=-1))
 
     _pattern_hooks(view, rec, key, sums)
-
-
-def _pattern_hooks(view: ModelView, rec: Recorder, key: str, finish: Callable[[list[int], Tensor], None]) -> None:
-    """At every layer's attention pattern hook: its diagonal (:func:`_diagonals`; ``finish`` records
-    what the traces keep of it under ``key``) and its attention mass (:func:`_masses`)."""
-    names = [view.pattern_hook_name(l) for l in range(view.n_layers)]
-    diagonals = _diagonals(rec, key, names, finish)
-    masses, mass = _masses(rec)
-    for l, name in enumerate(names):
-        def diag(a: Tensor, batch: TokenBatch, _l: int = l) -> None:
-            diagonals.add(_l, _diagonal(a, rec))
-
-        def mass_of(a: Tensor, batch: TokenBatch, _l: int = l) -> None:
-            mass(a, _l)
-
-        rec.add(name, (key, l), diag)
-        rec.add(name, ("attn_mass", l), mass_of)
-    diagonals.close()
-    masses.close()
 
 
 @dataclass(frozen=True, eq=False)
