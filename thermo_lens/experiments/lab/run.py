@@ -262,19 +262,12 @@ def _prepare_lab_out(out_dir: str | os.PathLike[str]) -> Path:
 def _read_lab_json(out: Path) -> dict[str, Any] | None:
     """The lab folder's ``lab.json`` (``None`` when there is none); a link, a corrupt file or one
     thermo-lens did not write is refused."""
-    from thermo_lens.core.safe_io import safe_read_text
+    from thermo_lens.experiments.lab.run_record import read_json_record
 
     path = out / LAB_JSON
-    if not os.path.lexists(path):
-        return None
-    text = safe_read_text(path, _LAB_JSON_LIMIT, follow_symlinks=False, what="lab record")
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):
-        data = None
-    if not isinstance(data, dict) or not {"arms", "base", "knobs"} <= set(data):
-        raise LabFolderError(f"{printable(path)} is not a thermo-lens lab record; choose a new or empty lab folder")
-    return data
+    return read_json_record(path, _LAB_JSON_LIMIT, "lab record", lambda data: {"arms", "base", "knobs"} <= set(data),
+                            lambda: LabFolderError(f"{printable(path)} is not a thermo-lens lab record; choose a new "
+                                                   "or empty lab folder"))
 
 
 def _check_lab_json(out: Path, spec: LabSpec, update: bool) -> None:

@@ -25,7 +25,7 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from thermo_lens.core.safe_io import (SafeIOError, atomic_write_bytes, printable, safe_read_bytes, safe_read_text,
                                  sha256_nofollow)
@@ -40,6 +40,26 @@ RECORD_VERSION = 2
 _RECORD_LIMIT = 16 << 20
 
 
+def read_json_record(path: Path, limit: int, what: str, is_valid: Callable[[dict[str, Any]], bool],
+                     refuse: Callable[[], Exception]) -> dict[str, Any] | None:
+    """The JSON object thermo-lens wrote at ``path``, ``None`` when there is nothing there.
+
+    Raises:
+        SafeIOError: ``path`` is a link, unreadable or larger than ``limit`` bytes.
+        refuse(): it is not JSON, not an object, or an object ``is_valid`` refuses.
+    """
+    if not os.path.lexists(path):
+        return None
+    text = safe_read_text(path, limit, follow_symlinks=False, what=what)
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict) or not is_valid(data):
+        raise refuse()
+    return data
+
+
 def read_record(run_dir: str | os.PathLike) -> dict[str, Any] | None:
     """The run's record, ``None`` when there is none (a run from before records, or a new one).
 
@@ -47,21 +67,16 @@ def read_record(run_dir: str | os.PathLike) -> dict[str, Any] | None:
         SafeIOError: the record is a link, unreadable, or not a thermo-lens run record.
     """
     path = Path(run_dir) / RECORD
-    if not os.path.lexists(path):
-        return None
-    text = safe_read_text(path, _RECORD_LIMIT, follow_symlinks=False, what="run record")
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):
-        data = None
-    ok = (isinstance(data, dict) and data.get("thermo_lens_run") == RECORD_VERSION
-          and isinstance(data.get("files"), dict) and isinstance(data.get("train_state"), list)
-          and all(isinstance(k, str) and isinstance(v, str) for k, v in data["files"].items())
-          and all(isinstance(v, str) for v in data["train_state"]))
-    if not ok:
-        raise SafeIOError(f"{printable(path)} is not a thermo-lens run record; delete the run folder "
-                          f"{printable(Path(run_dir))} to train the run anew")
-    return data
+
+    def is_valid(data: dict[str, Any]) -> bool:
+        return (data.get("thermo_lens_run") == RECORD_VERSION
+                and isinstance(data.get("files"), dict) and isinstance(data.get("train_state"), list)
+                and all(isinstance(k, str) and isinstance(v, str) for k, v in data["files"].items())
+                and all(isinstance(v, str) for v in data["train_state"]))
+
+    return read_json_record(path, _RECORD_LIMIT, "run record", is_valid, lambda: SafeIOError(
+        f"{printable(path)} is not a thermo-lens run record; delete the run folder {printable(Path(run_dir))} "
+        "to train the run anew"))
 
 
 def write_record(run_dir: str | os.PathLike, record: dict[str, Any]) -> None:

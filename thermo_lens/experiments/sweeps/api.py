@@ -192,8 +192,7 @@ def _check_logit_function_lengths(m: Any, lengths: Sequence[int], what: str) -> 
 def _check_options(*, over: Any, level: Any, start_at_layer: Any, token_scope: Any) -> tuple[str, ...]:
     """The scalar options, checked before anything is converted or run."""
     ov = _over(over)
-    if isinstance(level, bool) or not isinstance(level, (int, float, np.floating)) or not 0 < level < 1:
-        raise ThermoLensInputError(f"level must be a confidence level in (0, 1), got {excerpt(level)}")
+    validate.confidence_level("level", level)
     validate.boolean("start_at_layer", start_at_layer)
     validate.token_scope(token_scope)
     return ov

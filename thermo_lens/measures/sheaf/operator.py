@@ -56,8 +56,58 @@ class LayerMetadata(TypedDict, total=False):
     model: dict | None
 
 
+class _Operator:
+    """What the head's and the layer's Laplacians share as operators kept factored: ``L @ x`` with a
+    tensor or numpy array in and the same out, and ``lambda_2`` from the kernel's dimension.
+
+    A subclass says how ``x`` is cut into blocks (:meth:`_blocks`) and how it acts on them
+    (:meth:`_apply`).
+    """
+
+    @property
+    def size(self) -> int:
+        raise NotImplementedError
+
+    def eigenvalues(self) -> Tensor:
+        raise NotImplementedError
+
+    def _blocks(self, t: Tensor) -> Tensor:
+        """``x`` (float64) as the blocks :meth:`_apply` takes; :class:`ThermoLensInputError` for any other shape."""
+        raise NotImplementedError
+
+    def _apply(self, X: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    @overload
+    def __matmul__(self, x: Tensor) -> Tensor: ...
+    @overload
+    def __matmul__(self, x: np.ndarray) -> np.ndarray: ...
+    @overload
+    def __matmul__(self, x: Sequence[object]) -> Tensor: ...
+
+    def __matmul__(self, x: object) -> Tensor | np.ndarray:
+        """``L @ x`` without forming ``L``, float64; a flat ``x`` gives a flat result, blocks give
+        blocks, a numpy array gives a numpy array (the shapes: the class's docstring)."""
+        is_np = isinstance(x, np.ndarray)
+        t = _as_float64(x, "the vector x")
+        Y = self._apply(self._blocks(t))
+        out = Y.reshape(-1) if t.ndim == 1 else Y
+        return out.numpy() if is_np else out
+
+    def _gap_value(self, kernel: int) -> float:
+        """``lambda_2``: NaN under two dimensions, 0 when the kernel has two or more, else the second
+        eigenvalue with the first ``kernel`` (round-off of exact zeros) set to 0."""
+        if self.size < 2:
+            return math.nan
+        if kernel >= 2:
+            return 0.0
+        ev = self.eigenvalues()
+        ev[:kernel] = 0.0
+        return float(ev[1])
+
+
 @dataclass(frozen=True, eq=False)
-class SheafLaplacian(Result):
+class SheafLaplacian(Result, _Operator):
     """The sheaf Laplacian ``L = M (x) W_V W_V^T`` of one head on one prompt, kept factored.
 
     In the style of TransformerLens' ``FactoredMatrix``: the ``n d_model x n d_model`` matrix is
@@ -293,52 +343,31 @@ class SheafLaplacian(Result):
         mu, s = self._mu, self._sigma
         smallest = float(mu[nz_mu].min() * s[nz_s].min() ** 2) if n_nz_mu and rank else math.nan
         graph_gap = float(mu[1]) if self.n >= 2 else math.nan
-        if self.size < 2:
-            value = math.nan
-        elif kernel >= 2:
-            value = 0.0
-        else:
-            ev = self.eigenvalues()
-            ev[:kernel] = 0.0
-            value = float(ev[1])
         return SpectralGap(
-            value=value, reason=gap_reason(self, kernel, n_nz_mu, rank), kernel_dim=kernel,
+            value=self._gap_value(kernel), reason=gap_reason(self, kernel, n_nz_mu, rank), kernel_dim=kernel,
             smallest_nonzero=smallest, graph_gap=graph_gap, size=self.size, convention=self.convention,
         )
 
     # ------------------------------------------------------------------ products
-    @overload
-    def __matmul__(self, x: Tensor) -> Tensor: ...
-    @overload
-    def __matmul__(self, x: np.ndarray) -> np.ndarray: ...
-    @overload
-    def __matmul__(self, x: Sequence[object]) -> Tensor: ...
-
-    def __matmul__(self, x: object) -> Tensor | np.ndarray:
-        """``L @ x`` without forming ``L``: ``(M (x) S) vec(X) = vec(M X S)`` (``S`` symmetric).
-
-        ``x``: a vector of length ``n d_model`` (token-major: ``x[i * d_model + k]`` is coordinate
-        ``k`` of token ``i``) or ``[..., n, d_model]``. Returns the same shape, float64, as a
-        tensor (a numpy array for numpy input). Cost ``O(n d_model d_head + n^2 d_model)``
-        (``O(n d_model d_head)`` when ``M`` is diagonal).
-        """
-        is_np = isinstance(x, np.ndarray)
-        t = _as_float64(x, "the vector x")
+    def _blocks(self, t: Tensor) -> Tensor:
+        """``L @ x`` takes a vector of length ``n d_model`` (token-major: ``x[i * d_model + k]`` is
+        coordinate ``k`` of token ``i``) or ``[..., n, d_model]``, and returns the same shape."""
         n, d = self.n, self.d_model
         if t.ndim == 1:
             if t.numel() != n * d:
                 raise ThermoLensInputError(f"L @ x: x has length {t.numel()}, expected n * d_model = {n} * {d} = {n * d}")
-            X = t.reshape(n, d)
-        elif t.shape[-2:] == (n, d):
-            X = t
-        else:
-            raise ThermoLensInputError(
-                f"L @ x: x has shape {tuple(t.shape)}; expected [{n * d}] or [..., {n}, {d}] (n, d_model)"
-            )
+            return t.reshape(n, d)
+        if t.shape[-2:] == (n, d):
+            return t
+        raise ThermoLensInputError(
+            f"L @ x: x has shape {tuple(t.shape)}; expected [{n * d}] or [..., {n}, {d}] (n, d_model)"
+        )
+
+    def _apply(self, X: Tensor) -> Tensor:
+        """``(M (x) S) vec(X) = vec(M X S)`` (``S = W_V W_V^T`` symmetric) without forming ``L``: cost
+        ``O(n d_model d_head + n^2 d_model)`` (``O(n d_model d_head)`` when ``M`` is diagonal)."""
         XS = (X @ self.W_V) @ self.W_V.T
-        Y = self.M.diagonal()[:, None] * XS if self.is_diagonal else self.M @ XS
-        out = Y.reshape(-1) if t.ndim == 1 else Y
-        return out.numpy() if is_np else out
+        return self.M.diagonal()[:, None] * XS if self.is_diagonal else self.M @ XS
 
     def dense(self, max_size: int = DENSE_LIMIT) -> Float[Tensor, "n_d_model n_d_model"]:
         """Assemble ``L = kron(M, W_V W_V^T)`` as a dense float64 matrix (verification, small views).
@@ -398,7 +427,7 @@ class SheafLaplacian(Result):
 
 
 @dataclass(frozen=True, eq=False)
-class LayerSheafLaplacian(Result):
+class LayerSheafLaplacian(Result, _Operator):
     """All heads of one layer: the block-diagonal ``diag(L^(1), ..., L^(H))`` (Proposition 1).
 
     The direct sum of the per-head sheaves (each head with its own copy of the token stalks).
@@ -485,44 +514,28 @@ class LayerSheafLaplacian(Result):
         gaps = [h.spectral_gap() for h in self.heads]
         kernel = sum(g.kernel_dim for g in gaps)
         nz = [g.smallest_nonzero for g in gaps if not math.isnan(g.smallest_nonzero)]
-        if kernel >= 2:
-            value = 0.0
-        else:
-            ev = self.eigenvalues()
-            ev[:kernel] = 0.0
-            value = float(ev[1])
         reason = (
             f"Block-diagonal over {self.n_heads} heads: the kernel is the direct sum of the heads' "
             f"kernels (dims {[g.kernel_dim for g in gaps]}). Head 0: {gaps[0].reason}"
         )
-        return SpectralGap(value=value, reason=reason, kernel_dim=kernel,
+        return SpectralGap(value=self._gap_value(kernel), reason=reason, kernel_dim=kernel,
                            smallest_nonzero=min(nz) if nz else math.nan, graph_gap=math.nan,
                            size=self.size, convention=self.convention)
 
-    @overload
-    def __matmul__(self, x: Tensor) -> Tensor: ...
-    @overload
-    def __matmul__(self, x: np.ndarray) -> np.ndarray: ...
-    @overload
-    def __matmul__(self, x: Sequence[object]) -> Tensor: ...
-
-    def __matmul__(self, x: object) -> Tensor | np.ndarray:
-        """Block-diagonal product: ``x`` is ``[n_heads * n * d_model]`` or ``[head, n, d_model]``."""
-        is_np = isinstance(x, np.ndarray)
-        t = _as_float64(x, "the vector x")
+    def _blocks(self, t: Tensor) -> Tensor:
+        """Block-diagonal product: ``L @ x`` takes ``[n_heads * n * d_model]`` or ``[head, n, d_model]``."""
         H, n, d = self.n_heads, self.n, self.d_model
         if t.ndim == 1 and t.numel() == H * n * d:
-            X = t.reshape(H, n, d)
-        elif tuple(t.shape) == (H, n, d):
-            X = t
-        else:
-            raise ThermoLensInputError(
-                f"layer L @ x: x has shape {tuple(t.shape)}; expected [{H * n * d}] or [{H}, {n}, {d}] "
-                "(head, n, d_model)"
-            )
-        Y = torch.stack([h @ X[k] for k, h in enumerate(self.heads)])
-        out = Y.reshape(-1) if t.ndim == 1 else Y
-        return out.numpy() if is_np else out
+            return t.reshape(H, n, d)
+        if tuple(t.shape) == (H, n, d):
+            return t
+        raise ThermoLensInputError(
+            f"layer L @ x: x has shape {tuple(t.shape)}; expected [{H * n * d}] or [{H}, {n}, {d}] "
+            "(head, n, d_model)"
+        )
+
+    def _apply(self, X: Tensor) -> Tensor:
+        return torch.stack([h @ X[k] for k, h in enumerate(self.heads)])
 
     def dense(self, max_size: int = DENSE_LIMIT, structure: str = "direct_sum") -> Tensor:
         """Dense total Laplacian (float64, small cases only).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Any, Callable, Unpack
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
@@ -109,6 +109,25 @@ def _masses(rec: Recorder) -> tuple[PerLayer, Any]:
     return per_layer, mass
 
 
+def _pattern_hooks(view: ModelView, rec: Recorder, key: str, finish: Callable[[list[int], Tensor], None]) -> None:
+    """At every layer's attention pattern hook: its diagonal (:func:`_diagonals`; ``finish`` records
+    what the traces keep of it under ``key``) and its attention mass (:func:`_masses`)."""
+    names = [view.pattern_hook_name(l) for l in range(view.n_layers)]
+    diagonals = _diagonals(rec, key, names, finish)
+    masses, mass = _masses(rec)
+    for l, name in enumerate(names):
+        def diag(a: Tensor, batch: TokenBatch, _l: int = l) -> None:
+            diagonals.add(_l, _diagonal(a, rec))
+
+        def mass_of(a: Tensor, batch: TokenBatch, _l: int = l) -> None:
+            mass(a, _l)
+
+        rec.add(name, (key, l), diag)
+        rec.add(name, ("attn_mass", l), mass_of)
+    diagonals.close()
+    masses.close()
+
+
 def attention_diagonal(view: ModelView, rec: Recorder) -> None:
     """Per layer, the attention pattern's diagonal ``A_ii`` and each head's total mass.
 
@@ -119,20 +138,7 @@ def attention_diagonal(view: ModelView, rec: Recorder) -> None:
     tokens for softmax attention: the reason the paper's printed trace formula is zero).
     :func:`sheaf_traces` runs :func:`attention_diagonal_sums`, which keeps only the sums.
     """
-    names = [view.pattern_hook_name(l) for l in range(view.n_layers)]
-    diagonals = _diagonals(rec, "attn_diag", names, lambda layers, d: rec.put_rows([("attn_diag", l) for l in layers], d))
-    masses, mass = _masses(rec)
-    for l, name in enumerate(names):
-        def diag(a: Tensor, batch: TokenBatch, _l: int = l) -> None:
-            diagonals.add(_l, _diagonal(a, rec))
-
-        def mass_of(a: Tensor, batch: TokenBatch, _l: int = l) -> None:
-            mass(a, _l)
-
-        rec.add(name, ("attn_diag", l), diag)
-        rec.add(name, ("attn_mass", l), mass_of)
-    diagonals.close()
-    masses.close()
+    _pattern_hooks(view, rec, "attn_diag", lambda layers, d: rec.put_rows([("attn_diag", l) for l in layers], d))
 
 
 def attention_diagonal_sums(view: ModelView, rec: Recorder) -> None:
@@ -146,25 +152,12 @@ def attention_diagonal_sums(view: ModelView, rec: Recorder) -> None:
     """
     sinks = bool(getattr(view.layout, "attention_sinks", False))
     key = "attn_diag_sum" if sinks else "attn_off_diag"
-    names = [view.pattern_hook_name(l) for l in range(view.n_layers)]
 
     def sums(layers: list[int], d: Tensor) -> None:
         d = d.double()
         rec.put_rows([(key, l) for l in layers], torch.nansum(d if sinks else 1.0 - d, dim=-1))
 
-    diagonals = _diagonals(rec, key, names, sums)
-    masses, mass = _masses(rec)
-    for l, name in enumerate(names):
-        def diag_sum(a: Tensor, batch: TokenBatch, _l: int = l) -> None:
-            diagonals.add(_l, _diagonal(a, rec))
-
-        def mass_of(a: Tensor, batch: TokenBatch, _l: int = l) -> None:
-            mass(a, _l)
-
-        rec.add(name, (key, l), diag_sum)
-        rec.add(name, ("attn_mass", l), mass_of)
-    diagonals.close()
-    masses.close()
+    _pattern_hooks(view, rec, key, sums)
 
 
 @dataclass(frozen=True, eq=False)
@@ -308,10 +301,9 @@ def _traces_from_collected(
     return _traces(collected, _check_formula(formula, stacklevel=4), W_V=W_V)
 
 
-def traces_from_collected(*args: Any, **kwargs: Any) -> SheafTraces:
-    """The same as :meth:`SheafTraces.from_collected` (deprecated name, kept for one release; silent:
-    callers that treat every warning as an error keep working)."""
-    return SheafTraces.from_collected(*args, **kwargs)
+#: The same as :meth:`SheafTraces.from_collected` (deprecated name, kept for one release; silent:
+#: callers that treat every warning as an error keep working).
+traces_from_collected = SheafTraces.from_collected
 
 
 def _traces(collected: Collected, formula: str, W_V: Tensor | None) -> SheafTraces:
