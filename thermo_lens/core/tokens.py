@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Callable, Iterable, Literal, Sequence, get_args
 
 import torch
 from jaxtyping import Bool, Int
@@ -40,18 +40,45 @@ from thermo_lens.core.errors import PromptTooShortError, ThermoLensInputError, T
 from thermo_lens.core.model import ModelView
 
 __all__ = [
-    "BosMode", "BOS_MODES", "HOST_BOS", "TOKENS_GIVEN",
+    "BosMode", "BosModeName", "BOS_MODES", "HOST_BOS", "TOKENIZER_BOS", "TOKENS_GIVEN", "check_bos", "bos_modes_text",
     "TokenScope", "TermScope", "TOKEN_SCOPES", "TERM_SCOPES", "scope_mask", "check_token_scope",
-    "TokenBatch", "BatchInfo", "encode", "tokenize", "token_batch", "plan_batches", "MAX_PADDING",
+    "TokenBatch", "BatchInfo", "encoder", "encode", "tokenize", "token_batch", "plan_batches", "MAX_PADDING",
     "validate_prompts", "bos_id", "host_tokens", "resolve_host_bos", "hf_tokenizer",
 ]
 
+#: The named BOS modes (the others are ``True`` and ``False``).
+BosModeName = Literal["host", "tokenizer"]
 #: What ``prepend_bos`` accepts (see the module docstring).
-BosMode = Literal["host", "tokenizer"] | bool
-BOS_MODES: tuple[Any, ...] = ("host", True, False, "tokenizer")
-HOST_BOS = "host"
+BosMode = BosModeName | bool
+_BOS_NAMES: tuple[BosModeName, ...] = get_args(BosModeName)
+HOST_BOS: BosModeName = _BOS_NAMES[0]
+TOKENIZER_BOS: BosModeName = _BOS_NAMES[1]
+#: Every BOS mode, the one list of them (the check, its message, spec files and the command line read it).
+BOS_MODES: tuple[BosMode, ...] = (HOST_BOS, True, False, *_BOS_NAMES[1:])
 #: The ``prepend_bos`` recorded when the caller passed token ids: they are used exactly as given.
 TOKENS_GIVEN = "tokens_as_given"
+
+
+def bos_modes_text(quote: str = '"', bools: tuple[str, str] = ("True", "False")) -> str:
+    """The BOS modes in words, ``'"host", True, False or "tokenizer"'`` (``quote`` around the named
+    ones; ``bools``: how the booleans are spelt, ``("true", "false")`` in a spec file)."""
+    words = [bools[0] if m is True else bools[1] if m is False else f"{quote}{m}{quote}" for m in BOS_MODES]
+    return ", ".join(words[:-1]) + f" or {words[-1]}"
+
+
+def check_bos(value: object, name: str = "prepend_bos") -> BosMode:
+    """The one check of a ``prepend_bos`` value: ``value`` if it is one of :data:`BOS_MODES`, else
+    a :class:`ThermoLensInputError` naming them. Run once, when the run settings are made
+    (:class:`thermo_lens.core.settings.RunSettings`), never again per prompt."""
+    if isinstance(value, bool):
+        return value
+    for mode in _BOS_NAMES:
+        if value == mode:
+            return mode
+    shown = repr(value)
+    shown = shown if len(shown) <= 80 else shown[:80] + "...(cut)"
+    raise ThermoLensInputError(f"{name} must be {bos_modes_text()}, got {type(value).__name__} {shown}")
+
 
 #: The token scopes of per-prompt reductions.
 TokenScope = Literal["last", "all_but_first", "all", "frobenius"]
@@ -100,6 +127,10 @@ TERM_SCOPES: dict[str, str] = {
     "all": "mean over all real tokens t = 0..n-1",
     "last": "the last real token of each prompt",
 }
+# The Literal types are the one list of scope names; the definitions are keyed by exactly those.
+for _names, _defined in ((get_args(TokenScope), TOKEN_SCOPES), (get_args(TermScope), TERM_SCOPES)):
+    if tuple(_defined) != _names:  # pragma: no cover - a scope added to one list and not the other
+        raise ImportError(f"token scopes {_names} and their definitions {tuple(_defined)} disagree")
 
 
 def scope_mask(lengths: Int[Tensor, " batch"], width: int, token_scope: str,
@@ -125,9 +156,7 @@ def scope_rows(lengths: Sequence[int], width: int, token_scope: str) -> tuple[Te
     ``(rows, prompt_of, n)``, the flat ``b * width + t`` index ``[n_rows]`` int64 of each scoped
     token in row-major order, its row ``b`` ``[n_rows]`` int64, and the scoped tokens per row
     ``[batch, 1]`` float64, at least 1. On the CPU; move them once per batch."""
-    if token_scope not in TOKEN_SCOPES and token_scope != "frobenius":
-        raise ThermoLensInputError(
-            f"unknown token_scope {token_scope!r}; choose one of {', '.join(map(repr, TOKEN_SCOPES))}")
+    check_token_scope(token_scope)
     flat: list[int] = []
     prompt_of: list[int] = []
     counts: list[float] = []
@@ -374,21 +403,29 @@ def resolve_host_bos(view: ModelView, prompt: str, ids: list[int] | None = None)
     return "host:own"  # the host's tokens are not the plain tokens plus specials
 
 
-def encode(view: ModelView, prompt: str, prepend_bos: Any) -> list[int]:
-    """Token ids of one prompt under a BOS mode (see the module docstring)."""
+def encoder(view: ModelView, prepend_bos: BosMode | str) -> Callable[[str], list[int]]:
+    """The function ``prompt -> token ids`` of a BOS mode (see the module docstring), chosen once
+    for a batch: the mode is read here, not per prompt. ``prepend_bos`` is a :data:`BosMode` (checked
+    when the run settings were made) or what ``"host"`` resolved to (``"host:..."``, as results
+    record it)."""
     if isinstance(prepend_bos, str) and (prepend_bos == HOST_BOS or prepend_bos.startswith("host:")):
-        return host_tokens(view, prompt)
-    if prepend_bos == "tokenizer":
-        return list(hf_tokenizer(view)(prompt, add_special_tokens=True)["input_ids"])
-    ids = list(view.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-    if prepend_bos is True:
-        ids = [bos_id(view)] + ids
-    elif prepend_bos is not False:
-        raise ThermoLensInputError(
-            f"prepend_bos must be 'host' (what model.to_tokens does), True, False or "
-            f"'tokenizer', got {prepend_bos!r}"
-        )
-    return ids
+        return functools.partial(host_tokens, view)
+    if prepend_bos == TOKENIZER_BOS:  # the HF tokenizer with its own special tokens
+        tok, prefix, special = hf_tokenizer(view), [], True
+    elif prepend_bos is True or prepend_bos is False:
+        tok, prefix, special = view.tokenizer, [bos_id(view)] if prepend_bos else [], False
+    else:
+        raise ThermoLensInputError(f"prepend_bos must be {bos_modes_text()}, got {prepend_bos!r}")
+
+    def encode_one(prompt: str) -> list[int]:
+        return prefix + list(tok(prompt, add_special_tokens=special)["input_ids"])
+
+    return encode_one
+
+
+def encode(view: ModelView, prompt: str, prepend_bos: BosMode | str) -> list[int]:
+    """Token ids of one prompt under a BOS mode (see the module docstring and :func:`encoder`)."""
+    return encoder(view, prepend_bos)(prompt)
 
 
 def _pad_id(view: ModelView) -> int:
@@ -447,8 +484,9 @@ def tokenize(
     prompts = validate_prompts(prompts)
     index = list(prompt_index) if prompt_index is not None else list(range(len(prompts)))
     rows, truncated, resolved = [], [], []
+    encode_one = encoder(view, prepend_bos)  # the BOS mode read once for the batch
     for i, p in zip(index, prompts):
-        ids = encode(view, p, prepend_bos)
+        ids = encode_one(p)
         if prepend_bos == HOST_BOS:
             resolved.append(resolve_host_bos(view, p, ids))
         truncated.append(len(ids) > view.n_ctx)
