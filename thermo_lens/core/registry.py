@@ -43,7 +43,8 @@ from thermo_lens.core.errors import ThermoLensInputError
 
 __all__ = ["Metric", "register_metric", "register_head_metric", "get", "metrics", "definitions", "SECTIONS",
            "Options", "option", "Measurement", "BuildContext", "register_measurement", "unregister_measurement",
-           "measurement", "measurements", "measurement_of", "Readout", "Probe", "readouts", "readout"]
+           "measurement", "measurements", "measurement_of", "Readout", "Probe", "readouts", "readout",
+           "carrier", "register_result_type", "result_type"]
 
 #: Sections of the definitions page (``thermo_lens/definitions.md``, printed by
 #: ``python -m thermo_lens.definitions``): key -> numbered title.
@@ -160,29 +161,41 @@ class Metric:
         return float(finite.mean()) if finite.size else float("nan")
 
 
-def carrier(obj: Any, result: str | type) -> Any:
+def carrier(obj: object, result: str | type) -> object:
     """``obj`` itself if it is a ``result`` instance, else the result of that class that ``obj``
     (a ThermoProfile, :class:`thermo_lens.core.measure.Measurements`) holds. ``result``: the class, or
-    the name a metric gives (matched by type where a registered measurement makes that class)."""
-    cls = result if isinstance(result, type) else _result_class(result)
-
-    def match(value: Any) -> bool:
-        return isinstance(value, cls) if cls is not None else type(value).__name__ == result
-
-    if match(obj):
+    the name a metric gives (resolved to its class by :func:`result_type`); matched by type
+    (``isinstance``), never by a class's name."""
+    cls = result if isinstance(result, type) else result_type(result)
+    if cls is None:
+        raise TypeError(f"no result class {result!r} is registered (a thermo_lens.core.result.Result subclass)")
+    if isinstance(obj, cls):
         return obj
     held = getattr(obj, "results", None)
     values = list(held.values()) if isinstance(held, dict) else list(getattr(obj, "__dict__", {}).values())
     for value in values:
-        if match(value):
+        if isinstance(value, cls):
             return value
-    name = result.__name__ if isinstance(result, type) else result
-    raise TypeError(f"{type(obj).__name__} holds no {name}")
+    raise TypeError(f"{type(obj).__name__} holds no {cls.__name__}")
 
 
-def _result_class(name: str) -> type | None:
-    """The result class called ``name`` that a registered measurement makes (None: no such one)."""
-    return next((m.result for m in _MEASUREMENTS.values() if m.result.__name__ == name), None)
+#: Result class name -> class: every :class:`thermo_lens.core.result.Result` subclass registers
+#: itself here when it is defined (the name is what stored JSON and a :class:`Metric` write).
+_RESULT_TYPES: dict[str, type] = {}
+
+
+def register_result_type(cls: type) -> type:
+    """Record the result class ``cls`` under its name (``Result.__init_subclass__`` calls it; a
+    class of the same name defined again, as a notebook cell re-run does, replaces it)."""
+    _RESULT_TYPES[cls.__name__] = cls
+    return cls
+
+
+def result_type(name: str) -> type | None:
+    """The result class called ``name``: the result of a registered measurement, else a registered
+    result class (None: no such class)."""
+    made = next((m.result for m in _MEASUREMENTS.values() if m.result.__name__ == name), None)
+    return made if made is not None else _RESULT_TYPES.get(name)
 
 
 _METRICS: dict[str, Metric] = {}
@@ -234,12 +247,14 @@ def get(name: str) -> Metric:
         raise KeyError(f"no metric {name!r}; registered: {', '.join(_METRICS)}") from None
 
 
-def metrics(*, result: str | None = None, shape: str | None = None, computed: bool | None = None,
+def metrics(*, result: str | type | None = None, shape: str | None = None, computed: bool | None = None,
             load: bool = True) -> tuple[Metric, ...]:
     """Registered metrics in registration order, optionally filtered.
 
     Args:
-        result: only those carried by this result class (``"SpectralSignature"``).
+        result: only those carried by this result class: the class itself (matched by type: the
+            metric's result name resolves to that very class, :func:`result_type`), or its name
+            (``"SpectralSignature"``).
         shape: only this shape (``"layer head"``).
         computed: only weight-based metrics with a compute function (True) or only the others.
         load: import every providing module first (False: only what is registered so far, used by
@@ -247,9 +262,14 @@ def metrics(*, result: str | None = None, shape: str | None = None, computed: bo
     """
     if load:
         _load()
+    def carried(m: Metric) -> bool:
+        if isinstance(result, type):
+            return m.result == result.__name__ and result_type(m.result) is result
+        return result is None or m.result == result
+
     chosen = [
         m for m in _METRICS.values()
-        if (result is None or m.result == result) and (shape is None or m.shape == shape)
+        if carried(m) and (shape is None or m.shape == shape)
         and (computed is None or (m.compute is not None) == computed)
     ]
     # A fixed order whatever the import order: by the measurement that produces the result (the
@@ -428,7 +448,7 @@ class Measurement(Generic[OptionsT]):
     @classmethod
     def metric_list(cls) -> tuple[Metric, ...]:
         """The registered metrics of this measurement's result."""
-        return metrics(result=cls.result.__name__)
+        return metrics(result=cls.result)
 
     def reductions(self) -> list[Any]:
         """The in-pass reductions to register (functions ``(view, recorder) -> None``)."""

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 import numpy as np
 from thermo_lens._lazy import pandas as pd
 import torch
+from thermo_lens.core import registry
 from thermo_lens.core.errors import ThermoLensError, ThermoLensInputError, ThermoLensInputTypeError, ThermoLensSchemaError
 
 __all__ = ["Result", "encode", "decode", "register_plot", "label", "DIM_LABELS", "MAX_JSON_BYTES", "MAX_DEPTH"]
@@ -47,7 +48,9 @@ _TORCH_DTYPES = frozenset({"bool", "uint8", "int8", "int16", "int32", "int64", "
                            "float64", "complex64", "complex128"})
 _ARRAY_KINDS = "biufcmMUS"
 
-_REGISTRY: dict[str, type] = {}
+#: Result class name -> class (every :class:`Result` subclass, registered when defined): how stored
+#: JSON, which names its class, is read back. Live results are matched by type, never by name.
+_REGISTRY: dict[str, type] = registry._RESULT_TYPES
 # Result class name -> its figure, registered by thermo_lens.views (results never import views: the
 # figures sit in a layer above; `Result.plot` loads them on first use).
 _PLOTS: dict[str, Any] = {}
@@ -149,8 +152,6 @@ def _result_class(name: Any) -> type | None:
     if not isinstance(name, str):
         return None
     if name not in _REGISTRY:
-        from thermo_lens.core import registry
-
         registry.measurements()  # imports every module that provides a measurement (and its result)
     return _REGISTRY.get(name)
 
@@ -488,17 +489,15 @@ class Result:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        _REGISTRY[cls.__name__] = cls
+        registry.register_result_type(cls)
 
     # ------------------------------------------------------------------ named dimensions
     def _dim_arrays(self) -> list[tuple[tuple[str, ...], Any]]:
         """``(dimension names, values)`` pairs that declare this result's dimensions: the values
         of each metric registered for its class, with the metric's shape. Results without
         registered metrics (a paired difference, a sweep) override it."""
-        from thermo_lens.core import registry
-
         out = []
-        for m in registry.metrics(result=type(self).__name__):
+        for m in registry.metrics(result=type(self)):
             if not m.dims:
                 continue
             try:
@@ -551,9 +550,7 @@ class Result:
         head``), a column per dimension (the 0-based index) and per metric (its values, C order),
         then :meth:`_definition_columns` (``token_scope`` where the result has one, and the
         provenance's columns: model, BOS, dtype, weights, hooks ...)."""
-        from thermo_lens.core import registry
-
-        chosen = [m for m in registry.metrics(result=type(self).__name__) if m.frame == frame and not m.frame_kwargs]
+        chosen = [m for m in registry.metrics(result=type(self)) if m.frame == frame and not m.frame_kwargs]
         shapes = {m.dims for m in chosen}
         if len(shapes) != 1:
             raise ThermoLensInputError(f"{type(self).__name__} has no single-shape frame {frame!r} "
@@ -599,9 +596,7 @@ class Result:
             importlib.import_module(_FIGURES_MODULE)  # views register their figures on import
         if name in _PLOTS:
             return _PLOTS[name](self, **kwargs)
-        from thermo_lens.core import registry
-
-        drawn = registry.metrics(result=name)
+        drawn = registry.metrics(result=type(self))
         if not drawn:
             raise ThermoLensInputError(f"{name} has no figure and no registered metric to draw")
         return _PLOTS["__metric__"](self, drawn[0].name, **kwargs)
