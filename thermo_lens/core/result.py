@@ -28,7 +28,7 @@ import json
 import math
 import os
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
@@ -36,7 +36,8 @@ import torch
 from thermo_lens.core import registry
 from thermo_lens.core.errors import ThermoLensError, ThermoLensInputError, ThermoLensInputTypeError, ThermoLensSchemaError
 
-__all__ = ["Result", "encode", "decode", "register_plot", "label", "DIM_LABELS", "MAX_JSON_BYTES", "MAX_DEPTH"]
+__all__ = ["Result", "Selection", "DimIndex", "encode", "decode", "register_plot", "label", "DIM_LABELS", "MAX_JSON_BYTES",
+           "MAX_DEPTH"]
 
 #: The largest JSON text (characters, or bytes of a file) :meth:`Result.from_json` reads.
 MAX_JSON_BYTES = 1 << 31
@@ -51,6 +52,8 @@ _ARRAY_KINDS = "biufcmMUS"
 #: Result class name -> class (every :class:`Result` subclass, registered when defined): how stored
 #: JSON, which names its class, is read back. Live results are matched by type, never by name.
 _REGISTRY: dict[str, type] = registry._RESULT_TYPES
+#: What a result stores as an array of values.
+ArrayLike = torch.Tensor | np.ndarray
 # Result class name -> its figure, registered by thermo_lens.views (results never import views: the
 # figures sit in a layer above; `Result.plot` loads them on first use).
 _PLOTS: dict[str, Any] = {}
@@ -464,8 +467,9 @@ class Result:
     the shape of each metric it carries (``"prompt layer head"``; a result with no registered
     metric declares them in :meth:`_dim_arrays`). From them every result has :attr:`sizes`,
     ``n_<dim>s`` (``n_prompts``, ``n_layers``, ``n_heads``, ``n_kv_heads``, ``n_experts`` ...: the
-    size of that dimension), :meth:`labels` (``"L3H1"``) and :meth:`tidy_frame`, the frame of its
-    metrics one row per cell.
+    size of that dimension), :meth:`labels` (``"L3H1"``), :meth:`tidy_frame`, the frame of its
+    metrics one row per cell, and :meth:`select` (``attr.select(layer=3, head=1)``), its metrics at
+    chosen cells (a :class:`Selection`).
     """
 
     schema_version: ClassVar[int] = 1
@@ -543,6 +547,28 @@ class Result:
             raise ThermoLensInputError(f"{type(self).__name__} has no dimension(s) {unknown}; its dimensions: "
                                        f"{', '.join(sizes) or 'none'}")
         return [label(**dict(zip(dims, idx))) for idx in np.ndindex(*(sizes[d] for d in dims))]
+
+    # Each index is a DimIndex; typed ``object`` because this checks them itself, with its own
+    # messages (a runtime type checker would pre-empt them).
+    def select(self, **index: object) -> "Result":
+        """The values of this result's registered metrics at the given cells of its named
+        dimensions: ``attr.select(layer=3, head=1)``, ``gain.select(layer=slice(0, 4))``,
+        ``traces.select(prompt=[0, 2], head=-1)``.
+
+        Each dimension takes an ``int`` (the dimension is dropped, negative counts from the end),
+        a ``slice`` or a sequence of ints (kept, in that order). Only the metrics that have every
+        selected dimension are kept (a ``[prompt]`` summary has no ``layer`` to select). Returns a
+        :class:`Selection`: the kept metrics' values by name (``sel.head_term``), their remaining
+        dimensions with the original indices (``sel.coords``, ``sel.labels()`` say ``"L3H1"``),
+        and ``to_frame()`` with the definition columns.
+
+        Raises:
+            ThermoLensInputError: a dimension this result's values do not have (the message lists
+                its dimensions and sizes), an index out of range (the message gives the range),
+                an index that is not an int, slice or sequence of ints, or no metric with every
+                selected dimension.
+        """
+        return Selection.of(self, index)
 
     def tidy_frame(self, frame: str = "to_frame") -> pd.DataFrame:
         """The generic frame of the metrics registered with ``frame`` (their :attr:`Metric.frame`
@@ -656,6 +682,162 @@ class Result:
                 f"{where} holds a {type(obj).__name__}, not a {cls.__name__}; read it with "
                 f"{type(obj).__name__}.from_json (thermo_lens.{type(obj).__name__})")
         return obj
+
+
+#: What :meth:`Result.select` takes per dimension: one index (the dimension is dropped), a slice or
+#: a sequence of indices (kept).
+DimIndex = int | slice | Sequence[int]
+
+
+def _positions(result: str, dim: str, size: int, sel: object) -> int | list[int]:
+    """The 0-based positions ``sel`` picks along ``dim`` of ``size`` (an int for a single index)."""
+    def one(i: object) -> int:
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise ThermoLensInputError(f"{result}.select({dim}=...): {i!r} is not an index; give an int, a slice "
+                                       f"or a list of ints in 0..{size - 1} (negative counts from the end)")
+        if not -size <= int(i) < size:
+            raise ThermoLensInputError(f"{result}.select: {dim} {int(i)} is out of range: {result} has {dim} "
+                                       f"0..{size - 1} (negative counts from the end)")
+        return int(i) % size
+
+    if isinstance(sel, slice):
+        picked = list(range(size))[sel]
+    elif isinstance(sel, (int, np.integer)) and not isinstance(sel, bool):
+        return one(sel)
+    elif isinstance(sel, (list, tuple, range, np.ndarray, torch.Tensor)):
+        picked = [one(i.item() if hasattr(i, "item") else i) for i in sel]
+    else:
+        picked = [one(sel)]  # raises: not an index
+    if not picked:
+        raise ThermoLensInputError(f"{result}.select({dim}={sel!r}) picks no {dim} of 0..{size - 1}")
+    return picked
+
+
+def _take(values: ArrayLike, axis: int, at: int | list[int]) -> ArrayLike:
+    """``values`` at positions ``at`` of ``axis`` (one axis at a time: lists on two axes would pair up)."""
+    if isinstance(values, torch.Tensor):
+        return values.select(axis, at) if isinstance(at, int) else values.index_select(axis, torch.as_tensor(at))
+    arr = np.asarray(values)
+    return np.take(arr, at, axis=axis)
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection(Result):
+    """The values of a result's metrics at chosen cells of its named dimensions
+    (:meth:`Result.select`).
+
+    Attributes:
+        source: the class of the result it was selected from (``"GainAttribution"``).
+        index: what was selected, per dimension: the kept original indices (a tuple), or the one
+            index of a dimension that was dropped.
+        values: metric name -> its values at the selection (tensor or array), also read as
+            attributes (``sel.head_term``).
+        dims: metric name -> the dimensions its values still have.
+        frames: metric name -> the frame it belongs to in the source (its :attr:`Metric.frame`).
+        coords: dimension -> the original index of each position along it (``layer=(0, 1, 2, 3)``).
+        columns: the definition columns of the source's frames (``token_scope``, model, BOS,
+            dtype, weights, hooks ...), repeated on every row of :meth:`to_frame`.
+    """
+
+    source: str
+    index: dict[str, tuple[int, ...] | int]
+    values: dict[str, ArrayLike]
+    dims: dict[str, tuple[str, ...]]
+    frames: dict[str, str]
+    coords: dict[str, tuple[int, ...]]
+    columns: dict[str, object] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, result: Result, index: Mapping[str, object]) -> "Selection":
+        name = type(result).__name__
+        sizes = result.sizes
+        unknown = [d for d in index if d not in sizes]
+        if unknown:
+            have = ", ".join(f"{d} (0..{n - 1})" for d, n in sizes.items()) or "none"
+            raise ThermoLensInputError(f"{name} has no dimension {', '.join(map(repr, unknown))} to select; "
+                                       f"its dimensions: {have}")
+        at = {d: _positions(name, d, sizes[d], sel) for d, sel in index.items()}
+        values: dict[str, ArrayLike] = {}
+        dims: dict[str, tuple[str, ...]] = {}
+        frames: dict[str, str] = {}
+        coords: dict[str, tuple[int, ...]] = {}
+        for m in registry.metrics(result=type(result)):
+            if not set(at) <= set(m.dims):
+                continue
+            try:
+                v = m.values(result)
+            except (AttributeError, KeyError, TypeError):  # an optional value this result does not hold
+                continue
+            if len(np.shape(v)) != len(m.dims):
+                continue
+            kept = list(m.dims)
+            for axis in reversed(range(len(m.dims))):  # from the last axis: earlier axes keep their number
+                d = m.dims[axis]
+                if d in at:
+                    v = _take(v, axis, at[d])
+                    if isinstance(at[d], int):
+                        kept.pop(axis)
+            values[m.name], dims[m.name], frames[m.name] = v, tuple(kept), m.frame
+            for d in kept:
+                picked = at.get(d)
+                coords[d] = tuple(picked) if isinstance(picked, list) else tuple(range(sizes[d]))
+        if not values:
+            raise ThermoLensInputError(f"no metric of {name} has every dimension of {sorted(at)}; its metrics' "
+                                       "dimensions: " + ", ".join(sorted({" ".join(m.dims) for m in
+                                                                         registry.metrics(result=type(result))})))
+        columns = dict(result._definition_columns(pd.DataFrame(index=[0])).iloc[0])
+        return cls(source=name, index={d: a if isinstance(a, int) else tuple(a) for d, a in at.items()},
+                   values=values, dims=dims, frames=frames, coords=coords, columns=columns)
+
+    def _dim_arrays(self) -> list[tuple[tuple[str, ...], Any]]:
+        return [(self.dims[k], v) for k, v in self.values.items()]
+
+    def __getattr__(self, name: str) -> Any:
+        values = self.__dict__.get("values")
+        if isinstance(values, dict) and name in values:
+            return values[name]
+        return super().__getattr__(name)
+
+    def labels(self, *dims: str) -> list[str]:
+        """The labels of every cell over ``dims`` (default: the dimensions after ``prompt``) with
+        their original indices: ``["L3H0", "L3H1"]`` for ``layer=3, head=[0, 1]`` on a
+        ``[layer]``-dropped selection reads ``["H0", "H1"]``; a dropped dimension is not labelled."""
+        sizes = self.sizes
+        dims = dims or tuple(d for d in sizes if d != "prompt")
+        unknown = [d for d in dims if d not in sizes]
+        if unknown:
+            raise ThermoLensInputError(f"this selection has no dimension(s) {unknown}; its dimensions: "
+                                       f"{', '.join(sizes) or 'none'}")
+        return [label(**{d: self.coords[d][i] for d, i in zip(dims, idx)})
+                for idx in np.ndindex(*(sizes[d] for d in dims))]
+
+    def to_frame(self, frame: str = "to_frame") -> pd.DataFrame:
+        """One row per cell of the kept metrics of the source's frame ``frame`` (default: its
+        main frame; ``"layer_frame"``, ``"prompt_frame"`` ... as the metrics declare): a column
+        per dimension with the original indices (a dropped dimension's one index on every row),
+        a column per metric (a metric over fewer dimensions repeats along the others), then the
+        definition columns."""
+        chosen = [k for k, f in self.frames.items() if f == frame]
+        if not chosen:
+            raise ThermoLensInputError(f"this selection of {self.source} holds no metric of its frame {frame!r}; "
+                                       f"its frames: {', '.join(dict.fromkeys(self.frames.values()))}")
+        widest = max((self.dims[k] for k in chosen), key=len)
+        stray = [k for k in chosen if not set(self.dims[k]) <= set(widest)]
+        if stray:
+            raise ThermoLensInputError(f"the metrics {stray} of {self.source}'s {frame!r} do not share dimensions "
+                                       f"with {list(widest)}; select a frame of one shape")
+        df = cell_frame(widest, [np.asarray(self.coords[d]) for d in widest])
+        for i, (d, at) in enumerate((d, at) for d, at in self.index.items() if isinstance(at, int)):
+            df.insert(i, d, at)  # a dropped dimension: its one index, first, so the row says where it is
+        grid = np.meshgrid(*[np.arange(len(self.coords[d])) for d in widest], indexing="ij") if widest else []
+        for k in chosen:
+            v = self.values[k]
+            arr = v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
+            pos = tuple(g.ravel() for d, g in zip(widest, grid) if d in self.dims[k])
+            df[k] = arr[pos] if pos else np.broadcast_to(arr, (len(df),))
+        for c, v in self.columns.items():
+            df[c] = v
+        return df
 
 
 def _json_text(text_or_path: Any) -> tuple[str, str]:
