@@ -138,18 +138,16 @@ class Metric:
     def dims(self) -> tuple[str, ...]:
         return tuple(self.shape.split())
 
-    def values(self, result: Any) -> Any:
+    def values(self, result: object) -> Any:
         """This metric's values on ``result`` (an instance of :attr:`result`, or a ThermoProfile
         holding one), following :attr:`attr`."""
         obj = carrier(result, self.result)
         for part in (self.attr or self.name).split("."):
-            if isinstance(obj, dict) or hasattr(obj, "columns"):
-                obj = obj[part]
-            else:
-                obj = getattr(obj, part)
+            # a dict key or a frame column, else an attribute
+            obj = _item(obj, part) if isinstance(obj, dict) or hasattr(obj, "columns") else getattr(obj, part)
         return obj
 
-    def row_value(self, result: Any) -> float:
+    def row_value(self, result: object) -> float:
         """The one number per model of :attr:`row` (:attr:`row_reduce` of the values)."""
         values = self.values(result)
         if self.row_reduce is not None:
@@ -159,6 +157,12 @@ class Metric:
         arr = np.asarray(values.detach().double().cpu() if hasattr(values, "detach") else values, dtype=np.float64)
         finite = arr[np.isfinite(arr)]
         return float(finite.mean()) if finite.size else float("nan")
+
+
+def _item(obj: Mapping[str, object] | object, key: str) -> object:
+    """``obj[key]`` of a dict or a frame (a column)."""
+    getter: Callable[[str], object] = getattr(obj, "__getitem__")
+    return getter(key)
 
 
 def carrier(obj: object, result: str | type) -> object:
@@ -278,20 +282,24 @@ def metrics(*, result: str | type | None = None, shape: str | None = None, compu
     return tuple(sorted(chosen, key=lambda m: order.get(m.result, len(order))))
 
 
-def definitions(**filters: Any) -> dict[str, str]:
+def definitions(*, result: str | type | None = None, shape: str | None = None,
+                computed: bool | None = None) -> dict[str, str]:
     """``{name: formula}`` of the registered metrics (filters as in :func:`metrics`)."""
-    return {m.name: m.formula for m in metrics(**filters)}
+    return {m.name: m.formula for m in metrics(result=result, shape=shape, computed=computed)}
 
 
 # ---------------------------------------------------------------------------- measurements
-def option(default: Any, doc: str, check: Callable[[Any], Any] | None = None) -> Any:
+T = TypeVar("T")
+
+
+def option(default: T, doc: str, check: Callable[[Any], object] | None = None) -> T:
     """A field of a measurement's :class:`Options`: its default, what it means (listed in errors and
     the docs) and, where its annotation does not say enough, the function that checks a given value
     and returns it normalised (raising :class:`~thermo_lens.core.errors.ThermoLensInputError`)."""
     return field(default=default, metadata={"doc": doc, "check": check})
 
 
-def _check_by_annotation(owner: str, name: str, value: Any, hint: Any) -> Any:
+def _check_by_annotation(owner: str, name: str, value: object, hint: object) -> object:
     """``value`` checked against a field's annotation: one of a ``Literal``'s values, or a bool."""
     if get_origin(hint) is Literal:
         allowed = get_args(hint)
@@ -400,7 +408,7 @@ class Measurement(Generic[OptionsT]):
     in_profile: ClassVar[bool] = True
     optional: ClassVar[bool] = False
 
-    def __init__(self, options: OptionsT | None = None, /, **given: Any) -> None:
+    def __init__(self, options: OptionsT | None = None, /, **given: object) -> None:
         if options is not None and (given or not isinstance(options, self.Options)):
             raise ThermoLensInputError(f"measurement {self.name!r} takes its {self.Options.__qualname__} or "
                                        "options by keyword, not both")
@@ -522,7 +530,7 @@ def measurements(*, in_profile: bool | None = None, load: bool = True) -> tuple[
     return tuple(sorted(chosen, key=rank))
 
 
-def measurement_of(result: Any) -> type[Measurement] | None:
+def measurement_of(result: object) -> type[Measurement] | None:
     """The registered measurement whose result class ``result`` (a class or an instance) is."""
     cls = result if isinstance(result, type) else type(result)
     return next((m for m in measurements() if issubclass(cls, m.result)), None)
@@ -652,7 +660,7 @@ def readouts() -> dict[str, tuple[type[Measurement], Readout]]:
     return {r.pattern: (m, r) for m in measurements() for r in m.readouts}
 
 
-def readout(text: Any, n_layers: int, n_heads: int | None = None) -> Probe | None:
+def readout(text: object, n_layers: int, n_heads: int | None = None) -> Probe | None:
     """The probe ``text`` names (``"block_gain:3"``, ``"sheaf_trace:1.0"``), or None when no
     readout has its name (the part before ``:``)."""
     if not isinstance(text, str):

@@ -28,13 +28,16 @@ import json
 import math
 import os
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence, TypeVar, cast
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
 import torch
 from thermo_lens.core import registry
 from thermo_lens.core.errors import ThermoLensError, ThermoLensInputError, ThermoLensInputTypeError, ThermoLensSchemaError
+
+if TYPE_CHECKING:
+    from plotly.graph_objects import Figure
 
 __all__ = ["Result", "Selection", "DimIndex", "encode", "decode", "register_plot", "label", "DIM_LABELS", "MAX_JSON_BYTES",
            "MAX_DEPTH"]
@@ -54,27 +57,30 @@ _ARRAY_KINDS = "biufcmMUS"
 _REGISTRY: dict[str, type] = registry._RESULT_TYPES
 #: What a result stores as an array of values.
 ArrayLike = torch.Tensor | np.ndarray
+#: JSON-ready data (what :func:`encode` returns): nested dicts and lists of these.
+JSONData = dict[str, object] | list[object] | str | int | float | bool | None
+#: A figure function of :func:`register_plot`.
+PlotFn = TypeVar("PlotFn", bound=Callable[..., object])
+R = TypeVar("R", bound="Result")
 # Result class name -> its figure, registered by thermo_lens.views (results never import views: the
 # figures sit in a layer above; `Result.plot` loads them on first use).
-_PLOTS: dict[str, Any] = {}
+_PLOTS: dict[str, Callable[..., Figure]] = {}
 _FIGURES_MODULE = "thermo_lens.views"
 
 
-def register_plot(result: str) -> Any:
+def register_plot(result: str) -> Callable[[PlotFn], PlotFn]:
     """Decorator (for :mod:`thermo_lens.views`): ``fn(result, **kwargs) -> Figure`` is what
     ``result.plot(**kwargs)`` draws for instances of the result class named ``result``."""
-    def wrap(fn: Any) -> Any:
+    def wrap(fn: PlotFn) -> PlotFn:
         _PLOTS[result] = fn
         return fn
     return wrap
 
 
-def encode(obj: Any) -> Any:
+def encode(obj: object) -> JSONData:
     """Turn ``obj`` into JSON-ready data (see module docstring)."""
     if isinstance(obj, Result):
-        # ignore: mypy cannot see that a Result subclass is a dataclass (the mixin itself is not one)
-        data = {f.name: encode(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}  # type: ignore[arg-type]  # see above
-        return {"__result__": type(obj).__name__, "version": type(obj).schema_version, "fields": data}
+        return _encode_result(obj)
     if isinstance(obj, torch.Tensor):
         t = obj.detach().to("cpu").contiguous()
         arr = t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
@@ -107,7 +113,13 @@ def encode(obj: Any) -> Any:
     raise TypeError(f"cannot serialise {type(obj).__name__} in a thermo-lens result")
 
 
-def decode(data: Any) -> Any:
+def _encode_result(obj: Result) -> dict[str, object]:
+    # ignore: mypy cannot see that a Result subclass is a dataclass (the mixin itself is not one)
+    data = {f.name: encode(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}  # type: ignore[arg-type]  # see above
+    return {"__result__": type(obj).__name__, "version": type(obj).schema_version, "fields": data}
+
+
+def decode(data: object) -> object:
     """Inverse of :func:`encode`.
 
     Raises:
@@ -117,7 +129,7 @@ def decode(data: Any) -> Any:
     return _decode(data, 0)
 
 
-def _decode(data: Any, depth: int) -> Any:
+def _decode(data: object, depth: int) -> object:
     if depth > MAX_DEPTH:
         raise ThermoLensSchemaError(f"stored values nested more than {MAX_DEPTH} levels deep; not a thermo-lens result")
     if isinstance(data, list):
@@ -130,7 +142,7 @@ def _decode(data: Any, depth: int) -> Any:
     raise ThermoLensSchemaError(f"unrecognised JSON object with keys {_excerpt(sorted(map(str, data)))}")
 
 
-def _decode_result(data: dict, depth: int) -> Any:
+def _decode_result(data: dict, depth: int) -> Result:
     name, fields, version = data["__result__"], data.get("fields"), data.get("version", 1)
     cls = _result_class(name)
     if cls is None:
@@ -147,7 +159,7 @@ def _decode_result(data: dict, depth: int) -> Any:
     return _build(cls, decoded, version)
 
 
-def _result_class(name: Any) -> type | None:
+def _result_class(name: object) -> type | None:
     """The result class stored under ``name``. Classes register themselves when their module is
     imported, and the measurement modules are imported lazily: a profile read in a fresh process
     names results (``LStarResult``...) whose module nothing imported yet, so on a miss the
@@ -200,8 +212,8 @@ def _decode_dtype(data: dict, depth: int) -> torch.dtype:
     return getattr(torch, name)
 
 
-def _decode_container(kind: str) -> Callable[[dict, int], Any]:
-    def decode_it(data: dict, depth: int) -> Any:
+def _decode_container(kind: str) -> Callable[[dict, int], object]:
+    def decode_it(data: dict, depth: int) -> object:
         v = data[kind]
         if kind == "__dict__" and isinstance(v, dict):
             return {k: _decode(x, depth) for k, x in v.items()}
@@ -213,7 +225,7 @@ def _decode_container(kind: str) -> Callable[[dict, int], Any]:
     return decode_it
 
 
-_DECODERS: dict[str, Callable[[dict, int], Any]] = {
+_DECODERS: dict[str, Callable[[dict, int], object]] = {
     "__result__": _decode_result,
     "__tensor__": _decode_tensor,
     "__ndarray__": _decode_ndarray,
@@ -227,13 +239,13 @@ _DECODERS: dict[str, Callable[[dict, int], Any]] = {
 }
 
 
-def _excerpt(value: Any) -> str:
+def _excerpt(value: object) -> str:
     from thermo_lens.core.validate import excerpt
 
     return excerpt(value, 60)
 
 
-def _b64(text: Any) -> bytes:
+def _b64(text: object) -> bytes:
     if not isinstance(text, str):
         raise ThermoLensSchemaError(f"stored tensor data is {type(text).__name__}, not base64 text")
     try:
@@ -242,14 +254,14 @@ def _b64(text: Any) -> bytes:
         raise ThermoLensSchemaError("stored tensor data is not valid base64 (damaged file?)") from None
 
 
-def _shape(shape: Any) -> tuple[int, ...]:
+def _shape(shape: object) -> tuple[int, ...]:
     if not isinstance(shape, list) or len(shape) > 64 or not all(
             isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
         raise ThermoLensSchemaError(f"stored shape {_excerpt(shape)} is not a list of sizes")
     return tuple(shape)
 
 
-def _array_dtype(name: Any) -> np.dtype:
+def _array_dtype(name: object) -> np.dtype:
     try:
         dt = np.dtype(name) if isinstance(name, str) and len(name) <= 40 else None
     except TypeError:
@@ -266,7 +278,7 @@ def _frombuffer(raw: bytes, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarr
     return np.frombuffer(raw, dtype=dtype).copy()
 
 
-def _build(cls: Any, fields: dict[str, Any], version: int) -> Any:
+def _build(cls: type[Result], fields: dict[str, object], version: int) -> Result:
     """``cls(**fields)`` for fields stored under schema ``version`` (see the module docstring)."""
     if version > cls.schema_version:
         raise ThermoLensSchemaError(
@@ -275,7 +287,7 @@ def _build(cls: Any, fields: dict[str, Any], version: int) -> Any:
             "Upgrade thermo-lens (pip install -U thermo-lens) to read it."
         )
     fields = cls.migrate(dict(fields), version)
-    known = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    known = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]  # a Result subclass is a dataclass
     unknown = sorted(set(fields) - set(known))
     if unknown:
         warnings.warn(
@@ -331,11 +343,11 @@ def _field_hints(cls: type) -> dict[str, Any]:
     return _HINTS[cls]
 
 
-def _is_array_type(hint: Any) -> bool:
+def _is_array_type(hint: object) -> bool:
     return hasattr(hint, "dim_str") and hasattr(hint, "dtypes")
 
 
-def _conforms(value: Any, hint: Any, depth: int) -> bool:
+def _conforms(value: object, hint: object, depth: int) -> bool:
     """Whether a decoded value fits a field's annotation: classes, unions, ``dict``/``list``/
     ``tuple`` of them, ``Literal``, and jaxtyping arrays (dtype and number of axes). Anything
     this does not understand passes (the class's own checks have the last word)."""
@@ -344,7 +356,7 @@ def _conforms(value: Any, hint: Any, depth: int) -> bool:
 
     if depth > 20 or hint is Any or hint is object:
         return True
-    if _is_array_type(hint):
+    if _is_array_type(hint) and isinstance(hint, type):
         return isinstance(value, hint)
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
@@ -369,15 +381,16 @@ def _conforms(value: Any, hint: Any, depth: int) -> bool:
     return isinstance(value, hint)
 
 
-def _container_conforms(value: Any, kind: Any, args: tuple, depth: int) -> bool:
+def _container_conforms(value: object, kind: object, args: tuple, depth: int) -> bool:
     import typing
 
     if kind in (dict, typing.Mapping):
         return isinstance(value, dict) and (len(args) != 2 or all(
             _conforms(k, args[0], depth + 1) and _conforms(v, args[1], depth + 1) for k, v in value.items()))
     if kind in (list, typing.Sequence):
-        ok = isinstance(value, (list, tuple)) if kind is typing.Sequence else isinstance(value, list)
-        return ok and (not args or all(_conforms(v, args[0], depth + 1) for v in value))
+        if not isinstance(value, (list, tuple)) or (kind is not typing.Sequence and not isinstance(value, list)):
+            return False
+        return not args or all(_conforms(v, args[0], depth + 1) for v in value)
     if not isinstance(value, tuple):
         return False
     if len(args) == 2 and args[1] is Ellipsis:
@@ -387,7 +400,7 @@ def _container_conforms(value: Any, kind: Any, args: tuple, depth: int) -> bool:
     return True
 
 
-def _describe(value: Any) -> str:
+def _describe(value: object) -> str:
     if isinstance(value, torch.Tensor):
         return f"a {str(value.dtype).replace('torch.', '')} tensor of shape {list(value.shape)}"
     if isinstance(value, np.ndarray):
@@ -395,13 +408,13 @@ def _describe(value: Any) -> str:
     return f"a {type(value).__name__} ({_excerpt(value)})"
 
 
-def _hint_name(hint: Any) -> str:
+def _hint_name(hint: object) -> str:
     if _is_array_type(hint):
-        return f"a tensor {hint.__name__}"
+        return f"a tensor {getattr(hint, '__name__', hint)}"
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
-def _encode_column(values: Any, dtype: Any) -> Any:
+def _encode_column(values: Sequence[object] | np.ndarray, dtype: object) -> JSONData:
     if isinstance(dtype, np.dtype) and dtype != np.dtype(object):
         return encode(np.asarray(values))
     return [None if v is pd.NA else encode(v) for v in list(values)]
@@ -417,7 +430,7 @@ def _encode_frame(df: pd.DataFrame) -> dict:
     }}
 
 
-def _decode_frame(f: Any, depth: int = 0) -> pd.DataFrame:
+def _decode_frame(f: object, depth: int = 0) -> pd.DataFrame:
     if not isinstance(f, dict) or not all(isinstance(f.get(k), list) for k in ("columns", "dtypes", "data")) \
             or not all(isinstance(t, str) and len(t) <= 40 for t in f["dtypes"]):
         raise ThermoLensSchemaError("a stored frame lacks its columns, dtypes or data")
@@ -491,7 +504,7 @@ class Result:
         @property
         def n_states(self) -> int: ...
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         registry.register_result_type(cls)
 
@@ -548,9 +561,10 @@ class Result:
                                        f"{', '.join(sizes) or 'none'}")
         return [label(**dict(zip(dims, idx))) for idx in np.ndindex(*(sizes[d] for d in dims))]
 
-    # Each index is a DimIndex; typed ``object`` because this checks them itself, with its own
-    # messages (a runtime type checker would pre-empt them).
-    def select(self, **index: object) -> "Result":
+    # Each index is a DimIndex, checked here with its own messages. The signature is the gradual one
+    # (arguments of any type) so that a result may narrow ``select`` to its own kind
+    # (GainResult.select(prompts), PairedDifference.select(prompts, layer=...), Provenance.select(rows)).
+    def select(self, *args: Any, **index: Any) -> "Result":
         """The values of this result's registered metrics at the given cells of its named
         dimensions: ``attr.select(layer=3, head=1)``, ``gain.select(layer=slice(0, 4))``,
         ``traces.select(prompt=[0, 2], head=-1)``.
@@ -568,6 +582,9 @@ class Result:
                 an index that is not an int, slice or sequence of ints, or no metric with every
                 selected dimension.
         """
+        if args:
+            raise ThermoLensInputError(f"{type(self).__name__}.select takes named dimensions, e.g. "
+                                       f"select(layer=3, head=1); its dimensions: {', '.join(self.sizes) or 'none'}")
         return Selection.of(self, index)
 
     def tidy_frame(self, frame: str = "to_frame") -> pd.DataFrame:
@@ -611,7 +628,7 @@ class Result:
         it; :meth:`from_json` turns an answer into a :class:`ThermoLensSchemaError`."""
         return None
 
-    def plot(self, **kwargs: Any) -> Any:
+    def plot(self, **kwargs: object) -> Figure:
         """This result's figure (a plotly ``Figure``): the view registered for its class
         (:func:`register_plot`), else its first registered metric drawn from its shape
         (:func:`thermo_lens.views.metric_plot`). ``kwargs`` go to the view."""
@@ -639,7 +656,7 @@ class Result:
 
     def to_json(self, path: str | os.PathLike | None = None, *, indent: int | None = None) -> str:
         """JSON text of this result (exact round-trip); also written to ``path`` if given."""
-        text = json.dumps({"thermo_lens_schema": self.schema_version, **encode(self)}, indent=indent)
+        text = json.dumps({"thermo_lens_schema": self.schema_version, **_encode_result(self)}, indent=indent)
         if path is not None:
             from thermo_lens.core.safe_io import atomic_write_text
 
@@ -647,7 +664,7 @@ class Result:
         return text
 
     @classmethod
-    def from_json(cls, text_or_path: str | os.PathLike) -> Any:
+    def from_json(cls: type[R], text_or_path: str | os.PathLike) -> R:
         """Rebuild a result from :meth:`to_json` output (a JSON string or a file path).
 
         Raises:
@@ -835,12 +852,12 @@ class Selection(Result):
             arr = v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
             pos = tuple(g.ravel() for d, g in zip(widest, grid) if d in self.dims[k])
             df[k] = arr[pos] if pos else np.broadcast_to(arr, (len(df),))
-        for c, v in self.columns.items():
-            df[c] = v
+        for c, const in self.columns.items():
+            df[c] = const
         return df
 
 
-def _json_text(text_or_path: Any) -> tuple[str, str]:
+def _json_text(text_or_path: object) -> tuple[str, str]:
     """``(JSON text, how to name it in errors)`` of :meth:`Result.from_json`'s argument: text that
     starts with ``{`` or ``[`` is JSON, any other string or path names a file."""
     from thermo_lens.core.safe_io import printable, safe_read_text

@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Literal, Sequence, get_args
+from typing import TYPE_CHECKING, Callable, Iterable, Literal, Protocol, Sequence, get_args, runtime_checkable
 
 import torch
 from jaxtyping import Bool, Int
@@ -38,6 +38,9 @@ from torch import Tensor
 
 from thermo_lens.core.errors import PromptTooShortError, ThermoLensInputError, ThermoLensInputTypeError
 from thermo_lens.core.model import ModelView
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = [
     "BosMode", "BosModeName", "BOS_MODES", "HOST_BOS", "TOKENIZER_BOS", "TOKENS_GIVEN", "check_bos", "bos_modes_text",
@@ -100,7 +103,7 @@ TOKEN_SCOPES: dict[str, str] = {
 }
 
 
-def check_token_scope(value: Any, allowed: Iterable[str] | None = None, *, why: str = "",
+def check_token_scope(value: object, allowed: Iterable[str] | None = None, *, why: str = "",
                       name: str = "token_scope", refused: dict[str, str] | None = None) -> str:
     """The one check of every ``token_scope`` option (entry points, measurements, reductions):
     ``value`` if it is one of ``allowed`` (default: every scope of :data:`TOKEN_SCOPES`), else a
@@ -200,7 +203,7 @@ class TokenBatch:
     tokens: Int[Tensor, "batch pos"]
     lengths: Int[Tensor, " batch"]
     prompt_index: Int[Tensor, " batch"]
-    prepend_bos: Any
+    prepend_bos: bool | str
     truncated: tuple[bool, ...] = field(default=())
     length_list: tuple[int, ...] = field(default=(), compare=False)
 
@@ -326,6 +329,18 @@ def plan_batches(
 
 
 # ---------------------------------------------------------------------------- tokenization
+@runtime_checkable
+class PromptRows(Protocol):
+    """Normalised prompts (:class:`thermo_lens.core.inputs.PromptList`): texts, and the token ids
+    of each row when the caller gave ids."""
+
+    @property
+    def texts(self) -> Sequence[str]: ...
+
+    @property
+    def token_ids(self) -> Sequence[Sequence[int]] | None: ...
+
+
 def bos_id(view: ModelView) -> int:
     """The id ``prepend_bos=True`` prepends: the tokenizer's BOS, or ``[CLS]`` for BERT-style
     tokenizers (which have no BOS)."""
@@ -345,13 +360,13 @@ def bos_id(view: ModelView) -> int:
 
 
 @functools.lru_cache(maxsize=16)
-def _auto_tokenizer(name_or_path: str) -> Any:
+def _auto_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(name_or_path)
 
 
-def hf_tokenizer(view: ModelView) -> Any:
+def hf_tokenizer(view: ModelView) -> PreTrainedTokenizerBase:
     """The tokenizer exactly as ``AutoTokenizer.from_pretrained`` loads it (the paper's).
 
     ``TransformerBridge.boot_transformers`` reloads the tokenizer with ``add_bos_token=True``,
@@ -378,7 +393,7 @@ def host_tokens(view: ModelView, prompt: str) -> list[int]:
     return ids
 
 
-def resolve_host_bos(view: ModelView, prompt: str, ids: list[int] | None = None) -> Any:
+def resolve_host_bos(view: ModelView, prompt: str, ids: list[int] | None = None) -> bool | str:
     """What ``prepend_bos="host"`` does to ``prompt``: ``True`` (the host prepends the BOS that
     ``prepend_bos=True`` prepends), ``False`` (no special token), or
     ``"host:<prefix>+text+<suffix>"`` naming the special tokens it adds (BERT:
@@ -449,7 +464,7 @@ def _fit(view: ModelView, ids: list[int], i: int, truncate: bool, min_tokens: in
     return ids
 
 
-def _batch(view: ModelView, rows: list[list[int]], index: Sequence[int], prepend_bos: Any,
+def _batch(view: ModelView, rows: list[list[int]], index: Sequence[int], prepend_bos: bool | str,
            truncated: list[bool]) -> TokenBatch:
     width, pad = max(len(r) for r in rows), _pad_id(view)
     # padded on the host, then one tensor (not one copy per row)
@@ -461,9 +476,9 @@ def _batch(view: ModelView, rows: list[list[int]], index: Sequence[int], prepend
 
 def tokenize(
     view: ModelView,
-    prompts: Any,
+    prompts: Iterable[str],
     *,
-    prepend_bos: Any,
+    prepend_bos: BosMode | str,
     truncate: bool = False,
     min_tokens: int = 1,
     prompt_index: Sequence[int] | None = None,
@@ -497,7 +512,7 @@ def tokenize(
     return _batch(view, rows, index, prepend_bos, truncated)
 
 
-def token_batch(view: ModelView, prompts: Any, rows: Sequence[int], *, prepend_bos: Any, truncate: bool = False,
+def token_batch(view: ModelView, prompts: PromptRows, rows: Sequence[int], *, prepend_bos: BosMode | str, truncate: bool = False,
                 min_tokens: int = 1) -> TokenBatch:
     """The batch of rows ``rows`` of normalised prompts (:class:`thermo_lens.core.inputs.PromptList`):
     texts tokenized with ``prepend_bos``, token ids exactly as given (recorded as
@@ -513,21 +528,22 @@ def token_batch(view: ModelView, prompts: Any, rows: Sequence[int], *, prepend_b
     return _batch(view, ids, list(rows), TOKENS_GIVEN, truncated)
 
 
-def validate_prompts(prompts: Any) -> list[str]:
+def validate_prompts(prompts: object) -> list[str]:
     """Check a prompt list: a non-empty list of non-empty strings (clear errors otherwise)."""
     if isinstance(prompts, str):
         raise ThermoLensInputError("expected a list of prompts, got a single string; wrap it: [prompt]")
     if prompts is None:
         raise ThermoLensInputError("expected a list of prompts, got None")
-    try:
-        prompts = list(prompts)
-    except TypeError:
-        raise ThermoLensInputError(f"expected a list of prompt strings, got {type(prompts).__name__}") from None
-    if not prompts:
+    if not isinstance(prompts, Iterable):
+        raise ThermoLensInputError(f"expected a list of prompt strings, got {type(prompts).__name__}")
+    given: list[object] = list(prompts)
+    if not given:
         raise ThermoLensInputError("the prompt list is empty; pass at least one prompt")
-    for i, p in enumerate(prompts):
+    out: list[str] = []
+    for i, p in enumerate(given):
         if not isinstance(p, str):
             raise ThermoLensInputTypeError(f"prompt {i} is a {type(p).__name__} ({p!r}), not a string")
         if not p.strip():
             raise ThermoLensInputError(f"prompt {i} is an empty string")
-    return prompts
+        out.append(p)
+    return out
