@@ -159,9 +159,11 @@ class Metric:
         return float(finite.mean()) if finite.size else float("nan")
 
 
-def _item(obj: Mapping[str, object] | object, key: str) -> object:
+def _item(obj: object, key: str) -> object:
     """``obj[key]`` of a dict or a frame (a column)."""
-    getter: Callable[[str], object] = getattr(obj, "__getitem__")
+    getter: Callable[[str], object] | None = getattr(obj, "__getitem__", None)
+    if getter is None:
+        raise TypeError(f"{type(obj).__name__} has no items")
     return getter(key)
 
 

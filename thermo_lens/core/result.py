@@ -28,7 +28,7 @@ import json
 import math
 import os
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence, TypeVar
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
