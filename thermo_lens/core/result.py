@@ -817,8 +817,9 @@ class Selection(Result):
 
     def labels(self, *dims: str) -> list[str]:
         """The labels of every cell over ``dims`` (default: the dimensions after ``prompt``) with
-        their original indices: ``["L3H0", "L3H1"]`` for ``layer=3, head=[0, 1]`` on a
-        ``[layer]``-dropped selection reads ``["H0", "H1"]``; a dropped dimension is not labelled."""
+        their original indices: ``select(layer=[3], head=[0, 2])`` is labelled ``["L3H0", "L3H2"]``;
+        a dimension dropped by an int index (``layer=3``) is not a dimension any more, so
+        ``select(layer=3, head=[0, 2])`` is labelled ``["H0", "H2"]``."""
         sizes = self.sizes
         dims = dims or tuple(d for d in sizes if d != "prompt")
         unknown = [d for d in dims if d not in sizes]
