@@ -476,7 +476,7 @@ def _batch(view: ModelView, rows: list[list[int]], index: Sequence[int], prepend
 
 def tokenize(
     view: ModelView,
-    prompts: Iterable[str],
+    prompts: object,  # checked here (validate_prompts), with its own messages
     *,
     prepend_bos: BosMode | str,
     truncate: bool = False,
