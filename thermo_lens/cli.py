@@ -21,8 +21,9 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Sequence, get_args
 from thermo_lens.core.errors import FolderLockedError, ThermoLensInputError, ThermoLensSchemaError
+from thermo_lens.core.tokens import BOS_MODES, TOKEN_SCOPES, BosModeName, bos_modes_text
 
 EXIT_OK, EXIT_FAILED_MODELS, EXIT_USAGE = 0, 1, 2
 DEFAULT_OUT = "thermo-lens-report"
@@ -39,9 +40,9 @@ def _bos(value: str) -> bool | str:
         return True
     if v in ("false", "0", "no", "off"):
         return False
-    if v in ("tokenizer", "host"):
+    if v in get_args(BosModeName):
         return v
-    raise argparse.ArgumentTypeError("must be host, true, false or tokenizer")
+    raise argparse.ArgumentTypeError("must be " + bos_modes_text(quote="", bools=("true", "false")))
 
 
 def _positive_int(value: str) -> int:
@@ -57,10 +58,10 @@ def _positive_int(value: str) -> int:
 def _add_measure_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", default="paper25",
                    help="built-in prompt set (see thermo_lens.core.prompts.names()) or a text file with one prompt per line (default: paper25)")
-    p.add_argument("--prepend-bos", type=_bos, default="host", metavar="{host,true,false,tokenizer}",
+    p.add_argument("--prepend-bos", type=_bos, default="host", metavar="{" + ",".join(str(m).lower() for m in BOS_MODES) + "}",
                    help="host: tokens exactly as model.to_tokens gives them (default); true: prepend BOS; false: none; "
                         "tokenizer: the HF tokenizer's own special tokens as the paper did")
-    p.add_argument("--token-scope", default="all_but_first", choices=["last", "all_but_first", "all", "frobenius"],
+    p.add_argument("--token-scope", default="all_but_first", choices=list(TOKEN_SCOPES),
                    help="tokens entering the residual gain (default: all_but_first)")
     p.add_argument("--batch-size", type=_positive_int, default=8, help="prompts per forward pass (default: 8)")
     p.add_argument("--truncate", action="store_true", help="cut prompts longer than the context instead of failing")

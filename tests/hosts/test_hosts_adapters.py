@@ -277,12 +277,16 @@ def test_a_duck_typed_host_is_read_as_a_hooked_transformer():
 
 # ---------------------------------------------------------------------------- no host branches outside
 _BRANCH = re.compile(r"\.backend\s*[!=]=|\bkind\s*[!=]=\s*\"(bridge|hooked_\w+)\"|\"(bridge|hooked_\w+)\":"
-                     r"|original_model|one_zero_attention_mask|hook_normalized_resid_post|hook_full_embed")
+                     r"|original_model|one_zero_attention_mask|hook_normalized_resid_post|hook_full_embed"
+                     # a host's private attributes (SAELens' SAE tables and aliases, the bridge's gating and norms)
+                     r"|_acts_to_saes|_transcoder_output_hooks|_resolve_hook_name|_gated_hook_reason|uses_rms_norm"
+                     r"|uses_weight_offset|\"(Bridge|Hooked\w*)\" in type")
 
 
 @pytest.mark.parametrize("module", ["thermo_lens.core.model", "thermo_lens.core.tokens", "thermo_lens.experiments.sweeps.start",
                                     "thermo_lens.experiments.sweeps.engine", "thermo_lens.experiments.sweeps.logits", "thermo_lens.core.passes",
-                                    "thermo_lens.core.cache_match", "thermo_lens.measures.attribution.terms", "thermo_lens.core.layout"])
+                                    "thermo_lens.core.cache_match", "thermo_lens.measures.attribution.terms", "thermo_lens.core.layout",
+                                    "thermo_lens.core.attached", "thermo_lens.measures.sae"])
 def test_the_view_and_the_passes_ask_the_adapter(module):
     """The modules that read a model through its view hold no branch on the host class: the
     adapters (``thermo_lens/core/hosts/``) answer."""

@@ -193,3 +193,22 @@ def test_a_too_short_prompt_is_named_with_the_scope_that_needs_two_tokens(bridge
     assert tl.run(model, torch.tensor([[46]]), ["gain"], token_scope="last").gain.n_prompts == 1
     with pytest.raises(PromptTooShortError, match="needs at least 2.*excludes position 0"):
         tl.run(model, torch.tensor([[46]]), {"gain": {"token_scope": "all_but_first"}})
+
+
+def test_results_are_found_by_type_not_by_the_name_of_their_class():
+    from types import SimpleNamespace
+
+    import thermo_lens.views  # noqa: F401 - registers the figures' metrics (AttentionPanel)
+    from thermo_lens.core import registry
+    from thermo_lens.core.result import Result
+
+    for name in ("GainResult", "AttentionPanel"):  # a measurement's result, and a result no measurement makes
+        real = registry.result_type(name)
+        assert isinstance(real, type) and issubclass(real, Result) and real.__name__ == name
+        impostor = type(name, (), {})()  # another class of the same name (not a Result: it registers nothing)
+        with pytest.raises(TypeError, match=f"holds no {name}"):
+            registry.carrier(SimpleNamespace(results={"x": impostor}), name)
+        assert registry.metrics(result=type(impostor)) == ()
+        assert registry.metrics(result=real) == registry.metrics(result=name) != ()
+    with pytest.raises(TypeError, match="no result class 'NoSuchResult'"):
+        registry.carrier(SimpleNamespace(), "NoSuchResult")

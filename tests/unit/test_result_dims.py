@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import torch
 import pytest
 
 import thermo_lens as tl
@@ -57,3 +58,55 @@ def test_the_generic_frame_is_the_frame_built_by_hand(bridge):
     # the sheaf traces' frame metrics have two shapes ([prompt, layer, head] and [layer, head]): no generic frame
     with pytest.raises(ThermoLensInputError, match="single-shape"):
         tr.tidy_frame()
+
+
+def test_select_is_direct_indexing_of_the_metrics_by_named_dimension(bridge):
+    from thermo_lens.core.result import Result, Selection
+
+    model = bridge("gpt2")
+    prompts = PROMPTS + ["one two three four"]
+    m = tl.run(model, prompts, measures=["gain", "attribution", "write_norm", "sheaf"])
+    g, at, wn, tr = m["gain"], m["attribution"], m["write_norm"], m["sheaf"]
+    P, L, H = at.head.shape
+    # attribution at one head: head_term per prompt, the head's own values
+    s = at.select(layer=1, head=-1)
+    assert isinstance(s, Selection) and s.dims == {"head_term": ("prompt",)} and s.index == {"layer": 1, "head": H - 1}
+    assert torch.equal(s.head_term, at.head[:, 1, H - 1]) and s.sizes == {"prompt": P}
+    df = s.to_frame()
+    assert list(df.columns[:3]) == ["layer", "head", "prompt"] and set(df["layer"]) == {1} and set(df["head"]) == {H - 1}
+    np.testing.assert_array_equal(df["head_term"].to_numpy(), at.head[:, 1, H - 1].numpy())
+    assert set(df["token_scope"]) == {at.token_scope} and set(df["model"]) == {at.model["name"]}
+    # a layer of the attribution: the per-layer terms in their own frame, the heads in the main one
+    s = at.select(layer=0)
+    assert torch.equal(s.head_term, at.head[:, 0]) and torch.equal(s.mlp_term, at.mlp[:, 0])
+    np.testing.assert_array_equal(s.to_frame("layer_frame")["mlp_term"].to_numpy(), at.mlp[:, 0].numpy())
+    # the gain over a slice of layers: block_gain only (the [prompt] summaries have no layer)
+    s = g.select(layer=slice(0, 2))
+    assert list(s.values) == ["block_gain"] and torch.equal(s.block_gain, g.block_gain[:, 0:2])
+    assert s.coords["layer"] == (0, 1) and s.labels() == ["L0", "L1"] and s.n_layers == 2
+    assert isinstance(g.select([0, 2]), type(g))  # prompts only: the GainResult with its summaries, as before
+    assert torch.equal(g.select(prompt=[2, 0]).block_gain, g.block_gain[[2, 0]])
+    # head-shaped results: heads in a given order keep their original indices
+    s = wn.select(head=[2, 0], prompt=1)
+    assert torch.equal(s.write_norm, wn.write_norm[1][:, [2, 0]]) and s.labels() == [
+        f"L{l}H{h}" for l in range(L) for h in (2, 0)]
+    df = s.to_frame()
+    assert df[["layer", "head"]].values.tolist() == [[l, h] for l in range(L) for h in (2, 0)] and set(df["prompt"]) == {1}
+    np.testing.assert_array_equal(df["write_norm"].to_numpy(), wn.write_norm[1][:, [2, 0]].numpy().ravel())
+    s = tr.select(layer=[1], head=0)
+    assert torch.equal(s.trace, tr.trace[:, [1], 0]) and torch.equal(s.W_V_frob_sq, tr.W_V_frob_sq[[1], 0])
+    df = s.to_frame()  # the [layer head] metric repeats along the prompts
+    np.testing.assert_array_equal(df["W_V_frob_sq"].to_numpy(), np.repeat(tr.W_V_frob_sq[1, 0].item(), len(prompts)))
+    np.testing.assert_array_equal(df["trace"].to_numpy(), tr.trace[:, 1, 0].numpy())
+    # it is a stored result like any other
+    back = Result.from_json(s.to_json())
+    assert isinstance(back, Selection) and torch.equal(back.trace, s.trace) and back.index == s.index
+    # clear errors: the dimensions and their ranges
+    with pytest.raises(ThermoLensInputError, match=rf"no dimension 'heads' .*prompt \(0..{P - 1}\), layer \(0..{L - 1}\), head \(0..{H - 1}\)"):
+        at.select(heads=1)
+    with pytest.raises(ThermoLensInputError, match=rf"layer {L} is out of range: GainAttribution has layer 0..{L - 1}"):
+        at.select(layer=L)
+    with pytest.raises(ThermoLensInputError, match="is not an index"):
+        wn.select(head="0")
+    with pytest.raises(ThermoLensInputError, match="picks no head"):
+        wn.select(head=slice(5, 5))

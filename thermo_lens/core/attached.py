@@ -22,29 +22,86 @@ from __future__ import annotations
 import difflib
 import functools
 import re
-from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol, Sequence, TypeAlias, overload, runtime_checkable
 
 from thermo_lens.core.errors import ThermoLensInputError, ThermoLensInputTypeError
 
 if TYPE_CHECKING:
+    import torch
+
     from thermo_lens.core.hosts.protocol import TransformerLensModel
 
 __all__ = ["sae_wrappers", "sae_records", "check_saes", "resolve_hook", "needs_resolving", "hook_points",
-           "AttachedHook", "attached_hooks", "check_hook_names", "forward_order", "qualname", "hook_source"]
+           "AttachedHook", "attached_hooks", "check_hook_names", "forward_order", "qualname", "hook_source",
+           "HostProbes", "answer_with"]
+
+#: A hook name, or a name filter ``name -> bool``.
+NameOrFilter = str | Callable[[str], bool]
+#: A hook function as TransformerLens and PyTorch call it (``fn(activation, hook)`` / ``fn(module, ...)``).
+HookFunction = Callable[..., object]
+#: One record per attached SAE (:func:`sae_records`).
+SAERecord: TypeAlias = dict[str, Any]
+
+
+@runtime_checkable
+class HostProbes(Protocol):
+    """What this module asks the host about what is attached to it; its adapter
+    (:class:`thermo_lens.core.hosts.HostAdapter`) answers, so no host's private attributes are read here."""
+
+    def sae_wrappers(self, model: TransformerLensModel) -> dict[str, Any]:
+        """``{input hook: wrapper}`` of the SAEs spliced into the model (``{}`` on a host without SAEs):
+        SAELens' wrapper modules (``.sae``, ``.use_error_term``; SAELens is optional, so not named)."""
+        ...
+
+    def sae_output_hooks(self, model: TransformerLensModel) -> dict[str, str]:
+        """``{input hook: output hook}`` of the spliced-in SAEs that write elsewhere (transcoders)."""
+        ...
+
+    def needs_resolving(self, model: TransformerLensModel) -> bool:
+        """Whether hook names must be re-pointed (:func:`resolve_hook`) before a pass."""
+        ...
+
+    def resolve_alias(self, model: TransformerLensModel, hook_name: str) -> str:
+        """The host's own name for a hook name it does not list (an alias), else ``hook_name``."""
+        ...
+
+    def gated_flag(self, model: TransformerLensModel, hook_name: str, point: object) -> str | None:
+        """The config flag that must be on for hook point ``point`` to fire, when it is off; else None."""
+        ...
+
+
+# The adapter of a model: registered by thermo_lens.core.hosts when it is imported (the adapters use
+# this module's functions, so it cannot import them: the answers plug in from above, as figures do
+# into results).
+_ADAPTER_OF: list[Callable[[TransformerLensModel], HostProbes]] = []
+
+
+def answer_with(adapter_of: Callable[[TransformerLensModel], HostProbes]) -> None:
+    """Register the function that gives a model's adapter (called once, by :mod:`thermo_lens.core.hosts`)."""
+    _ADAPTER_OF[:] = [adapter_of]
+
+
+def _host(model: TransformerLensModel) -> HostProbes:
+    # `import thermo_lens` (run before any of its modules) imports thermo_lens.core.hosts, which registers
+    if not _ADAPTER_OF:  # pragma: no cover - only while thermo_lens itself is being imported
+        raise RuntimeError("thermo_lens.core.hosts has not registered its adapters yet (import thermo_lens first)")
+    return _ADAPTER_OF[0](model)
 
 
 def sae_wrappers(model: TransformerLensModel) -> dict[str, Any]:
-    """``{input hook: wrapper}`` of the SAEs attached with SAELens' ``add_sae``."""
-    return dict(getattr(model, "_acts_to_saes", None) or {})
+    """``{input hook: wrapper}`` of the SAEs attached with SAELens' ``add_sae`` (its adapter says
+    where the host keeps them)."""
+    return dict(_host(model).sae_wrappers(model))
 
 
-def sae_records(model: TransformerLensModel) -> list[dict[str, Any]]:
+def sae_records(model: TransformerLensModel) -> list[SAERecord]:
     """One record per attached SAE: ``hook`` (where it reads), ``hook_out`` (where its output
     replaces the activation; differs for transcoders), ``d_in``, ``d_sae`` (its width),
     ``use_error_term``, ``architecture``. Recorded in every result's model metadata."""
-    out = []
-    outputs = dict(getattr(model, "_transcoder_output_hooks", None) or {})
-    for hook, wrapper in sae_wrappers(model).items():
+    out: list[SAERecord] = []
+    host = _host(model)
+    outputs = host.sae_output_hooks(model)
+    for hook, wrapper in host.sae_wrappers(model).items():
         sae = getattr(wrapper, "sae", wrapper)
         cfg = getattr(sae, "cfg", None)
         arch = getattr(cfg, "architecture", None)
@@ -84,11 +141,15 @@ def check_saes(model: TransformerLensModel, name: str, d_model: int) -> None:
 
 def needs_resolving(model: TransformerLensModel) -> bool:
     """Whether hook names must be re-pointed (:func:`resolve_hook`) on this host: only hosts
-    carrying SAEs, or SAETransformerBridge with its name aliases."""
-    return bool(sae_wrappers(model)) or hasattr(model, "_resolve_hook_name")
+    carrying SAEs, or SAETransformerBridge with its name aliases (its adapter says)."""
+    return _host(model).needs_resolving(model)
 
 
-def resolve_hook(model: TransformerLensModel, hook_name: Any, name: str = "the model") -> Any:
+@overload
+def resolve_hook(model: TransformerLensModel, hook_name: str, name: str = ...) -> str: ...
+@overload
+def resolve_hook(model: TransformerLensModel, hook_name: Callable[[str], bool], name: str = ...) -> Callable[[str], bool]: ...
+def resolve_hook(model: TransformerLensModel, hook_name: NameOrFilter, name: str = "the model") -> NameOrFilter:
     """The hook point that carries activation ``hook_name`` downstream: the name itself, or,
     where an SAE is spliced in (SAELens replaces the hook point by its wrapper), the SAE's output
     hook ``<hook_name>.hook_sae_output``. Callables (hook-name filters) pass through. ``name`` is
@@ -96,9 +157,8 @@ def resolve_hook(model: TransformerLensModel, hook_name: Any, name: str = "the m
     if not isinstance(hook_name, str):
         return hook_name
     hook_dict = getattr(model, "hook_dict", None)
-    resolve_alias = getattr(model, "_resolve_hook_name", None)  # SAELens' SAETransformerBridge
-    if isinstance(hook_dict, dict) and hook_name not in hook_dict and callable(resolve_alias):
-        hook_name = resolve_alias(hook_name)
+    if isinstance(hook_dict, dict) and hook_name not in hook_dict:
+        hook_name = _host(model).resolve_alias(model, hook_name)  # a name the host knows by another (SAELens)
     out = f"{hook_name}.hook_sae_output"
     if isinstance(hook_dict, dict) and out in hook_dict:
         return out  # an SAE wrapper sits at `hook_name`
@@ -117,19 +177,19 @@ def resolve_hook(model: TransformerLensModel, hook_name: Any, name: str = "the m
 
 
 # ---------------------------------------------------------------------------- hook functions
-def qualname(fn: Any) -> str:
+def qualname(fn: object) -> str:
     """``module.qualname`` of a hook function (through ``functools.partial`` and bound methods)."""
     while isinstance(fn, functools.partial):
         fn = fn.func
     owner = getattr(fn, "__self__", None)
     if owner is not None and not isinstance(owner, type) and hasattr(fn, "__func__"):
-        return f"{type(owner).__module__}.{type(owner).__qualname__}.{fn.__name__}"
+        return f"{type(owner).__module__}.{type(owner).__qualname__}.{getattr(fn, '__name__', '?')}"
     mod = getattr(fn, "__module__", None) or type(fn).__module__
     name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     return f"{mod}.{name}"
 
 
-def hook_source(fn: Any) -> str:
+def hook_source(fn: object) -> str:
     """Where a hook's inserted activations come from: ``fn.thermo_lens_source``, or an SAE-like owner's
     config (release, id, hook, width); ``""`` when the function does not say."""
     src = getattr(fn, "thermo_lens_source", None)
@@ -166,7 +226,7 @@ class AttachedHook(NamedTuple):
     attached: str
 
 
-def _describe(point: str, fn: Any, how: str) -> AttachedHook:
+def _describe(point: str, fn: object, how: str) -> AttachedHook:
     return AttachedHook(point, qualname(fn), hook_source(fn), how)
 
 
@@ -180,7 +240,7 @@ _SAE_SUFFIX = re.compile(r"\.hook_sae_[a-z_]+$")
 _BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
 
 
-def hook_points(model: TransformerLensModel) -> dict[str, Any]:
+def hook_points(model: TransformerLensModel) -> dict[str, torch.nn.Module]:
     """``{name: HookPoint}`` of every hook point of ``model`` (``model.hook_dict``), one name per
     hook point: on ``TransformerBridge``, which lists each point under its canonical name and its
     TransformerLens aliases, the alias a user writes (``blocks.0.attn.hook_z``, not
@@ -189,7 +249,7 @@ def hook_points(model: TransformerLensModel) -> dict[str, Any]:
     if not isinstance(hook_dict, dict):
         return {}
     names: dict[int, list[str]] = {}
-    points: dict[int, Any] = {}
+    points: dict[int, torch.nn.Module] = {}
     for name, hp in hook_dict.items():
         points[id(hp)] = hp
         names.setdefault(id(hp), []).append(name)
@@ -201,7 +261,7 @@ def hook_points(model: TransformerLensModel) -> dict[str, Any]:
     return {name: points[key] for key, name in chosen.items()}
 
 
-def _user_function(hp: Any, handle: Any) -> Any:
+def _user_function(hp: torch.nn.Module, handle: object) -> object:
     """The function the user attached with a :class:`LensHandle` (TransformerLens 3+ keeps it as
     ``handle.user_hook``; 2.x only keeps torch's handle, whose hook is TransformerLens' wrapper with
     the user's function as its free variable ``hook``)."""
@@ -223,7 +283,7 @@ def _user_function(hp: Any, handle: Any) -> Any:
     return wrapper
 
 
-def _is_host_wiring(fn: Any) -> bool:
+def _is_host_wiring(fn: object) -> bool:
     while isinstance(fn, functools.partial):
         fn = fn.func
     return str(getattr(fn, "__module__", "") or "").startswith(_HOST_MODULES)
@@ -280,7 +340,7 @@ def _n_layers(model: TransformerLensModel) -> int | None:
     return int(n) if isinstance(n, int) else None
 
 
-def check_hook_names(model: TransformerLensModel, names: Sequence[Any], name: str = "the model") -> None:
+def check_hook_names(model: TransformerLensModel, names: Sequence[object], name: str = "the model") -> None:
     """Raise :class:`ThermoLensInputError` for a hook name ``model`` has no hook point for
     (misspelt, another host's spelling, a block out of range), naming it and the closest valid
     names, before anything runs: some hosts skip an unknown name without a word (the hook would
@@ -323,28 +383,10 @@ def check_hook_names(model: TransformerLensModel, names: Sequence[Any], name: st
                 + (" (or set model.cfg.use_hook_tokens = True)" if flag == "use_hook_tokens" else ""))
 
 
-#: Hook points a ``HookedTransformer`` fires only when a config flag is on (TransformerLens' setters
-#: ``set_use_attn_result`` ... switch them); the bridge says for itself (``_gated_hook_reason``).
-_GATED = (("attn.hook_result", "use_attn_result"), ("hook_attn_in", "use_attn_in"),
-          ("hook_q_input", "use_split_qkv_input"), ("hook_k_input", "use_split_qkv_input"),
-          ("hook_v_input", "use_split_qkv_input"), ("hook_mlp_in", "use_hook_mlp_in"),
-          ("hook_tokens", "use_hook_tokens"))
-
-
-def _gated(model: TransformerLensModel, hook_name: str, point: Any) -> str | None:
-    """The config flag that must be on for the hook point to fire, when it is off; else None."""
-    reason = getattr(model, "_gated_hook_reason", None)
-    if callable(reason):  # TransformerBridge: keyed on the point's canonical name (aliases may always fire)
-        try:
-            flag = reason(getattr(point, "name", None) or hook_name)
-        except Exception:  # noqa: BLE001 - a host's private helper; never block a run on it
-            return None
-        return str(flag) if flag else None
-    cfg = getattr(model, "cfg", None)
-    for suffix, flag in _GATED:
-        if hook_name.endswith(suffix) and getattr(cfg, flag, True) is False:
-            return flag
-    return None
+def _gated(model: TransformerLensModel, hook_name: str, point: object) -> str | None:
+    """The config flag that must be on for the hook point to fire, when it is off; else None (the
+    host's adapter knows which of its hook points are gated)."""
+    return _host(model).gated_flag(model, hook_name, point)
 
 
 def _unknown_hook_message(model: TransformerLensModel, hook_name: str, valid: list[str], name: str) -> str:

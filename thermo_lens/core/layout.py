@@ -28,17 +28,32 @@ exact split. The view (:class:`thermo_lens.core.model.ModelView`) exposes it as 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
 from thermo_lens.core import offload
 
-__all__ = ["BlockLayout", "NormSite", "MoESite", "detect_layout", "norm_site", "BLOCK_KINDS"]
+__all__ = ["BlockLayout", "NormSite", "NormReader", "MoESite", "detect_layout", "norm_site", "BLOCK_KINDS"]
 
 #: Block kinds (``thermo_lens.definitions`` §7).
 BLOCK_KINDS = ("pre", "parallel", "sandwich", "post")
+
+
+@runtime_checkable
+class NormReader(Protocol):
+    """How a host's norm modules are read (a host adapter, :class:`thermo_lens.core.hosts.HostAdapter`,
+    answers: where the parameters sit and whether the norm centres differs per host)."""
+
+    def norm_centered(self, norm: torch.nn.Module) -> bool:
+        """Whether ``norm`` is a LayerNorm (subtracts the mean), not an RMSNorm."""
+        ...
+
+    def norm_params(self, norm: torch.nn.Module, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None, bool]:
+        """``(weight, bias, offset)`` of ``norm`` as stored: either may be None (bias: None for an
+        RMSNorm); ``offset``: the weight is stored as ``g - 1`` (Gemma's norms)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -50,18 +65,24 @@ class NormSite:
         scale_hook: hook name relative to ``blocks.{l}`` whose activation ``[batch, pos, 1]`` is
             the norm's per-token denominator ``sqrt(var(y) + eps)`` (``"ln1_post.hook_scale"``).
         centered: a LayerNorm (subtracts the mean over ``d_model``), not an RMSNorm.
+        reader: the host adapter that reads the norm's parameters (:class:`NormReader`).
     """
 
     module: str
     scale_hook: str
     centered: bool
+    reader: NormReader | None = field(default=None, compare=False, repr=False)
 
-    def params(self, block: Any, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor | None]:
+    def params(self, block: torch.nn.Module, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor | None]:
         """``(g, beta)``: the effective ``[d_model]`` gain (``1 + w`` for Gemma's offset norms) and
         the bias (None for RMSNorm), detached on CPU."""
+        if self.reader is None:
+            raise RuntimeError(f"the norm site {self.module} was made without its host's reader (norm_site(block, "
+                               "name, adapter))")
         norm = getattr(block, self.module)
         with offload.materialised(norm, f"{self.module}'s weights"):  # an offloaded norm, loaded for this read
-            return _norm_params(norm, dtype)
+            w, b, offset = self.reader.norm_params(norm, dtype)
+        return _effective(norm, w, b, offset, dtype)
 
 
 @dataclass(frozen=True)
@@ -137,7 +158,7 @@ class BlockLayout:
             text += ", mixture of experts (not split)"
         return text
 
-    def metadata(self) -> dict[str, Any]:
+    def metadata(self) -> dict[str, object]:
         return {"kind": self.kind, "multiplier": self.multiplier, "description": self.describe(),
                 "attn_norm": self.attn_norm.module if self.attn_norm else None,
                 "mlp_norm": self.mlp_norm.module if self.mlp_norm else None,
@@ -147,28 +168,15 @@ class BlockLayout:
 
 
 # ---------------------------------------------------------------------------- norms
-def _is_centered(norm: Any) -> bool:
-    """LayerNorm (centres) or RMSNorm (does not), for bridge and HookedTransformer norms."""
-    uses_rms = getattr(norm, "uses_rms_norm", None)  # NormalizationBridge
-    if isinstance(uses_rms, bool):
-        return not uses_rms
-    name = type(norm).__name__
-    return "RMS" not in name
-
-
-def _norm_params(norm: Any, dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
-    orig = getattr(norm, "original_component", None)
-    if orig is not None:  # bridge: the HF module holds the parameters
-        w = getattr(orig, "weight", None)
-        b = getattr(orig, "bias", None) if _is_centered(norm) else None
-        offset = bool(getattr(norm, "uses_weight_offset", False))
-    else:  # HookedTransformer / HookedEncoder: w, b (Gemma's offset already added at conversion)
-        w, b, offset = getattr(norm, "w", None), getattr(norm, "b", None), False
+def _effective(norm: torch.nn.Module, w: Tensor | None, b: Tensor | None, offset: bool,
+               dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
+    """``(g, beta)`` from a norm's stored ``(weight, bias, offset)``: ``g = w`` (``1 + w`` stored as an
+    offset; ones when the norm has no weight), on CPU in ``dtype``."""
     d = None
     for t in (w, b):
         if isinstance(t, Tensor):
             d = t.shape[-1]
-    if w is None or not isinstance(w, Tensor):
+    if not isinstance(w, Tensor):
         if d is None:
             raise RuntimeError(f"{type(norm).__name__} has no weight or bias to read its width from")
         g = torch.ones(d, dtype=dtype)
@@ -178,10 +186,11 @@ def _norm_params(norm: Any, dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
     return g, beta
 
 
-def norm_site(block: Any, name: str) -> NormSite:
+def norm_site(block: torch.nn.Module, name: str, reader: NormReader) -> NormSite:
     """The :class:`NormSite` of ``block``'s norm submodule ``name`` (its scale hooked at
-    ``<name>.hook_scale``)."""
-    return NormSite(module=name, scale_hook=f"{name}.hook_scale", centered=_is_centered(getattr(block, name)))
+    ``<name>.hook_scale``), read by the host's adapter ``reader``."""
+    return NormSite(module=name, scale_hook=f"{name}.hook_scale", centered=reader.norm_centered(getattr(block, name)),
+                    reader=reader)
 
 
 # ---------------------------------------------------------------------------- detection
@@ -189,11 +198,11 @@ def norm_site(block: Any, name: str) -> NormSite:
 class _LayoutReader(Protocol):
     """What :func:`detect_layout` needs of a host adapter (:class:`thermo_lens.core.hosts.HostAdapter`)."""
 
-    def block_layout(self, model: torch.nn.Module, hf_config: Any, norm_placement: str, parallel: bool,
+    def block_layout(self, model: torch.nn.Module, hf_config: object, norm_placement: str, parallel: bool,
                      arch: str) -> BlockLayout: ...
 
 
-def detect_layout(model: torch.nn.Module, adapter: _LayoutReader, hf_config: Any, norm_placement: str, parallel: bool,
+def detect_layout(model: torch.nn.Module, adapter: _LayoutReader, hf_config: object, norm_placement: str, parallel: bool,
                   name: str) -> BlockLayout:
     """The :class:`BlockLayout` of ``model`` (a TransformerLens host), as its adapter reads it.
 

@@ -43,7 +43,8 @@ from thermo_lens.core.errors import ThermoLensInputError
 
 __all__ = ["Metric", "register_metric", "register_head_metric", "get", "metrics", "definitions", "SECTIONS",
            "Options", "option", "Measurement", "BuildContext", "register_measurement", "unregister_measurement",
-           "measurement", "measurements", "measurement_of", "Readout", "Probe", "readouts", "readout"]
+           "measurement", "measurements", "measurement_of", "Readout", "Probe", "readouts", "readout",
+           "carrier", "register_result_type", "result_type"]
 
 #: Sections of the definitions page (``thermo_lens/definitions.md``, printed by
 #: ``python -m thermo_lens.definitions``): key -> numbered title.
@@ -137,18 +138,16 @@ class Metric:
     def dims(self) -> tuple[str, ...]:
         return tuple(self.shape.split())
 
-    def values(self, result: Any) -> Any:
+    def values(self, result: object) -> Any:
         """This metric's values on ``result`` (an instance of :attr:`result`, or a ThermoProfile
         holding one), following :attr:`attr`."""
         obj = carrier(result, self.result)
         for part in (self.attr or self.name).split("."):
-            if isinstance(obj, dict) or hasattr(obj, "columns"):
-                obj = obj[part]
-            else:
-                obj = getattr(obj, part)
+            # a dict key or a frame column, else an attribute
+            obj = _item(obj, part) if isinstance(obj, dict) or hasattr(obj, "columns") else getattr(obj, part)
         return obj
 
-    def row_value(self, result: Any) -> float:
+    def row_value(self, result: object) -> float:
         """The one number per model of :attr:`row` (:attr:`row_reduce` of the values)."""
         values = self.values(result)
         if self.row_reduce is not None:
@@ -160,29 +159,49 @@ class Metric:
         return float(finite.mean()) if finite.size else float("nan")
 
 
-def carrier(obj: Any, result: str | type) -> Any:
+def _item(obj: object, key: str) -> object:
+    """``obj[key]`` of a dict or a frame (a column)."""
+    getter: Callable[[str], object] | None = getattr(obj, "__getitem__", None)
+    if getter is None:
+        raise TypeError(f"{type(obj).__name__} has no items")
+    return getter(key)
+
+
+def carrier(obj: object, result: str | type) -> object:
     """``obj`` itself if it is a ``result`` instance, else the result of that class that ``obj``
     (a ThermoProfile, :class:`thermo_lens.core.measure.Measurements`) holds. ``result``: the class, or
-    the name a metric gives (matched by type where a registered measurement makes that class)."""
-    cls = result if isinstance(result, type) else _result_class(result)
-
-    def match(value: Any) -> bool:
-        return isinstance(value, cls) if cls is not None else type(value).__name__ == result
-
-    if match(obj):
+    the name a metric gives (resolved to its class by :func:`result_type`); matched by type
+    (``isinstance``), never by a class's name."""
+    cls = result if isinstance(result, type) else result_type(result)
+    if cls is None:
+        raise TypeError(f"no result class {result!r} is registered (a thermo_lens.core.result.Result subclass)")
+    if isinstance(obj, cls):
         return obj
     held = getattr(obj, "results", None)
     values = list(held.values()) if isinstance(held, dict) else list(getattr(obj, "__dict__", {}).values())
     for value in values:
-        if match(value):
+        if isinstance(value, cls):
             return value
-    name = result.__name__ if isinstance(result, type) else result
-    raise TypeError(f"{type(obj).__name__} holds no {name}")
+    raise TypeError(f"{type(obj).__name__} holds no {cls.__name__}")
 
 
-def _result_class(name: str) -> type | None:
-    """The result class called ``name`` that a registered measurement makes (None: no such one)."""
-    return next((m.result for m in _MEASUREMENTS.values() if m.result.__name__ == name), None)
+#: Result class name -> class: every :class:`thermo_lens.core.result.Result` subclass registers
+#: itself here when it is defined (the name is what stored JSON and a :class:`Metric` write).
+_RESULT_TYPES: dict[str, type] = {}
+
+
+def register_result_type(cls: type) -> type:
+    """Record the result class ``cls`` under its name (``Result.__init_subclass__`` calls it; a
+    class of the same name defined again, as a notebook cell re-run does, replaces it)."""
+    _RESULT_TYPES[cls.__name__] = cls
+    return cls
+
+
+def result_type(name: str) -> type | None:
+    """The result class called ``name``: the result of a registered measurement, else a registered
+    result class (None: no such class)."""
+    made = next((m.result for m in _MEASUREMENTS.values() if m.result.__name__ == name), None)
+    return made if made is not None else _RESULT_TYPES.get(name)
 
 
 _METRICS: dict[str, Metric] = {}
@@ -234,12 +253,14 @@ def get(name: str) -> Metric:
         raise KeyError(f"no metric {name!r}; registered: {', '.join(_METRICS)}") from None
 
 
-def metrics(*, result: str | None = None, shape: str | None = None, computed: bool | None = None,
+def metrics(*, result: str | type | None = None, shape: str | None = None, computed: bool | None = None,
             load: bool = True) -> tuple[Metric, ...]:
     """Registered metrics in registration order, optionally filtered.
 
     Args:
-        result: only those carried by this result class (``"SpectralSignature"``).
+        result: only those carried by this result class: the class itself (matched by type: the
+            metric's result name resolves to that very class, :func:`result_type`), or its name
+            (``"SpectralSignature"``).
         shape: only this shape (``"layer head"``).
         computed: only weight-based metrics with a compute function (True) or only the others.
         load: import every providing module first (False: only what is registered so far, used by
@@ -247,9 +268,14 @@ def metrics(*, result: str | None = None, shape: str | None = None, computed: bo
     """
     if load:
         _load()
+    def carried(m: Metric) -> bool:
+        if isinstance(result, type):
+            return m.result == result.__name__ and result_type(m.result) is result
+        return result is None or m.result == result
+
     chosen = [
         m for m in _METRICS.values()
-        if (result is None or m.result == result) and (shape is None or m.shape == shape)
+        if carried(m) and (shape is None or m.shape == shape)
         and (computed is None or (m.compute is not None) == computed)
     ]
     # A fixed order whatever the import order: by the measurement that produces the result (the
@@ -258,20 +284,24 @@ def metrics(*, result: str | None = None, shape: str | None = None, computed: bo
     return tuple(sorted(chosen, key=lambda m: order.get(m.result, len(order))))
 
 
-def definitions(**filters: Any) -> dict[str, str]:
+def definitions(*, result: str | type | None = None, shape: str | None = None,
+                computed: bool | None = None) -> dict[str, str]:
     """``{name: formula}`` of the registered metrics (filters as in :func:`metrics`)."""
-    return {m.name: m.formula for m in metrics(**filters)}
+    return {m.name: m.formula for m in metrics(result=result, shape=shape, computed=computed)}
 
 
 # ---------------------------------------------------------------------------- measurements
-def option(default: Any, doc: str, check: Callable[[Any], Any] | None = None) -> Any:
+T = TypeVar("T")
+
+
+def option(default: T, doc: str, check: Callable[[Any], object] | None = None) -> T:
     """A field of a measurement's :class:`Options`: its default, what it means (listed in errors and
     the docs) and, where its annotation does not say enough, the function that checks a given value
     and returns it normalised (raising :class:`~thermo_lens.core.errors.ThermoLensInputError`)."""
     return field(default=default, metadata={"doc": doc, "check": check})
 
 
-def _check_by_annotation(owner: str, name: str, value: Any, hint: Any) -> Any:
+def _check_by_annotation(owner: str, name: str, value: object, hint: object) -> object:
     """``value`` checked against a field's annotation: one of a ``Literal``'s values, or a bool."""
     if get_origin(hint) is Literal:
         allowed = get_args(hint)
@@ -380,7 +410,7 @@ class Measurement(Generic[OptionsT]):
     in_profile: ClassVar[bool] = True
     optional: ClassVar[bool] = False
 
-    def __init__(self, options: OptionsT | None = None, /, **given: Any) -> None:
+    def __init__(self, options: OptionsT | None = None, /, **given: object) -> None:
         if options is not None and (given or not isinstance(options, self.Options)):
             raise ThermoLensInputError(f"measurement {self.name!r} takes its {self.Options.__qualname__} or "
                                        "options by keyword, not both")
@@ -428,7 +458,7 @@ class Measurement(Generic[OptionsT]):
     @classmethod
     def metric_list(cls) -> tuple[Metric, ...]:
         """The registered metrics of this measurement's result."""
-        return metrics(result=cls.result.__name__)
+        return metrics(result=cls.result)
 
     def reductions(self) -> list[Any]:
         """The in-pass reductions to register (functions ``(view, recorder) -> None``)."""
@@ -502,7 +532,7 @@ def measurements(*, in_profile: bool | None = None, load: bool = True) -> tuple[
     return tuple(sorted(chosen, key=rank))
 
 
-def measurement_of(result: Any) -> type[Measurement] | None:
+def measurement_of(result: object) -> type[Measurement] | None:
     """The registered measurement whose result class ``result`` (a class or an instance) is."""
     cls = result if isinstance(result, type) else type(result)
     return next((m for m in measurements() if issubclass(cls, m.result)), None)
@@ -632,7 +662,7 @@ def readouts() -> dict[str, tuple[type[Measurement], Readout]]:
     return {r.pattern: (m, r) for m in measurements() for r in m.readouts}
 
 
-def readout(text: Any, n_layers: int, n_heads: int | None = None) -> Probe | None:
+def readout(text: object, n_layers: int, n_heads: int | None = None) -> Probe | None:
     """The probe ``text`` names (``"block_gain:3"``, ``"sheaf_trace:1.0"``), or None when no
     readout has its name (the part before ``:``)."""
     if not isinstance(text, str):

@@ -28,14 +28,19 @@ import json
 import math
 import os
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence, TypeVar
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
 import torch
+from thermo_lens.core import registry
 from thermo_lens.core.errors import ThermoLensError, ThermoLensInputError, ThermoLensInputTypeError, ThermoLensSchemaError
 
-__all__ = ["Result", "encode", "decode", "register_plot", "label", "DIM_LABELS", "MAX_JSON_BYTES", "MAX_DEPTH"]
+if TYPE_CHECKING:
+    from plotly.graph_objects import Figure
+
+__all__ = ["Result", "Selection", "DimIndex", "encode", "decode", "register_plot", "label", "DIM_LABELS", "MAX_JSON_BYTES",
+           "MAX_DEPTH"]
 
 #: The largest JSON text (characters, or bytes of a file) :meth:`Result.from_json` reads.
 MAX_JSON_BYTES = 1 << 31
@@ -47,28 +52,35 @@ _TORCH_DTYPES = frozenset({"bool", "uint8", "int8", "int16", "int32", "int64", "
                            "float64", "complex64", "complex128"})
 _ARRAY_KINDS = "biufcmMUS"
 
-_REGISTRY: dict[str, type] = {}
+#: Result class name -> class (every :class:`Result` subclass, registered when defined): how stored
+#: JSON, which names its class, is read back. Live results are matched by type, never by name.
+_REGISTRY: dict[str, type] = registry._RESULT_TYPES
+#: What a result stores as an array of values.
+ArrayLike = torch.Tensor | np.ndarray
+#: JSON-ready data (what :func:`encode` returns): nested dicts and lists of these.
+JSONData = dict[str, object] | list[object] | str | int | float | bool | None
+#: A figure function of :func:`register_plot`.
+PlotFn = TypeVar("PlotFn", bound=Callable[..., object])
+R = TypeVar("R", bound="Result")
 # Result class name -> its figure, registered by thermo_lens.views (results never import views: the
 # figures sit in a layer above; `Result.plot` loads them on first use).
-_PLOTS: dict[str, Any] = {}
+_PLOTS: dict[str, Callable[..., Figure]] = {}
 _FIGURES_MODULE = "thermo_lens.views"
 
 
-def register_plot(result: str) -> Any:
+def register_plot(result: str) -> Callable[[PlotFn], PlotFn]:
     """Decorator (for :mod:`thermo_lens.views`): ``fn(result, **kwargs) -> Figure`` is what
     ``result.plot(**kwargs)`` draws for instances of the result class named ``result``."""
-    def wrap(fn: Any) -> Any:
+    def wrap(fn: PlotFn) -> PlotFn:
         _PLOTS[result] = fn
         return fn
     return wrap
 
 
-def encode(obj: Any) -> Any:
+def encode(obj: object) -> JSONData:
     """Turn ``obj`` into JSON-ready data (see module docstring)."""
     if isinstance(obj, Result):
-        # ignore: mypy cannot see that a Result subclass is a dataclass (the mixin itself is not one)
-        data = {f.name: encode(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}  # type: ignore[arg-type]  # see above
-        return {"__result__": type(obj).__name__, "version": type(obj).schema_version, "fields": data}
+        return _encode_result(obj)
     if isinstance(obj, torch.Tensor):
         t = obj.detach().to("cpu").contiguous()
         arr = t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
@@ -101,7 +113,13 @@ def encode(obj: Any) -> Any:
     raise TypeError(f"cannot serialise {type(obj).__name__} in a thermo-lens result")
 
 
-def decode(data: Any) -> Any:
+def _encode_result(obj: Result) -> dict[str, object]:
+    # ignore: mypy cannot see that a Result subclass is a dataclass (the mixin itself is not one)
+    data = {f.name: encode(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}  # type: ignore[arg-type]  # see above
+    return {"__result__": type(obj).__name__, "version": type(obj).schema_version, "fields": data}
+
+
+def decode(data: object) -> object:
     """Inverse of :func:`encode`.
 
     Raises:
@@ -111,7 +129,7 @@ def decode(data: Any) -> Any:
     return _decode(data, 0)
 
 
-def _decode(data: Any, depth: int) -> Any:
+def _decode(data: object, depth: int) -> object:
     if depth > MAX_DEPTH:
         raise ThermoLensSchemaError(f"stored values nested more than {MAX_DEPTH} levels deep; not a thermo-lens result")
     if isinstance(data, list):
@@ -124,7 +142,7 @@ def _decode(data: Any, depth: int) -> Any:
     raise ThermoLensSchemaError(f"unrecognised JSON object with keys {_excerpt(sorted(map(str, data)))}")
 
 
-def _decode_result(data: dict, depth: int) -> Any:
+def _decode_result(data: dict, depth: int) -> Result:
     name, fields, version = data["__result__"], data.get("fields"), data.get("version", 1)
     cls = _result_class(name)
     if cls is None:
@@ -141,7 +159,7 @@ def _decode_result(data: dict, depth: int) -> Any:
     return _build(cls, decoded, version)
 
 
-def _result_class(name: Any) -> type | None:
+def _result_class(name: object) -> type | None:
     """The result class stored under ``name``. Classes register themselves when their module is
     imported, and the measurement modules are imported lazily: a profile read in a fresh process
     names results (``LStarResult``...) whose module nothing imported yet, so on a miss the
@@ -149,8 +167,6 @@ def _result_class(name: Any) -> type | None:
     if not isinstance(name, str):
         return None
     if name not in _REGISTRY:
-        from thermo_lens.core import registry
-
         registry.measurements()  # imports every module that provides a measurement (and its result)
     return _REGISTRY.get(name)
 
@@ -196,8 +212,8 @@ def _decode_dtype(data: dict, depth: int) -> torch.dtype:
     return getattr(torch, name)
 
 
-def _decode_container(kind: str) -> Callable[[dict, int], Any]:
-    def decode_it(data: dict, depth: int) -> Any:
+def _decode_container(kind: str) -> Callable[[dict, int], object]:
+    def decode_it(data: dict, depth: int) -> object:
         v = data[kind]
         if kind == "__dict__" and isinstance(v, dict):
             return {k: _decode(x, depth) for k, x in v.items()}
@@ -209,7 +225,7 @@ def _decode_container(kind: str) -> Callable[[dict, int], Any]:
     return decode_it
 
 
-_DECODERS: dict[str, Callable[[dict, int], Any]] = {
+_DECODERS: dict[str, Callable[[dict, int], object]] = {
     "__result__": _decode_result,
     "__tensor__": _decode_tensor,
     "__ndarray__": _decode_ndarray,
@@ -223,13 +239,13 @@ _DECODERS: dict[str, Callable[[dict, int], Any]] = {
 }
 
 
-def _excerpt(value: Any) -> str:
+def _excerpt(value: object) -> str:
     from thermo_lens.core.validate import excerpt
 
     return excerpt(value, 60)
 
 
-def _b64(text: Any) -> bytes:
+def _b64(text: object) -> bytes:
     if not isinstance(text, str):
         raise ThermoLensSchemaError(f"stored tensor data is {type(text).__name__}, not base64 text")
     try:
@@ -238,14 +254,14 @@ def _b64(text: Any) -> bytes:
         raise ThermoLensSchemaError("stored tensor data is not valid base64 (damaged file?)") from None
 
 
-def _shape(shape: Any) -> tuple[int, ...]:
+def _shape(shape: object) -> tuple[int, ...]:
     if not isinstance(shape, list) or len(shape) > 64 or not all(
             isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
         raise ThermoLensSchemaError(f"stored shape {_excerpt(shape)} is not a list of sizes")
     return tuple(shape)
 
 
-def _array_dtype(name: Any) -> np.dtype:
+def _array_dtype(name: object) -> np.dtype:
     try:
         dt = np.dtype(name) if isinstance(name, str) and len(name) <= 40 else None
     except TypeError:
@@ -262,7 +278,7 @@ def _frombuffer(raw: bytes, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarr
     return np.frombuffer(raw, dtype=dtype).copy()
 
 
-def _build(cls: Any, fields: dict[str, Any], version: int) -> Any:
+def _build(cls: type[Result], fields: dict[str, object], version: int) -> Result:
     """``cls(**fields)`` for fields stored under schema ``version`` (see the module docstring)."""
     if version > cls.schema_version:
         raise ThermoLensSchemaError(
@@ -271,7 +287,7 @@ def _build(cls: Any, fields: dict[str, Any], version: int) -> Any:
             "Upgrade thermo-lens (pip install -U thermo-lens) to read it."
         )
     fields = cls.migrate(dict(fields), version)
-    known = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    known = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]  # a Result subclass is a dataclass
     unknown = sorted(set(fields) - set(known))
     if unknown:
         warnings.warn(
@@ -327,11 +343,11 @@ def _field_hints(cls: type) -> dict[str, Any]:
     return _HINTS[cls]
 
 
-def _is_array_type(hint: Any) -> bool:
+def _is_array_type(hint: object) -> bool:
     return hasattr(hint, "dim_str") and hasattr(hint, "dtypes")
 
 
-def _conforms(value: Any, hint: Any, depth: int) -> bool:
+def _conforms(value: object, hint: object, depth: int) -> bool:
     """Whether a decoded value fits a field's annotation: classes, unions, ``dict``/``list``/
     ``tuple`` of them, ``Literal``, and jaxtyping arrays (dtype and number of axes). Anything
     this does not understand passes (the class's own checks have the last word)."""
@@ -340,7 +356,7 @@ def _conforms(value: Any, hint: Any, depth: int) -> bool:
 
     if depth > 20 or hint is Any or hint is object:
         return True
-    if _is_array_type(hint):
+    if _is_array_type(hint) and isinstance(hint, type):
         return isinstance(value, hint)
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
@@ -365,15 +381,16 @@ def _conforms(value: Any, hint: Any, depth: int) -> bool:
     return isinstance(value, hint)
 
 
-def _container_conforms(value: Any, kind: Any, args: tuple, depth: int) -> bool:
+def _container_conforms(value: object, kind: object, args: tuple, depth: int) -> bool:
     import typing
 
     if kind in (dict, typing.Mapping):
         return isinstance(value, dict) and (len(args) != 2 or all(
             _conforms(k, args[0], depth + 1) and _conforms(v, args[1], depth + 1) for k, v in value.items()))
     if kind in (list, typing.Sequence):
-        ok = isinstance(value, (list, tuple)) if kind is typing.Sequence else isinstance(value, list)
-        return ok and (not args or all(_conforms(v, args[0], depth + 1) for v in value))
+        if not isinstance(value, (list, tuple)) or (kind is not typing.Sequence and not isinstance(value, list)):
+            return False
+        return not args or all(_conforms(v, args[0], depth + 1) for v in value)
     if not isinstance(value, tuple):
         return False
     if len(args) == 2 and args[1] is Ellipsis:
@@ -383,7 +400,7 @@ def _container_conforms(value: Any, kind: Any, args: tuple, depth: int) -> bool:
     return True
 
 
-def _describe(value: Any) -> str:
+def _describe(value: object) -> str:
     if isinstance(value, torch.Tensor):
         return f"a {str(value.dtype).replace('torch.', '')} tensor of shape {list(value.shape)}"
     if isinstance(value, np.ndarray):
@@ -391,13 +408,13 @@ def _describe(value: Any) -> str:
     return f"a {type(value).__name__} ({_excerpt(value)})"
 
 
-def _hint_name(hint: Any) -> str:
+def _hint_name(hint: object) -> str:
     if _is_array_type(hint):
-        return f"a tensor {hint.__name__}"
+        return f"a tensor {getattr(hint, '__name__', hint)}"
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
-def _encode_column(values: Any, dtype: Any) -> Any:
+def _encode_column(values: Sequence[object] | np.ndarray, dtype: object) -> JSONData:
     if isinstance(dtype, np.dtype) and dtype != np.dtype(object):
         return encode(np.asarray(values))
     return [None if v is pd.NA else encode(v) for v in list(values)]
@@ -413,7 +430,7 @@ def _encode_frame(df: pd.DataFrame) -> dict:
     }}
 
 
-def _decode_frame(f: Any, depth: int = 0) -> pd.DataFrame:
+def _decode_frame(f: object, depth: int = 0) -> pd.DataFrame:
     if not isinstance(f, dict) or not all(isinstance(f.get(k), list) for k in ("columns", "dtypes", "data")) \
             or not all(isinstance(t, str) and len(t) <= 40 for t in f["dtypes"]):
         raise ThermoLensSchemaError("a stored frame lacks its columns, dtypes or data")
@@ -463,8 +480,9 @@ class Result:
     the shape of each metric it carries (``"prompt layer head"``; a result with no registered
     metric declares them in :meth:`_dim_arrays`). From them every result has :attr:`sizes`,
     ``n_<dim>s`` (``n_prompts``, ``n_layers``, ``n_heads``, ``n_kv_heads``, ``n_experts`` ...: the
-    size of that dimension), :meth:`labels` (``"L3H1"``) and :meth:`tidy_frame`, the frame of its
-    metrics one row per cell.
+    size of that dimension), :meth:`labels` (``"L3H1"``), :meth:`tidy_frame`, the frame of its
+    metrics one row per cell, and :meth:`select` (``attr.select(layer=3, head=1)``), its metrics at
+    chosen cells (a :class:`Selection`).
     """
 
     schema_version: ClassVar[int] = 1
@@ -486,19 +504,17 @@ class Result:
         @property
         def n_states(self) -> int: ...
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        _REGISTRY[cls.__name__] = cls
+        registry.register_result_type(cls)
 
     # ------------------------------------------------------------------ named dimensions
     def _dim_arrays(self) -> list[tuple[tuple[str, ...], Any]]:
         """``(dimension names, values)`` pairs that declare this result's dimensions: the values
         of each metric registered for its class, with the metric's shape. Results without
         registered metrics (a paired difference, a sweep) override it."""
-        from thermo_lens.core import registry
-
         out = []
-        for m in registry.metrics(result=type(self).__name__):
+        for m in registry.metrics(result=type(self)):
             if not m.dims:
                 continue
             try:
@@ -545,15 +561,39 @@ class Result:
                                        f"{', '.join(sizes) or 'none'}")
         return [label(**dict(zip(dims, idx))) for idx in np.ndindex(*(sizes[d] for d in dims))]
 
+    # Each index is a DimIndex, checked here with its own messages. The signature is the gradual one
+    # (arguments of any type) so that a result may narrow ``select`` to its own kind
+    # (GainResult.select(prompts), PairedDifference.select(prompts, layer=...), Provenance.select(rows)).
+    def select(self, *args: Any, **index: Any) -> "Result":
+        """The values of this result's registered metrics at the given cells of its named
+        dimensions: ``attr.select(layer=3, head=1)``, ``gain.select(layer=slice(0, 4))``,
+        ``traces.select(prompt=[0, 2], head=-1)``.
+
+        Each dimension takes an ``int`` (the dimension is dropped, negative counts from the end),
+        a ``slice`` or a sequence of ints (kept, in that order). Only the metrics that have every
+        selected dimension are kept (a ``[prompt]`` summary has no ``layer`` to select). Returns a
+        :class:`Selection`: the kept metrics' values by name (``sel.head_term``), their remaining
+        dimensions with the original indices (``sel.coords``, ``sel.labels()`` say ``"L3H1"``),
+        and ``to_frame()`` with the definition columns.
+
+        Raises:
+            ThermoLensInputError: a dimension this result's values do not have (the message lists
+                its dimensions and sizes), an index out of range (the message gives the range),
+                an index that is not an int, slice or sequence of ints, or no metric with every
+                selected dimension.
+        """
+        if args:
+            raise ThermoLensInputError(f"{type(self).__name__}.select takes named dimensions, e.g. "
+                                       f"select(layer=3, head=1); its dimensions: {', '.join(self.sizes) or 'none'}")
+        return Selection.of(self, index)
+
     def tidy_frame(self, frame: str = "to_frame") -> pd.DataFrame:
         """The generic frame of the metrics registered with ``frame`` (their :attr:`Metric.frame`
         method) and no frame options: one row per cell of their shared shape (``prompt, layer,
         head``), a column per dimension (the 0-based index) and per metric (its values, C order),
         then :meth:`_definition_columns` (``token_scope`` where the result has one, and the
         provenance's columns: model, BOS, dtype, weights, hooks ...)."""
-        from thermo_lens.core import registry
-
-        chosen = [m for m in registry.metrics(result=type(self).__name__) if m.frame == frame and not m.frame_kwargs]
+        chosen = [m for m in registry.metrics(result=type(self)) if m.frame == frame and not m.frame_kwargs]
         shapes = {m.dims for m in chosen}
         if len(shapes) != 1:
             raise ThermoLensInputError(f"{type(self).__name__} has no single-shape frame {frame!r} "
@@ -588,7 +628,7 @@ class Result:
         it; :meth:`from_json` turns an answer into a :class:`ThermoLensSchemaError`."""
         return None
 
-    def plot(self, **kwargs: Any) -> Any:
+    def plot(self, **kwargs: object) -> Figure:
         """This result's figure (a plotly ``Figure``): the view registered for its class
         (:func:`register_plot`), else its first registered metric drawn from its shape
         (:func:`thermo_lens.views.metric_plot`). ``kwargs`` go to the view."""
@@ -599,9 +639,7 @@ class Result:
             importlib.import_module(_FIGURES_MODULE)  # views register their figures on import
         if name in _PLOTS:
             return _PLOTS[name](self, **kwargs)
-        from thermo_lens.core import registry
-
-        drawn = registry.metrics(result=name)
+        drawn = registry.metrics(result=type(self))
         if not drawn:
             raise ThermoLensInputError(f"{name} has no figure and no registered metric to draw")
         return _PLOTS["__metric__"](self, drawn[0].name, **kwargs)
@@ -618,7 +656,7 @@ class Result:
 
     def to_json(self, path: str | os.PathLike | None = None, *, indent: int | None = None) -> str:
         """JSON text of this result (exact round-trip); also written to ``path`` if given."""
-        text = json.dumps({"thermo_lens_schema": self.schema_version, **encode(self)}, indent=indent)
+        text = json.dumps({"thermo_lens_schema": self.schema_version, **_encode_result(self)}, indent=indent)
         if path is not None:
             from thermo_lens.core.safe_io import atomic_write_text
 
@@ -626,7 +664,7 @@ class Result:
         return text
 
     @classmethod
-    def from_json(cls, text_or_path: str | os.PathLike) -> Any:
+    def from_json(cls: type[R], text_or_path: str | os.PathLike) -> R:
         """Rebuild a result from :meth:`to_json` output (a JSON string or a file path).
 
         Raises:
@@ -663,7 +701,164 @@ class Result:
         return obj
 
 
-def _json_text(text_or_path: Any) -> tuple[str, str]:
+#: What :meth:`Result.select` takes per dimension: one index (the dimension is dropped), a slice or
+#: a sequence of indices (kept).
+DimIndex = int | slice | Sequence[int]
+
+
+def _positions(result: str, dim: str, size: int, sel: object) -> int | list[int]:
+    """The 0-based positions ``sel`` picks along ``dim`` of ``size`` (an int for a single index)."""
+    def one(i: object) -> int:
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise ThermoLensInputError(f"{result}.select({dim}=...): {i!r} is not an index; give an int, a slice "
+                                       f"or a list of ints in 0..{size - 1} (negative counts from the end)")
+        if not -size <= int(i) < size:
+            raise ThermoLensInputError(f"{result}.select: {dim} {int(i)} is out of range: {result} has {dim} "
+                                       f"0..{size - 1} (negative counts from the end)")
+        return int(i) % size
+
+    if isinstance(sel, slice):
+        picked = list(range(size))[sel]
+    elif isinstance(sel, (int, np.integer)) and not isinstance(sel, bool):
+        return one(sel)
+    elif isinstance(sel, (list, tuple, range, np.ndarray, torch.Tensor)):
+        picked = [one(i.item() if hasattr(i, "item") else i) for i in sel]
+    else:
+        picked = [one(sel)]  # raises: not an index
+    if not picked:
+        raise ThermoLensInputError(f"{result}.select({dim}={sel!r}) picks no {dim} of 0..{size - 1}")
+    return picked
+
+
+def _take(values: ArrayLike, axis: int, at: int | list[int]) -> ArrayLike:
+    """``values`` at positions ``at`` of ``axis`` (one axis at a time: lists on two axes would pair up)."""
+    if isinstance(values, torch.Tensor):
+        return values.select(axis, at) if isinstance(at, int) else values.index_select(axis, torch.as_tensor(at))
+    arr = np.asarray(values)
+    return np.take(arr, at, axis=axis)
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection(Result):
+    """The values of a result's metrics at chosen cells of its named dimensions
+    (:meth:`Result.select`).
+
+    Attributes:
+        source: the class of the result it was selected from (``"GainAttribution"``).
+        index: what was selected, per dimension: the kept original indices (a tuple), or the one
+            index of a dimension that was dropped.
+        values: metric name -> its values at the selection (tensor or array), also read as
+            attributes (``sel.head_term``).
+        dims: metric name -> the dimensions its values still have.
+        frames: metric name -> the frame it belongs to in the source (its :attr:`Metric.frame`).
+        coords: dimension -> the original index of each position along it (``layer=(0, 1, 2, 3)``).
+        columns: the definition columns of the source's frames (``token_scope``, model, BOS,
+            dtype, weights, hooks ...), repeated on every row of :meth:`to_frame`.
+    """
+
+    source: str
+    index: dict[str, tuple[int, ...] | int]
+    values: dict[str, ArrayLike]
+    dims: dict[str, tuple[str, ...]]
+    frames: dict[str, str]
+    coords: dict[str, tuple[int, ...]]
+    columns: dict[str, object] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, result: Result, index: Mapping[str, object]) -> "Selection":
+        name = type(result).__name__
+        sizes = result.sizes
+        unknown = [d for d in index if d not in sizes]
+        if unknown:
+            have = ", ".join(f"{d} (0..{n - 1})" for d, n in sizes.items()) or "none"
+            raise ThermoLensInputError(f"{name} has no dimension {', '.join(map(repr, unknown))} to select; "
+                                       f"its dimensions: {have}")
+        at = {d: _positions(name, d, sizes[d], sel) for d, sel in index.items()}
+        values: dict[str, ArrayLike] = {}
+        dims: dict[str, tuple[str, ...]] = {}
+        frames: dict[str, str] = {}
+        coords: dict[str, tuple[int, ...]] = {}
+        for m in registry.metrics(result=type(result)):
+            if not set(at) <= set(m.dims):
+                continue
+            try:
+                v = m.values(result)
+            except (AttributeError, KeyError, TypeError):  # an optional value this result does not hold
+                continue
+            if len(np.shape(v)) != len(m.dims):
+                continue
+            kept = list(m.dims)
+            for axis in reversed(range(len(m.dims))):  # from the last axis: earlier axes keep their number
+                d = m.dims[axis]
+                if d in at:
+                    v = _take(v, axis, at[d])
+                    if isinstance(at[d], int):
+                        kept.pop(axis)
+            values[m.name], dims[m.name], frames[m.name] = v, tuple(kept), m.frame
+            for d in kept:
+                picked = at.get(d)
+                coords[d] = tuple(picked) if isinstance(picked, list) else tuple(range(sizes[d]))
+        if not values:
+            raise ThermoLensInputError(f"no metric of {name} has every dimension of {sorted(at)}; its metrics' "
+                                       "dimensions: " + ", ".join(sorted({" ".join(m.dims) for m in
+                                                                         registry.metrics(result=type(result))})))
+        columns = dict(result._definition_columns(pd.DataFrame(index=[0])).iloc[0])
+        return cls(source=name, index={d: a if isinstance(a, int) else tuple(a) for d, a in at.items()},
+                   values=values, dims=dims, frames=frames, coords=coords, columns=columns)
+
+    def _dim_arrays(self) -> list[tuple[tuple[str, ...], Any]]:
+        return [(self.dims[k], v) for k, v in self.values.items()]
+
+    def __getattr__(self, name: str) -> Any:
+        values = self.__dict__.get("values")
+        if isinstance(values, dict) and name in values:
+            return values[name]
+        return super().__getattr__(name)
+
+    def labels(self, *dims: str) -> list[str]:
+        """The labels of every cell over ``dims`` (default: the dimensions after ``prompt``) with
+        their original indices: ``select(layer=[3], head=[0, 2])`` is labelled ``["L3H0", "L3H2"]``;
+        a dimension dropped by an int index (``layer=3``) is not a dimension any more, so
+        ``select(layer=3, head=[0, 2])`` is labelled ``["H0", "H2"]``."""
+        sizes = self.sizes
+        dims = dims or tuple(d for d in sizes if d != "prompt")
+        unknown = [d for d in dims if d not in sizes]
+        if unknown:
+            raise ThermoLensInputError(f"this selection has no dimension(s) {unknown}; its dimensions: "
+                                       f"{', '.join(sizes) or 'none'}")
+        return [label(**{d: self.coords[d][i] for d, i in zip(dims, idx)})
+                for idx in np.ndindex(*(sizes[d] for d in dims))]
+
+    def to_frame(self, frame: str = "to_frame") -> pd.DataFrame:
+        """One row per cell of the kept metrics of the source's frame ``frame`` (default: its
+        main frame; ``"layer_frame"``, ``"prompt_frame"`` ... as the metrics declare): a column
+        per dimension with the original indices (a dropped dimension's one index on every row),
+        a column per metric (a metric over fewer dimensions repeats along the others), then the
+        definition columns."""
+        chosen = [k for k, f in self.frames.items() if f == frame]
+        if not chosen:
+            raise ThermoLensInputError(f"this selection of {self.source} holds no metric of its frame {frame!r}; "
+                                       f"its frames: {', '.join(dict.fromkeys(self.frames.values()))}")
+        widest = max((self.dims[k] for k in chosen), key=len)
+        stray = [k for k in chosen if not set(self.dims[k]) <= set(widest)]
+        if stray:
+            raise ThermoLensInputError(f"the metrics {stray} of {self.source}'s {frame!r} do not share dimensions "
+                                       f"with {list(widest)}; select a frame of one shape")
+        df = cell_frame(widest, [np.asarray(self.coords[d]) for d in widest])
+        for i, (d, at) in enumerate((d, at) for d, at in self.index.items() if isinstance(at, int)):
+            df.insert(i, d, at)  # a dropped dimension: its one index, first, so the row says where it is
+        grid = np.meshgrid(*[np.arange(len(self.coords[d])) for d in widest], indexing="ij") if widest else []
+        for k in chosen:
+            v = self.values[k]
+            arr = v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
+            pos = tuple(g.ravel() for d, g in zip(widest, grid) if d in self.dims[k])
+            df[k] = arr[pos] if pos else np.broadcast_to(arr, (len(df),))
+        for c, const in self.columns.items():
+            df[c] = const
+        return df
+
+
+def _json_text(text_or_path: object) -> tuple[str, str]:
     """``(JSON text, how to name it in errors)`` of :meth:`Result.from_json`'s argument: text that
     starts with ``{`` or ``[`` is JSON, any other string or path names a file."""
     from thermo_lens.core.safe_io import printable, safe_read_text

@@ -50,10 +50,6 @@ class RunOptions(TypedDict, total=False):
     sort_by_length: bool | None
 
 
-def _check_bos(v: object) -> bool | str:
-    return validate.prepend_bos(v)
-
-
 def _check_hooks(hooks: object) -> tuple[Hook, ...]:
     return tuple(validate.fwd_hooks(hooks))
 
@@ -91,7 +87,7 @@ class RunSettings:
     sort_by_length: bool | None = None
 
     def __post_init__(self) -> None:
-        _check_bos(self.prepend_bos)
+        validate.prepend_bos(self.prepend_bos)  # the one check: passes and tokenizers trust it
         validate.positive_int("batch_size", self.batch_size)
         validate.boolean("truncate", self.truncate)
         for name in ("progress", "sort_by_length"):

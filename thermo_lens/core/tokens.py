@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Literal, Protocol, Sequence, get_args, runtime_checkable
 
 import torch
 from jaxtyping import Bool, Int
@@ -39,19 +39,49 @@ from torch import Tensor
 from thermo_lens.core.errors import PromptTooShortError, ThermoLensInputError, ThermoLensInputTypeError
 from thermo_lens.core.model import ModelView
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 __all__ = [
-    "BosMode", "BOS_MODES", "HOST_BOS", "TOKENS_GIVEN",
+    "BosMode", "BosModeName", "BOS_MODES", "HOST_BOS", "TOKENIZER_BOS", "TOKENS_GIVEN", "check_bos", "bos_modes_text",
     "TokenScope", "TermScope", "TOKEN_SCOPES", "TERM_SCOPES", "scope_mask", "check_token_scope",
-    "TokenBatch", "BatchInfo", "encode", "tokenize", "token_batch", "plan_batches", "MAX_PADDING",
+    "TokenBatch", "BatchInfo", "encoder", "encode", "tokenize", "token_batch", "plan_batches", "MAX_PADDING",
     "validate_prompts", "bos_id", "host_tokens", "resolve_host_bos", "hf_tokenizer",
 ]
 
+#: The named BOS modes (the others are ``True`` and ``False``).
+BosModeName = Literal["host", "tokenizer"]
 #: What ``prepend_bos`` accepts (see the module docstring).
-BosMode = Literal["host", "tokenizer"] | bool
-BOS_MODES: tuple[Any, ...] = ("host", True, False, "tokenizer")
-HOST_BOS = "host"
+BosMode = BosModeName | bool
+_BOS_NAMES: tuple[BosModeName, ...] = get_args(BosModeName)
+HOST_BOS: BosModeName = _BOS_NAMES[0]
+TOKENIZER_BOS: BosModeName = _BOS_NAMES[1]
+#: Every BOS mode, the one list of them (the check, its message, spec files and the command line read it).
+BOS_MODES: tuple[BosMode, ...] = (HOST_BOS, True, False, *_BOS_NAMES[1:])
 #: The ``prepend_bos`` recorded when the caller passed token ids: they are used exactly as given.
 TOKENS_GIVEN = "tokens_as_given"
+
+
+def bos_modes_text(quote: str = '"', bools: tuple[str, str] = ("True", "False")) -> str:
+    """The BOS modes in words, ``'"host", True, False or "tokenizer"'`` (``quote`` around the named
+    ones; ``bools``: how the booleans are spelt, ``("true", "false")`` in a spec file)."""
+    words = [bools[0] if m is True else bools[1] if m is False else f"{quote}{m}{quote}" for m in BOS_MODES]
+    return ", ".join(words[:-1]) + f" or {words[-1]}"
+
+
+def check_bos(value: object, name: str = "prepend_bos") -> BosMode:
+    """The one check of a ``prepend_bos`` value: ``value`` if it is one of :data:`BOS_MODES`, else
+    a :class:`ThermoLensInputError` naming them. Run once, when the run settings are made
+    (:class:`thermo_lens.core.settings.RunSettings`), never again per prompt."""
+    if isinstance(value, bool):
+        return value
+    for mode in _BOS_NAMES:
+        if value == mode:
+            return mode
+    shown = repr(value)
+    shown = shown if len(shown) <= 80 else shown[:80] + "...(cut)"
+    raise ThermoLensInputError(f"{name} must be {bos_modes_text()}, got {type(value).__name__} {shown}")
+
 
 #: The token scopes of per-prompt reductions.
 TokenScope = Literal["last", "all_but_first", "all", "frobenius"]
@@ -73,7 +103,7 @@ TOKEN_SCOPES: dict[str, str] = {
 }
 
 
-def check_token_scope(value: Any, allowed: Iterable[str] | None = None, *, why: str = "",
+def check_token_scope(value: object, allowed: Iterable[str] | None = None, *, why: str = "",
                       name: str = "token_scope", refused: dict[str, str] | None = None) -> str:
     """The one check of every ``token_scope`` option (entry points, measurements, reductions):
     ``value`` if it is one of ``allowed`` (default: every scope of :data:`TOKEN_SCOPES`), else a
@@ -100,6 +130,10 @@ TERM_SCOPES: dict[str, str] = {
     "all": "mean over all real tokens t = 0..n-1",
     "last": "the last real token of each prompt",
 }
+# The Literal types are the one list of scope names; the definitions are keyed by exactly those.
+for _names, _defined in ((get_args(TokenScope), TOKEN_SCOPES), (get_args(TermScope), TERM_SCOPES)):
+    if tuple(_defined) != _names:  # pragma: no cover - a scope added to one list and not the other
+        raise ImportError(f"token scopes {_names} and their definitions {tuple(_defined)} disagree")
 
 
 def scope_mask(lengths: Int[Tensor, " batch"], width: int, token_scope: str,
@@ -125,9 +159,7 @@ def scope_rows(lengths: Sequence[int], width: int, token_scope: str) -> tuple[Te
     ``(rows, prompt_of, n)``, the flat ``b * width + t`` index ``[n_rows]`` int64 of each scoped
     token in row-major order, its row ``b`` ``[n_rows]`` int64, and the scoped tokens per row
     ``[batch, 1]`` float64, at least 1. On the CPU; move them once per batch."""
-    if token_scope not in TOKEN_SCOPES and token_scope != "frobenius":
-        raise ThermoLensInputError(
-            f"unknown token_scope {token_scope!r}; choose one of {', '.join(map(repr, TOKEN_SCOPES))}")
+    check_token_scope(token_scope)
     flat: list[int] = []
     prompt_of: list[int] = []
     counts: list[float] = []
@@ -171,7 +203,7 @@ class TokenBatch:
     tokens: Int[Tensor, "batch pos"]
     lengths: Int[Tensor, " batch"]
     prompt_index: Int[Tensor, " batch"]
-    prepend_bos: Any
+    prepend_bos: bool | str
     truncated: tuple[bool, ...] = field(default=())
     length_list: tuple[int, ...] = field(default=(), compare=False)
 
@@ -297,6 +329,18 @@ def plan_batches(
 
 
 # ---------------------------------------------------------------------------- tokenization
+@runtime_checkable
+class PromptRows(Protocol):
+    """Normalised prompts (:class:`thermo_lens.core.inputs.PromptList`): texts, and the token ids
+    of each row when the caller gave ids."""
+
+    @property
+    def texts(self) -> Sequence[str]: ...
+
+    @property
+    def token_ids(self) -> Sequence[Sequence[int]] | None: ...
+
+
 def bos_id(view: ModelView) -> int:
     """The id ``prepend_bos=True`` prepends: the tokenizer's BOS, or ``[CLS]`` for BERT-style
     tokenizers (which have no BOS)."""
@@ -316,13 +360,13 @@ def bos_id(view: ModelView) -> int:
 
 
 @functools.lru_cache(maxsize=16)
-def _auto_tokenizer(name_or_path: str) -> Any:
+def _auto_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(name_or_path)
 
 
-def hf_tokenizer(view: ModelView) -> Any:
+def hf_tokenizer(view: ModelView) -> PreTrainedTokenizerBase:
     """The tokenizer exactly as ``AutoTokenizer.from_pretrained`` loads it (the paper's).
 
     ``TransformerBridge.boot_transformers`` reloads the tokenizer with ``add_bos_token=True``,
@@ -349,7 +393,7 @@ def host_tokens(view: ModelView, prompt: str) -> list[int]:
     return ids
 
 
-def resolve_host_bos(view: ModelView, prompt: str, ids: list[int] | None = None) -> Any:
+def resolve_host_bos(view: ModelView, prompt: str, ids: list[int] | None = None) -> bool | str:
     """What ``prepend_bos="host"`` does to ``prompt``: ``True`` (the host prepends the BOS that
     ``prepend_bos=True`` prepends), ``False`` (no special token), or
     ``"host:<prefix>+text+<suffix>"`` naming the special tokens it adds (BERT:
@@ -374,21 +418,29 @@ def resolve_host_bos(view: ModelView, prompt: str, ids: list[int] | None = None)
     return "host:own"  # the host's tokens are not the plain tokens plus specials
 
 
-def encode(view: ModelView, prompt: str, prepend_bos: Any) -> list[int]:
-    """Token ids of one prompt under a BOS mode (see the module docstring)."""
+def encoder(view: ModelView, prepend_bos: BosMode | str) -> Callable[[str], list[int]]:
+    """The function ``prompt -> token ids`` of a BOS mode (see the module docstring), chosen once
+    for a batch: the mode is read here, not per prompt. ``prepend_bos`` is a :data:`BosMode` (checked
+    when the run settings were made) or what ``"host"`` resolved to (``"host:..."``, as results
+    record it)."""
     if isinstance(prepend_bos, str) and (prepend_bos == HOST_BOS or prepend_bos.startswith("host:")):
-        return host_tokens(view, prompt)
-    if prepend_bos == "tokenizer":
-        return list(hf_tokenizer(view)(prompt, add_special_tokens=True)["input_ids"])
-    ids = list(view.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-    if prepend_bos is True:
-        ids = [bos_id(view)] + ids
-    elif prepend_bos is not False:
-        raise ThermoLensInputError(
-            f"prepend_bos must be 'host' (what model.to_tokens does), True, False or "
-            f"'tokenizer', got {prepend_bos!r}"
-        )
-    return ids
+        return functools.partial(host_tokens, view)
+    if prepend_bos == TOKENIZER_BOS:  # the HF tokenizer with its own special tokens
+        tok, prefix, special = hf_tokenizer(view), [], True
+    elif prepend_bos is True or prepend_bos is False:
+        tok, prefix, special = view.tokenizer, [bos_id(view)] if prepend_bos else [], False
+    else:
+        raise ThermoLensInputError(f"prepend_bos must be {bos_modes_text()}, got {prepend_bos!r}")
+
+    def encode_one(prompt: str) -> list[int]:
+        return prefix + list(tok(prompt, add_special_tokens=special)["input_ids"])
+
+    return encode_one
+
+
+def encode(view: ModelView, prompt: str, prepend_bos: BosMode | str) -> list[int]:
+    """Token ids of one prompt under a BOS mode (see the module docstring and :func:`encoder`)."""
+    return encoder(view, prepend_bos)(prompt)
 
 
 def _pad_id(view: ModelView) -> int:
@@ -412,7 +464,7 @@ def _fit(view: ModelView, ids: list[int], i: int, truncate: bool, min_tokens: in
     return ids
 
 
-def _batch(view: ModelView, rows: list[list[int]], index: Sequence[int], prepend_bos: Any,
+def _batch(view: ModelView, rows: list[list[int]], index: Sequence[int], prepend_bos: bool | str,
            truncated: list[bool]) -> TokenBatch:
     width, pad = max(len(r) for r in rows), _pad_id(view)
     # padded on the host, then one tensor (not one copy per row)
@@ -424,9 +476,9 @@ def _batch(view: ModelView, rows: list[list[int]], index: Sequence[int], prepend
 
 def tokenize(
     view: ModelView,
-    prompts: Any,
+    prompts: object,  # checked here (validate_prompts), with its own messages
     *,
-    prepend_bos: Any,
+    prepend_bos: BosMode | str,
     truncate: bool = False,
     min_tokens: int = 1,
     prompt_index: Sequence[int] | None = None,
@@ -447,8 +499,9 @@ def tokenize(
     prompts = validate_prompts(prompts)
     index = list(prompt_index) if prompt_index is not None else list(range(len(prompts)))
     rows, truncated, resolved = [], [], []
+    encode_one = encoder(view, prepend_bos)  # the BOS mode read once for the batch
     for i, p in zip(index, prompts):
-        ids = encode(view, p, prepend_bos)
+        ids = encode_one(p)
         if prepend_bos == HOST_BOS:
             resolved.append(resolve_host_bos(view, p, ids))
         truncated.append(len(ids) > view.n_ctx)
@@ -459,7 +512,7 @@ def tokenize(
     return _batch(view, rows, index, prepend_bos, truncated)
 
 
-def token_batch(view: ModelView, prompts: Any, rows: Sequence[int], *, prepend_bos: Any, truncate: bool = False,
+def token_batch(view: ModelView, prompts: PromptRows, rows: Sequence[int], *, prepend_bos: BosMode | str, truncate: bool = False,
                 min_tokens: int = 1) -> TokenBatch:
     """The batch of rows ``rows`` of normalised prompts (:class:`thermo_lens.core.inputs.PromptList`):
     texts tokenized with ``prepend_bos``, token ids exactly as given (recorded as
@@ -475,21 +528,22 @@ def token_batch(view: ModelView, prompts: Any, rows: Sequence[int], *, prepend_b
     return _batch(view, ids, list(rows), TOKENS_GIVEN, truncated)
 
 
-def validate_prompts(prompts: Any) -> list[str]:
+def validate_prompts(prompts: object) -> list[str]:
     """Check a prompt list: a non-empty list of non-empty strings (clear errors otherwise)."""
     if isinstance(prompts, str):
         raise ThermoLensInputError("expected a list of prompts, got a single string; wrap it: [prompt]")
     if prompts is None:
         raise ThermoLensInputError("expected a list of prompts, got None")
-    try:
-        prompts = list(prompts)
-    except TypeError:
-        raise ThermoLensInputError(f"expected a list of prompt strings, got {type(prompts).__name__}") from None
-    if not prompts:
+    if not isinstance(prompts, Iterable):
+        raise ThermoLensInputError(f"expected a list of prompt strings, got {type(prompts).__name__}")
+    given: list[object] = list(prompts)
+    if not given:
         raise ThermoLensInputError("the prompt list is empty; pass at least one prompt")
-    for i, p in enumerate(prompts):
+    out: list[str] = []
+    for i, p in enumerate(given):
         if not isinstance(p, str):
             raise ThermoLensInputTypeError(f"prompt {i} is a {type(p).__name__} ({p!r}), not a string")
         if not p.strip():
             raise ThermoLensInputError(f"prompt {i} is an empty string")
-    return prompts
+        out.append(p)
+    return out

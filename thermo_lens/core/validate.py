@@ -22,7 +22,7 @@ import re
 from typing import Any, Callable, Sequence, TypeVar
 
 from thermo_lens.core.errors import ThermoLensInputError
-from thermo_lens.core.tokens import TOKEN_SCOPES, check_token_scope
+from thermo_lens.core.tokens import TOKEN_SCOPES, BosMode, check_bos, check_token_scope
 
 __all__ = [
     "validates_own_inputs",
@@ -153,11 +153,10 @@ def optional_text(name: str, value: object, *, max_len: int = 1000) -> str | Non
     return None if value is None else text(name, value, max_len=max_len)
 
 
-def prepend_bos(value: object, name: str = "prepend_bos") -> bool | str:
-    """``"host"`` (exactly what the host's ``model.to_tokens`` does), ``True``, ``False`` or ``"tokenizer"``."""
-    if isinstance(value, bool) or isinstance(value, str) and value in ("host", "tokenizer"):
-        return value
-    raise _fail(name, value, '"host", True, False or "tokenizer"')
+def prepend_bos(value: object, name: str = "prepend_bos") -> BosMode:
+    """One of :data:`~thermo_lens.core.tokens.BOS_MODES` (:func:`thermo_lens.core.tokens.check_bos`):
+    ``"host"`` (exactly what the host's ``model.to_tokens`` does), ``True``, ``False`` or ``"tokenizer"``."""
+    return check_bos(value, name)
 
 
 def token_scope(value: object, name: str = "token_scope") -> str:

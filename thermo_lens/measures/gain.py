@@ -389,9 +389,13 @@ class GainResult(PairedMixin, ProvenanceFields, Result):
             out.append(self.provenance.padding)
         return out
 
-    def select(self, prompts: Any) -> "GainResult":
+    def select(self, prompts: Any = None, **dims: object) -> Result:
         """The result restricted to ``prompts`` (indices into the prompt list, negative from the
-        end; or a boolean mask), summaries, CIs and regime recomputed on them."""
+        end; or a boolean mask), summaries, CIs and regime recomputed on them: a
+        :class:`GainResult`. With named dimensions (``layer=slice(0, 4)``, ``prompt=[0, 2]``) the
+        generic :meth:`Result.select` (a :class:`~thermo_lens.core.result.Selection`)."""
+        if dims or prompts is None:
+            return Result.select(self, **({"prompt": prompts} if prompts is not None else {}), **dims)
         idx = _prompt_index(prompts, self.n_prompts)
         summaries = {k: summarize(np.asarray(s.values, dtype=np.float64)[idx.numpy()], level=self.level)
                      for k, s in self.summaries.items()}

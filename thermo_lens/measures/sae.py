@@ -144,7 +144,7 @@ class SAEGainChange(PairedDifference):
 
 def _require_sae_host(view: ModelView) -> None:
     model = view.model
-    if not (hasattr(model, "add_sae") and hasattr(model, "_acts_to_saes")):
+    if not view.adapter.holds_saes:
         raise ThermoLensInputError(
             f"{view.name} is a {type(model).__name__}, which cannot hold SAEs; build the model as "
             "SAELens' HookedSAETransformer (`from sae_lens import HookedSAETransformer; "
@@ -219,7 +219,7 @@ def sae_gain_change(
     run_settings = RunSettings.resolve(settings, **run)
     kwargs: dict[str, Any] = dict(token_scope=token_scope, level=level, settings=run_settings)
     if saes is not None:
-        if "Bridge" in type(model).__name__:
+        if not view.adapter.swaps_saes:
             raise ThermoLensInputError(
                 f"on a {type(model).__name__}, attach the SAEs first (model.add_sae(sae)) and call "
                 "sae_gain_change(model, prompts) without saes=: SAELens' reset_saes leaves the "
@@ -247,7 +247,7 @@ def sae_gain_change(
         # The baseline runs the same SAEs with their error term added back: SAE(x) + (x - SAE(x))
         # is the model's own stream up to float rounding (~1e-7 relative). Detaching and
         # re-attaching is avoided: on SAETransformerBridge a reset hook point stops firing.
-        wrappers = [w for w in model._acts_to_saes.values() if hasattr(w, "use_error_term")]
+        wrappers = [w for w in view.adapter.sae_wrappers(model).values() if hasattr(w, "use_error_term")]
         before = [w.use_error_term for w in wrappers]
         try:
             for w in wrappers:

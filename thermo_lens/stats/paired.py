@@ -335,7 +335,7 @@ def quantities(result: Any) -> dict[str, Metric]:
     metric's."""
     cls = result if isinstance(result, type) else type(result)
     out: dict[str, Metric] = {}
-    for m in registry.metrics(result=cls.__name__):
+    for m in registry.metrics(result=cls):
         if m.dims[:1] == ("prompt",):
             out[m.attr if m.attr and "." not in m.attr else m.name] = m
     return out

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+from thermo_lens.core import attached
 from thermo_lens.core.hosts.adapter import HookedRootAdapter, HostAdapter, takes_start_at_layer
 from thermo_lens.core.hosts.bridge import BridgeAdapter
 from thermo_lens.core.hosts.hooked_encoder import HookedEncoderAdapter
@@ -54,3 +55,7 @@ def adapter_for(model: TransformerLensModel, mro: Sequence[str] | None = None) -
     :func:`thermo_lens.core.host.detect_host` decides which)."""
     names = [c.__name__ for c in type(model).__mro__] if mro is None else list(mro)
     return next((a for a in ADAPTERS if a.matches(model, names)), None)
+
+
+# attached.py (below the adapters) asks a raw model's adapter what is attached to it
+attached.answer_with(lambda model: adapter_for(model) or FALLBACK)

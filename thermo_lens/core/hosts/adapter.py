@@ -20,11 +20,15 @@ weights and offload         :meth:`~HostAdapter.attn_weight`, :meth:`~HostAdapte
 start at layer ``l``        :meth:`~HostAdapter.start_support`, :meth:`~HostAdapter.hf_layer_list`,
                             :meth:`~HostAdapter.only_later_blocks`, :attr:`~HostAdapter.start_method`
 token conventions           :meth:`~HostAdapter.to_tokens`, :meth:`~HostAdapter.token_ids`
-the block layout            :meth:`~HostAdapter.block_layout`
+the block layout            :meth:`~HostAdapter.block_layout`, :meth:`~HostAdapter.norm_centered`,
+                            :meth:`~HostAdapter.norm_params`
 hooks already on the model  :meth:`~HostAdapter.attached_hooks`, :meth:`~HostAdapter.needs_resolving`,
-                            :meth:`~HostAdapter.resolve_hook`, :meth:`~HostAdapter.has_saes`,
+                            :meth:`~HostAdapter.resolve_hook`, :meth:`~HostAdapter.resolve_alias`,
+                            :meth:`~HostAdapter.gated_flag`, :meth:`~HostAdapter.has_saes`,
+                            :meth:`~HostAdapter.sae_wrappers`, :meth:`~HostAdapter.sae_output_hooks`,
                             :meth:`~HostAdapter.check_saes`, :meth:`~HostAdapter.sae_records`,
-                            :meth:`~HostAdapter.lost_hook_hint`
+                            :meth:`~HostAdapter.lost_hook_hint`; :attr:`~HostAdapter.holds_saes`,
+                            :attr:`~HostAdapter.swaps_saes`
 readouts past the stream    :meth:`~HostAdapter.mlm_head`
 ==========================  =====================================================================
 
@@ -50,7 +54,14 @@ from thermo_lens.core.layout import BlockLayout
 if TYPE_CHECKING:
     from thermo_lens.core.hosts.protocol import TransformerLensModel
 
-__all__ = ["HostAdapter", "HookedRootAdapter", "takes_start_at_layer"]
+__all__ = ["HostAdapter", "HookedRootAdapter", "takes_start_at_layer", "GATED_HOOKS"]
+
+#: Hook points a ``HookedRootModule`` fires only when a config flag is on (TransformerLens' setters
+#: ``set_use_attn_result`` ... switch them): ``(hook name suffix, cfg flag)``.
+GATED_HOOKS = (("attn.hook_result", "use_attn_result"), ("hook_attn_in", "use_attn_in"),
+               ("hook_q_input", "use_split_qkv_input"), ("hook_k_input", "use_split_qkv_input"),
+               ("hook_v_input", "use_split_qkv_input"), ("hook_mlp_in", "use_hook_mlp_in"),
+               ("hook_tokens", "use_hook_tokens"))
 
 
 @runtime_checkable
@@ -75,12 +86,17 @@ class HostAdapter(Protocol):
     bidirectional: ClassVar[bool]
     #: How a pass that starts at layer ``l`` skips blocks ``0..l-1`` (for the sweep's sentence).
     start_method: ClassVar[str]
+    #: The host can hold SAEs (SAELens' ``add_sae``).
+    holds_saes: ClassVar[bool]
+    #: SAEs can be attached and removed around a run (``model.saes(...)``) and the hook points keep
+    #: firing afterwards.
+    swaps_saes: ClassVar[bool]
 
     def matches(self, model: TransformerLensModel, mro: Sequence[str]) -> bool:
         """Whether this adapter reads ``model`` (``mro``: its classes' names)."""
         ...
 
-    def hf_config(self, model: TransformerLensModel) -> Any:
+    def hf_config(self, model: TransformerLensModel) -> object:
         """The HuggingFace config of the model inside the host, or None."""
         ...
 
@@ -97,7 +113,7 @@ class HostAdapter(Protocol):
         un-repeated under grouped-query attention)."""
         ...
 
-    def module_weight(self, module: torch.nn.Module, name: str, default: Any = None) -> Any:
+    def module_weight(self, module: torch.nn.Module, name: str, default: object = None) -> Any:
         """``module.<name>`` as it is now (through an offloaded module's aliases)."""
         ...
 
@@ -131,7 +147,7 @@ class HostAdapter(Protocol):
         host without ``to_tokens``."""
         ...
 
-    def token_ids(self, out: Any) -> Tensor:
+    def token_ids(self, out: object) -> Tensor:
         """The ``[batch, pos]`` ids in what ``model.to_tokens`` returned."""
         ...
 
@@ -141,8 +157,33 @@ class HostAdapter(Protocol):
         model in messages)."""
         ...
 
+    def norm_centered(self, norm: torch.nn.Module) -> bool:
+        """Whether the norm module ``norm`` is a LayerNorm (subtracts the mean), not an RMSNorm."""
+        ...
+
+    def norm_params(self, norm: torch.nn.Module, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None, bool]:
+        """``(weight, bias, offset)`` of the norm module ``norm`` as stored (either may be None;
+        ``offset``: the weight is stored as ``g - 1``), for :meth:`~thermo_lens.core.layout.NormSite.params`."""
+        ...
+
     def attached_hooks(self, model: TransformerLensModel) -> tuple[attached.AttachedHook, ...]:
         """Hooks and SAEs already on the model (they run in every pass)."""
+        ...
+
+    def sae_wrappers(self, model: TransformerLensModel) -> dict[str, Any]:
+        """``{input hook: wrapper}`` of the SAEs spliced into the model (``{}``: the host holds none)."""
+        ...
+
+    def sae_output_hooks(self, model: TransformerLensModel) -> dict[str, str]:
+        """``{input hook: output hook}`` of the spliced-in SAEs that write elsewhere (transcoders)."""
+        ...
+
+    def resolve_alias(self, model: TransformerLensModel, hook_name: str) -> str:
+        """The host's own name for a hook name it does not list (an alias), else ``hook_name``."""
+        ...
+
+    def gated_flag(self, model: TransformerLensModel, hook_name: str, point: object) -> str | None:
+        """The config flag that must be on for hook point ``point`` to fire, when it is off; else None."""
         ...
 
     def needs_resolving(self, model: TransformerLensModel) -> bool:
@@ -158,7 +199,7 @@ class HostAdapter(Protocol):
         model's, for the message)."""
         ...
 
-    def resolve_hook(self, model: TransformerLensModel, hook_name: Any, name: str) -> Any:
+    def resolve_hook(self, model: TransformerLensModel, hook_name: attached.NameOrFilter, name: str) -> attached.NameOrFilter:
         """The hook point carrying ``hook_name``'s activation downstream (an SAE's output)."""
         ...
 
@@ -213,6 +254,8 @@ class HookedRootAdapter:
     mask_keyword: ClassVar[str] = "attention_mask"
     bidirectional: ClassVar[bool] = False
     start_method: ClassVar[str] = "start_at_layer"
+    holds_saes: ClassVar[bool] = False
+    swaps_saes: ClassVar[bool] = False
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(kind={self.kind!r})"
@@ -221,7 +264,7 @@ class HookedRootAdapter:
     def matches(self, model: TransformerLensModel, mro: Sequence[str]) -> bool:
         return any(c in mro for c in self.classes) or any(hasattr(model, m) for m in self.markers)
 
-    def hf_config(self, model: TransformerLensModel) -> Any:
+    def hf_config(self, model: TransformerLensModel) -> object:
         return None
 
     # ------------------------------------------------------------------ layers and weights
@@ -240,7 +283,7 @@ class HookedRootAdapter:
                 w = getattr(attn, name)
         return w
 
-    def module_weight(self, module: torch.nn.Module, name: str, default: Any = None) -> Any:
+    def module_weight(self, module: torch.nn.Module, name: str, default: object = None) -> Any:
         return offload.live_attr(module, name, default)
 
     def materialised(self, module: torch.nn.Module, what: str) -> ContextManager[None]:
@@ -282,28 +325,51 @@ class HookedRootAdapter:
         ids = self.token_ids(to_tokens(prompt, move_to_device=False, truncate=False))
         return [int(i) for i in ids[0].tolist()]
 
-    def token_ids(self, out: Any) -> Tensor:
-        return out
+    def token_ids(self, out: object) -> Tensor:
+        return out if isinstance(out, Tensor) else torch.as_tensor(out)
 
     # ------------------------------------------------------------------ layout
     def block_layout(self, model: TransformerLensModel, hf_config: object, norm_placement: str, parallel: bool,
                      arch: str) -> BlockLayout:
         raise NotImplementedError(f"{type(self).__name__} does not say how its blocks are laid out")
 
+    def norm_centered(self, norm: torch.nn.Module) -> bool:
+        return "RMS" not in type(norm).__name__  # LayerNorm / LayerNormPre centre; RMSNorm / RMSNormPre do not
+
+    def norm_params(self, norm: torch.nn.Module, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None, bool]:
+        # TransformerLens' norms keep w and b (Gemma's offset already added when the weights were converted)
+        return getattr(norm, "w", None), getattr(norm, "b", None), False
+
     # ------------------------------------------------------------------ hooks already on the model
     def attached_hooks(self, model: TransformerLensModel) -> tuple[attached.AttachedHook, ...]:
         return attached.attached_hooks(model)
 
     def needs_resolving(self, model: TransformerLensModel) -> bool:
-        return attached.needs_resolving(model)
+        return bool(self.sae_wrappers(model))  # a hook point holding an SAE is read at the SAE's output
 
     def has_saes(self, model: TransformerLensModel) -> bool:
-        return bool(attached.sae_wrappers(model))
+        return bool(self.sae_wrappers(model))
+
+    def sae_wrappers(self, model: TransformerLensModel) -> dict[str, Any]:
+        return {}
+
+    def sae_output_hooks(self, model: TransformerLensModel) -> dict[str, str]:
+        return {}
+
+    def resolve_alias(self, model: TransformerLensModel, hook_name: str) -> str:
+        return hook_name
+
+    def gated_flag(self, model: TransformerLensModel, hook_name: str, point: object) -> str | None:
+        cfg = getattr(model, "cfg", None)
+        for suffix, flag in GATED_HOOKS:
+            if hook_name.endswith(suffix) and getattr(cfg, flag, True) is False:
+                return flag
+        return None
 
     def check_saes(self, model: TransformerLensModel, name: str, d_model: int) -> None:
         attached.check_saes(model, name, d_model)
 
-    def resolve_hook(self, model: TransformerLensModel, hook_name: Any, name: str) -> Any:
+    def resolve_hook(self, model: TransformerLensModel, hook_name: attached.NameOrFilter, name: str) -> attached.NameOrFilter:
         return attached.resolve_hook(model, hook_name, name)
 
     def sae_records(self, model: TransformerLensModel) -> list[dict[str, Any]]:

@@ -19,9 +19,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar, ContextManager, Iterator
 
 import torch
+from torch import Tensor
 
 from thermo_lens.core.hosts.adapter import HookedRootAdapter
-from thermo_lens.core.layout import BlockLayout, MoESite, norm_site
+from thermo_lens.core.layout import BlockLayout, MoESite, NormReader, norm_site
 
 if TYPE_CHECKING:
     from thermo_lens.core.hosts.protocol import TransformerLensModel
@@ -93,6 +94,30 @@ class BridgeAdapter(HookedRootAdapter):
         return identity_norm(getattr(self.blocks(model)[0], "ln1", None),
                              bool(getattr(cfg, "rmsnorm_uses_offset", False)))
 
+    # ------------------------------------------------------------------ hook points
+    def gated_flag(self, model: TransformerLensModel, hook_name: str, point: object) -> str | None:
+        reason = getattr(model, "_gated_hook_reason", None)
+        if not callable(reason):
+            return super().gated_flag(model, hook_name, point)
+        try:  # keyed on the point's canonical name (an alias may always fire)
+            flag = reason(getattr(point, "name", None) or hook_name)
+        except Exception:  # noqa: BLE001 - a host's private helper; never block a run on it
+            return None
+        return str(flag) if flag else None
+
+    # ------------------------------------------------------------------ norms
+    def norm_centered(self, norm: torch.nn.Module) -> bool:
+        uses_rms = getattr(norm, "uses_rms_norm", None)  # NormalizationBridge says which it is
+        return (not uses_rms) if isinstance(uses_rms, bool) else super().norm_centered(norm)
+
+    def norm_params(self, norm: torch.nn.Module, dtype: torch.dtype) -> tuple[Tensor | None, Tensor | None, bool]:
+        orig = getattr(norm, "original_component", None)
+        if orig is None:
+            return super().norm_params(norm, dtype)
+        # the HF module holds the parameters; the bridge says whether the weight is stored as g - 1
+        bias = getattr(orig, "bias", None) if self.norm_centered(norm) else None
+        return getattr(orig, "weight", None), bias, bool(getattr(norm, "uses_weight_offset", False))
+
     # ------------------------------------------------------------------ start at layer
     def _layer_list_problem(self, model: TransformerLensModel) -> str | None:
         if hf_layer_list(model) is None:
@@ -109,7 +134,7 @@ class BridgeAdapter(HookedRootAdapter):
     def block_layout(self, model: TransformerLensModel, hf_config: object, norm_placement: str, parallel: bool,
                      arch: str) -> BlockLayout:
         block = self.blocks(model)[0]
-        layout = _bridge_layout(block, hf_config, norm_placement, parallel, arch)
+        layout = _bridge_layout(block, hf_config, norm_placement, parallel, arch, self)
         attn = getattr(getattr(block, "attn", None), "original_component", None)
         if isinstance(getattr(attn, "sinks", None), torch.Tensor):
             layout = replace(layout, attention_sinks=True)
@@ -149,7 +174,8 @@ def _cut_layer_list(layers: tuple[torch.nn.Module, str] | None, start: int) -> I
             cfg.layer_types = types
 
 
-def _bridge_layout(block: torch.nn.Module, hf: object, norm_placement: str, parallel: bool, arch: str) -> BlockLayout:
+def _bridge_layout(block: torch.nn.Module, hf: object, norm_placement: str, parallel: bool, arch: str,
+                   reader: NormReader) -> BlockLayout:
     cls_names = [c.__name__ for c in type(block).__mro__]
     subs = dict(getattr(block, "submodules", None) or {})
     if hf is not None and getattr(hf, "apply_residual_connection_post_layernorm", False):
@@ -166,14 +192,14 @@ def _bridge_layout(block: torch.nn.Module, hf: object, norm_placement: str, para
     if norm_placement == "post":
         if "ln1" not in subs or "ln2" not in subs:
             return BlockLayout("post", unsupported=f"{arch}: a post-LN block without two LayerNorms (ln1, ln2)")
-        return BlockLayout("post", multiplier=multiplier, stream_norms=(norm_site(block, "ln1"), norm_site(block, "ln2")),
+        return BlockLayout("post", multiplier=multiplier, stream_norms=(norm_site(block, "ln1", reader), norm_site(block, "ln2", reader)),
                            moe=moe, moe_note=moe_note, families="BERT, MiniLM, OPT-350m")
     if "ln1_post" in subs or "ln2_post" in subs:
         if "ln1_post" not in subs or "ln2_post" not in subs:
             return BlockLayout("sandwich", unsupported=(
                 f"{arch}: a norm after only one of the two sublayers ({', '.join(k for k in subs if k.endswith('_post'))})"))
-        return BlockLayout("sandwich", multiplier=multiplier, attn_norm=norm_site(block, "ln1_post"),
-                           mlp_norm=norm_site(block, "ln2_post"), mlp_hook="ln2_post.hook_in", moe=moe,
+        return BlockLayout("sandwich", multiplier=multiplier, attn_norm=norm_site(block, "ln1_post", reader),
+                           mlp_norm=norm_site(block, "ln2_post", reader), mlp_hook="ln2_post.hook_in", moe=moe,
                            moe_note=moe_note, families="Gemma-2, Gemma-3, OLMo-2")
     kind = "parallel" if parallel or "ParallelBlockBridge" in cls_names else "pre"
     # A scaled block's hook_mlp_out carries alpha * M; the MLP's own output hook carries M.

@@ -20,7 +20,7 @@ each answer one member below:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import Tensor
@@ -51,13 +51,13 @@ class HookedEncoderAdapter(HookedRootAdapter):
     def start_support(self, model: TransformerLensModel, describe: str) -> str | None:
         return "HookedEncoder has no start_at_layer"
 
-    def token_ids(self, out: Any) -> Tensor:
-        return out[0] if isinstance(out, tuple) else out  # (tokens, token_type_ids, attention_mask)
+    def token_ids(self, out: object) -> Tensor:
+        return super().token_ids(out[0] if isinstance(out, tuple) else out)  # (tokens, token_type_ids, attention_mask)
 
     def block_layout(self, model: TransformerLensModel, hf_config: object, norm_placement: str, parallel: bool,
                      arch: str) -> BlockLayout:
         block = self.blocks(model)[0]
-        return BlockLayout("post", stream_norms=(norm_site(block, "ln1"), norm_site(block, "ln2")),
+        return BlockLayout("post", stream_norms=(norm_site(block, "ln1", self), norm_site(block, "ln2", self)),
                            families="BERT (HookedEncoder)")
 
     def mlm_head(self, model: TransformerLensModel) -> tuple[str, torch.nn.Module] | None:

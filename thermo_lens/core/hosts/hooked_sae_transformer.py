@@ -9,17 +9,36 @@ block ``l`` is refused while one is attached (it would have to run in the blocks
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from thermo_lens.core.hosts.hooked_transformer import HookedTransformerAdapter
 
-__all__ = ["HookedSAETransformerAdapter"]
+if TYPE_CHECKING:
+    from thermo_lens.core.hosts.protocol import TransformerLensModel
+
+__all__ = ["HookedSAETransformerAdapter", "SAELensHost"]
 
 
-class HookedSAETransformerAdapter(HookedTransformerAdapter):
+class SAELensHost:
+    """Where SAELens keeps the SAEs it splices in (``add_sae``), on ``HookedSAETransformer`` and
+    ``SAETransformerBridge`` alike: ``_acts_to_saes`` (input hook -> wrapper) and, for transcoders,
+    ``_transcoder_output_hooks`` (input hook -> the hook their output replaces)."""
+
+    holds_saes: ClassVar[bool] = True
+
+    def sae_wrappers(self, model: TransformerLensModel) -> dict[str, Any]:
+        return dict(getattr(model, "_acts_to_saes", None) or {})
+
+    def sae_output_hooks(self, model: TransformerLensModel) -> dict[str, str]:
+        return {str(k): str(v) for k, v in (getattr(model, "_transcoder_output_hooks", None) or {}).items()}
+
+
+class HookedSAETransformerAdapter(SAELensHost, HookedTransformerAdapter):
     """``sae_lens.HookedSAETransformer``."""
 
     kind: ClassVar[str] = "hooked_sae_transformer"
     backend: ClassVar[str] = "hooked_transformer"
     classes: ClassVar[tuple[str, ...]] = ("HookedSAETransformer",)
     markers: ClassVar[tuple[str, ...]] = ("_acts_to_saes",)
+    #: ``model.saes(...)`` attaches SAEs for a run and removes them after, the hook points intact.
+    swaps_saes: ClassVar[bool] = True

@@ -38,7 +38,8 @@ class HookedTransformerAdapter(HookedRootAdapter):
                     "needs the model booted as a TransformerBridge") if getattr(cfg, "num_experts", None) else None
         if getattr(cfg, "use_normalization_before_and_after", False):
             # HookedTransformer's RMSNorm hooks x / scale (before the weight) at hook_normalized.
-            return BlockLayout("sandwich", attn_norm=norm_site(block, "ln1_post"), mlp_norm=norm_site(block, "ln2_post"),
+            return BlockLayout("sandwich", attn_norm=norm_site(block, "ln1_post", self),
+                               mlp_norm=norm_site(block, "ln2_post", self),
                                mlp_hook="ln2_post.hook_normalized", moe_note=moe_note,
                                families="Gemma-2, Gemma-3 (HookedTransformer)")
         kind = "parallel" if parallel or getattr(cfg, "parallel_attn_mlp", False) else "pre"

@@ -14,7 +14,7 @@ TransformerLens, so other modules import it only for type checking
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 __all__ = ["TransformerLensModel", "ThermoLensModelProtocol", "PROTOCOL_MEMBERS"]
 
@@ -28,14 +28,16 @@ class ThermoLensModelProtocol(Protocol):
     config and TransformerLens' hooked-run and tokenization surface. ``runtime_checkable``: an
     ``isinstance`` check tests that the members are present, as TransformerLens' own does."""
 
+    # Only the members' presence is checked (isinstance); type checkers read TransformerLens' own
+    # Protocol (imported under TYPE_CHECKING below), so these signatures say no more than "callable".
     @property
-    def cfg(self) -> Any: ...
+    def cfg(self) -> object: ...
 
-    def run_with_cache(self, *args: Any, **kwargs: Any) -> Any: ...
+    def run_with_cache(self, *args: object, **kwargs: object) -> object: ...
 
-    def run_with_hooks(self, *args: Any, **kwargs: Any) -> Any: ...
+    def run_with_hooks(self, *args: object, **kwargs: object) -> object: ...
 
-    def to_tokens(self, *args: Any, **kwargs: Any) -> Any: ...
+    def to_tokens(self, *args: object, **kwargs: object) -> object: ...
 
 
 if TYPE_CHECKING:

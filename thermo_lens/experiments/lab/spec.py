@@ -47,6 +47,7 @@ from typing import Any
 
 from thermo_lens.experiments.lab.recipe import _ADDED_FIELDS, _DEFAULTS, KNOBS, LabSpecError, Recipe, check_field, check_level, check_recipe
 from thermo_lens.core.safe_io import printable
+from thermo_lens.core.tokens import bos_modes_text
 
 __all__ = ["Arm", "KnobSpec", "LabSpec", "load_lab_spec", "parse_lab_spec", "check_lab_spec", "spec_fingerprint",
            "MAX_SEEDS", "MAX_CHECKPOINTS"]
@@ -348,7 +349,7 @@ def check_lab_spec(spec: LabSpec) -> None:
         V.prepend_bos(spec.prepend_bos)
     except ThermoLensInputError:
         raise LabSpecError(f"field 'lab.prepend_bos': bad value {V.excerpt(spec.prepend_bos, 60)}; valid: "
-                           'true, false, "host" or "tokenizer"') from None
+                           + bos_modes_text(bools=("true", "false"))) from None
     try:
         prompt_sets.as_prompt_set(spec.prompts)
     except (KeyError, TypeError, ValueError) as e:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from thermo_lens.core import validate as V
 from thermo_lens.core.errors import ThermoLensInputError
 from thermo_lens.core.safe_io import SafeIOError, printable, safe_read_text
+from thermo_lens.core.tokens import TOKEN_SCOPES, bos_modes_text
 from thermo_lens.experiments.study.spec import (
     MAX_ERROR,
     SETTINGS_KEYS,
@@ -58,8 +59,8 @@ _STUDY_CHECKS: dict[str, Callable[[Any], Any]] = {
     "prompts": check_prompts,
 }
 _STUDY_MESSAGES: dict[str, Callable[[Any], str]] = {
-    "prepend_bos": lambda v: 'must be "host", true, false or "tokenizer"',
-    "token_scope": lambda v: f"{V.excerpt(v)} is not one of last, all_but_first, all, frobenius",
+    "prepend_bos": lambda v: "must be " + bos_modes_text(bools=("true", "false")),
+    "token_scope": lambda v: f"{V.excerpt(v)} is not one of {', '.join(TOKEN_SCOPES)}",
 }
 _YAML_SUFFIXES = (".yaml", ".yml")
 
