@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from thermo_lens.core import validate as V
 from thermo_lens.core.errors import ThermoLensInputError
+from thermo_lens.core.validate import validates_own_inputs
 
 if TYPE_CHECKING:
     import torch
@@ -60,6 +61,7 @@ class StudySpecError(ThermoLensInputError):
     """A malformed study spec; the message names the file, the line and the field."""
 
 
+@validates_own_inputs  # every field is checked in __post_init__, with the messages users see
 @dataclass(frozen=True)
 class ModelSpec:
     """One model of a study. Exactly one of ``name`` (hub name, local directory or zoo name) and
@@ -118,6 +120,7 @@ class ModelSpec:
         return f"zoo:{self.zoo}" if self.zoo else str(self.name)
 
 
+@validates_own_inputs
 @dataclass(frozen=True)
 class StudySpec:
     """A parsed study spec (see :mod:`thermo_lens.experiments.study` for the file format); validated on construction."""
