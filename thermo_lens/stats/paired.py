@@ -190,7 +190,7 @@ class PairedDifference(PairedTest, Result):
     def mean(self) -> Tensor:
         return torch.as_tensor(np.asarray(self.summary.mean, dtype=np.float64))
 
-    def select(self, prompts: Sequence[int] | None = None, **dims: Any) -> "PairedDifference":
+    def select(self, prompts: Sequence[int] | None = None, **dims: int | Sequence[int]) -> "PairedDifference":
         """A slice: ``prompts`` (indices into the caller's prompt list) and any dimension by
         name (``layer=2``, ``layer=[0, 1]``, ``head=3``; negative indices count from the end).
         Summaries and tests are recomputed on the kept prompts."""

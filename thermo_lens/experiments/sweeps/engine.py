@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -68,7 +68,12 @@ def measure_definitions() -> dict[str, str]:
     return {pattern: r.definition for pattern, (_, r) in registry.readouts().items()} | _SWEEP_MEASURES
 
 
-def __getattr__(name: str) -> Any:
+if TYPE_CHECKING:
+    MEASURE_DEFINITIONS: dict[str, str]
+    GAIN_MEASURES: tuple[str, ...]
+
+
+def __getattr__(name: str) -> object:
     # The vocabulary these names held now comes from the registry's readouts (measure_definitions()).
     if name == "MEASURE_DEFINITIONS":
         return measure_definitions()
