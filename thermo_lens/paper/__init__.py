@@ -15,7 +15,7 @@ of thermo-lens measures under its own named definitions; this package holds the 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from thermo_lens.paper import lstar, prompts, reference
 from thermo_lens.paper.lstar import (L_STAR_BASELINES, l_star_baselines, l_star_comparison, l_star_predictor_test,
@@ -26,15 +26,11 @@ __all__ = ["findings", "lstar", "metrics", "prompts", "reference", "L_STAR_BASEL
            "paper_metric",
            "predicted_l_star"]
 
-if TYPE_CHECKING:  # what the lazy names are, for type checkers
-    from thermo_lens.paper import findings, metrics
-    from thermo_lens.paper.metrics import PAPER_METRICS, PaperMetric, PaperMetricResult, paper_metric
-
 _LAZY = {"PAPER_METRICS": "metrics", "PaperMetric": "metrics", "PaperMetricResult": "metrics",
          "paper_metric": "metrics", "metrics": None, "findings": None}
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> Any:
     # metrics needs the gain machinery (torch hooks), findings needs scipy: load them on first use.
     if name in _LAZY:
         import importlib

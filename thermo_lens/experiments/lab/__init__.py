@@ -22,19 +22,10 @@ the knob registry :data:`KNOBS`), :mod:`~thermo_lens.experiments.lab.spec` (spec
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from typing import Any
 
 __all__ = ["KNOBS", "Recipe", "LabSpec", "LabSpecError", "load_lab_spec", "parse_lab_spec", "run_lab", "runs_frame",
            "effects_frame", "paired_effect", "train_run", "corpora", "gain_trajectories", "effect_sizes"]
-
-if TYPE_CHECKING:  # what the lazy names are, for type checkers
-    from thermo_lens.experiments.lab import corpora
-    from thermo_lens.experiments.lab.effects import effects_frame, paired_effect
-    from thermo_lens.experiments.lab.recipe import KNOBS, LabSpecError, Recipe
-    from thermo_lens.experiments.lab.run import run_lab, runs_frame
-    from thermo_lens.experiments.lab.spec import LabSpec, load_lab_spec, parse_lab_spec
-    from thermo_lens.experiments.lab.train import train_run
-    from thermo_lens.experiments.lab.views import effect_sizes, gain_trajectories
 
 _WHERE = {"KNOBS": "recipe", "Recipe": "recipe", "LabSpecError": "recipe", "LabSpec": "spec",
           "load_lab_spec": "spec", "parse_lab_spec": "spec", "run_lab": "run", "runs_frame": "run",
@@ -42,7 +33,7 @@ _WHERE = {"KNOBS": "recipe", "Recipe": "recipe", "LabSpecError": "recipe", "LabS
           "gain_trajectories": "views", "effect_sizes": "views"}
 
 
-def __getattr__(name: str) -> object:  # lazy: importing the lab must not import torch or plotly
+def __getattr__(name: str) -> Any:  # lazy: importing the lab must not import torch or plotly
     if name == "corpora":
         return importlib.import_module("thermo_lens.experiments.lab.corpora")
     if name in _WHERE:
