@@ -119,7 +119,7 @@ def _add_run_options(p: argparse.ArgumentParser, out_help: str, executor_help: s
     p.add_argument("--no-report", action="store_true", help="skip the HTML report")
 
 
-def _prompts_arg(value: str) -> object:
+def _prompts_arg(value: str) -> str | list[str]:
     from thermo_lens.core import prompts
 
     if value in prompts.names() and not Path(value).is_file():

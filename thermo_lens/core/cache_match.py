@@ -24,7 +24,8 @@ The result's provenance records how the cache was matched (:attr:`Provenance.cac
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -73,8 +74,15 @@ def _model_name(model: TransformerLensModel) -> str:
     return str(getattr(cfg, "model_name", None) or type(model).__name__)
 
 
-def _same_parameters(a: Any, b: Any) -> bool:
+@runtime_checkable
+class _HasParameters(Protocol):
+    def named_parameters(self) -> Iterator[tuple[str, Tensor]]: ...
+
+
+def _same_parameters(a: object, b: object) -> bool:
     """Whether two models hold exactly the same named parameters (meta tensors count as unknown)."""
+    if not (isinstance(a, _HasParameters) and isinstance(b, _HasParameters)):
+        return False  # not a module: nothing to compare
     try:
         pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
     except Exception:  # noqa: BLE001 - not a module: nothing to compare
@@ -90,7 +98,7 @@ def _same_parameters(a: Any, b: Any) -> bool:
     return True
 
 
-def _check_model(view: ModelView, cache: Any) -> str:
+def _check_model(view: ModelView, cache: object) -> str:
     owner = getattr(cache, "model", None)
     if owner is None:
         return "model not recorded by the cache (a plain dict): checked through its embedding"
@@ -223,7 +231,7 @@ def _check_pads(view: ModelView, acts: Mapping[str, Tensor], key: str | None, re
     return f"pads masked (no attention to them at {key})"
 
 
-def match_cache(view: ModelView, cache: Any, acts: Mapping[str, Tensor], tokens: Tensor, real: Tensor,
+def match_cache(view: ModelView, cache: object, acts: Mapping[str, Tensor], tokens: Tensor, real: Tensor,
                 pattern_key: str | None) -> str:
     """Refuses a cache that was not made from ``tokens`` (``[batch, pos]``, as cached) by ``view``'s
     model with the pads (``~real``, ``[batch, pos]`` bool) masked; returns how it was matched,

@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from thermo_lens.core.errors import UnsupportedHostError
 from thermo_lens.core.hosts import FALLBACK, HostAdapter, adapter_for
 
 if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
+
     from thermo_lens.core.hosts.protocol import TransformerLensModel
 
 __all__ = ["Host", "UnsupportedHostError", "detect_host", "import_bridge", "SUPPORTED_TL", "transformer_lens_version"]
@@ -137,7 +139,7 @@ def detect_host(model: TransformerLensModel, version: str | None = None) -> Host
     return Host(kind=kind, cls=type(model).__name__, transformer_lens=version, adapter=adapter)
 
 
-def import_bridge(what: str) -> Any:
+def import_bridge(what: str) -> type[TransformerBridge]:
     """``TransformerBridge``, or an :class:`UnsupportedHostError` saying what to do on
     TransformerLens 2.x (which has no bridge). ``what`` names the feature that boots one."""
     try:

@@ -23,13 +23,14 @@ from __future__ import annotations
 import numbers
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence, Unpack
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Unpack
 
 import torch
 from torch import Tensor
 
 from thermo_lens.core import attached
-from thermo_lens.core.model import as_view
+from thermo_lens.core.model import ModelView, as_view
 from thermo_lens.core.passes.capture import capture
 from thermo_lens.core.settings import RunOptions, RunSettings
 from thermo_lens.core.tokens import TOKENS_GIVEN
@@ -38,16 +39,16 @@ from thermo_lens.core.validate import validates_own_inputs
 
 if TYPE_CHECKING:
     from thermo_lens.core.hosts.protocol import TransformerLensModel
-    from thermo_lens.core.model import ModelView
+    from thermo_lens.core.inputs import Prompts
 
 __all__ = ["Patch", "patch_from"]
 
 
 
 # ---------------------------------------------------------------------------- patching
-def _int_list(name: str, value: Any) -> tuple[int, ...]:
+def _int_list(name: str, value: object) -> tuple[int, ...]:
     """An int or a sequence of ints (not a string: ``heads='13'`` is not heads 1 and 3; not bools)."""
-    def one(v: Any) -> int:
+    def one(v: object) -> int:
         if isinstance(v, bool) or not isinstance(v, numbers.Integral):
             raise ThermoLensInputTypeError(
                 f"{name} must be an int or a list of ints, got {type(v).__name__} {v!r}")
@@ -61,6 +62,8 @@ def _int_list(name: str, value: Any) -> tuple[int, ...]:
     if isinstance(value, Tensor):
         value = value.tolist()
     try:
+        if not isinstance(value, Iterable):
+            raise TypeError
         items = list(value)
     except TypeError:
         raise ThermoLensInputTypeError(f"{name} must be an int or a list of ints, got {type(value).__name__}") from None
@@ -69,10 +72,11 @@ def _int_list(name: str, value: Any) -> tuple[int, ...]:
     return tuple(one(v) for v in items)
 
 
-def _positions(positions: Any, n: int, which: str, prompt: int) -> list[int]:
+def _positions(positions: object, n: int, which: str, prompt: int) -> list[int]:
+    """``positions`` (as given to :func:`patch_from`, which checked them) as indices into a prompt of ``n`` tokens."""
     if positions is None:
         return list(range(n))
-    ps = [positions] if isinstance(positions, int) else list(positions)
+    ps = [positions] if isinstance(positions, int) else list(positions) if isinstance(positions, Iterable) else [positions]
     out = []
     for p in ps:
         if isinstance(p, bool) or not isinstance(p, int):
@@ -107,17 +111,17 @@ class Patch:
 
     hook_names: tuple[str, ...]
     clean_prompts: tuple[str, ...]
-    positions: Any
+    positions: object  # as given to patch_from (an int or ints, checked there), or None: every position
     heads: tuple[int, ...] | None
     source: tuple[int, ...] | None
     description: str
     _clean: dict[str, list[Tensor]] = field(repr=False)
     _clean_lengths: tuple[int, ...] = field(repr=False)
-    prepend_bos: Any = None
+    prepend_bos: str | bool | None = None
     model_name: str = ""
     _model: Callable[[], object] | None = field(default=None, repr=False)  # a weakref to the model
 
-    def check_run(self, *, view: Any, prepend_bos: Any, **_: Any) -> None:
+    def check_run(self, *, view: ModelView, prepend_bos: str | bool, **_: object) -> None:
         """Refuse a run this patch was not built for: another model object, or another BOS mode
         (the clean prompts' positions would not line up with the run's). Called by every
         thermo-lens pass before it runs."""
@@ -146,7 +150,7 @@ class Patch:
     def _hook(self, name: str) -> Callable:
         clean = self._clean[name]
 
-        def patch(x: Tensor, hook: Any = None) -> Tensor:
+        def patch(x: Tensor, hook: object = None) -> Tensor:
             info = getattr(hook, "ctx", {}).get("batch") if hook is not None else None
             if info is None:
                 raise ThermoLensHookError(
@@ -188,7 +192,7 @@ class Patch:
 @validates_own_inputs
 def patch_from(
     model: TransformerLensModel | ModelView,
-    clean_prompts: Any,
+    clean_prompts: Prompts,
     hook_names: str | Sequence[str],
     *,
     positions: int | Sequence[int] | None = None,

@@ -28,20 +28,24 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Unpack
 
 from thermo_lens.core import registry
 from thermo_lens.core.errors import PromptTooShortError, ThermoLensInputError, ThermoLensWarning
-from thermo_lens.core.inputs import as_model_prompts
+from thermo_lens.core.inputs import Prompts, as_model_prompts
 from thermo_lens.core.model import ModelView, as_view
-from thermo_lens.core.passes import collect, collect_cached
+from thermo_lens.core.passes import Collected, Reduction, collect, collect_cached
 from thermo_lens.core.passes.cached import documents_cache
 from thermo_lens.core.result import Result
-from thermo_lens.core.settings import RunSettings
+from thermo_lens.core.settings import RunOptions, RunSettings
 from thermo_lens.core.tokens import check_token_scope
 from thermo_lens.core.validate import validates_own_inputs
 
 if TYPE_CHECKING:
+    from torch import Tensor
+    from transformer_lens import ActivationCache
+
     from thermo_lens.core.hosts.protocol import TransformerLensModel
 
 __all__ = ["Measurements", "run", "run_measurements", "MeasureRequest"]
@@ -62,10 +66,12 @@ class Measurements(Result):
         options: ``{name: {option: value}}`` every option each measurement ran with.
     """
 
-    results: dict[str, Any]
+    results: dict[str, Result]
     skipped: dict[str, str] = field(default_factory=dict)
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+    # Any: the result's class depends on the name (a GainResult for "gain" ...), which the core
+    # layer cannot name without importing the measures above it.
     def __getitem__(self, name: str) -> Any:
         if name not in self.results:
             why = f" ({self.skipped[name]})" if name in self.skipped else ""
@@ -97,7 +103,7 @@ class Measurements(Result):
         return "\n".join(lines)
 
 
-def _requests(measures: Any) -> dict[str, dict[str, Any]]:
+def _requests(measures: object) -> dict[str, dict[str, Any]]:
     """``{name: options}`` from a name, a list of names or a ``{name: {option: value}}`` mapping."""
     if isinstance(measures, str):
         return {measures: {}}
@@ -112,6 +118,8 @@ def _requests(measures: Any) -> dict[str, dict[str, Any]]:
     if isinstance(measures, (set, frozenset)):
         raise ThermoLensInputError("measures given as a set has no order; pass a list of names")
     try:
+        if not isinstance(measures, Iterable):
+            raise TypeError
         names = list(measures)
     except TypeError:
         raise ThermoLensInputError(
@@ -145,14 +153,14 @@ def _with_needs(requests: dict[str, dict[str, Any]]) -> dict[str, type[registry.
 
 def run_measurements(
     view: ModelView,
-    prompts: Any,
+    prompts: Prompts,
     requests: dict[str, dict[str, Any]],
     settings: RunSettings,
     *,
     shared: Mapping[str, Any] | None = None,
     skip_inapplicable: bool = False,
-    cache: Any = None,
-) -> tuple[Measurements, Any]:
+    cache: object = None,
+) -> tuple[Measurements, Collected | None]:
     """The engine of :func:`run` and :func:`thermo_lens.measures.profile`: ``(Measurements, collected)``.
 
     ``shared`` options (e.g. ``token_scope``) apply to every measurement that declares them,
@@ -176,7 +184,7 @@ def run_measurements(
                 raise ThermoLensInputError(f"{view.name}: {name} cannot be measured: {why}")
             skipped[name] = why
     active = {n: m for n, m in made.items() if n not in skipped}
-    reductions: list[Any] = []
+    reductions: list[Reduction] = []
     for m in active.values():
         if m.needs_pass:
             for r in m.reductions():
@@ -198,7 +206,7 @@ def run_measurements(
                     "needs 2 tokens: pass prepend_bos=True (adds a BOS token) or use token_scope='last', 'all' "
                     "or 'frobenius'.") from None
             raise
-    results: dict[str, Any] = {}
+    results: dict[str, Result] = {}
     for name, m in active.items():
         ctx = registry.BuildContext(collected=collected, view=view, results=results)
         try:
@@ -216,13 +224,13 @@ def run_measurements(
 @validates_own_inputs
 def run(
     model: TransformerLensModel | ModelView,
-    prompts: Any,
+    prompts: Prompts,
     measures: MeasureRequest = ("gain",),
     *,
     token_scope: str | None = None,
     settings: RunSettings | Mapping[str, Any] | None = None,
-    cache: Any = None,
-    **run_options: Any,
+    cache: ActivationCache | Mapping[str, Tensor] | None = None,
+    **run_options: Unpack[RunOptions],
 ) -> Measurements:
     """Measure ``model`` on ``prompts``: every requested measurement from one forward pass per batch.
 

@@ -37,6 +37,8 @@ from thermo_lens.core.hosts import HostAdapter
 from thermo_lens.core.layout import BlockLayout, detect_layout
 
 if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
     from thermo_lens.core.hosts.protocol import TransformerLensModel
 
 __all__ = ["ModelView", "as_view", "kv_head_map", "PROCESSING_STEPS"]
@@ -67,7 +69,7 @@ class _StopForward(Exception):
     """Raised by the hook :meth:`ModelView.run` appends at ``stop_after``: ends the pass there."""
 
 
-def _stop_forward(act: Tensor, hook: Any = None) -> None:
+def _stop_forward(act: Tensor, hook: object = None) -> None:
     raise _StopForward
 
 
@@ -186,7 +188,7 @@ class ModelView:
                                                  self.parallel_attn, self.name)
 
     # ------------------------------------------------------------------ metadata
-    def _hf_config(self) -> Any:
+    def _hf_config(self) -> PretrainedConfig | None:
         return self.adapter.hf_config(self.model)
 
     def _detect_norm_placement(self) -> str:
@@ -321,7 +323,7 @@ class ModelView:
             self._pinned_device = before
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Any:  # the host's (a PreTrainedTokenizerBase), or None for a host without one
         return self.model.tokenizer
 
     def metadata(self) -> dict[str, Any]:

@@ -16,7 +16,7 @@ accelerate unless a model carries its hooks.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any, Iterator, Protocol, runtime_checkable
 
 import torch
 
@@ -25,7 +25,19 @@ from thermo_lens.core.errors import ThermoLensInputError
 __all__ = ["execution_device", "is_offloaded", "materialised", "live_attr"]
 
 
-def _align_hooks(hook: Any) -> list[Any]:
+@runtime_checkable
+class _AlignHook(Protocol):
+    """accelerate's device-aligning hook (``AlignDevicesHook``): where its module computes, and whether it
+    keeps the module's weights offloaded (``offload``)."""
+
+    execution_device: int | str | torch.device | None
+
+    def pre_forward(self, module: torch.nn.Module, *args: object, **kwargs: object) -> object: ...  # loads the weights
+
+    def post_forward(self, module: torch.nn.Module, output: object) -> object: ...  # offloads them again
+
+
+def _align_hooks(hook: object) -> list[_AlignHook]:
     """The device-aligning hooks inside ``hook`` (accelerate nests them in ``SequentialHook``s when a
     module is hooked twice, e.g. once through a TransformerBridge wrapper and once directly)."""
     if hook is None:
@@ -33,10 +45,10 @@ def _align_hooks(hook: Any) -> list[Any]:
     inner = getattr(hook, "hooks", None)
     if inner is not None:
         return [h for sub in inner for h in _align_hooks(sub)]
-    return [hook] if hasattr(hook, "execution_device") else []
+    return [hook] if isinstance(hook, _AlignHook) else []
 
 
-def _offload_hook(module: torch.nn.Module) -> Any:
+def _offload_hook(module: torch.nn.Module) -> _AlignHook | None:
     """The hook that holds ``module``'s own offloaded parameters, or None. (Wrappers without
     parameters of their own, such as a bridge's component around the HF module, are hooked too;
     there is nothing to load for them.)"""
@@ -62,7 +74,7 @@ def execution_device(model: torch.nn.Module) -> torch.device | None:
     return None
 
 
-def live_attr(module: Any, name: str, default: Any = None) -> Any:
+def live_attr(module: object, name: str, default: object = None) -> Any:
     """``module.<name>``, following a TransformerBridge property alias (``b_out`` -> ``out.bias``,
     ``W_U`` -> ``u.weight``) to the parameter as it is now. The bridge stores each alias as the
     tensor it pointed to at boot: for an offloaded module that is the ``meta`` placeholder, which
@@ -111,7 +123,7 @@ def materialised(module: torch.nn.Module, what: str = "the weights") -> Iterator
                 "or dispatch the model with accelerate (device_map / cpu_offload / disk_offload)")
         yield
         return
-    loaded: list[tuple[torch.nn.Module, Any]] = []
+    loaded: list[tuple[torch.nn.Module, _AlignHook]] = []
     try:
         for m, hook in offloaded:
             hook.pre_forward(m)  # what accelerate runs before the module's forward: weights map -> device

@@ -116,7 +116,7 @@ class Provenance(Result):
     prompts: tuple[str, ...]
     lengths: Tensor
     truncated: tuple[bool, ...]
-    prepend_bos: Any
+    prepend_bos: str | bool  # as it resolved: True, False, "host:<id>" or "tokens_as_given"
     model: dict[str, Any]
     hooks: tuple[HookRecord, ...] = ()
     prompt_set: str = "custom"
@@ -261,7 +261,7 @@ class ProvenanceFields:
         return self.provenance.truncated
 
     @property
-    def prepend_bos(self) -> Any:
+    def prepend_bos(self) -> str | bool:
         return self.provenance.prepend_bos
 
     @property

@@ -150,7 +150,8 @@ class HeadAblation(ProvenanceFields, Result):
                  f"{100 * self.level:g}% t-CI, paired t-test p"]
         p = self.pvalue("block")
         for j, h in enumerate(self.heads):
-            lines.append(f"  head {h}: {float(s.mean[j]):+.4g} [{float(s.ci_low[j]):+.4g}, {float(s.ci_high[j]):+.4g}] "
+            lines.append(f"  head {h}: {float(np.asarray(s.mean)[j]):+.4g} [{float(np.asarray(s.ci_low)[j]):+.4g}, "
+                         f"{float(np.asarray(s.ci_high)[j]):+.4g}] "
                          f"p={p[j]:.3g}")
         lines.append(f"  hooks: {self.provenance.hooks_text}")
         return "\n".join(lines)

@@ -18,13 +18,14 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Unpack
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Unpack
 
 from thermo_lens._lazy import pandas as pd
 
 from thermo_lens.core import registry, validate
 from thermo_lens.core.errors import ThermoLensInputError
-from thermo_lens.core.inputs import Prompts, as_model_prompts
+from thermo_lens.core.inputs import PromptList, Prompts, as_model_prompts
 from thermo_lens.core.measure import MeasureRequest, _requests, run_measurements
 from thermo_lens.core.model import ModelView, as_view
 from thermo_lens.core.result import Result
@@ -34,6 +35,9 @@ from thermo_lens.core.validate import validates_own_inputs
 from thermo_lens.core.passes.cached import documents_cache
 
 if TYPE_CHECKING:
+    from torch import Tensor
+    from transformer_lens import ActivationCache
+
     from thermo_lens.core.hosts.protocol import TransformerLensModel
 
 __all__ = ["ThermoProfile", "profile", "profiles_frame"]
@@ -233,7 +237,7 @@ def profile(
     twin_of: str | None = None,
     source: str | None = None,
     settings: RunSettings | None = None,
-    cache: Any = None,
+    cache: ActivationCache | Mapping[str, Tensor] | None = None,
     **run: Unpack[RunOptions],
 ) -> ThermoProfile:
     """Profile ``model``: every measurement of the battery from one forward pass per batch.
@@ -308,8 +312,9 @@ def profile(
                         dict(name=name, lab=lab, family=family, twin_of=twin_of, source=source))
 
 
-def _profile(view: ModelView, ps: Any, prompts: Any, requests: dict[str, dict[str, Any]], run_settings: RunSettings,
-             cache: Any, attribution: bool, token_scope: str, names: dict[str, Any]) -> ThermoProfile:
+def _profile(view: ModelView, ps: PromptList, prompts: Prompts, requests: dict[str, dict[str, Any]],
+             run_settings: RunSettings, cache: object, attribution: bool, token_scope: str,
+             names: dict[str, str | None]) -> ThermoProfile:
     """The body of :func:`profile` (``names``: its name, lab, family, twin_of and source)."""
     out, collected = run_measurements(view, prompts if cache is not None else ps, requests, run_settings,
                                       skip_inapplicable=True, cache=cache)

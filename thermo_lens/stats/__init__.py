@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 __all__ = ["SummaryStats", "summarize"]
 
 NanPolicy = Literal["propagate", "omit", "raise"]
+#: A summary's statistic: a float for a 1-D sample, a float64 array of the remaining shape for a
+#: summary over axis 0 of an N-D array.
+Stat = float | np.ndarray
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -61,18 +64,18 @@ class SummaryStats(Result):
         ddof: always 1; stored so a serialised summary says which SD it holds.
     """
 
-    n: Any
-    mean: Any
-    sd: Any
-    se: Any
-    ci_low: Any
-    ci_high: Any
+    n: int | np.ndarray
+    mean: Stat
+    sd: Stat
+    se: Stat
+    ci_low: Stat
+    ci_high: Stat
     level: float = 0.95
     values: np.ndarray | None = None
     ddof: int = 1
 
     @property
-    def ci(self) -> tuple[Any, Any]:
+    def ci(self) -> tuple[Stat, Stat]:
         """``(ci_low, ci_high)``."""
         return self.ci_low, self.ci_high
 
@@ -187,12 +190,13 @@ def summarize(
         mean = np.where(n >= 1, mean, np.nan)
         ci_low, ci_high = (np.asarray(v) for v in t_interval(mean, sd, n, level))
 
-    def out(a: np.ndarray, integer: bool = False) -> int | float | np.ndarray:
-        if a.ndim == 0:
-            return int(a) if integer else float(a)
-        return a.astype(np.int64) if integer else a.astype(np.float64)
+    def out(a: np.ndarray) -> Stat:
+        return float(a) if a.ndim == 0 else a.astype(np.float64)
+
+    def count(a: np.ndarray) -> int | np.ndarray:
+        return int(a) if a.ndim == 0 else a.astype(np.int64)
     return SummaryStats(
-        n=out(np.asarray(n), integer=True), mean=out(np.asarray(mean)), sd=out(np.asarray(sd)),
+        n=count(np.asarray(n)), mean=out(np.asarray(mean)), sd=out(np.asarray(sd)),
         se=out(np.asarray(se)), ci_low=out(ci_low), ci_high=out(ci_high),
         level=float(level), values=np.moveaxis(x, 0, axis).copy() if keep_values else None,
     )
@@ -357,7 +361,7 @@ class PartialCorrelation(Result):
         """Degrees of freedom of the t statistic behind ``pvalue``: ``n - 3`` (one control)."""
         return self.n - 3
 
-    def confidence_interval(self, level: float = 0.95) -> Any:
+    def confidence_interval(self, level: float = 0.95) -> ConfidenceInterval:
         """``(low, high)``: the ``level`` Fisher-z interval of the partial r, ``se = 1/sqrt(n - 4)``
         (:func:`fisher_z_ci` with one control); ``ci_low`` / ``ci_high`` hold the interval at the level
         :func:`partial_correlation` was given (0.95 by default)."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
@@ -46,12 +46,20 @@ from thermo_lens.core.result import Result, cell_frame
 from thermo_lens.stats import SummaryStats, holm, summarize
 from thermo_lens.stats.exact import ConfidenceInterval
 
-__all__ = ["PairedDifference", "PairedTest", "paired_difference", "paired_t", "quantities"]
+__all__ = ["PairedDifference", "PairedTest", "PairedResult", "paired_difference", "paired_t", "quantities"]
+
+
+@runtime_checkable
+class PairedResult(Protocol):
+    """A result :func:`paired_difference` can pair: its provenance says which prompts, model and
+    settings it ran on; its per-prompt metrics are the registry's (:func:`quantities`)."""
+
+    provenance: Provenance
 
 def deprecated_alias(old: str, new: str, since: str = "0.4") -> property:
     """A read-only property ``old`` that returns attribute ``new`` with a :class:`DeprecationWarning`
     (the old name of a result attribute, kept for one release)."""
-    def get(self: Any) -> Any:
+    def get(self: object) -> object:
         warnings.warn(f"{type(self).__name__}.{old} is deprecated since thermo-lens {since} and will be removed in "
                       f"the next release; use .{new} (the scipy.stats name)", DeprecationWarning, stacklevel=2)
         return getattr(self, new)
@@ -76,12 +84,12 @@ class PairedTest:
         """The per-prompt differences ``[prompt, *cells]`` (float64) the tests are computed from."""
         raise NotImplementedError
 
-    def _per_cell(self, values: np.ndarray) -> Any:
+    def _per_cell(self, values: np.ndarray) -> np.ndarray | Tensor:
         """Per-cell values in this result's array type (numpy here; a sweep gives tensors)."""
         return values
 
     @property
-    def df(self) -> Any:
+    def df(self) -> np.ndarray | Tensor:
         """Degrees of freedom of each element's t-test, ``n - 1`` (as ``scipy.stats.ttest_rel``)."""
         d = self.paired_values()
         return self._per_cell(np.full(tuple(d.shape[1:]), float(d.shape[0] - 1)))
@@ -97,7 +105,9 @@ class PairedTest:
             warnings.simplefilter("ignore", RuntimeWarning)
             s = summarize(self.paired_values(), level=float(level), keep_values=False)
         lo, hi = (np.asarray(v, dtype=np.float64) for v in (s.ci_low, s.ci_high))
-        return ConfidenceInterval(self._per_cell(lo), self._per_cell(hi))
+        # one interval per cell: arrays (a sweep's: tensors) in the fields a single interval holds as
+        # floats (a generic NamedTuple would say so, but the test-time type checker refuses one)
+        return ConfidenceInterval(self._per_cell(lo), self._per_cell(hi))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -180,7 +190,7 @@ class PairedDifference(PairedTest, Result):
     def mean(self) -> Tensor:
         return torch.as_tensor(np.asarray(self.summary.mean, dtype=np.float64))
 
-    def select(self, prompts: Sequence[int] | None = None, **dims: Any) -> "PairedDifference":
+    def select(self, prompts: Sequence[int] | None = None, **dims: int | Sequence[int]) -> "PairedDifference":
         """A slice: ``prompts`` (indices into the caller's prompt list) and any dimension by
         name (``layer=2``, ``layer=[0, 1]``, ``head=3``; negative indices count from the end).
         Summaries and tests are recomputed on the kept prompts."""
@@ -285,7 +295,7 @@ def _build(quantity: str, rtype: str, dims: tuple[str, ...], a: Tensor, b: Tenso
                             notes=tuple(notes))
 
 
-def paired_difference(b: Any, a: Any, *, quantity: str | None = None, level: float = 0.95) -> PairedDifference:
+def paired_difference(b: PairedResult, a: PairedResult, *, quantity: str | None = None, level: float = 0.95) -> PairedDifference:
     """``b - a`` for two runs on the same prompts (e.g. ``b`` ablated, ``a`` clean).
 
     Args:
@@ -327,7 +337,7 @@ def paired_difference(b: Any, a: Any, *, quantity: str | None = None, level: flo
                   a.provenance, b.provenance, level, a.provenance.pairing_notes(b.provenance))
 
 
-def quantities(result: Any) -> dict[str, Metric]:
+def quantities(result: object) -> dict[str, Metric]:
     """The quantities a paired difference of ``result`` (a result or its class) compares: every
     registered metric of its class with one value per prompt (shape ``"prompt ..."``), by the
     attribute that holds it (``"block_gain"``, ``"head"``, ``"values"``; a summary's metric name),
@@ -344,7 +354,10 @@ def quantities(result: Any) -> dict[str, Metric]:
 class PairedMixin:
     """``result_b - result_a`` is :func:`paired_difference` ``(result_b, result_a)``."""
 
-    def __sub__(self, other: Any) -> PairedDifference:
+    if TYPE_CHECKING:
+        provenance: Provenance
+
+    def __sub__(self, other: PairedResult) -> PairedDifference:
         return paired_difference(self, other)
 
 

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from thermo_lens.core import attached, cache_match
 from thermo_lens.core.errors import ThermoLensInputError, ThermoLensInputTypeError
-from thermo_lens.core.inputs import as_model_prompts
+from thermo_lens.core.inputs import PromptList, as_model_prompts
 from thermo_lens.core.model import ModelView, as_view
 from thermo_lens.core.passes.collected import Collected
 from thermo_lens.core.passes.one_pass import Hooks, Pass
@@ -65,7 +65,7 @@ def documents_cache(fn: F) -> F:
     return fn
 
 
-def _cache_dict(cache: Any) -> dict[str, Tensor]:
+def _cache_dict(cache: object) -> dict[str, Tensor]:
     """``{hook name: activation}`` of an ``ActivationCache`` (or a dict like one)."""
     if getattr(cache, "has_batch_dim", True) is False:
         raise ThermoLensInputError(
@@ -130,13 +130,12 @@ def _relayout(act: Tensor, name: str, starts: Tensor, width: int) -> Tensor:
     return q.gather(3, idx[:, None, None, :].expand(B, H, width, width))
 
 
-def _cache_prompts(view: ModelView, prompts: Any, settings: RunSettings) -> tuple[Any, Tensor, Tensor]:
+def _cache_prompts(view: ModelView, prompts: object,
+                   settings: RunSettings) -> tuple[PromptList | tuple[PromptList, str | bool], Tensor, Tensor]:
     """The prompts of a cache as :func:`token_batch` takes them, the position of each row's first
     real token in the cache, and the cache's ``[batch, pos]`` token ids. Token ids: as given (masked as
     :func:`thermo_lens.core.inputs.as_prompts` masks them). Texts: tokenized as ``run_with_cache`` did,
     ``model.to_tokens(texts)`` (one padded batch)."""
-    from thermo_lens.core.inputs import PromptList
-
     ps = as_model_prompts(view, prompts)
     if ps.token_ids is not None:
         given = torch.as_tensor(prompts["input_ids"] if isinstance(prompts, Mapping) else prompts)
@@ -195,13 +194,13 @@ class Cached:
 
 def collect_cached(
     model: TransformerLensModel | ModelView,
-    prompts: Any,
-    cache: Any,
+    prompts: object,
+    cache: object,
     reductions: Sequence[Reduction],
-    settings: Any = None,
+    settings: RunSettings | Mapping[str, object] | None = None,
     *,
     min_tokens: int = 1,
-    **options: Any,
+    **options: object,
 ) -> Collected:
     """What :func:`collect` records, from an existing ``ActivationCache``: no forward pass.
 
@@ -236,12 +235,14 @@ def collect_cached(
     acts = _cache_dict(cache)
     laid, starts, cache_tokens = _cache_prompts(view, prompts, settings)
     width_cache = int(cache_tokens.shape[1])
+    bos: str | bool | None
     ps, bos = laid if isinstance(laid, tuple) else (laid, None)
     batch = token_batch(view, ps, range(len(ps)), prepend_bos=settings.prepend_bos, truncate=settings.truncate,
                         min_tokens=min_tokens)
-    if bos is not None:
+    if bos is not None:  # texts, tokenized again: ps holds the token rows
         from thermo_lens.core.tokens import resolve_host_bos
 
+        assert ps.token_ids is not None
         resolved = (list(dict.fromkeys(resolve_host_bos(view, t, list(r)) for t, r in zip(ps.texts, ps.token_ids)))
                     if bos == HOST_BOS else [bos])
         bos = resolved[0] if len(resolved) == 1 else "host:" + "|".join(str(k) for k in resolved)

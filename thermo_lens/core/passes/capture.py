@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 
 from torch import Tensor
 
+from thermo_lens.core.inputs import Prompts
 from thermo_lens.core.model import ModelView
 from thermo_lens.core.passes.collected import Collected
 from thermo_lens.core.passes.one_pass import collect
@@ -23,7 +24,7 @@ from thermo_lens.core.tokens import TokenBatch
 __all__ = ["capture"]
 
 
-def capture(view: ModelView, prompts: Any, points: Sequence[str], settings: RunSettings, *,
+def capture(view: ModelView, prompts: Prompts, points: Sequence[str], settings: RunSettings, *,
             position_dims: Callable[[str], tuple[int, ...]] = lambda name: (1,),
             shape: Callable[[Tensor], Tensor] | None = None, reductions: Sequence[Reduction] = (),
             min_tokens: int = 1,

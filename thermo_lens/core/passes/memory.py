@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 __all__ = ["release_freed_memory", "TRIM_EVERY"]
 
-_MALLOC_TRIM: Any = None
+_MALLOC_TRIM: Callable[[int], int] | bool | None = None  # None: not looked up yet; False: no glibc
 # Batches between two trims: each trim makes the next batch fault its pages in again, so trimming
 # after every batch cost ~10-20% of the pass on CPU; every 8th bounds the growth at a few batches'.
 TRIM_EVERY = 8
@@ -30,10 +30,11 @@ def release_freed_memory() -> None:
             import ctypes.util
 
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            _MALLOC_TRIM = libc.malloc_trim
-            _MALLOC_TRIM.argtypes = [ctypes.c_size_t]
+            trim = libc.malloc_trim
+            trim.argtypes = [ctypes.c_size_t]
+            _MALLOC_TRIM = trim
         except (OSError, AttributeError):  # not glibc (macOS, Windows, musl without it)
             _MALLOC_TRIM = False
-    if _MALLOC_TRIM:
+    if callable(_MALLOC_TRIM):
         _MALLOC_TRIM(0)
 

@@ -68,7 +68,7 @@ def run_stacked(view: ModelView, ps: PromptList, n_copies: int, edits: Sequence[
                                     length=tuple(batch.host_lengths))
 
     def hook(edit: Edit) -> Callable:
-        def run_edit(x: Tensor, hook: Any = None) -> Any:
+        def run_edit(x: Tensor, hook: object = None) -> Tensor:
             rows = state["rows"]
             assert rows is not None, "a stacked edit ran outside its pass"
             out = edit(x, rows)

@@ -8,7 +8,7 @@ and the fix.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from torch import Tensor
 
@@ -33,7 +33,7 @@ _RETURN = ("A hook must return None (after editing the activation in place) or a
            "shape, dtype family and device, as model.run_with_hooks expects.")
 
 
-def hook_site(name: Any, fn: Callable, info: BatchInfo | None) -> str:
+def hook_site(name: str | Callable[[str], bool], fn: Callable[..., object], info: BatchInfo | None) -> str:
     rec = describe_hook(name, fn)
     at = rec.hook_point if isinstance(name, str) else f"{rec.hook_point} (matched {name!r})"
     if info is None:
@@ -42,12 +42,12 @@ def hook_site(name: Any, fn: Callable, info: BatchInfo | None) -> str:
             f"(prompts {info.prompt_index.tolist()}, lengths {info.lengths.tolist()}, padded width {info.width})")
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _check_return(res: Any, act: Any, where: Callable[[], str]) -> None:
+def _check_return(res: object, act: object, where: Callable[[], str]) -> None:
     """A hook's return value must be usable as the activation: None, or a real tensor of its shape
     on its device (anything else fails deep inside the host, or silently on a meta tensor)."""
     if res is None:
@@ -69,13 +69,15 @@ def _check_return(res: Any, act: Any, where: Callable[[], str]) -> None:
                 f"{where()} returned a {res.dtype} tensor for a {act.dtype} activation. {_RETURN}")
 
 
-def wrap_user_hooks(hooks: Sequence[tuple[Any, Callable]], current: Current) -> list[tuple[Any, Callable]]:
+def wrap_user_hooks(hooks: Sequence[tuple[str | Callable[[str], bool], Callable[..., object]]],
+                    current: Current) -> list[tuple[str | Callable[[str], bool], Callable[..., object]]]:
     """Wrap ``(name, fn)`` hooks so they see ``hook.ctx["batch"]``, fail with a clear error (a hook
     that raises, or returns something the host cannot use) and record that they fired
     (``current.fired`` holds their indices)."""
     out = []
     for index, (name, fn) in enumerate(hooks):
-        def hook(act: Any, hook: Any = None, *, _fn: Callable = fn, _name: Any = name, _i: int = index) -> Any:
+        def hook(act: object, hook: object = None, *, _fn: Callable[..., object] = fn, _name: str | Callable[[str], bool] = name,
+                 _i: int = index) -> object:
             info = current.info
             current.fired.add(_i)
             ctx = getattr(hook, "ctx", None) if hook is not None else None

@@ -24,7 +24,8 @@ import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from thermo_lens.experiments.lab.architecture import Architecture
 from thermo_lens.core.errors import ThermoLensInputError
@@ -36,6 +37,9 @@ __all__ = ["Recipe", "Knob", "KNOBS", "OPTIMIZERS", "ACTIVATIONS", "FIELD_RANGES
 class LabSpecError(ThermoLensInputError):
     """A malformed lab spec: unknown knob, unknown level, bad field; the message names it."""
 
+
+#: A recipe field's value (every :class:`Recipe` field is a str, an int or a float), so also a knob's level.
+FieldValue = str | int | float
 
 #: Optimiser level -> (torch class name, settings).
 OPTIMIZERS: dict[str, dict[str, Any]] = {
@@ -111,14 +115,14 @@ class Knob:
     name: str
     field: str
     description: str
-    choices: tuple[Any, ...] | None = None          # categorical levels
-    check: Callable[[Any], bool] | None = None      # numeric levels
+    choices: tuple[str, ...] | None = None          # categorical levels
+    check: Callable[[float], bool] | None = None    # numeric levels
     valid: str = ""                                 # how to say what is valid
 
-    def parse(self, level: Any) -> Any:
+    def parse(self, level: object) -> FieldValue:
         """The level as the recipe stores it; :class:`LabSpecError` naming the knob if invalid."""
         if self.choices is not None:
-            if level not in self.choices:
+            if not isinstance(level, str) or level not in self.choices:
                 raise LabSpecError(f"knob {self.name!r}: unknown level {_excerpt(level)}; valid levels: "
                                    f"{', '.join(map(repr, self.choices))}")
             return level
@@ -199,7 +203,7 @@ FIELD_RANGES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
 }
 
 
-def check_field(name: str, value: Any) -> Any:
+def check_field(name: str, value: object) -> FieldValue:
     """A recipe field's value as the recipe stores it; :class:`LabSpecError` naming the field and
     what is valid (a knob's field is checked as that knob's level)."""
     from thermo_lens.core.validate import excerpt
@@ -211,14 +215,14 @@ def check_field(name: str, value: Any) -> Any:
         raise LabSpecError(f"unknown recipe field; valid: {', '.join(f.name for f in fields(Recipe))}")
     kind, ok, valid = FIELD_RANGES[name]
     if kind == "int":
-        good_type = isinstance(value, int) and not isinstance(value, bool)
+        if isinstance(value, int) and not isinstance(value, bool) and ok(value):
+            return value
     elif kind == "float":
-        good_type = isinstance(value, (int, float)) and not isinstance(value, bool)
-    else:
-        good_type = isinstance(value, str)
-    if not good_type or not ok(value):
-        raise LabSpecError(f"bad value {excerpt(value, 60)}; valid: {valid}")
-    return float(value) if kind == "float" else value
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and ok(value):
+            return float(value)
+    elif isinstance(value, str) and ok(value):
+        return value
+    raise LabSpecError(f"bad value {excerpt(value, 60)}; valid: {valid}")
 
 
 def check_recipe(r: Recipe) -> None:
@@ -254,13 +258,20 @@ def _excerpt(value: object) -> str:
     return excerpt(value, 60)
 
 
-def check_level(knob: str, level: Any) -> Any:
+def check_level(knob: str, level: object) -> FieldValue:
     """Validate ``level`` of ``knob``; errors name the knob and list the valid knobs or levels."""
     if knob not in KNOBS:
         raise LabSpecError(f"unknown knob {_excerpt(knob)}; valid knobs: {', '.join(KNOBS)}")
     return KNOBS[knob].parse(level)
 
 
-def with_level(recipe: Recipe, knob: str, level: Any) -> Recipe:
+def with_level(recipe: Recipe, knob: str, level: object) -> Recipe:
     """``recipe`` with ``knob`` set to ``level`` (validated)."""
-    return replace(recipe, **{KNOBS[knob].field: check_level(knob, level)})
+    return with_fields(recipe, {KNOBS[knob].field: check_level(knob, level)})
+
+
+def with_fields(recipe: Recipe, changes: Mapping[str, FieldValue]) -> Recipe:
+    """``recipe`` with the fields ``changes`` names set. The names come from a spec at run time, so
+    :func:`check_field` and :func:`check_recipe` check them, not the type checker."""
+    kw: dict[str, Any] = dict(changes)
+    return replace(recipe, **kw)

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from thermo_lens.core.errors import ThermoLensInputError
-from thermo_lens.experiments.lab.recipe import Recipe
+from thermo_lens.experiments.lab.recipe import FieldValue, Recipe
 from thermo_lens.experiments.lab.run_record import TABLES_RECORD
 from thermo_lens.experiments.lab.spec import LabSpec, canonical_spec, check_lab_spec, load_lab_spec, spec_fingerprint
 from thermo_lens.core.safe_io import FolderLock, FolderLockedError, SafeIOError, atomic_write_bytes, make_folder, printable
@@ -90,7 +90,7 @@ class _RunInfo:
     run_id: str
     arm: str
     knob: str
-    level: Any
+    level: FieldValue
     seed: int
     recipe: dict[str, Any]
     base: dict[str, Any]

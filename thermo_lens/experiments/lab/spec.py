@@ -41,13 +41,17 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from thermo_lens.experiments.lab.recipe import _ADDED_FIELDS, _DEFAULTS, KNOBS, LabSpecError, Recipe, check_field, check_level, check_recipe
+from thermo_lens.experiments.lab.recipe import (_ADDED_FIELDS, _DEFAULTS, KNOBS, FieldValue, LabSpecError, Recipe, check_field,
+                                               check_level, check_recipe, with_fields)
 from thermo_lens.core.safe_io import printable
 from thermo_lens.core.tokens import bos_modes_text
+
+if TYPE_CHECKING:
+    from thermo_lens.core.tokens import BosMode  # (importing the lab imports no torch)
 
 __all__ = ["Arm", "KnobSpec", "LabSpec", "load_lab_spec", "parse_lab_spec", "check_lab_spec", "spec_fingerprint",
            "MAX_SEEDS", "MAX_CHECKPOINTS"]
@@ -69,9 +73,9 @@ class KnobSpec:
     """One knob of a lab: its levels, the reference level (the base's) and its context."""
 
     name: str
-    levels: tuple[Any, ...]
-    reference: Any
-    context: tuple[tuple[str, Any], ...] = ()
+    levels: tuple[FieldValue, ...]
+    reference: FieldValue
+    context: tuple[tuple[str, FieldValue], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,7 @@ class Arm:
     id: str
     recipe: Recipe
     knob: str
-    level: Any
+    level: FieldValue
 
 
 @dataclass(frozen=True)
@@ -93,9 +97,9 @@ class LabSpec:
     knobs: tuple[KnobSpec, ...]
     seeds: tuple[int, ...]
     checkpoints: int = 8
-    prompts: Any = "paper25"
+    prompts: str | list[str] = "paper25"
     token_scope: str = "all_but_first"
-    prepend_bos: Any = True
+    prepend_bos: BosMode = True
     batch_size: int = 8
     eval_every: int | None = None
     truncate: bool = False
@@ -107,7 +111,7 @@ class LabSpec:
     checkpoint_every: int | None = None
     #: the declared primary family: ``(knob, level)`` comparisons x ``primary_metrics`` at the
     #: largest budget; Holm's adjustment runs over exactly these tests.
-    primary: tuple[tuple[str, Any], ...] = ()
+    primary: tuple[tuple[str, FieldValue], ...] = ()
     primary_metrics: tuple[str, ...] = ("last_block_gain", "penultimate_gain")
 
     @property
@@ -125,9 +129,8 @@ class LabSpec:
         return {"prompts": self.prompts, "prepend_bos": self.prepend_bos, "token_scope": self.token_scope,
                 "batch_size": self.batch_size, "truncate": self.truncate}
 
-    def knob_recipe(self, knob: KnobSpec, level: Any) -> Recipe:
-        ctx = dict(knob.context)
-        return replace(self.base, **ctx, **{KNOBS[knob.name].field: level})
+    def knob_recipe(self, knob: KnobSpec, level: FieldValue) -> Recipe:
+        return with_fields(self.base, {**dict(knob.context), KNOBS[knob.name].field: level})
 
     def arms(self) -> list[Arm]:
         """Every distinct arm, base first; a recipe reached by two knobs is one arm (first name wins)."""
@@ -218,7 +221,7 @@ def parse_lab_spec(data: dict[str, Any], *, path: str | None = None, text: str =
                            f"[0, {MAX_SEED}], e.g. [1, 2, 3]")
 
     base_kw = {k: _recipe_value(k, v, f"field {_key('base.' + k)}") for k, v in data.get("base", {}).items()}
-    base = Recipe(**base_kw)
+    base = with_fields(Recipe(), base_kw)
     _check_recipe(base, "field 'base'")
 
     knobs = []
@@ -246,14 +249,14 @@ def parse_lab_spec(data: dict[str, Any], *, path: str | None = None, text: str =
             if f == KNOBS[name].field:
                 raise LabSpecError(f"knob {name!r}: its context cannot set the knob itself")
             ctx.append((f, _recipe_value(f, v, f"knob {name!r}: context field {excerpt(f, 60)}")))
-        ref_recipe = replace(base, **dict(ctx))
+        ref_recipe = with_fields(base, dict(ctx))
         reference = getattr(ref_recipe, KNOBS[name].field)
         if reference not in levels:
             raise LabSpecError(f"knob {name!r}: levels {excerpt(list(levels), 120)} must include the base's value "
                                f"{excerpt(reference, 60)} (the reference every other level is compared with)")
         ks = KnobSpec(name=name, levels=levels, reference=reference, context=tuple(ctx))
         for lv in levels:
-            r = replace(ref_recipe, **{KNOBS[name].field: lv})
+            r = with_fields(ref_recipe, {KNOBS[name].field: lv})
             _check_recipe(r, f"knob {name!r} level {lv!r}")
         knobs.append(ks)
     budgets = lab.get("budgets", [])
@@ -395,7 +398,7 @@ def _key(key: str) -> str:
     return "'" + printable(key[:60] + ("..." if len(key) > 60 else "")) + "'"
 
 
-def _recipe_value(name: str, value: Any, where: str) -> Any:
+def _recipe_value(name: str, value: object, where: str) -> FieldValue:
     """A recipe field's value, validated (through its knob when it has one): in range, or a
     :class:`LabSpecError` naming ``where`` and what is valid."""
     valid = [f.name for f in fields(Recipe)]

@@ -254,7 +254,7 @@ def load_model(model: ModelSpec) -> TransformerBridge:
 
     kwargs: dict[str, Any] = {}
     if model.dtype and model.dtype != "auto":
-        kwargs["dtype"] = getattr(torch, model.dtype)
+        kwargs["dtype"] = model.dtype if isinstance(model.dtype, torch.dtype) else getattr(torch, model.dtype)
     if model.device_map is not None:
         kwargs["device_map"] = model.device_map
     elif model.device:

@@ -9,22 +9,59 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from thermo_lens.core import validate as V
 from thermo_lens.core.errors import ThermoLensInputError
+from thermo_lens.core.validate import validates_own_inputs
 
-__all__ = ["ModelSpec", "StudySpec", "StudySpecError", "SETTINGS_KEYS", "default_id", "model_from_name"]
+if TYPE_CHECKING:
+    import torch
+
+    from thermo_lens.core.tokens import BosMode
+
+__all__ = ["ModelSpec", "StudySpec", "StudySpecError", "SETTINGS_KEYS", "StudySettings", "ModelOptions", "StudyPrompts",
+           "default_id", "model_from_name"]
 
 #: The measurement settings every profile of a study shares (they key its results).
 SETTINGS_KEYS = ("prompts", "prepend_bos", "token_scope", "batch_size", "truncate")
 MAX_ERROR = 600  # characters of a spec error message
+
+#: A study's prompts: a built-in set's name, a list of prompts, or ``{group: [prompt, ...]}``
+#: (:func:`thermo_lens.core.prompts.as_prompt_set`).
+StudyPrompts = str | Sequence[str] | Mapping[str, Sequence[str]]
+
+
+class StudySettings(TypedDict, total=False):
+    """The measurement settings of :data:`SETTINGS_KEYS` (every profile of a study shares them)."""
+
+    prompts: StudyPrompts
+    prepend_bos: BosMode
+    token_scope: str
+    batch_size: int
+    truncate: bool
+
+
+class ModelOptions(TypedDict, total=False):
+    """The optional :class:`ModelSpec` fields :func:`model_from_name` passes on."""
+
+    lab: str | None
+    family: str | None
+    twin_of: str | None
+    dtype: str | torch.dtype | None
+    device: str | torch.device | None
+    device_map: str | dict[str, int | str] | None
+    num_gpus: int | float
+    threads: int | None
+    trust_remote_code: bool
 
 
 class StudySpecError(ThermoLensInputError):
     """A malformed study spec; the message names the file, the line and the field."""
 
 
+@validates_own_inputs  # every field is checked in __post_init__, with the messages users see
 @dataclass(frozen=True)
 class ModelSpec:
     """One model of a study. Exactly one of ``name`` (hub name, local directory or zoo name) and
@@ -36,17 +73,17 @@ class ModelSpec:
     """
 
     id: str
-    name: Any = None
-    zoo: Any = None
-    lab: Any = None
-    family: Any = None
-    twin_of: Any = None
-    dtype: Any = None
-    device: Any = None
-    device_map: Any = None
-    num_gpus: Any = 0
-    threads: Any = None
-    trust_remote_code: Any = False
+    name: str | None = None
+    zoo: str | None = None
+    lab: str | None = None
+    family: str | None = None
+    twin_of: str | None = None
+    dtype: str | torch.dtype | None = None
+    device: str | torch.device | None = None
+    device_map: str | dict[str, int | str] | None = None
+    num_gpus: int | float = 0
+    threads: int | None = None
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
         V.file_id(self.id, "id")
@@ -83,17 +120,18 @@ class ModelSpec:
         return f"zoo:{self.zoo}" if self.zoo else str(self.name)
 
 
+@validates_own_inputs
 @dataclass(frozen=True)
 class StudySpec:
     """A parsed study spec (see :mod:`thermo_lens.experiments.study` for the file format); validated on construction."""
 
-    name: Any
+    name: str
     models: tuple[ModelSpec, ...]
-    prompts: Any = "paper25"
-    prepend_bos: Any = "host"
-    token_scope: Any = "all_but_first"
-    batch_size: Any = 8
-    truncate: Any = False
+    prompts: StudyPrompts = "paper25"
+    prepend_bos: BosMode = "host"
+    token_scope: str = "all_but_first"
+    batch_size: int = 8
+    truncate: bool = False
     path: str | None = None
 
     def __post_init__(self) -> None:
@@ -116,11 +154,12 @@ class StudySpec:
         V.boolean("truncate", self.truncate)
 
     def settings(self) -> dict[str, Any]:
-        """The measurement settings every profile of this study shares."""
+        """The measurement settings every profile of this study shares (:class:`StudySettings`)."""
         return {k: getattr(self, k) for k in SETTINGS_KEYS}
 
     @classmethod
-    def from_models(cls, models: Iterable[str | ModelSpec], *, name: str = "profile", **settings: Any) -> "StudySpec":
+    def from_models(cls, models: Iterable[str | ModelSpec], *, name: str = "profile",
+                    **settings: Unpack[StudySettings]) -> "StudySpec":
         """A spec from model names for the CLI's ``profile`` command: zoo names are recognised,
         ids are slugs of the names made unique (``a/tiny b/tiny`` -> ``tiny``, ``tiny-2``).
 
@@ -164,13 +203,13 @@ def _unique_id(base: str, seen: set[str]) -> str:
     return out
 
 
-def model_from_name(name: object, seen: Iterable[str] = (), **options: object) -> ModelSpec:
+def model_from_name(name: object, seen: Iterable[str] = (), **options: Unpack[ModelOptions]) -> ModelSpec:
     """A :class:`ModelSpec` for a model name (zoo name, local folder or hub id) with an id unique
     among ``seen`` (lower-case ids); ``options`` are further ``ModelSpec`` fields."""
     from thermo_lens import zoo
 
     name = V.text("model", name, max_len=4096)
     if name in zoo.names() and not os.path.exists(name):
-        extra = {"lab": "thermo-lens zoo", "family": zoo.family(name)}
-        return ModelSpec(id=_unique_id(V.slug(name), set(seen)), zoo=name, **{**extra, **options})
+        merged: ModelOptions = {"lab": "thermo-lens zoo", "family": zoo.family(name), **options}
+        return ModelSpec(id=_unique_id(V.slug(name), set(seen)), zoo=name, **merged)
     return ModelSpec(id=_unique_id(default_id(name), set(seen)), name=V.model_name(name, "model"), **options)

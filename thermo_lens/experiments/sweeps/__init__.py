@@ -8,7 +8,7 @@
 """
 
 from thermo_lens.experiments.sweeps.api import METHODS, OVER, ablation_sweep, patch_sweep
-from typing import Any
+from typing import TYPE_CHECKING
 
 from thermo_lens.experiments.sweeps import engine as _engine
 from thermo_lens.experiments.sweeps.engine import measure_definitions
@@ -19,7 +19,12 @@ __all__ = ["patch_sweep", "ablation_sweep", "SweepResult", "METHODS", "OVER", "m
            "LogitDifference"]
 
 
-def __getattr__(name: str) -> Any:
+if TYPE_CHECKING:
+    MEASURE_DEFINITIONS: dict[str, str]
+    GAIN_MEASURES: tuple[str, ...]
+
+
+def __getattr__(name: str) -> object:
     # MEASURE_DEFINITIONS and GAIN_MEASURES, read from the registry's readouts when asked for
     if name in ("MEASURE_DEFINITIONS", "GAIN_MEASURES"):
         return getattr(_engine, name)

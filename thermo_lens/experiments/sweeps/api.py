@@ -29,7 +29,7 @@ ragged prompts needs ``positions=``. The result's ``alignment`` records which ru
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Unpack
 
 import numpy as np
@@ -39,14 +39,15 @@ from torch import Tensor
 from thermo_lens.core import attached, validate
 from thermo_lens.core.errors import ThermoLensInputError, ThermoLensNumericsError, ThermoLensWarning
 from thermo_lens.measures.gain import DEFAULT_SCOPE
-from thermo_lens.core.inputs import Prompts, as_model_prompts
+from thermo_lens.core.inputs import PromptList, Prompts, as_model_prompts
 from thermo_lens.core.model import ModelView, as_view
 from thermo_lens.core.settings import RunOptions, RunSettings
-from thermo_lens.experiments.sweeps.engine import Condition, HookLayout, Sources, hook_layout, parse_measure
+from thermo_lens.experiments.sweeps.engine import Condition, HookLayout, Measure, Sources, hook_layout, parse_measure
 from thermo_lens.experiments.sweeps.engine import capture as _capture
 from thermo_lens.experiments.sweeps.engine import run_conditions as _run_conditions
 from thermo_lens.experiments.sweeps.rows import CPU_ROWS, halving_on_oom, rows_per_pass
 from thermo_lens.experiments.sweeps.features import feature_layout, feature_list
+from thermo_lens.experiments.sweeps.logits import LogitDifference
 from thermo_lens.experiments.sweeps.result import SweepResult, build_result
 from thermo_lens.core.tokens import TokenScope, token_batch
 from thermo_lens.core.validate import excerpt, validates_own_inputs
@@ -66,8 +67,8 @@ capture = halving_on_oom(_capture, keyword="rows_per_pass")
 run_conditions = halving_on_oom(_run_conditions, position=6)
 
 
-def _over(over: Any) -> tuple[str, ...]:
-    if over == "head" or over == "pos" or over == "feature":
+def _over(over: object) -> tuple[str, ...]:
+    if isinstance(over, str) and over in ("head", "pos", "feature"):
         return (over,)
     if isinstance(over, (tuple, list)) and tuple(over) in (("head", "pos"), ("head",), ("pos",), ("feature",)):
         return tuple(over)
@@ -75,14 +76,14 @@ def _over(over: Any) -> tuple[str, ...]:
                                f"got {excerpt(over)}")
 
 
-def _index_list(name: str, value: Any, n: int) -> list[int]:
+def _index_list(name: str, value: object, n: int) -> list[int]:
     if value is None:
         return list(range(n))
-    items = [value] if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else value
-    if isinstance(items, (str, bytes)):
+    given = [value] if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else value
+    if isinstance(given, (str, bytes)) or not isinstance(given, Iterable):
         raise ThermoLensInputError(f"{name} must be an int or a list of ints, got {excerpt(value)}")
     try:
-        items = list(items)
+        items = list(given)
     except TypeError:
         raise ThermoLensInputError(f"{name} must be an int or a list of ints, got {excerpt(value)}") from None
     bad = [v for v in items if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not -n <= v < n]
@@ -91,14 +92,14 @@ def _index_list(name: str, value: Any, n: int) -> list[int]:
     return list(dict.fromkeys(int(v) % n for v in items))
 
 
-def _labels(positions: Any) -> list[int]:
+def _labels(positions: object) -> list[int]:
     """``positions`` as a list of ints, as given (checked: ints, not bools, not empty)."""
-    items = [positions] if isinstance(positions, (int, np.integer)) and not isinstance(positions, bool) else positions
-    if isinstance(items, (str, bytes)):
+    given = [positions] if isinstance(positions, (int, np.integer)) and not isinstance(positions, bool) else positions
+    if isinstance(given, (str, bytes)) or not isinstance(given, Iterable):
         raise ThermoLensInputError(f"positions must be an int or a list of ints (negative from each prompt's end), "
                                    f"got {excerpt(positions)}")
     try:
-        items = list(items)
+        items = list(given)
     except TypeError:
         raise ThermoLensInputError(f"positions must be an int or a list of ints (negative from each prompt's end), "
                                    f"got {excerpt(positions)}") from None
@@ -108,7 +109,7 @@ def _labels(positions: Any) -> list[int]:
     return [int(q) for q in items]
 
 
-def _lengths(view: ModelView, ps: Any, settings: RunSettings, min_tokens: int) -> list[int]:
+def _lengths(view: ModelView, ps: PromptList, settings: RunSettings, min_tokens: int) -> list[int]:
     """Token lengths of each prompt (fails here, before any compute, on a bad prompt)."""
     tb = token_batch(view, ps, range(len(ps)), prepend_bos=settings.prepend_bos, truncate=settings.truncate,
                      min_tokens=min_tokens)
@@ -177,7 +178,7 @@ def _alignment(slots: list[list[int] | None], *length_sets: Sequence[int]) -> st
                "prompt's own end (-1 = its last token)"))
 
 
-def _check_logit_function_lengths(m: Any, lengths: Sequence[int], what: str) -> None:
+def _check_logit_function_lengths(m: Measure, lengths: Sequence[int], what: str) -> None:
     """A function of the logits gets a condition's prompts right-padded to one length, and cannot
     tell padding from tokens: with prompts of several lengths, ``logits[:, -1]`` (the usual metric)
     would read a pad of every shorter prompt. Refused instead of computed."""
@@ -189,7 +190,7 @@ def _check_logit_function_lengths(m: Any, lengths: Sequence[int], what: str) -> 
             "answer, wrong, pos=-1), which reads each prompt's own token at pos, or prompts of one token length")
 
 
-def _check_options(*, over: Any, level: Any, start_at_layer: Any, token_scope: Any) -> tuple[str, ...]:
+def _check_options(*, over: object, level: object, start_at_layer: object, token_scope: object) -> tuple[str, ...]:
     """The scalar options, checked before anything is converted or run."""
     ov = _over(over)
     validate.confidence_level("level", level)
@@ -204,8 +205,8 @@ SourceFn = Callable[[HookLayout, list[int], int, list[int], list[list[int] | Non
                     tuple[Sources, Tensor | None, str, str]]
 
 
-def _sweep(view: ModelView, ps: Any, hook: Any, over: Any, measure: Any, *, layers: Any, heads: Any, features: Any,
-           positions: Any, token_scope: str, level: float, settings: RunSettings, rows: int,
+def _sweep(view: ModelView, ps: PromptList, hook: object, over: tuple[str, ...], measure: object, *, layers: object,
+           heads: object, features: object, positions: object, token_scope: str, level: float, settings: RunSettings, rows: int,
            sources_for: SourceFn, kind: str, method: str, start_at_layer: bool) -> SweepResult:
     """Shared body: cells, conditions, one multi-condition run, the result (an SAE's latents:
     :func:`_feature_sweep`)."""
@@ -227,7 +228,7 @@ def _sweep(view: ModelView, ps: Any, hook: Any, over: Any, measure: Any, *, laye
     min_tokens = m.min_tokens(token_scope)
     lengths = _lengths(view, ps, settings, min_tokens)
     _check_logit_function_lengths(m, lengths, "the prompts")
-    if m.kind == "logit_difference":
+    if isinstance(m.source, LogitDifference):
         m.source.check(len(ps), lengths, view.d_vocab)
         if any(not isinstance(n, str) or not n.startswith("blocks.") for n, _ in settings.fwd_hooks):
             raise ThermoLensInputError(
@@ -300,7 +301,7 @@ def _undefined(values: Tensor, clean: Tensor | None, conditions: Sequence[Condit
 
 
 def _rows(view: ModelView, settings: RunSettings, given: RunSettings | Mapping[str, Any] | None,
-          run: Mapping[str, Any], auto: bool, prompts: Any) -> int:
+          run: Mapping[str, object], auto: bool, prompts: object) -> int:
     """Rows per forward pass: the given batch size (checked by ``settings``), else ``"auto"``
     (:func:`thermo_lens.experiments.sweeps.rows.rows_per_pass`: from the free device memory on CUDA,
     ``_DEFAULT_ROWS`` elsewhere)."""
@@ -320,7 +321,8 @@ def _auto(run: dict[str, Any]) -> bool:
     return False
 
 
-def _feature_sweep(view: ModelView, ps: Any, hook: Any, features: Any, measure: Any, *, positions: Any,
+def _feature_sweep(view: ModelView, ps: PromptList, hook: object, features: object, measure: object, *,
+                   positions: object,
                    token_scope: str, level: float, settings: RunSettings, rows: int, sources_for: SourceFn,
                    kind: str, method: str) -> SweepResult:
     """:func:`_sweep` over the latents of one SAE (``over="feature"``, :mod:`thermo_lens.experiments.sweeps.features`):
@@ -331,7 +333,7 @@ def _feature_sweep(view: ModelView, ps: Any, hook: Any, features: Any, measure: 
     min_tokens = m.min_tokens(token_scope)
     lengths = _lengths(view, ps, settings, min_tokens)
     _check_logit_function_lengths(m, lengths, "the prompts")
-    if m.kind == "logit_difference":
+    if isinstance(m.source, LogitDifference):
         m.source.check(len(ps), lengths, view.d_vocab)
     given = None if positions is None else _labels(positions)
     slots: list[list[int] | None] = [given]
@@ -457,7 +459,7 @@ def patch_sweep(
                 slots: list[list[int] | None]) -> tuple[Sources, Tensor | None, str, str]:
         cl = _lengths(view, cps, settings, min_tokens)
         _check_logit_function_lengths(m, cl, "the clean prompts")
-        if m.kind == "logit_difference":
+        if isinstance(m.source, LogitDifference):
             m.source.check(len(cps), cl, view.d_vocab)
         bad = [i for i, (a, b) in enumerate(zip(cl, lengths)) if a != b]
         every = any(sl is None for sl in slots)
@@ -649,7 +651,7 @@ def _means(acts: dict[int, list[Tensor]], layout: HookLayout, lays: list[int], s
     return out, coverage
 
 
-def _resample(view: ModelView, ps: Any, layout: HookLayout, lays: list[int], settings: RunSettings,
+def _resample(view: ModelView, ps: PromptList, layout: HookLayout, lays: list[int], settings: RunSettings,
               slots: list[list[int] | None], lengths: list[int], min_tokens: int, rows: int, token_scope: str,
               seed: int) -> tuple[Sources, None, str, str]:
     """Prompt ``p`` takes another prompt ``source[p]``'s activation at its aligned positions, drawn

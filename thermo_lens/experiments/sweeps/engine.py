@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -28,7 +28,8 @@ from thermo_lens.core import registry
 from thermo_lens.core.errors import ThermoLensError, ThermoLensInputError, ThermoLensNumericsError
 from thermo_lens.core.inputs import PromptList
 from thermo_lens.core.model import ModelView
-from thermo_lens.core.passes import Collected, Recorder
+from thermo_lens.core.passes import Collected, Recorder, Reduction
+from thermo_lens.core.passes.recorder import Reduce
 from thermo_lens.core.passes.capture import capture as capture_points
 from thermo_lens.core.passes.one_pass import Runner
 from thermo_lens.core.passes.stacked import StackedRows, run_stacked
@@ -67,7 +68,12 @@ def measure_definitions() -> dict[str, str]:
     return {pattern: r.definition for pattern, (_, r) in registry.readouts().items()} | _SWEEP_MEASURES
 
 
-def __getattr__(name: str) -> Any:
+if TYPE_CHECKING:
+    MEASURE_DEFINITIONS: dict[str, str]
+    GAIN_MEASURES: tuple[str, ...]
+
+
+def __getattr__(name: str) -> object:
     # The vocabulary these names held now comes from the registry's readouts (measure_definitions()).
     if name == "MEASURE_DEFINITIONS":
         return measure_definitions()
@@ -109,7 +115,7 @@ class HookLayout:
         return self.pos_dim != 1
 
 
-def hook_layout(hook: Any, over: tuple[str, ...]) -> HookLayout:
+def hook_layout(hook: object, over: tuple[str, ...]) -> HookLayout:
     """The layout of per-layer hook ``hook`` (``"attn.hook_z"``, ``"hook_pattern"``, ``"hook_resid_pre"``)."""
     if not isinstance(hook, str) or not hook:
         raise ThermoLensInputError(f"hook must be a per-layer hook name such as 'attn.hook_z' or 'hook_resid_pre', "
@@ -138,11 +144,11 @@ class Measure:
 
     label: str
     layer: int | None = None
-    fn: Callable[[Tensor], Tensor] | None = None
+    fn: Callable[[Tensor], object] | None = None  # (its values are checked: _call_measure)
     kind: str = "readout"
     head: int | None = None
     definition: str = ""
-    source: Any = None
+    source: registry.Probe | LogitDifference | str | None = None  # (str: the SAE hook of an sae_feature)
 
     @property
     def needs_logits(self) -> bool:
@@ -150,7 +156,7 @@ class Measure:
 
     @property
     def probe(self) -> registry.Probe | None:
-        return self.source if self.kind == "readout" else None
+        return self.source if isinstance(self.source, registry.Probe) else None
 
     @property
     def carried(self) -> str | None:
@@ -169,7 +175,7 @@ class Measure:
         if self.probe is not None:
             m = self.probe.measurement(token_scope)
             return self.probe.readout.scope or str(getattr(m.options, "token_scope", token_scope))
-        if self.kind == "logit_difference":
+        if isinstance(self.source, LogitDifference):
             return f"position {self.source.pos} of each prompt's real tokens"
         return "n/a" if self.kind == "logits" else token_scope
 
@@ -187,12 +193,12 @@ class Measure:
         return self.probe.readout.start_layer(self.probe, layer) if self.probe is not None else layer
 
     def reductions(self, token_scope: str, n_prompts: int = 1,
-                   keep: Callable[[tuple[str, int]], bool] | None = None) -> list[Any]:
+                   keep: Callable[[tuple[str, int]], bool] | None = None) -> list[Reduction]:
         """The in-pass reductions the measure reads (a readout's: only the entries it reads;
         ``keep``: fewer still; ``n_prompts``: the prompts whose copies a pass stacks)."""
-        if self.kind == "logit_difference":
+        if isinstance(self.source, LogitDifference):
             return [self.source.reduction(n_prompts)]
-        if self.kind == "sae_feature":
+        if isinstance(self.source, str):  # an sae_feature's hook
             return [feature_readout(self.source, int(self.head or 0), token_scope)]
         probe = self.probe
         if probe is None:
@@ -204,7 +210,7 @@ class Measure:
         return [_only(r, kept) for r in readout.reductions(probe.measurement(token_scope))]
 
 
-def parse_measure(measure: Any, n_layers: int, n_heads: int | None = None) -> Measure:
+def parse_measure(measure: object, n_layers: int, n_heads: int | None = None) -> Measure:
     """The :class:`Measure` named by ``measure`` (a readout of :func:`measure_definitions`), a
     LogitDifference, or a function of the logits."""
     if isinstance(measure, LogitDifference):
@@ -231,7 +237,7 @@ def parse_measure(measure: Any, n_layers: int, n_heads: int | None = None) -> Me
                    definition=probe.definition, source=probe)
 
 
-def _only(reduction: Any, keep: Callable[[tuple[str, int]], bool]) -> Any:
+def _only(reduction: Reduction, keep: Callable[[tuple[str, int]], bool]) -> Reduction:
     """``reduction`` registering only the hooks whose key ``(name, layer)`` passes ``keep`` (e.g. one
     block's), on a view of the recorder that shares its state (its instance dict): what the kept
     hooks record is the recorder's."""
@@ -239,7 +245,7 @@ def _only(reduction: Any, keep: Callable[[tuple[str, int]], bool]) -> Any:
         def __init__(self) -> None:  # no Recorder.__init__: the state is the recorder's (shared below)
             pass
 
-        def add(self, hook_name: str, key: tuple[str, int], fn: Any) -> None:
+        def add(self, hook_name: str, key: tuple[str, int], fn: Reduce) -> None:
             if keep(key):
                 super().add(hook_name, key, fn)
 
@@ -250,7 +256,7 @@ def _only(reduction: Any, keep: Callable[[tuple[str, int]], bool]) -> Any:
     return some
 
 
-def _one_layer(reduction: Any, layer: int | None) -> Any:
+def _one_layer(reduction: Reduction, layer: int | None) -> Reduction:
     """``reduction`` registering only block ``layer``'s hooks."""
     assert layer is not None
     return _only(reduction, lambda key: key[1] == layer)
@@ -494,7 +500,7 @@ def _from_layers(view: ModelView, ps: PromptList, layout: HookLayout, conditions
     return (values, got.provenance(), how), ""
 
 
-def _block_of(name: Any) -> int:
+def _block_of(name: object) -> int:
     """The block of a per-block hook name (start_support checked every user hook is one)."""
     m = BLOCK_HOOK.match(name) if isinstance(name, str) else None
     assert m is not None, name

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
 from torch import Tensor
@@ -43,7 +44,7 @@ class FeatureLayout(HookLayout):
     features: bool = True
 
 
-def _sae_wrapper(view: ModelView, sae_hook: str) -> Any:
+def _sae_wrapper(view: ModelView, sae_hook: str) -> Any:  # SAELens' wrapper of an attached SAE
     wrappers = attached.sae_wrappers(view.model)
     if sae_hook in wrappers:
         return wrappers[sae_hook]
@@ -54,7 +55,7 @@ def _sae_wrapper(view: ModelView, sae_hook: str) -> Any:
     raise ThermoLensInputError(f"no SAE is attached at {sae_hook!r} of {view.name}; its SAEs' latents: {have}")
 
 
-def feature_layout(view: ModelView, hook: Any) -> tuple[FeatureLayout, int, int]:
+def feature_layout(view: ModelView, hook: object) -> tuple[FeatureLayout, int, int]:
     """``(layout, layer, d_sae)`` of ``"<sae hook>.hook_sae_acts_post"`` (``layer``: the block in the hook's name)."""
     if not isinstance(hook, str) or not hook.endswith(_ACTS) or not _SAE_HOOK.match(hook):
         raise ThermoLensInputError(
@@ -68,19 +69,21 @@ def feature_layout(view: ModelView, hook: Any) -> tuple[FeatureLayout, int, int]
     return FeatureLayout(suffix=m.group(2)), int(m.group(1)), d_sae
 
 
-def feature_list(features: Any, d_sae: int) -> list[int]:
+def feature_list(features: object, d_sae: int) -> list[int]:
     """The swept features (indices ``0..d_sae-1``; required: a sweep over every latent of a wide SAE
     would run ``d_sae`` conditions)."""
     if features is None:
         raise ThermoLensInputError(
             f"over='feature' needs features=[...]: the latent indices to sweep (this SAE has d_sae={d_sae}); e.g. "
             "the top features of gain_attribution(model, prompts, sae_features=True).top_features()")
-    vals = [features] if isinstance(features, int) else list(features)
+    vals = [features] if isinstance(features, int) or not isinstance(features, Iterable) else list(features)
     if not vals:
         raise ThermoLensInputError("features= is empty; pass the latent indices to sweep")
+    out = []
     for f in vals:
-        if isinstance(f, bool) or not isinstance(f, int) and not (isinstance(f, Tensor) and f.numel() == 1):
+        if isinstance(f, bool) or not (isinstance(f, int) or isinstance(f, Tensor) and f.numel() == 1):
             raise ThermoLensInputError(f"features must be ints (latent indices), got {f!r}")
         if not 0 <= int(f) < d_sae:
             raise ThermoLensInputError(f"feature {int(f)} out of range 0..{d_sae - 1} (d_sae={d_sae})")
-    return [int(f) for f in vals]
+        out.append(int(f))
+    return out

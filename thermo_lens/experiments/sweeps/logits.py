@@ -30,7 +30,7 @@ import operator
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, SupportsIndex
 
 import torch
 from torch import Tensor
@@ -38,7 +38,7 @@ from torch import Tensor
 from thermo_lens.core import offload
 from thermo_lens.core.errors import ThermoLensInputError
 from thermo_lens.core.model import ModelView
-from thermo_lens.core.passes import Recorder
+from thermo_lens.core.passes import Recorder, Reduction
 from thermo_lens.core.tokens import TokenBatch
 
 if TYPE_CHECKING:
@@ -49,10 +49,9 @@ __all__ = ["LogitDifference", "head_readout"]
 Answer = int | str
 
 
-def _ids(name: str, value: Any) -> tuple[Answer, ...]:
+def _ids(name: str, value: object) -> tuple[Answer, ...]:
     """The answers as given: token ids (``int``) or strings, one or one per prompt."""
-    single = isinstance(value, str) or not isinstance(value, (Sequence, Tensor))
-    items = [value] if single else list(value)
+    items = [value] if isinstance(value, str) or not isinstance(value, (Sequence, Tensor)) else list(value)
     out: list[Answer] = []
     for v in items:
         if isinstance(v, str):
@@ -61,6 +60,8 @@ def _ids(name: str, value: Any) -> tuple[Answer, ...]:
             out.append(v)
             continue
         try:
+            if not isinstance(v, SupportsIndex):
+                raise TypeError
             i = operator.index(v)
         except (TypeError, ValueError):
             raise ThermoLensInputError(f"LogitDifference: {name} must be a token id, a one-token string, or one "
@@ -204,7 +205,7 @@ def _check_head(view: ModelView) -> HeadReadout | str | None:
         final = view.resid_hook_names[view.n_layers]
         seen: dict[str, Tensor] = {}
 
-        def keep(x: Tensor, hook: Any = None) -> None:
+        def keep(x: Tensor, hook: object = None) -> None:
             seen["x"] = x.detach().clone()
         logits = view.run(tokens, torch.ones_like(tokens, dtype=torch.bool), [(final, keep)], return_logits=True)
         assert logits is not None
@@ -320,7 +321,7 @@ class LogitDifference:
         at = logits[:, self.pos]
         return at.gather(1, a[:, None])[:, 0] - at.gather(1, b[:, None])[:, 0]
 
-    def reduction(self, n_prompts: int) -> Any:
+    def reduction(self, n_prompts: int) -> Reduction:
         """The in-pass reduction recording ``("logit_difference", 0)`` ``[batch]`` float64 at the final
         residual (batch rows are prompts ``row % n_prompts``: copies of the prompts, stacked). A
         NaN/inf difference marks the readout in ``rec.nonfinite`` (the pass is then refused,

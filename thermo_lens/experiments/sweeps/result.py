@@ -314,7 +314,7 @@ def build_result(*, per_prompt: Tensor, baseline: Tensor, clean: Tensor | None, 
                    _cell_dims(tuple(fields.get("over", ())), str(fields.get("head_kind", "head"))), ())
     summary, p, adj = test.summary, test.pvalue, test.pvalue_holm
 
-    def t(v: Any) -> Tensor:
+    def t(v: object) -> Tensor:
         return torch.as_tensor(np.broadcast_to(np.asarray(v, dtype=np.float64), cells).copy())
     empty = torch.zeros(0, dtype=torch.float64)
     notes = list(fields.pop("notes", ()))

@@ -17,7 +17,7 @@ row; the cells' values do not depend on the rows per pass (the batch plan stacks
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Protocol, TypeVar, runtime_checkable
 
 import torch
 
@@ -36,13 +36,30 @@ MAX_AUTO_ROWS = 8192
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def row_bytes(view: Any, width: int, logits: bool = True) -> int:
+@runtime_checkable
+class RowShape(Protocol):
+    """What the size of a row depends on: a :class:`~thermo_lens.core.model.ModelView` has it all."""
+
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
+    @property
+    def d_model(self) -> int: ...
+    @property
+    def n_heads(self) -> int: ...
+    @property
+    def d_vocab(self) -> int | None: ...
+    @property
+    def model(self) -> object: ...  # its ``cfg.d_mlp``, where it has one
+
+
+def row_bytes(view: RowShape, width: int, logits: bool = True) -> int:
     """An upper estimate of the activation bytes one row of ``width`` tokens holds at the peak of a
     forward pass: the residual stream and a block's temporaries (``16 d_model + 2 d_mlp`` values per
     token, in the compute dtype, at least 4 bytes each), the attention scores and pattern of one layer
     (``2 n_heads width`` per token, float32), and the float32 logits (``d_vocab`` per token) when the
-    pass runs to them. ``view``: a :class:`~thermo_lens.core.model.ModelView`, or anything with its
-    ``device``, ``dtype``, ``d_model``, ``n_heads``, ``d_vocab`` and ``model.cfg``."""
+    pass runs to them."""
     item = max(torch.finfo(view.dtype).bits // 8, 4) if view.dtype.is_floating_point else 4
     d_mlp = int(getattr(getattr(view.model, "cfg", None), "d_mlp", None) or 4 * view.d_model)
     per_token = item * (16 * view.d_model + 2 * d_mlp) + 4 * 2 * view.n_heads * width
@@ -51,7 +68,7 @@ def row_bytes(view: Any, width: int, logits: bool = True) -> int:
     return int(width) * per_token
 
 
-def rows_per_pass(view: Any, settings: RunSettings | None, run: dict[str, Any], width: int,
+def rows_per_pass(view: RowShape, settings: RunSettings | None, run: dict[str, Any], width: int,
                   logits: bool = True) -> tuple[int, dict[str, Any]]:
     """The rows per pass of a sweep and its run options without ``batch_size="auto"``.
 
@@ -74,14 +91,14 @@ def halving_on_oom(fn: _F, *, position: int | None = None, keyword: str | None =
     """``fn`` run again with half its rows per pass (the argument at ``position`` or ``keyword``)
     each time it raises ``torch.OutOfMemoryError``, down to one row (then the error stands)."""
     @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> Any:
+    def run(*args: object, **kwargs: object) -> object:
         args_ = list(args)
         while True:
             try:
                 return fn(*args_, **kwargs)
             except torch.OutOfMemoryError:
                 rows = kwargs[keyword] if keyword is not None and keyword in kwargs else args_[position]  # type: ignore[index]
-                if int(rows) <= 1:
+                if not isinstance(rows, (int, float)) or int(rows) <= 1:
                     raise
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()  # what the failed pass held goes back before the retry
@@ -92,7 +109,7 @@ def halving_on_oom(fn: _F, *, position: int | None = None, keyword: str | None =
     return run  # type: ignore[return-value]
 
 
-def check_rows(value: Any) -> None:
+def check_rows(value: object) -> None:
     """``batch_size`` of a sweep: ``"auto"`` or what :class:`~thermo_lens.core.settings.RunSettings`
     accepts (it checks the rest)."""
     if isinstance(value, str) and value != "auto":

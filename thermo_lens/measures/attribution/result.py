@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Unpack
 
@@ -30,6 +31,9 @@ from thermo_lens.core.tokens import TermScope, TokenScope
 from thermo_lens.core.validate import validates_own_inputs
 
 if TYPE_CHECKING:
+    import plotly.graph_objects as go
+    from transformer_lens import ActivationCache
+
     from thermo_lens.core.hosts.protocol import TransformerLensModel
     from thermo_lens.core.model import ModelView
 
@@ -279,7 +283,7 @@ class GainAttribution(PairedMixin, ProvenanceFields, Result):
         key = {"mean": -df["mean"], "damp": df["mean"], "abs": -df["mean"].abs()}[by]
         return df.assign(_key=key).sort_values("_key", kind="stable").drop(columns="_key").head(k).reset_index(drop=True)
 
-    def plot_features(self, k: int = 8, level: float = 0.95) -> Any:
+    def plot_features(self, k: int = 8, level: float = 0.95) -> go.Figure:
         """Per SAE, the ``k`` features that amplify and damp their block most, with ``level`` t-CIs
         (a plotly figure: :func:`thermo_lens.views.feature_chart`)."""
         import importlib
@@ -407,7 +411,7 @@ _TERM_SOURCES = {"head": "blocks.{l}.attn.hook_z and W_O", "mlp": "blocks.{l}.<M
                  "expert": "the experts' outputs and routing weights at block {l}"}
 
 
-def _check_finite(view: Any, head: Tensor, get: dict[str, Tensor], expert: Tensor | None) -> None:
+def _check_finite(view: ModelView, head: Tensor, get: dict[str, Tensor], expert: Tensor | None) -> None:
     """Refuses NaN/inf terms (``[prompt, layer, ...]``), naming the block, prompt and where the term is
     read: a NaN is never a number of the result, nor a closure that passes (``NaN > rtol`` is False)."""
     terms = {"head": head, **get, **({"expert": expert} if expert is not None else {})}
@@ -476,13 +480,15 @@ def _attribution_from_collected(collected: Collected, token_scope: str = "all_bu
                            splice=get["splice"], **feats)
 
 
-def attribution_from_collected(*args: Any, **kwargs: Any) -> GainAttribution:
+def attribution_from_collected(collected: Collected, token_scope: str = "all_but_first", *, sae_features: bool = False,
+                               sae_features_top_k: int | None = None) -> GainAttribution:
     """The same as :meth:`GainAttribution.from_collected` (deprecated name, kept for one release; silent:
     callers that treat every warning as an error keep working)."""
-    return GainAttribution.from_collected(*args, **kwargs)
+    return GainAttribution.from_collected(collected, token_scope, sae_features=sae_features,
+                                          sae_features_top_k=sae_features_top_k)
 
 
-def _check_top_k(k: Any) -> int | None:
+def _check_top_k(k: object) -> int | None:
     if k is None:
         return None
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or int(k) < 1:
@@ -526,7 +532,7 @@ def _feature_fields(collected: Collected, scale: Tensor, rtol: float, top_k: int
             "sae_features_top_k": top_k}
 
 
-def _check_flag(v: Any) -> bool:
+def _check_flag(v: object) -> bool:
     if not isinstance(v, (bool, np.bool_)):
         raise ThermoLensInputError(f"sae_features must be True or False, got {v!r}")
     return bool(v)
@@ -554,7 +560,7 @@ class AttributionReadout(Readout):
                                        f"'attribution_total:{where}' or 'attribution_head:{where}.{head}'")
         return super().parse(text, n_layers, n_heads)
 
-    def values(self, collected: Any, probe: Probe, m: Measurement, row_name: Any) -> Tensor:
+    def values(self, collected: Collected, probe: Probe, m: Measurement, row_name: Callable[[int], str]) -> Tensor:
         closure, scale = collected.stack("attr_closure")[0], collected.stack("attr_scale")[0]
         rel = closure / scale.clamp_min(torch.finfo(torch.float32).tiny)
         rtol = _CLOSURE_RTOL if collected.view.dtype in (torch.float32, torch.float64) else _CLOSURE_RTOL_HALF
@@ -598,7 +604,7 @@ class Attribution(Measurement[AttributionOptions]):
     )
 
     @classmethod
-    def applies(cls, view: Any) -> str | None:
+    def applies(cls, view: ModelView) -> str | None:
         return _not_splittable(view)
 
     def reductions(self) -> list[Any]:
@@ -621,7 +627,7 @@ def gain_attribution(
     sae_features: bool = False,
     sae_features_top_k: int | None = None,
     settings: RunSettings | None = None,
-    cache: Any = None,
+    cache: ActivationCache | Mapping[str, Tensor] | None = None,
     **run: Unpack[RunOptions],
 ) -> GainAttribution:
     """Exact per-head attribution of each block's squared-norm change, in one forward pass.

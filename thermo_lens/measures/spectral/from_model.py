@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import numpy as np
 import torch
@@ -12,6 +13,7 @@ from thermo_lens.core import offload
 from thermo_lens.core.errors import ThermoLensInputError
 from thermo_lens.core.model import ModelView, as_view
 from thermo_lens.core.registry import metrics
+from thermo_lens.core.validate import validates_own_inputs
 from thermo_lens.measures.spectral.cache import _CACHE, _CACHE_LOCK, _CACHE_SIZE, _weights_fingerprint
 from thermo_lens.measures.spectral.from_weights import _check_dtype, compute_signature
 from thermo_lens.measures.spectral.kernels import _check_method
@@ -20,16 +22,29 @@ from thermo_lens.measures.spectral.signature import SpectralSignature
 if TYPE_CHECKING:
     from thermo_lens.core.hosts.protocol import TransformerLensModel
 
-__all__ = ["spectral_signature", "signature_from_collected"]
+__all__ = ["spectral_signature", "signature_from_collected", "SpectralOptions"]
 
 
+class SpectralOptions(TypedDict, total=False):
+    """The keyword options of :func:`spectral_signature` (for :func:`signature_from_collected`)."""
+
+    dtype: torch.dtype | str
+    layer_norms: bool
+    layer_norm_method: str
+    device: torch.device | str | None
+    cache: bool
+    layers: int | Sequence[int] | None
+    heads: int | Sequence[int] | None
+
+
+@validates_own_inputs
 def spectral_signature(
     model: TransformerLensModel | ModelView,
     *,
     dtype: torch.dtype | str = torch.float32,
-    layer_norms: Any = True,
+    layer_norms: bool = True,
     layer_norm_method: str = "auto",
-    device: Any = None,
+    device: torch.device | str | None = None,
     cache: bool = True,
     layers: int | Sequence[int] | None = None,
     heads: int | Sequence[int] | None = None,
@@ -127,15 +142,15 @@ def spectral_signature(
     return sig
 
 
-def _select_indices(sel: Any, n: int, what: str) -> list[int]:
+def _select_indices(sel: object, n: int, what: str) -> list[int]:
     """``sel`` (None, an int or a list; negative from the end) as sorted unique indices in 0..n-1."""
     if sel is None:
         return list(range(n))
-    items = [sel] if isinstance(sel, (int, np.integer)) else list(sel)
+    items = [sel] if isinstance(sel, (int, np.integer)) or not isinstance(sel, Iterable) else list(sel)
     bad = [i for i in items if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not -n <= int(i) < n]
     if bad or not items:
         raise ThermoLensInputError(f"{what}(s) {bad or items} out of range: 0..{n - 1} (negative from the end)")
-    return sorted({int(i) % n for i in items})
+    return sorted({int(i) % n for i in items if isinstance(i, (int, np.integer))})  # (every one, after the check)
 
 
 def _scatter(sig: SpectralSignature, layers: list[int], heads: list[int], view: ModelView) -> SpectralSignature:
@@ -166,7 +181,7 @@ def _scatter(sig: SpectralSignature, layers: list[int], heads: list[int], view: 
     return dataclasses.replace(sig, **out)
 
 
-def signature_from_collected(collected: Any, **kwargs: Any) -> SpectralSignature:
+def signature_from_collected(collected: object, **kwargs: Unpack[SpectralOptions]) -> SpectralSignature:
     """Spectral signature of the model behind a :class:`~thermo_lens.hooks.Collected`.
 
     The signature depends on weights only, so a one-pass ``profile()`` gets it without adding

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from thermo_lens.core.errors import ThermoLensInputError, ThermoLensNumericsError
 from thermo_lens.core.registry import metrics
+from thermo_lens.core.validate import validates_own_inputs
 from thermo_lens.measures.spectral.heads import HeadWeights
 from thermo_lens.measures.spectral.kernels import LayerNormMethod, _check_method
 from thermo_lens.measures.spectral.kernels import resolve_method
@@ -34,10 +35,10 @@ _GRAM_ELEMENTS_DEVICE = 1 << 26
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-def _check_dtype(dtype: Any) -> torch.dtype:
+def _check_dtype(dtype: object) -> torch.dtype:
     if isinstance(dtype, str) and dtype.replace("torch.", "") in _DTYPES:
         return _DTYPES[dtype.replace("torch.", "")]
-    if dtype in (torch.float32, torch.float64):
+    if isinstance(dtype, torch.dtype) and dtype in (torch.float32, torch.float64):
         return dtype
     raise ThermoLensInputError(
         f"dtype must be torch.float32 or torch.float64 (norms are always reduced in full "
@@ -45,7 +46,7 @@ def _check_dtype(dtype: Any) -> torch.dtype:
     )
 
 
-def _check_shapes(W_V: Any, W_O: Any, kv_head_of: Any) -> Tensor:
+def _check_shapes(W_V: object, W_O: object, kv_head_of: object) -> Tensor:
     for name, w, dims in (("W_V", W_V, "[layer, kv_head, d_model, d_head]"),
                           ("W_O", W_O, "[layer, head, d_head, d_model]")):
         if not isinstance(w, Tensor):
@@ -57,6 +58,7 @@ def _check_shapes(W_V: Any, W_O: Any, kv_head_of: Any) -> Tensor:
             )
         if not w.is_floating_point():
             raise ThermoLensInputError(f"{name} must be floating point, got {w.dtype}")
+    assert isinstance(W_V, Tensor) and isinstance(W_O, Tensor)  # (checked just above)
     L, K, d_model, d_head = W_V.shape
     if W_O.shape[0] != L or W_O.shape[2] != d_head or W_O.shape[3] != d_model:
         raise ThermoLensInputError(
@@ -108,14 +110,15 @@ def _check_finite(W: Tensor, name: str, first_layer: int = 0) -> None:
         )
 
 
+@validates_own_inputs
 def signature_from_weights(
-    W_V: Any,
-    W_O: Any,
-    kv_head_of: Any = None,
+    W_V: Tensor,
+    W_O: Tensor,
+    kv_head_of: Tensor | Sequence[int] | None = None,
     *,
-    W_Q: Any = None,
-    W_K: Any = None,
-    dtype: Any = torch.float32,
+    W_Q: Tensor | None = None,
+    W_K: Tensor | None = None,
+    dtype: torch.dtype | str = torch.float32,
     layer_norms: bool = True,
     layer_norm_method: str = "auto",
     weights: str = "unknown",
@@ -273,7 +276,7 @@ def compute_signature(
     )
 
 
-def _check_qk(W_Q: Any, W_K: Any, q_shape: tuple[int, ...], k_shape: tuple[int, ...]) -> None:
+def _check_qk(W_Q: object, W_K: object, q_shape: tuple[int, ...], k_shape: tuple[int, ...]) -> None:
     if (W_Q is None) != (W_K is None):
         raise ThermoLensInputError("pass both W_Q and W_K (the QK metrics need the two), or neither")
     for name, w, shape, dims in (("W_Q", W_Q, q_shape, "[layer, head, d_model, d_head]"),

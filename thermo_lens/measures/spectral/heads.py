@@ -10,7 +10,7 @@ glossary and the definitions page then carry it. Definitions: ``thermo_lens.defi
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from jaxtyping import Float
@@ -19,6 +19,8 @@ from torch import Tensor
 from thermo_lens.core.errors import ThermoLensInputError
 from thermo_lens.core.registry import Metric, register_head_metric
 from thermo_lens.measures.spectral.kernels import _sigma_max_of_product, gram_matrices, gram_root, top_eigenvalue
+
+_T = TypeVar("_T")
 
 __all__ = ["HeadWeights"]
 
@@ -103,7 +105,7 @@ class HeadWeights:
     def has(self, names: tuple[str, ...]) -> bool:
         return all(self._stored.get(n) is not None for n in names)
 
-    def _cached(self, key: str, fn: Any) -> Any:
+    def _cached(self, key: str, fn: Callable[[], _T]) -> _T:
         if key not in self._cache:
             self._cache[key] = fn()
         return self._cache[key]

@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Literal, cast
+from typing import Any, Callable, Iterable, Literal
 
 import torch
 from jaxtyping import Float
@@ -392,10 +392,10 @@ def resolve_method(method: str) -> str:
     return "lanczos" if method == "auto" else method
 
 
-def _check_method(method: Any) -> LayerNormMethod:
+def _check_method(method: object) -> LayerNormMethod:
     """``method``, checked (a specific error instead of a type checker's for a public argument)."""
     if method not in ("auto", "svd", "gram", "lanczos"):
         raise ThermoLensInputError(
             f"layer_norm_method must be 'auto', 'svd', 'gram' or 'lanczos', got {method!r}"
         )
-    return cast(LayerNormMethod, method)
+    return method
