@@ -227,19 +227,47 @@ def scope_ratio(
     return r.sum(-1) / mask.sum(-1)
 
 
-def _scope_norms(norms: Tensor, lengths: Tensor, token_scope: str) -> Tensor:
-    """The scope-reduced norm of each state: ``[*state, prompt]`` (float64)."""
-    n = norms.double()
-    mask = torch.arange(n.shape[-1])[None, :] < lengths[:, None]
-    if token_scope == "last":
-        idx = (lengths - 1).clamp_min(0).expand(*n.shape[:-1]).unsqueeze(-1)
-        return n.gather(-1, idx).squeeze(-1)
-    if token_scope == "frobenius":
-        return torch.where(mask, n * n, 0.0).sum(-1).sqrt()
-    if token_scope == "all_but_first":
-        mask = mask.clone()
-        mask[:, 0] = False
-    return torch.where(mask, n, 0.0).sum(-1) / mask.sum(-1)
+class _ScopeReducer:
+    """Every scope-reduced quantity of a pass's residual norms, batch by batch, with the few ops the
+    batches share made once per pass: per batch, the block gains ``g(l -> l+1)`` and the total
+    amplification ``g(0 -> L)`` as one ratio of the states' rows, and the scope-reduced norm of every
+    state (:attr:`GainResult.norms`, ``norms_in``). The numbers of :func:`scope_ratio` element by
+    element (the same float64 operations on the same norms, in the same order)."""
+
+    def __init__(self, token_scope: str, L: int, width: int, has_in: bool) -> None:
+        self.scope, self.L, self.has_in = token_scope, L, has_in
+        # rows of the states [x_0 .. x_L (, the blocks' inputs)]: the numerators x_1..x_L, x_L and the
+        # denominators (x_0..x_{L-1} or the blocks' inputs), x_0 of the block gains and the total
+        first_in = L + 1 if has_in else 0
+        self.num = torch.tensor([*range(1, L + 1), L])
+        self.den = torch.tensor([*range(first_in, first_in + L), 0])
+        # position p is in the scope iff pos[p] < the prompt's length (position 0 never, all_but_first)
+        pos = torch.arange(width)
+        if token_scope == "all_but_first":
+            pos[0] = torch.iinfo(pos.dtype).max
+        self.pos = pos[None, :]
+        self.zero = torch.zeros((), dtype=torch.float64)
+
+    def __call__(self, norms: Tensor, norms_in: Tensor | None, lengths: Tensor) -> Tensor:
+        """``[prompt, 2L + 1 (+ L)]`` float64 from one batch's ``[L+1, prompt, pos]`` norms (and the blocks'
+        ``[L, prompt, pos]`` input norms): the block gains ``[:, :L]``, the total amplification
+        ``[:, L]``, the state norms ``[:, L+1 : 2L+2]`` (and the input norms after them)."""
+        n = norms.double() if norms_in is None else torch.cat([norms, norms_in]).double()
+        if self.scope == "last":
+            idx = (lengths - 1).clamp_min(0).expand(*n.shape[:-1]).unsqueeze(-1)
+            state = n.gather(-1, idx).squeeze(-1)  # [state, prompt]
+            ratio = state.index_select(0, self.num) / state.index_select(0, self.den)
+        else:
+            mask = self.pos[:, :n.shape[-1]] < lengths[:, None]  # [prompt, pos]
+            if self.scope == "frobenius":
+                state = torch.where(mask, n * n, self.zero).sum(-1).sqrt()
+                ratio = state.index_select(0, self.num) / state.index_select(0, self.den)
+            else:  # the mean of the per-token ratios; the mean per-token norm
+                count = mask.sum(-1)
+                ratio = torch.where(mask, n.index_select(0, self.num) / n.index_select(0, self.den), self.zero)
+                ratio = ratio.sum(-1) / count
+                state = torch.where(mask, n, self.zero).sum(-1) / count
+        return torch.cat([ratio, state]).T
 
 
 def regime_from_summary(summary: SummaryStats, null: float = 1.0) -> str:
@@ -567,15 +595,13 @@ def _gain_from_collected(
     # Block l reads blocks.{l}.hook_resid_pre: the same tensor as x_l unless a user hook changed it
     # there (a patch); the block's gain is measured against what it actually read.
     has_in = "block_in_norm" in collected.recorder.names
-    in_parts = list(collected.batches("block_in_norm")) if has_in else [(n[:-1], ln) for n, ln in parts]
-    block = collected.in_caller_order(torch.cat(  # [prompt, L]
-        [scope_ratio(ni, n[1:], ln, token_scope).T for (n, ln), (ni, _) in zip(parts, in_parts)])).contiguous()
-    total = collected.in_caller_order(torch.cat(  # [prompt]
-        [scope_ratio(n[0], n[L], ln, token_scope) for n, ln in parts]))
-    state_norms = collected.in_caller_order(torch.cat(  # [prompt, L+1]
-        [_scope_norms(n, ln, token_scope).T for n, ln in parts])).contiguous()
-    in_norms = collected.in_caller_order(torch.cat(  # [prompt, L]
-        [_scope_norms(ni, ln, token_scope).T for ni, ln in in_parts])).contiguous()
+    in_parts = list(collected.batches("block_in_norm")) if has_in else [(None, ln) for _, ln in parts]
+    reduce = _ScopeReducer(token_scope, L, max(n.shape[-1] for n, _ in parts), has_in)
+    # [prompt, 2L + 1 (+ L)]: block gains, total, state norms (, input norms), in the caller's order
+    every = collected.in_caller_order(torch.cat([reduce(n, ni, ln) for (n, ln), (ni, _) in zip(parts, in_parts)]))
+    block, total = every[:, :L].contiguous(), every[:, L]
+    state_norms = every[:, L + 1:2 * L + 2]
+    in_norms = every[:, 2 * L + 2:] if has_in else state_norms[:, :L]
     if not (bool(torch.isfinite(block).all()) and bool(torch.isfinite(total).all())):
         _check_finite(block, total, collected.stack("resid_norm"), lengths, token_scope, view)
 

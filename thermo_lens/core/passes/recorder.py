@@ -200,17 +200,26 @@ class Recorder:
         return parts
 
     def fwd_hooks(self) -> list[tuple[str, Callable]]:
-        """``(hook_name, hook_fn)`` pairs for ``run_with_hooks``; the hooks return None."""
-        hooks = []
+        """``(hook_name, hook_fn)`` pairs for ``run_with_hooks``, one per hook point: its hook runs every
+        reduction registered there, in the order they were added, and returns None. (One hook, not one
+        per reduction: a host may convert the activation for each hook it calls, e.g. the bridge's
+        ``attn.hook_z`` view to ``[batch, pos, head, d_head]``, an op per hook and batch.)"""
+        points: dict[str, list[tuple[tuple[str, int], Reduce]]] = {}
         for hook_name, key, fn in self._reductions:
-            def hook(act: Tensor, hook: Any = None, *, _key=key, _fn=fn, _name=hook_name) -> None:
-                if self._batch is None:
+            points.setdefault(hook_name, []).append((key, fn))
+        hooks = []
+        for hook_name, fns in points.items():
+            def hook(act: Tensor, hook: object = None, *, _fns: list[tuple[tuple[str, int], Reduce]] = fns) -> None:
+                batch = self._batch
+                if batch is None:
                     raise RuntimeError("Recorder hook fired outside Recorder.batch(...)")
-                self._fired.add(_key)
                 # (under inference_mode, the pass's default, an activation has no graph to detach from)
-                out = _fn(act.detach() if act.requires_grad else act, self._batch)
-                if out is not None:  # None: a reduction that only keeps transient state
-                    self._record(_key, out)
+                x = act.detach() if act.requires_grad else act
+                for key, fn in _fns:
+                    self._fired.add(key)
+                    out = fn(x, batch)
+                    if out is not None:  # None: a reduction that only keeps transient state
+                        self._record(key, out)
             hooks.append((hook_name, hook))
         return hooks
 
