@@ -118,7 +118,8 @@ class Slabs:
             self._slabs.append(torch.empty(self.SIZE, dtype=torch.uint8))
             self._cur = len(self._slabs) - 1
             off = 0
-        flat = t.detach().reshape(-1)
+        flat = t.detach() if t.requires_grad else t  # (a recorded result has no graph: no op then)
+        flat = flat if flat.ndim == 1 else flat.reshape(-1)  # (a batch's results arrive flat)
         if flat.stride(0) != 1:  # (a strided view, or one element of a strided view)
             flat = flat.clone(memory_format=torch.contiguous_format)
         self._slabs[self._cur][off:off + nbytes].copy_(flat.view(torch.uint8))

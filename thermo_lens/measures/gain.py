@@ -270,6 +270,19 @@ class _ScopeReducer:
         return torch.cat([ratio, state]).T
 
 
+def _joined(parts: list[tuple[Tensor, Tensor]], in_parts: list[tuple[Tensor | None, Tensor]],
+            group: Any) -> tuple[Tensor, Tensor | None, Tensor]:
+    """The batches ``group`` of one width, joined along the prompt dimension: norms, input norms, lengths."""
+    group = list(group)
+    if len(group) == 1:
+        (n, ln), (ni, _) = parts[group[0]], in_parts[group[0]]
+        return n, ni, ln
+    ni_parts = [in_parts[i][0] for i in group]
+    return (torch.cat([parts[i][0] for i in group], dim=1),
+            None if ni_parts[0] is None else torch.cat([t for t in ni_parts if t is not None], dim=1),
+            torch.cat([parts[i][1] for i in group]))
+
+
 def regime_from_summary(summary: SummaryStats, null: float = 1.0) -> str:
     """``"expander"`` (CI above ``null``), ``"dampener"`` (below), ``"neutral"`` (contains it),
     ``"undetermined"`` (no CI: fewer than 2 prompts, or NaN values). ``thermo_lens.definitions`` §1."""
@@ -597,8 +610,22 @@ def _gain_from_collected(
     has_in = "block_in_norm" in collected.recorder.names
     in_parts = list(collected.batches("block_in_norm")) if has_in else [(None, ln) for _, ln in parts]
     reduce = _ScopeReducer(token_scope, L, max(n.shape[-1] for n, _ in parts), has_in)
-    # [prompt, 2L + 1 (+ L)]: block gains, total, state norms (, input norms), in the caller's order
-    every = collected.in_caller_order(torch.cat([reduce(n, ni, ln) for (n, ln), (ni, _) in zip(parts, in_parts)]))
+    # [prompt, 2L + 1 (+ L)]: block gains, total, state norms (, input norms), in the caller's order. The
+    # batches of one width are reduced together (nothing padded beyond its own batch's width), each
+    # prompt's row by the same element-wise float64 ops as alone.
+    widths: dict[int, list[int]] = {}
+    for i, (n, _) in enumerate(parts):
+        widths.setdefault(int(n.shape[-1]), []).append(i)
+    if len(widths) == 1:
+        every = reduce(*_joined(parts, in_parts, range(len(parts))))
+    else:
+        starts = np.cumsum([0] + [int(n.shape[1]) for n, _ in parts])
+        pieces = [(torch.as_tensor(np.concatenate([np.arange(starts[i], starts[i + 1]) for i in group])),
+                   reduce(*_joined(parts, in_parts, group))) for group in widths.values()]
+        every = torch.empty(int(starts[-1]), pieces[0][1].shape[1], dtype=torch.float64)
+        for rows, got in pieces:
+            every.index_copy_(0, rows, got)
+    every = collected.in_caller_order(every)
     block, total = every[:, :L].contiguous(), every[:, L]
     state_norms = every[:, L + 1:2 * L + 2]
     in_norms = every[:, 2 * L + 2:] if has_in else state_norms[:, :L]

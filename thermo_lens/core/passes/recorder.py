@@ -53,7 +53,7 @@ class Recorder:
         self._waiting: list[_Waiting] = []
         # Finiteness checks of the current batch (:meth:`expect_finite`), and of the batches ended:
         # device counts read once, when the pass ends, never inside a hook or between batches.
-        self._checks: list[tuple[str, Tensor, int]] = []
+        self._checks: list[tuple[list[str], Tensor, int]] = []  # (hook names, their counts [name], expected)
         self._check_batches: list[tuple[TokenBatch, list[str], list[int], Tensor]] = []
         self.nonfinite: list[str] = []  # hook names where a real token had NaN/inf (set by finish())
         self.nonfinite_batch: TokenBatch | None = None  # the first batch with one
@@ -106,15 +106,15 @@ class Recorder:
         stays on the device until :meth:`finish` (no host sync inside the hook)."""
         if self._batch is None:
             raise RuntimeError("Recorder.expect_finite used outside Recorder.batch(...)")
-        self._checks.append((hook_name, torch.isfinite(values).sum(), n_real))
+        self._checks.append(([hook_name], torch.isfinite(values).sum().reshape(1), n_real))
 
     def expect_finite_rows(self, hook_names: Sequence[str], values: Tensor, n_real: int) -> None:
         """:meth:`expect_finite` of ``values[i]`` at ``hook_names[i]`` for every row, counted with one
         op for all rows (e.g. a reduction's per-layer results finished together)."""
         if self._batch is None:
             raise RuntimeError("Recorder.expect_finite_rows used outside Recorder.batch(...)")
-        counts = torch.isfinite(values).reshape(values.shape[0], -1).sum(1).unbind()
-        self._checks += [(name, c, n_real) for name, c in zip(hook_names, counts)]
+        # one count per row, kept as the vector (no op per row)
+        self._checks.append((list(hook_names), torch.isfinite(values).reshape(values.shape[0], -1).sum(1), n_real))
 
     def _flush(self) -> None:
         """End the batch: its pending results, in the order they were recorded, are concatenated per
@@ -125,8 +125,9 @@ class Recorder:
         checks, self._checks = self._checks, []
         if checks:
             assert self._batch is not None
-            self._check_batches.append((self._batch, [c[0] for c in checks], [c[2] for c in checks],
-                                        torch.stack([c[1] for c in checks])))
+            self._check_batches.append((self._batch, [name for c in checks for name in c[0]],
+                                        [c[2] for c in checks for _ in c[0]],
+                                        torch.cat([c[1] for c in checks]) if len(checks) > 1 else checks[0][1]))
         if not pending:
             return
         groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
@@ -225,7 +226,7 @@ class Recorder:
 
     def mask(self, device: torch.device) -> Tensor:
         """The current batch's ``[batch, pos]`` real-token mask on ``device`` (cached per batch)."""
-        return self.per_batch(("mask", str(device)), lambda batch: to_device(batch.mask, device))
+        return self.per_batch(("mask", str(device)), lambda batch: _on(batch.mask, device))
 
     def pad_mask(self, device: torch.device) -> Tensor:
         """The current batch's ``[batch, pos]`` padding mask (``~mask``) on ``device`` (cached per batch)."""
@@ -243,7 +244,7 @@ class Recorder:
         float64 (at least 1). Built on the host from the lengths, moved once per batch."""
         def build(batch: TokenBatch) -> tuple[Tensor, Tensor, Tensor]:
             parts = scope_rows(batch.host_lengths, int(batch.tokens.shape[1]), token_scope)
-            return tuple(to_device(t, device) for t in parts)  # type: ignore[return-value]
+            return tuple(_on(t, device) for t in parts)  # type: ignore[return-value]
         return self.per_batch(("scope_rows", token_scope, str(device)), build)
 
     def per_batch(self, key: Any, build: Callable[[TokenBatch], Any]) -> Any:
@@ -309,6 +310,11 @@ class Recorder:
                 pad += [0, shape[d - dim - 1] - p.shape[d]]
             padded.append(torch.nn.functional.pad(p, pad, value=float("nan")) if any(pad) else p)
         return torch.cat(padded, dim=dim)
+
+
+def _on(t: Tensor, device: torch.device) -> Tensor:
+    """``t`` on ``device`` (:func:`to_device`; ``t`` itself, no op dispatched, where it is already there)."""
+    return t if t.device == torch.device(device) else to_device(t, device)
 
 
 class _BatchContext:

@@ -131,6 +131,22 @@ def _owned_dot(a: Tensor, b: Tensor) -> Tensor:
     return a.mul_(b).sum(-1)
 
 
+class _Scratch:
+    """A batch's buffers for the products every block makes and drops (the same ``n`` scoped rows in
+    each block): ``u = v_a W_O^T`` ``[n, head * d_head]`` (and its ``[n, head, d_head]`` view), and the pair
+    ``[2, n, d_model]`` of a pre-LN block's MLP output rows and ``x_out - x_in``, whose dot products with
+    ``s = x_out + x_in`` (the MLP and total terms) are taken with one product and one sum. Made once per
+    batch: one allocation and no view op per block; each block's products are written over the last's
+    (the block's terms are taken before the next block's hooks run)."""
+
+    def __init__(self, like: Tensor, n_heads: int, d_head: int) -> None:
+        n, d = like.shape
+        self.u = like.new_empty(n, n_heads * d_head)
+        self.u_heads = self.u.view(n, n_heads, d_head)
+        self.pair = like.new_empty(2, n, d)
+        self.mlp_rows, self.diff = self.pair.unbind(0)
+
+
 @dataclass
 class _BlockPlan:
     """What block ``layer``'s reduction reads (``reads``: ``(hook name, key)``) and its constants."""
@@ -247,8 +263,8 @@ _PARTS = ("mlp", "bias", "norm", "sae", "sae_error", "splice", "total", "norm_ou
 
 
 def _block_parts(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_out: Tensor | None = None,
-                 row_norms: Any = None, features: Any = None, zero: Tensor | None = None
-                 ) -> tuple[Tensor, list[Tensor], Tensor | None]:
+                 row_norms: Any = None, features: Any = None, zero: Tensor | None = None,
+                 scratch: _Scratch | None = None) -> tuple[Tensor, list[Tensor], Tensor | None]:
     """The per-token terms of one block from its scoped activations (``take(key)`` -> ``[n, ...]``
     float32): the heads' ``[n, head]``, the parts of :data:`_PARTS` (``[n]`` each: mlp, bias, norm, sae,
     sae_error, splice, total, and the rows' norms ``||x_out||``, ``||x_in||``, which :func:`_close`
@@ -265,7 +281,12 @@ def _block_parts(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_
     layout: BlockLayout = view.layout
     H, dh, dev = view.n_heads, view.d_head, x_out.device
     plan = plan.on(dev)
-    x_in, z, mlp_out = take("x_in"), take("z"), take("mlp_out")
+    # A pre-LN block (no norm between a sublayer and the stream, multiplier 1: every adjoint is s): the MLP
+    # rows and x_out - x_in are taken into the batch's pair buffer, their two dot products with s taken at once.
+    pair = scratch is not None and not layout.stream_norms and layout.attn_norm is None and \
+        layout.mlp_norm is None and float(layout.multiplier) == 1.0
+    x_in, z = take("x_in"), take("z")
+    mlp_out = take("mlp_out", out=scratch.mlp_rows) if pair else take("mlp_out")
     s = x_out + x_in  # [n, d_model]
     b_out = plan.b_out
     r = {m: 1.0 / take("scale:" + m).clamp_min(torch.finfo(torch.float32).tiny) for m in plan.norms}
@@ -299,13 +320,21 @@ def _block_parts(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_
     # products below run in place on tensors this function owns (the product, the differences, the
     # scoped rows take() copied): the numbers of torch.linalg.vecdot ((a * b).sum(-1)), without an
     # [n, d_model] temporary each.
-    u = v_a @ plan.W_OT
+    u = v_a @ plan.W_OT if scratch is None else torch.mm(v_a, plan.W_OT, out=scratch.u)
+    u_heads = u.view(-1, H, dh) if scratch is None else scratch.u_heads
     # (in u's storage unless an SAE at hook_z reads u below)
     head_dot = _vec_dot if any(site.where == "z" for site in plan.sites) else _owned_dot
-    head = head_dot(u.view(-1, H, dh), z if z.ndim == 3 else z.view(-1, H, dh))  # [n, head]
+    head = head_dot(u_heads, z if z.ndim == 3 else z.view(-1, H, dh))  # [n, head]
     # The output bias is subtracted where there is one (an all-zero bias leaves mlp_out as it is).
     # mlp_out is this function's own copy (take() copies the scoped rows): changed in place.
-    mlp = _owned_dot(mlp_out.sub_(b_out) if plan.has_b_out else mlp_out, v_m)
+    if plan.has_b_out:
+        mlp_out.sub_(b_out)
+    if pair:  # v_m is s: <mlp_out, s> and <x_out - x_in, s> (= ||x_out||^2 - ||x_in||^2) with one product
+        assert scratch is not None
+        torch.sub(x_out, x_in, out=scratch.diff)
+        mlp, total = scratch.pair.mul_(s).sum(-1).unbind(0)
+    else:
+        mlp = _owned_dot(mlp_out, v_m)
     if v_a is v_m:  # pre-LN, no norm after the sublayers, multiplier 1: one product for both biases
         if plan.has_b_O or plan.has_b_out:
             product = v_a @ plan.b_sum
@@ -319,13 +348,14 @@ def _block_parts(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_
     # without such hooks: x_out and y_out are then the same tensor, and a pass without foreign hooks
     # does not read y_out at all)
     splice = _owned_dot(x_out - y_out, s) if y_out is not None else zero
-    total = _owned_dot(x_out - x_in, s)  # = ||x_out||^2 - ||x_in||^2 without cancellation
+    if not pair:
+        total = _owned_dot(x_out - x_in, s)  # = ||x_out||^2 - ||x_in||^2 without cancellation
     norms = row_norms or _row_norms
     experts = _expert_terms(take, plan.experts, layout.moe.n_experts, v_m) if layout.moe is not None else None
     return head, [mlp, bias, norm, sae, sae_err, splice, total, norms(x_out), norms(x_in)], experts
 
 
-def _close(head: Tensor, parts: Sequence[Tensor]) -> list[Tensor]:
+def _close(head: Tensor, parts: Sequence[Tensor], absent: frozenset[int] = frozenset()) -> list[Tensor]:
     """The columns of :data:`TERM_COLUMNS` from :func:`_block_parts`' heads ``[..., n, head]`` and parts
     (``[..., n]`` each; a batch's blocks stacked on the leading dimension): the scale
     ``||x_out||^2 + ||x_in||^2`` (the size the closure is compared with) and the per-token
@@ -334,8 +364,9 @@ def _close(head: Tensor, parts: Sequence[Tensor]) -> list[Tensor]:
     mlp, bias, norm, sae, sae_err, splice, total, norm_out, norm_in = parts
     scale = norm_out.square() + norm_in.square()
     closure = total - head.sum(-1) - mlp
-    for part in (bias, norm, sae, splice):
-        closure = closure - part
+    for k, part in ((1, bias), (2, norm), (3, sae), (5, splice)):
+        if k not in absent:  # (``absent``: indices into _PARTS of components exactly 0 in every row)
+            closure = closure - part
     return [mlp, bias, norm, sae, sae_err, splice, scale, closure.abs(), total]
 
 
@@ -422,12 +453,18 @@ def attribution_terms(token_scope: str = "all_but_first", sae_features: bool = F
                 # batch); so are the zeros of the absent components.
                 shared: dict[Any, Any] = rec.per_batch(("attr_shared", str(dev)), lambda batch: {})
 
-                def take(what: str, raw: bool = False) -> Tensor:
+                def take(what: str, raw: bool = False, out: Tensor | None = None) -> Tensor:
+                    """The scoped rows of the activation kept as ``what``, float32 unless ``raw`` (into
+                    ``out``, float32, when given)."""
                     x = _state.pop(what)
                     if what == "z":
                         return x  # (already the scoped float32 rows, keep_z)
                     if what == "x_in" and names[_plan.layer] in shared:
                         return shared[names[_plan.layer]]
+                    if out is not None:
+                        if x.dtype == out.dtype:
+                            return torch.index_select(x.reshape(B * T, -1), 0, rows, out=out)
+                        return out.copy_(x.reshape(B * T, -1).index_select(0, rows))
                     t = x.reshape(B * T, -1).index_select(0, rows)
                     return t if raw else as_float32(t)
 
@@ -436,10 +473,13 @@ def attribution_terms(token_scope: str = "all_but_first", sae_features: bool = F
                 zero = shared.get(("zero", x_rows.shape[0]))
                 if zero is None:
                     zero = shared[("zero", x_rows.shape[0])] = x_rows.new_zeros(x_rows.shape[0])
+                scratch = shared.get(("scratch", x_rows.shape[0]))
+                if scratch is None:
+                    scratch = shared[("scratch", x_rows.shape[0])] = _Scratch(x_rows, view.n_heads, view.d_head)
                 y_out = _state.pop("y_out", None)  # already the scoped rows (a copy, see keep_output)
                 split = functools.partial(_split_features, rec, _plan.on(dev), take, prompt_of, n) if _plan.features else None
                 terms = _block_parts(view, _plan, take, x_rows, None if y_out is None else as_float32(y_out),
-                                     functools.partial(_shared_row_norms, shared), split, zero)
+                                     functools.partial(_shared_row_norms, shared), split, zero, scratch)
                 _state.clear()
                 # The per-prompt means of every block's terms (and their scale and closure columns) are
                 # taken and recorded once per batch, by the last block of the pass (the total too: the
@@ -447,7 +487,7 @@ def attribution_terms(token_scope: str = "all_but_first", sae_features: bool = F
                 pending = shared.setdefault("terms", [])
                 pending.append((_plan.layer, *terms))
                 if _plan.layer == last[0]:
-                    _record(rec, pending, prompt_of, n)
+                    _record(rec, pending, prompt_of, n, zero)
                     pending.clear()
 
             def keep_output(x: Tensor, batch: TokenBatch, _state: dict = state) -> None:
@@ -521,7 +561,8 @@ def _check_read(view: ModelView, plan: _BlockPlan, state: dict[str, Tensor]) -> 
             f"before {view.resid_hook_names[plan.layer + 1]}, so the block cannot be attributed{hint}")
 
 
-def _record(rec: Recorder, pending: list[tuple[Any, ...]], prompt_of: Tensor, n: Tensor) -> None:
+def _record(rec: Recorder, pending: list[tuple[Any, ...]], prompt_of: Tensor, n: Tensor,
+            zero: Tensor | None = None) -> None:
     """Record the batch's per-prompt means of every block's terms (``pending``: ``(layer, head,
     columns, experts)`` of :func:`_block_terms`, in pass order) under their keys: one float64 sum
     over the scoped rows per term, every block at once (the same sums, element by element, as one
@@ -543,7 +584,9 @@ def _record(rec: Recorder, pending: list[tuple[Any, ...]], prompt_of: Tensor, n:
     # as rows, [block * column, n, 1]: their means come out as [block * column, batch], one contiguous
     # row per key.
     parts = torch.stack([on(c) for p in pending for c in p[2]]).view(len(pending), len(_PARTS), -1).unbind(1)
-    columns = torch.stack(_close(heads, parts), dim=1).view(len(pending) * len(TERM_COLUMNS), -1, 1)
+    # components that are the batch's shared zeros in every block: subtracting them changes nothing
+    absent = frozenset(k for k in range(len(_PARTS)) if zero is not None and all(p[2][k] is zero for p in pending))
+    columns = torch.stack(_close(heads, parts, absent), dim=1).view(len(pending) * len(TERM_COLUMNS), -1, 1)
     rec.put_rows([(f"attr_{column}", l) for l in layers for column in TERM_COLUMNS], means(columns)[:, :, 0])
     if pending[0][3] is not None:
         rec.put_rows([("attr_expert", l) for l in layers], means(torch.stack([on(p[3]) for p in pending])))
