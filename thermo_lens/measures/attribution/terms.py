@@ -21,7 +21,7 @@ from thermo_lens.core.errors import ThermoLensInputError
 from thermo_lens.core.layout import BlockLayout, NormSite
 from thermo_lens.core.model import ModelView
 from thermo_lens.core.passes import Recorder, Reduction
-from thermo_lens.core.products import as_float32, scoped_rows
+from thermo_lens.core.products import as_float32, scoped_rows, token_norms
 from thermo_lens.core.tokens import TERM_SCOPES, TokenBatch, check_token_scope
 
 __all__ = ["attribution_terms", "sae_sites", "ATTRIBUTION_SCOPES", "ATTRIBUTION_DEFINITIONS", "TERM_COLUMNS"]
@@ -332,7 +332,9 @@ def _block_parts(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_
     if pair:  # v_m is s: <mlp_out, s> and <x_out - x_in, s> (= ||x_out||^2 - ||x_in||^2) with one product
         assert scratch is not None
         torch.sub(x_out, x_in, out=scratch.diff)
-        mlp, total = scratch.pair.mul_(s).sum(-1).unbind(0)
+        dots = scratch.pair.mul_(s).sum(-1)  # [2, n]
+        # (kept as one [2, n] tensor for both where only _record reads them: it takes its rows with no op)
+        mlp, total = (dots, dots) if features is None else dots.unbind(0)
     else:
         mlp = _owned_dot(mlp_out, v_m)
     if v_a is v_m:  # pre-LN, no norm after the sublayers, multiplier 1: one product for both biases
@@ -429,8 +431,11 @@ def attribution_terms(token_scope: str = "all_but_first", sae_features: bool = F
             state: dict[str, Tensor] = {}
             z_key = next(hook for hook, key in plan.reads if key == "z")
 
-            def keep(x: Tensor, batch: TokenBatch, _key: str, _state: dict = state) -> None:
+            def keep(x: Tensor, batch: TokenBatch, _key: str, _state: dict = state, _name: str = names[plan.layer]) -> None:
                 _state[_key] = x  # transient: dropped when this block's x_out fires
+                if _key == "x_in" and x.dtype != torch.float64:
+                    # ||x_in|| per token: the residual norms the gain takes at this hook point (shared)
+                    _state["x_in_norm"] = token_norms(rec, _name, x)
 
             def keep_z(x: Tensor, batch: TokenBatch, _hook: str = z_key, _state: dict = state) -> None:
                 # the heads' scoped float32 rows [n, head, d_head], taken now and shared with the head
@@ -478,8 +483,17 @@ def attribution_terms(token_scope: str = "all_but_first", sae_features: bool = F
                     scratch = shared[("scratch", x_rows.shape[0])] = _Scratch(x_rows, view.n_heads, view.d_head)
                 y_out = _state.pop("y_out", None)  # already the scoped rows (a copy, see keep_output)
                 split = functools.partial(_split_features, rec, _plan.on(dev), take, prompt_of, n) if _plan.features else None
+                # ||x_out||, ||x_in|| of the scoped rows: the per-token norms the gain takes at the same hook
+                # points (shared products; the same float32 numbers as the rows' own norms), their scoped
+                # rows taken for every block at once (_record); a float64 model's rows are normed themselves
+                # (its per-token norms reduce in float64)
+                tok_in = _state.pop("x_in_norm", None)
+                row_norms: Any = functools.partial(_shared_row_norms, shared)
+                if tok_in is not None and x_out.dtype != torch.float64:
+                    tok_out = token_norms(rec, names[_plan.layer + 1], x_out)
+                    row_norms = lambda x: tok_out if x is x_rows else tok_in  # noqa: E731
                 terms = _block_parts(view, _plan, take, x_rows, None if y_out is None else as_float32(y_out),
-                                     functools.partial(_shared_row_norms, shared), split, zero, scratch)
+                                     row_norms, split, zero, scratch)
                 _state.clear()
                 # The per-prompt means of every block's terms (and their scale and closure columns) are
                 # taken and recorded once per batch, by the last block of the pass (the total too: the
@@ -487,7 +501,7 @@ def attribution_terms(token_scope: str = "all_but_first", sae_features: bool = F
                 pending = shared.setdefault("terms", [])
                 pending.append((_plan.layer, *terms))
                 if _plan.layer == last[0]:
-                    _record(rec, pending, prompt_of, n, zero)
+                    _record(rec, pending, prompt_of, n, zero, rows)
                     pending.clear()
 
             def keep_output(x: Tensor, batch: TokenBatch, _state: dict = state) -> None:
@@ -562,7 +576,7 @@ def _check_read(view: ModelView, plan: _BlockPlan, state: dict[str, Tensor]) -> 
 
 
 def _record(rec: Recorder, pending: list[tuple[Any, ...]], prompt_of: Tensor, n: Tensor,
-            zero: Tensor | None = None) -> None:
+            zero: Tensor | None = None, rows: Tensor | None = None) -> None:
     """Record the batch's per-prompt means of every block's terms (``pending``: ``(layer, head,
     columns, experts)`` of :func:`_block_terms`, in pass order) under their keys: one float64 sum
     over the scoped rows per term, every block at once (the same sums, element by element, as one
@@ -583,7 +597,38 @@ def _record(rec: Recorder, pending: list[tuple[Any, ...]], prompt_of: Tensor, n:
     # The parts as [block, part, n]; the scale and closure columns of every block at once; the columns
     # as rows, [block * column, n, 1]: their means come out as [block * column, batch], one contiguous
     # row per key.
-    parts = torch.stack([on(c) for p in pending for c in p[2]]).view(len(pending), len(_PARTS), -1).unbind(1)
+    n_cols = len(_PARTS) - 2  # the components and the total; the two norms after them
+    if all(p[2][0] is p[2][6] for p in pending):
+        # every block's MLP and total terms as one [2, n] tensor (a pre-LN block's pair, _Scratch): the
+        # columns as rows of one cat, the absent components the batch's zeros as a row (no op each)
+        zero_row = zero[None] if zero is not None else None
+        pieces = []
+        for p in pending:
+            pieces.append(on(p[2][0]))
+            pieces += [zero_row if c is zero else on(c)[None] for c in p[2][1:6]]
+        mlp, total, *rest = torch.cat(pieces).view(len(pending), n_cols, -1).unbind(1)
+        cols = [mlp, *rest, total]
+    else:
+        def own(c: Tensor, k: int) -> Tensor:  # (a [2, n] pair's row k: the MLP's 0, the total's 1)
+            return on(c)[0 if k == 0 else 1] if c.ndim == 2 else on(c)
+        cols = list(torch.stack([own(c, k) for p in pending for k, c in enumerate(p[2][:n_cols])]).view(
+            len(pending), n_cols, -1).unbind(1))
+    if rows is not None and all(p[2][-1].ndim == 3 for p in pending):
+        # ||x_out||, ||x_in|| as per-token norms [batch, pos, 1] (a block's x_in norms are the previous block's
+        # x_out norms, the same tensor): their scoped rows, every distinct one at once
+        distinct: dict[int, int] = {}
+        for p in pending:
+            for t in (p[2][-1], p[2][-2]):  # x_in, then x_out: a chain of blocks reads 0, 1, ..., L
+                distinct.setdefault(id(t), len(distinct))
+        tensors = {id(t): t for p in pending for t in p[2][-2:]}
+        norm_rows = torch.stack([on(tensors[i]) for i in distinct]).view(len(distinct), -1).index_select(1, rows)
+        outs, ins = [distinct[id(p[2][-2])] for p in pending], [distinct[id(p[2][-1])] for p in pending]
+        chain = outs == list(range(1, len(pending) + 1)) and ins == list(range(len(pending)))
+        norm_out = norm_rows[1:] if chain else norm_rows[torch.tensor(outs, device=dev)]
+        norm_in = norm_rows[:-1] if chain else norm_rows[torch.tensor(ins, device=dev)]
+    else:
+        norm_out, norm_in = torch.stack([on(c) for p in pending for c in p[2][-2:]]).view(len(pending), 2, -1).unbind(1)
+    parts = [*cols, norm_out, norm_in]
     # components that are the batch's shared zeros in every block: subtracting them changes nothing
     absent = frozenset(k for k in range(len(_PARTS)) if zero is not None and all(p[2][k] is zero for p in pending))
     columns = torch.stack(_close(heads, parts, absent), dim=1).view(len(pending) * len(TERM_COLUMNS), -1, 1)
