@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from thermo_lens.core.model import ModelView
-from thermo_lens.core.packed import PackedParts, Slabs, read_rows
+from thermo_lens.core.packed import PackedParts, Slabs, read_all, read_rows
 from thermo_lens.core.tokens import TokenBatch, scope_rows, to_device
 
 __all__ = ["Recorder", "Reduction", "Reduce"]
@@ -284,6 +284,9 @@ class Recorder:
         if not keys:
             raise KeyError(f"no reduction named {name!r} was recorded; recorded: {sorted(self.names)}")
         lists = [self._parts[k] for k in keys]
+        every = read_all(self._slabs, lists)  # batches of one shape, recorded alike: every part at once
+        if every is not None:
+            return every
         if len({len(p) for p in lists}) == 1:  # batch by batch, every index's part at once (packed.read_rows)
             return self._cat([read_rows(self._slabs, lists, i) for i in range(len(lists[0]))], dim=1)
         return torch.stack([self._cat(p) for p in lists])
