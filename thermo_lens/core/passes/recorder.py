@@ -19,7 +19,7 @@ from thermo_lens.core.model import ModelView
 from thermo_lens.core.packed import PackedParts, Slabs, read_all, read_rows
 from thermo_lens.core.tokens import TokenBatch, scope_rows, to_device
 
-__all__ = ["Recorder", "Reduction", "Reduce"]
+__all__ = ["Recorder", "Reduction", "Reduce", "batch_mask"]
 
 Reduce = Callable[[Tensor, TokenBatch], "Tensor | None"]
 #: A reduction registers its hooks on a Recorder: ``reduction(view, recorder)``.
@@ -226,7 +226,7 @@ class Recorder:
 
     def mask(self, device: torch.device) -> Tensor:
         """The current batch's ``[batch, pos]`` real-token mask on ``device`` (cached per batch)."""
-        return self.per_batch(("mask", str(device)), lambda batch: _on(batch.mask, device))
+        return self.per_batch(("mask", str(device)), lambda batch: _on(batch_mask(batch), device))
 
     def pad_mask(self, device: torch.device) -> Tensor:
         """The current batch's ``[batch, pos]`` padding mask (``~mask``) on ``device`` (cached per batch)."""
@@ -313,6 +313,16 @@ class Recorder:
                 pad += [0, shape[d - dim - 1] - p.shape[d]]
             padded.append(torch.nn.functional.pad(p, pad, value=float("nan")) if any(pad) else p)
         return torch.cat(padded, dim=dim)
+
+
+def batch_mask(batch: TokenBatch) -> Tensor:
+    """``batch.mask`` (``[batch, pos]``, True on real tokens), made once per batch and kept with it: the
+    runner and the reductions share it (read it, never change it in place)."""
+    got = batch.__dict__.get("_thermo_lens_mask")
+    if got is None:
+        got = batch.mask
+        object.__setattr__(batch, "_thermo_lens_mask", got)  # (a frozen dataclass: not a field)
+    return got
 
 
 def _on(t: Tensor, device: torch.device) -> Tensor:

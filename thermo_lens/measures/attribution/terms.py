@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -458,40 +458,18 @@ def attribution_terms(token_scope: str = "all_but_first", sae_features: bool = F
                 # batch); so are the zeros of the absent components.
                 shared: dict[Any, Any] = rec.per_batch(("attr_shared", str(dev)), lambda batch: {})
 
-                def take(what: str, raw: bool = False, out: Tensor | None = None) -> Tensor:
-                    """The scoped rows of the activation kept as ``what``, float32 unless ``raw`` (into
-                    ``out``, float32, when given)."""
-                    x = _state.pop(what)
-                    if what == "z":
-                        return x  # (already the scoped float32 rows, keep_z)
-                    if what == "x_in" and names[_plan.layer] in shared:
-                        return shared[names[_plan.layer]]
-                    if out is not None:
-                        if x.dtype == out.dtype:
-                            return torch.index_select(x.reshape(B * T, -1), 0, rows, out=out)
-                        return out.copy_(x.reshape(B * T, -1).index_select(0, rows))
-                    t = x.reshape(B * T, -1).index_select(0, rows)
-                    return t if raw else as_float32(t)
+                take = _taker(_state, shared, names[_plan.layer], x_out.shape, rows)
 
                 x_rows = as_float32(x_out.reshape(B * T, -1).index_select(0, rows))
                 shared[names[_plan.layer + 1]] = x_rows
-                zero = shared.get(("zero", x_rows.shape[0]))
-                if zero is None:
-                    zero = shared[("zero", x_rows.shape[0])] = x_rows.new_zeros(x_rows.shape[0])
-                scratch = shared.get(("scratch", x_rows.shape[0]))
-                if scratch is None:
-                    scratch = shared[("scratch", x_rows.shape[0])] = _Scratch(x_rows, view.n_heads, view.d_head)
+                zero, scratch = _batch_buffers(shared, x_rows, view)
                 y_out = _state.pop("y_out", None)  # already the scoped rows (a copy, see keep_output)
                 split = functools.partial(_split_features, rec, _plan.on(dev), take, prompt_of, n) if _plan.features else None
                 # ||x_out||, ||x_in|| of the scoped rows: the per-token norms the gain takes at the same hook
                 # points (shared products; the same float32 numbers as the rows' own norms), their scoped
                 # rows taken for every block at once (_record); a float64 model's rows are normed themselves
                 # (its per-token norms reduce in float64)
-                tok_in = _state.pop("x_in_norm", None)
-                row_norms: Any = functools.partial(_shared_row_norms, shared)
-                if tok_in is not None and x_out.dtype != torch.float64:
-                    tok_out = token_norms(rec, names[_plan.layer + 1], x_out)
-                    row_norms = lambda x: tok_out if x is x_rows else tok_in  # noqa: E731
+                row_norms = _norms_of(rec, shared, _state.pop("x_in_norm", None), names[_plan.layer + 1], x_out, x_rows)
                 terms = _block_parts(view, _plan, take, x_rows, None if y_out is None else as_float32(y_out),
                                      row_norms, split, zero, scratch)
                 _state.clear()
@@ -521,6 +499,50 @@ def attribution_terms(token_scope: str = "all_but_first", sae_features: bool = F
         last[0] = max((key[1] for key in rec.registered() if key[0] == "attr_total"), default=-1)
 
     return reduction
+
+
+def _taker(state: dict[str, Tensor], shared: dict[Any, Any], x_in_hook: str, shape: torch.Size,
+           rows: Tensor) -> Callable[..., Tensor]:
+    """``take(what, raw=False, out=None)``: the scoped rows ``[n, ...]`` of the activation a block kept as
+    ``what`` (dropped from ``state``), float32 unless ``raw`` (into ``out``, float32, when given); ``z`` as
+    kept (already its scoped float32 rows); ``x_in`` the previous block's ``x_out`` rows where shared."""
+    B, T = shape[0], shape[1]
+
+    def take(what: str, raw: bool = False, out: Tensor | None = None) -> Tensor:
+        x = state.pop(what)
+        if what == "z":
+            return x
+        if what == "x_in" and x_in_hook in shared:
+            return shared[x_in_hook]
+        t = x.reshape(B * T, -1)
+        if out is not None:
+            if x.dtype == out.dtype:
+                return torch.index_select(t, 0, rows, out=out)
+            return out.copy_(t.index_select(0, rows))
+        t = t.index_select(0, rows)
+        return t if raw else as_float32(t)
+    return take
+
+
+def _batch_buffers(shared: dict[Any, Any], x_rows: Tensor, view: ModelView) -> tuple[Tensor, _Scratch]:
+    """The batch's ``[n]`` zeros of the absent components and its :class:`_Scratch`, made by its first block."""
+    n = x_rows.shape[0]
+    got = shared.get(("buffers", n))
+    if got is None:
+        got = shared[("buffers", n)] = (x_rows.new_zeros(n), _Scratch(x_rows, view.n_heads, view.d_head))
+    return got
+
+
+def _norms_of(rec: Recorder, shared: dict[Any, Any], tok_in: Tensor | None, out_hook: str, x_out: Tensor,
+              x_rows: Tensor) -> Callable[[Tensor], Tensor]:
+    """``norms(x)`` for :func:`_block_parts`: ``||x_out||`` and ``||x_in||`` as the per-token norms the gain
+    takes at the same hook points (shared products, ``[batch, pos, 1]``: the same float32 numbers as the
+    scoped rows' own norms, whose rows :func:`_record` takes for every block at once), or, for a float64
+    model (whose per-token norms reduce in float64) or without ``tok_in``, the rows' own norms."""
+    if tok_in is None or x_out.dtype == torch.float64:
+        return functools.partial(_shared_row_norms, shared)
+    tok_out = token_norms(rec, out_hook, x_out)
+    return lambda x: tok_out if x is x_rows else tok_in
 
 
 def _shared_row_norms(shared: dict[Any, Any], x: Tensor) -> Tensor:
