@@ -73,7 +73,7 @@ an existing one-pass :func:`thermo_lens.core.passes.collect` (what ``profile()``
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Unpack
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Unpack
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
@@ -177,7 +177,7 @@ def residual_norms(view: ModelView, rec: Recorder) -> None:
 
 
 # ---------------------------------------------------------------------------- checks
-def _check_scope(token_scope: Any) -> str:
+def _check_scope(token_scope: object) -> str:
     return check_token_scope(token_scope)
 
 
@@ -271,7 +271,7 @@ class _ScopeReducer:
 
 
 def _joined(parts: list[tuple[Tensor, Tensor]], in_parts: list[tuple[Tensor | None, Tensor]],
-            group: Any) -> tuple[Tensor, Tensor | None, Tensor]:
+            group: Iterable[int]) -> tuple[Tensor, Tensor | None, Tensor]:
     """The batches ``group`` of one width, joined along the prompt dimension: norms, input norms, lengths."""
     group = list(group)
     if len(group) == 1:
@@ -351,7 +351,7 @@ class GainResult(PairedMixin, ProvenanceFields, Result):
     renamed_fields: ClassVar[dict[int, dict[str, str]]] = {2: {"lengths": "n_tokens"}}
 
     @classmethod
-    def from_collected(cls, collected: Any, token_scope: str = DEFAULT_SCOPE, *, per_token: bool = False,
+    def from_collected(cls, collected: Collected, token_scope: str = DEFAULT_SCOPE, *, per_token: bool = False,
                        regime_by: str = DEFAULT_REGIME_BY, level: float | int = 0.95) -> "GainResult":
         """The result of a :func:`thermo_lens.core.passes.collect` pass that ran :func:`residual_norms`
         (pure: no forward pass; options as for :func:`residual_gain`)."""
@@ -560,7 +560,7 @@ class GainResult(PairedMixin, ProvenanceFields, Result):
 
 # ---------------------------------------------------------------------------- computing
 def _gain_from_collected(
-    collected: Any,
+    collected: object,
     token_scope: str = DEFAULT_SCOPE,
     *,
     per_token: bool = False,
@@ -608,7 +608,8 @@ def _gain_from_collected(
     # Block l reads blocks.{l}.hook_resid_pre: the same tensor as x_l unless a user hook changed it
     # there (a patch); the block's gain is measured against what it actually read.
     has_in = "block_in_norm" in collected.recorder.names
-    in_parts = list(collected.batches("block_in_norm")) if has_in else [(None, ln) for _, ln in parts]
+    in_parts: list[tuple[Tensor | None, Tensor]] = (list(collected.batches("block_in_norm")) if has_in
+                                                    else [(None, ln) for _, ln in parts])
     reduce = _ScopeReducer(token_scope, L, max(n.shape[-1] for n, _ in parts), has_in)
     # [prompt, 2L + 1 (+ L)]: block gains, total, state norms (, input norms), in the caller's order. The
     # batches of one width are reduced together (nothing padded beyond its own batch's width), each

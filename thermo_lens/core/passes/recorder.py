@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Hashable, Sequence, TypeVar
 
 import torch
 from torch import Tensor
@@ -21,6 +21,7 @@ from thermo_lens.core.tokens import TokenBatch, scope_rows, to_device
 
 __all__ = ["Recorder", "Reduction", "Reduce", "batch_mask"]
 
+T = TypeVar("T")
 Reduce = Callable[[Tensor, TokenBatch], "Tensor | None"]
 #: A reduction registers its hooks on a Recorder: ``reduction(view, recorder)``.
 Reduction = Callable[[ModelView, "Recorder"], None]
@@ -247,7 +248,7 @@ class Recorder:
             return tuple(_on(t, device) for t in parts)  # type: ignore[return-value]
         return self.per_batch(("scope_rows", token_scope, str(device)), build)
 
-    def per_batch(self, key: Any, build: Callable[[TokenBatch], Any]) -> Any:
+    def per_batch(self, key: Hashable, build: Callable[[TokenBatch], T]) -> T:
         """``build(batch)`` for the current batch, computed once per batch under ``key`` and shared
         by every hook that asks (e.g. the mask on a device, the scoped rows of the attribution);
         dropped when the batch ends."""
@@ -257,7 +258,7 @@ class Recorder:
             self._per_batch[key] = build(self._batch)
         return self._per_batch[key]
 
-    def per_pass(self, key: Any, build: Callable[[], Any]) -> Any:
+    def per_pass(self, key: Hashable, build: Callable[[], T]) -> T:
         """``build()`` once for the whole pass under ``key``, shared by every reduction that asks
         (e.g. the model's ``W_O``, read by the attribution and by the head write norms)."""
         if key not in self._per_pass:
@@ -339,7 +340,7 @@ class _BatchContext:
         self.rec._per_batch = {}
         return self.rec
 
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         self.rec._per_batch = {}
         if exc_type is None:
             self.rec._flush()

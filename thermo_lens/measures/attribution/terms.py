@@ -61,11 +61,17 @@ _SAE_SITE = re.compile(r"^blocks\.(\d+)\.(hook_resid_pre|hook_resid_mid|hook_res
                        r"hook_mlp_out|attn\.hook_z)$")
 
 
-def _check_scope(token_scope: Any) -> str:
+def _check_scope(token_scope: object) -> str:
     return check_token_scope(token_scope, ATTRIBUTION_SCOPES, refused={"frobenius": (
         "token_scope='frobenius' is a ratio of whole-sequence norms, not a mean of per-token terms; "
         "for the attribution use token_scope='all' (the squared-norm change summed over tokens is "
         "n_tokens times the 'all' mean)")})
+
+
+#: ``take(what, raw=False, out=None)``: a block's scoped rows of the activation it kept as ``what`` (:func:`_taker`).
+Take = Callable[..., Tensor]
+#: ``features(j, v, part, error, rest_of)``: one SAE split per feature (:func:`_split_features`).
+Features = Callable[[int, Tensor, Tensor, "Tensor | None", Tensor], None]
 
 
 # ---------------------------------------------------------------------------- SAEs
@@ -158,7 +164,7 @@ class _BlockPlan:
     b_out: Tensor
     norms: dict[str, tuple[Tensor, Tensor | None]]  # module -> (g, beta)
     sites: list[_SAESite]
-    experts: Any = None
+    experts: torch.nn.Module | None = None  # the MoE's experts module
     splice: str | None = None  # where the block's output is read as written (the next block may read another)
     has_b_O: bool = True  # whether b_O / b_out has a non-zero entry
     has_b_out: bool = True
@@ -262,8 +268,9 @@ def _plan(view: ModelView, rec: Recorder | None = None, sae_features: bool = Fal
 _PARTS = ("mlp", "bias", "norm", "sae", "sae_error", "splice", "total", "norm_out", "norm_in")
 
 
-def _block_parts(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_out: Tensor | None = None,
-                 row_norms: Any = None, features: Any = None, zero: Tensor | None = None,
+def _block_parts(view: ModelView, plan: _BlockPlan, take: Take, x_out: Tensor, y_out: Tensor | None = None,
+                 row_norms: Callable[[Tensor], Tensor] | None = None, features: Features | None = None,
+                 zero: Tensor | None = None,
                  scratch: _Scratch | None = None) -> tuple[Tensor, list[Tensor], Tensor | None]:
     """The per-token terms of one block from its scoped activations (``take(key)`` -> ``[n, ...]``
     float32): the heads' ``[n, head]``, the parts of :data:`_PARTS` (``[n]`` each: mlp, bias, norm, sae,
@@ -286,7 +293,7 @@ def _block_parts(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_
     pair = scratch is not None and not layout.stream_norms and layout.attn_norm is None and \
         layout.mlp_norm is None and float(layout.multiplier) == 1.0
     x_in, z = take("x_in"), take("z")
-    mlp_out = take("mlp_out", out=scratch.mlp_rows) if pair else take("mlp_out")
+    mlp_out = take("mlp_out", out=scratch.mlp_rows) if pair and scratch is not None else take("mlp_out")
     s = x_out + x_in  # [n, d_model]
     b_out = plan.b_out
     r = {m: 1.0 / take("scale:" + m).clamp_min(torch.finfo(torch.float32).tiny) for m in plan.norms}
@@ -372,16 +379,16 @@ def _close(head: Tensor, parts: Sequence[Tensor], absent: frozenset[int] = froze
     return [mlp, bias, norm, sae, sae_err, splice, scale, closure.abs(), total]
 
 
-def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_out: Tensor | None = None,
-                 features: Any = None) -> tuple[Tensor, list[Tensor], Tensor | None]:
+def _block_terms(view: ModelView, plan: _BlockPlan, take: Take, x_out: Tensor, y_out: Tensor | None = None,
+                 features: Features | None = None) -> tuple[Tensor, list[Tensor], Tensor | None]:
     """One block's heads ``[n, head]``, :data:`TERM_COLUMNS` columns ``[n]`` and experts (see
     :func:`_block_parts`; the pass takes the last columns of a batch's blocks at once)."""
     head, parts, experts = _block_parts(view, plan, take, x_out, y_out, features=features)
     return head, _close(head, parts), experts
 
 
-def _sae_terms(plan: _BlockPlan, take: Any, adjoint: dict[str, Tensor], zero: Tensor, v_m: Tensor, mlp: Tensor,
-               features: Any) -> tuple[Tensor, Tensor]:
+def _sae_terms(plan: _BlockPlan, take: Take, adjoint: dict[str, Tensor], zero: Tensor, v_m: Tensor, mlp: Tensor,
+               features: Features | None) -> tuple[Tensor, Tensor]:
     """``(sae, sae_error)`` ``[n]`` of the block's stream SAEs, and ``features(...)`` (see
     :func:`_block_terms`) for each SAE split per feature, transcoders (which wrote the MLP output) last."""
     sae, sae_err = zero, zero
@@ -394,7 +401,7 @@ def _sae_terms(plan: _BlockPlan, take: Any, adjoint: dict[str, Tensor], zero: Te
         err = _vec_dot(take(f"sae_err:{i}"), v) if site.error_term else None
         if err is not None:
             sae_err = sae_err + err
-        if i in split:
+        if i in split and features is not None:
             features(split[i], v, part, err, x)
     if features:
         for j, fs in enumerate(plan.features):
@@ -502,7 +509,7 @@ def attribution_terms(token_scope: str = "all_but_first", sae_features: bool = F
 
 
 def _taker(state: dict[str, Tensor], shared: dict[Any, Any], x_in_hook: str, shape: torch.Size,
-           rows: Tensor) -> Callable[..., Tensor]:
+           rows: Tensor) -> Take:
     """``take(what, raw=False, out=None)``: the scoped rows ``[n, ...]`` of the activation a block kept as
     ``what`` (dropped from ``state``), float32 unless ``raw`` (into ``out``, float32, when given); ``z`` as
     kept (already its scoped float32 rows); ``x_in`` the previous block's ``x_out`` rows where shared."""
@@ -556,7 +563,7 @@ def _shared_row_norms(shared: dict[Any, Any], x: Tensor) -> Tensor:
     return out
 
 
-def _split_features(rec: Recorder, plan: _BlockPlan, take: Any, prompt_of: Tensor, n: Tensor, j: int, v: Tensor,
+def _split_features(rec: Recorder, plan: _BlockPlan, take: Take, prompt_of: Tensor, n: Tensor, j: int, v: Tensor,
                     part: Tensor, error: Tensor | None, rest_of: Tensor) -> None:
     """Record the per-prompt means of SAE ``plan.features[j]``'s feature terms, rest and error share,
     and of the per-token gap by which they miss ``part`` (the closure, checked when the result is built)."""
@@ -624,10 +631,10 @@ def _record(rec: Recorder, pending: list[tuple[Any, ...]], prompt_of: Tensor, n:
         # every block's MLP and total terms as one [2, n] tensor (a pre-LN block's pair, _Scratch): the
         # columns as rows of one cat, the absent components the batch's zeros as a row (no op each)
         zero_row = zero[None] if zero is not None else None
-        pieces = []
+        pieces: list[Tensor] = []
         for p in pending:
             pieces.append(on(p[2][0]))
-            pieces += [zero_row if c is zero else on(c)[None] for c in p[2][1:6]]
+            pieces += [zero_row if zero_row is not None and c is zero else on(c)[None] for c in p[2][1:6]]
         mlp, total, *rest = torch.cat(pieces).view(len(pending), n_cols, -1).unbind(1)
         cols = [mlp, *rest, total]
     else:
@@ -659,10 +666,11 @@ def _record(rec: Recorder, pending: list[tuple[Any, ...]], prompt_of: Tensor, n:
         rec.put_rows([("attr_expert", l) for l in layers], means(torch.stack([on(p[3]) for p in pending])))
 
 
-def _expert_terms(take: Any, experts: Any, E: int, v_m: Tensor) -> Tensor:
+def _expert_terms(take: Take, experts: torch.nn.Module | None, E: int, v_m: Tensor) -> Tensor:
     """``[n, expert]``: ``<w_e(t) E_e(x_t), v_m>`` per scoped token, each chosen expert's output
     recomputed from the experts' input with the model's own experts module (one call per routing
     slot: the cost of the MoE's own forward)."""
+    assert experts is not None, "a mixture of experts without its experts module"
     x = take("moe_in", raw=True)  # the model's dtype
     idx = take("moe_idx", raw=True).long()  # [n, top_k]
     w = take("moe_w", raw=True).gather(1, idx)  # [n, top_k] of the [n, expert] routing weights

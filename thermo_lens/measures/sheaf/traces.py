@@ -106,6 +106,7 @@ def _masses(rec: Recorder) -> tuple[PerLayer, Any]:
             # masked sum over the rows is taken for every layer at once.
             per_layer.add(layer, torch.matmul(a, col))  # [batch, head, pos, 1]
         else:  # half precision: mask and reduce in float32 (a product would round each row sum)
+            assert pair is not None
             per_layer.add(layer, (a * pair).sum(dim=(-1, -2), dtype=torch.float32))
     return per_layer, mass
 
