@@ -351,7 +351,7 @@ class GainResult(PairedMixin, ProvenanceFields, Result):
     renamed_fields: ClassVar[dict[int, dict[str, str]]] = {2: {"lengths": "n_tokens"}}
 
     @classmethod
-    def from_collected(cls, collected: Collected, token_scope: str = DEFAULT_SCOPE, *, per_token: bool = False,
+    def from_collected(cls, collected: object, token_scope: str = DEFAULT_SCOPE, *, per_token: bool = False,
                        regime_by: str = DEFAULT_REGIME_BY, level: float | int = 0.95) -> "GainResult":
         """The result of a :func:`thermo_lens.core.passes.collect` pass that ran :func:`residual_norms`
         (pure: no forward pass; options as for :func:`residual_gain`)."""
