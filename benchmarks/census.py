@@ -11,6 +11,10 @@ Model: GPT-2-small geometry (12 layers, d_model 768, 12 heads) on ``TransformerB
 weights from a config (built offline, ``benchmarks/_common.py``); 64 prompts of 24 random token ids
 each (token ids as given, no BOS added), batches of 16, so every batch has the same shape.
 
+An op is what the dispatcher hands a ``TorchDispatchMode`` inside the pass's ``inference_mode``: a
+composite op (``einsum``, ``matmul``, ``reshape``) counts once, though a device may run it as several
+kernels, and a view op (``view``, ``unbind``, ``as_strided``) counts though it launches none.
+
 Definitions printed:
 
 * ops per block per batch: a whole pass's ops / (layers x batches);

@@ -118,7 +118,8 @@ class Slabs:
             self._slabs.append(torch.empty(self.SIZE, dtype=torch.uint8))
             self._cur = len(self._slabs) - 1
             off = 0
-        flat = t.detach().reshape(-1)
+        flat = t.detach() if t.requires_grad else t  # (a recorded result has no graph: no op then)
+        flat = flat if flat.ndim == 1 else flat.reshape(-1)  # (a batch's results arrive flat)
         if flat.stride(0) != 1:  # (a strided view, or one element of a strided view)
             flat = flat.clone(memory_format=torch.contiguous_format)
         self._slabs[self._cur][off:off + nbytes].copy_(flat.view(torch.uint8))
@@ -250,3 +251,32 @@ def read_rows(slabs: Slabs, lists: list[PackedParts], i: int) -> Tensor:
             return typed.as_strided((len(places), *shape), (step // dtype.itemsize, *_contiguous_strides(shape)),
                                     typed.storage_offset() + off // dtype.itemsize)
     return torch.stack([parts[i] for parts in lists])
+
+
+def read_all(slabs: Slabs, lists: list[PackedParts]) -> Tensor | None:
+    """``torch.cat([read_rows(slabs, lists, i) for i in batches], dim=1)`` with two ops (one strided view of
+    every batch's rows, then one copy that joins the batches), when every part of every list lies in one
+    slab with one dtype and shape, at offsets evenly spaced along the lists and along the batches (a
+    pass whose batches had the same shape recorded the same results at the same places); else None."""
+    n = len(lists[0]) if lists else 0
+    if n < 2 or any(len(parts) != n for parts in lists):
+        return None
+    first = lists[0].handle(0)
+    if first is None:
+        return None
+    k, off, dtype, shape = first
+    item = dtype.itemsize
+    step = (lists[1].handle(0) or (None, off))[1] - off if len(lists) > 1 else 0
+    b_step = (lists[0].handle(1) or (None, off))[1] - off
+    size = math.prod(shape) * item
+    if b_step < size * len(lists) or step % item or b_step % item or (len(lists) > 1 and step < size):
+        return None
+    for j, parts in enumerate(lists):
+        for i in range(n):
+            h = parts.handle(i)
+            if h is None or h[0] != k or h[1] != off + j * step + i * b_step or h[2] != dtype or h[3] != shape:
+                return None
+    typed = slabs.typed(k, dtype)
+    rows = typed.as_strided((len(lists), n, *shape), (step // item, b_step // item, *_contiguous_strides(shape)),
+                            typed.storage_offset() + off // item)
+    return rows.reshape(len(lists), n * shape[0], *shape[1:]) if shape else rows

@@ -23,7 +23,7 @@ it when the hook's Python object goes, though the tensor lives on).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Hashable, Sequence, TypeVar
 
 import torch
 from torch import Tensor
@@ -33,6 +33,7 @@ from thermo_lens.core.passes import Recorder
 __all__ = ["as_float32", "shared", "token_norms", "scoped_rows", "PerLayer"]
 
 _CACHE = ("hook products",)
+T = TypeVar("T")
 
 
 def as_float32(x: Tensor) -> Tensor:
@@ -40,7 +41,7 @@ def as_float32(x: Tensor) -> Tensor:
     return x if x.dtype == torch.float32 else x.float()
 
 
-def shared(rec: Recorder, hook_name: str, what: Any, x: Tensor, build: Callable[[Tensor], Any]) -> Any:
+def shared(rec: Recorder, hook_name: str, what: Hashable, x: Tensor, build: Callable[[Tensor], T]) -> T:
     """``build(x)`` of the activation ``x`` at ``hook_name``, made once in the batch and shared by
     every reduction that asks for ``what`` there (the same tensor: a later activation at the same
     address is not mistaken for it). Only the latest hook point's products are kept."""

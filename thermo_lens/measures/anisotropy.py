@@ -46,7 +46,7 @@ from thermo_lens.core.provenance import Provenance, ProvenanceFields
 from thermo_lens.core.registry import (BuildContext, Measurement, Metric, Options, Readout, option, register_measurement,
                                   register_metric)
 from thermo_lens.core.settings import RunOptions, RunSettings
-from thermo_lens.core.tokens import TokenBatch
+from thermo_lens.core.tokens import TokenBatch, to_device
 from thermo_lens.core.result import Result
 from thermo_lens.stats import SummaryStats, summarize
 from thermo_lens.core.validate import validates_own_inputs
@@ -68,13 +68,17 @@ register_metric(Metric(
 
 
 def _tokens(rec: Recorder, device: torch.device, batch: TokenBatch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """What every state's anisotropy shares in a batch (made once per batch on ``device``): the
-    excluded positions ``[batch, pos, 1]`` (position 0 and padding), the tokens left ``m``
-    ``[batch]`` float32, ``m (m - 1)``, and ``m < 2``."""
-    mask = rec.mask(device).clone()
-    mask[:, 0] = False
-    m = mask.sum(dim=1).float()
-    return ~mask[..., None], m, m * (m - 1), m < 2
+    """What every state's anisotropy shares in a batch (made once per batch on ``device``, built on the
+    host from the lengths: a few ops, no device read): the excluded positions ``[batch, pos, 1]``
+    (position 0 and padding), the tokens left ``m`` ``[batch]`` float32, ``m (m - 1)`` (rounded once to
+    float32, as the product of the two float32 factors is), and ``m < 2``."""
+    width = int(batch.tokens.shape[1])
+    left = [max(min(int(n), width) - 1, 0) for n in batch.host_lengths]
+    excluded = torch.tensor([[[p == 0 or p > m] for p in range(width)] for m in left])
+    stats = torch.tensor([left, [m * (m - 1) for m in left]], dtype=torch.float32)
+    excluded, stats = (t if t.device == torch.device(device) else to_device(t, device) for t in (excluded, stats))
+    m, denom = stats.unbind(0)
+    return excluded, m, denom, m < 2
 
 
 def anisotropy(view: ModelView, rec: Recorder) -> None:

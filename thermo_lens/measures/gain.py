@@ -73,7 +73,7 @@ an existing one-pass :func:`thermo_lens.core.passes.collect` (what ``profile()``
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Unpack, overload
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Unpack, overload
 
 import numpy as np
 from thermo_lens._lazy import pandas as pd
@@ -194,7 +194,7 @@ def residual_norms(view: ModelView, rec: Recorder) -> None:
 
 
 # ---------------------------------------------------------------------------- checks
-def _check_scope(token_scope: Any) -> str:
+def _check_scope(token_scope: object) -> str:
     return check_token_scope(token_scope)
 
 
@@ -238,19 +238,60 @@ def scope_ratio(
     return r.sum(-1) / mask.sum(-1)
 
 
-def _scope_norms(norms: Tensor, lengths: Tensor, token_scope: str) -> Tensor:
-    """The scope-reduced norm of each state: ``[*state, prompt]`` (float64)."""
-    n = norms.double()
-    mask = torch.arange(n.shape[-1])[None, :] < lengths[:, None]
-    if token_scope == "last":
-        idx = (lengths - 1).clamp_min(0).expand(*n.shape[:-1]).unsqueeze(-1)
-        return n.gather(-1, idx).squeeze(-1)
-    if token_scope == "frobenius":
-        return torch.where(mask, n * n, 0.0).sum(-1).sqrt()
-    if token_scope == "all_but_first":
-        mask = mask.clone()
-        mask[:, 0] = False
-    return torch.where(mask, n, 0.0).sum(-1) / mask.sum(-1)
+class _ScopeReducer:
+    """Every scope-reduced quantity of a pass's residual norms, batch by batch, with the few ops the
+    batches share made once per pass: per batch, the block gains ``g(l -> l+1)`` and the total
+    amplification ``g(0 -> L)`` as one ratio of the states' rows, and the scope-reduced norm of every
+    state (:attr:`GainResult.norms`, ``norms_in``). The numbers of :func:`scope_ratio` element by
+    element (the same float64 operations on the same norms, in the same order)."""
+
+    def __init__(self, token_scope: str, L: int, width: int, has_in: bool) -> None:
+        self.scope, self.L, self.has_in = token_scope, L, has_in
+        # rows of the states [x_0 .. x_L (, the blocks' inputs)]: the numerators x_1..x_L, x_L and the
+        # denominators (x_0..x_{L-1} or the blocks' inputs), x_0 of the block gains and the total
+        first_in = L + 1 if has_in else 0
+        self.num = torch.tensor([*range(1, L + 1), L])
+        self.den = torch.tensor([*range(first_in, first_in + L), 0])
+        # position p is in the scope iff pos[p] < the prompt's length (position 0 never, all_but_first)
+        pos = torch.arange(width)
+        if token_scope == "all_but_first":
+            pos[0] = torch.iinfo(pos.dtype).max
+        self.pos = pos[None, :]
+        self.zero = torch.zeros((), dtype=torch.float64)
+
+    def __call__(self, norms: Tensor, norms_in: Tensor | None, lengths: Tensor) -> Tensor:
+        """``[prompt, 2L + 1 (+ L)]`` float64 from one batch's ``[L+1, prompt, pos]`` norms (and the blocks'
+        ``[L, prompt, pos]`` input norms): the block gains ``[:, :L]``, the total amplification
+        ``[:, L]``, the state norms ``[:, L+1 : 2L+2]`` (and the input norms after them)."""
+        n = norms.double() if norms_in is None else torch.cat([norms, norms_in]).double()
+        if self.scope == "last":
+            idx = (lengths - 1).clamp_min(0).expand(*n.shape[:-1]).unsqueeze(-1)
+            state = n.gather(-1, idx).squeeze(-1)  # [state, prompt]
+            ratio = state.index_select(0, self.num) / state.index_select(0, self.den)
+        else:
+            mask = self.pos[:, :n.shape[-1]] < lengths[:, None]  # [prompt, pos]
+            if self.scope == "frobenius":
+                state = torch.where(mask, n * n, self.zero).sum(-1).sqrt()
+                ratio = state.index_select(0, self.num) / state.index_select(0, self.den)
+            else:  # the mean of the per-token ratios; the mean per-token norm
+                count = mask.sum(-1)
+                ratio = torch.where(mask, n.index_select(0, self.num) / n.index_select(0, self.den), self.zero)
+                ratio = ratio.sum(-1) / count
+                state = torch.where(mask, n, self.zero).sum(-1) / count
+        return torch.cat([ratio, state]).T
+
+
+def _joined(parts: list[tuple[Tensor, Tensor]], in_parts: list[tuple[Tensor | None, Tensor]],
+            group: Iterable[int]) -> tuple[Tensor, Tensor | None, Tensor]:
+    """The batches ``group`` of one width, joined along the prompt dimension: norms, input norms, lengths."""
+    group = list(group)
+    if len(group) == 1:
+        (n, ln), (ni, _) = parts[group[0]], in_parts[group[0]]
+        return n, ni, ln
+    ni_parts = [in_parts[i][0] for i in group]
+    return (torch.cat([parts[i][0] for i in group], dim=1),
+            None if ni_parts[0] is None else torch.cat([t for t in ni_parts if t is not None], dim=1),
+            torch.cat([parts[i][1] for i in group]))
 
 
 def regime_from_summary(summary: SummaryStats, null: float = 1.0) -> str:
@@ -321,7 +362,7 @@ class GainResult(PairedMixin, ProvenanceFields, Result):
     renamed_fields: ClassVar[dict[int, dict[str, str]]] = {2: {"lengths": "n_tokens"}}
 
     @classmethod
-    def from_collected(cls, collected: Any, token_scope: str = DEFAULT_SCOPE, *, per_token: bool = False,
+    def from_collected(cls, collected: object, token_scope: str = DEFAULT_SCOPE, *, per_token: bool = False,
                        regime_by: str = DEFAULT_REGIME_BY, level: float | int = 0.95) -> "GainResult":
         """The result of a :func:`thermo_lens.core.passes.collect` pass that ran :func:`residual_norms`
         (pure: no forward pass; options as for :func:`residual_gain`)."""
@@ -511,7 +552,7 @@ class GainResult(PairedMixin, ProvenanceFields, Result):
 
 # ---------------------------------------------------------------------------- computing
 def _gain_from_collected(
-    collected: Any,
+    collected: object,
     token_scope: str = DEFAULT_SCOPE,
     *,
     per_token: bool = False,
@@ -559,15 +600,28 @@ def _gain_from_collected(
     # Block l reads blocks.{l}.hook_resid_pre: the same tensor as x_l unless a user hook changed it
     # there (a patch); the block's gain is measured against what it actually read.
     has_in = "block_in_norm" in collected.recorder.names
-    in_parts = list(collected.batches("block_in_norm")) if has_in else [(n[:-1], ln) for n, ln in parts]
-    block = collected.in_caller_order(torch.cat(  # [prompt, L]
-        [scope_ratio(ni, n[1:], ln, token_scope).T for (n, ln), (ni, _) in zip(parts, in_parts)])).contiguous()
-    total = collected.in_caller_order(torch.cat(  # [prompt]
-        [scope_ratio(n[0], n[L], ln, token_scope) for n, ln in parts]))
-    state_norms = collected.in_caller_order(torch.cat(  # [prompt, L+1]
-        [_scope_norms(n, ln, token_scope).T for n, ln in parts])).contiguous()
-    in_norms = collected.in_caller_order(torch.cat(  # [prompt, L]
-        [_scope_norms(ni, ln, token_scope).T for ni, ln in in_parts])).contiguous()
+    in_parts: list[tuple[Tensor | None, Tensor]] = (list(collected.batches("block_in_norm")) if has_in
+                                                    else [(None, ln) for _, ln in parts])
+    reduce = _ScopeReducer(token_scope, L, max(n.shape[-1] for n, _ in parts), has_in)
+    # [prompt, 2L + 1 (+ L)]: block gains, total, state norms (, input norms), in the caller's order. The
+    # batches of one width are reduced together (nothing padded beyond its own batch's width), each
+    # prompt's row by the same element-wise float64 ops as alone.
+    widths: dict[int, list[int]] = {}
+    for i, (n, _) in enumerate(parts):
+        widths.setdefault(int(n.shape[-1]), []).append(i)
+    if len(widths) == 1:
+        every = reduce(*_joined(parts, in_parts, range(len(parts))))
+    else:
+        starts = np.cumsum([0] + [int(n.shape[1]) for n, _ in parts])
+        pieces = [(torch.as_tensor(np.concatenate([np.arange(starts[i], starts[i + 1]) for i in group])),
+                   reduce(*_joined(parts, in_parts, group))) for group in widths.values()]
+        every = torch.empty(int(starts[-1]), pieces[0][1].shape[1], dtype=torch.float64)
+        for rows, got in pieces:
+            every.index_copy_(0, rows, got)
+    every = collected.in_caller_order(every)
+    block, total = every[:, :L].contiguous(), every[:, L]
+    state_norms = every[:, L + 1:2 * L + 2]
+    in_norms = every[:, 2 * L + 2:] if has_in else state_norms[:, :L]
     if not (bool(torch.isfinite(block).all()) and bool(torch.isfinite(total).all())):
         _check_finite(block, total, collected.stack("resid_norm"), lengths, token_scope, view)
 

@@ -55,7 +55,7 @@ register_metric(Metric(
     section="gain", unit="residual norm", row="mean_write_norm", panel=True))
 
 
-def _check_scope(token_scope: Any) -> str:
+def _check_scope(token_scope: object) -> str:
     return check_token_scope(token_scope, TERM_SCOPES, why=" (write norms are means of per-token norms)")
 
 

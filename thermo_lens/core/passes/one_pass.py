@@ -23,7 +23,7 @@ from thermo_lens.core.inputs import PromptList, as_model_prompts
 from thermo_lens.core.model import ModelView, as_view
 import thermo_lens.core.passes.memory as memory
 from thermo_lens.core.passes.collected import Collected, check_finite, check_silent
-from thermo_lens.core.passes.recorder import Recorder, Reduction
+from thermo_lens.core.passes.recorder import Recorder, Reduction, batch_mask
 from thermo_lens.core.passes.user_hooks import Current, hook_site, wrap_user_hooks
 from thermo_lens.core.provenance import HookRecord, attached_records, describe_hook
 from thermo_lens.core.settings import RunSettings
@@ -53,7 +53,7 @@ class Forward:
 
     def run_batch(self, view: ModelView, batch: TokenBatch, rows: Tensor, hooks: Hooks, *,
                   stop_after: str | None, return_logits: bool) -> Tensor | None:
-        return view.run(batch.tokens, batch.mask, hooks, stop_after=stop_after, return_logits=return_logits)
+        return view.run(batch.tokens, batch_mask(batch), hooks, stop_after=stop_after, return_logits=return_logits)
 
 
 @dataclass

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Hashable, Sequence, TypeVar
 
 import torch
 from torch import Tensor
 
 from thermo_lens.core.model import ModelView
-from thermo_lens.core.packed import PackedParts, Slabs, read_rows
+from thermo_lens.core.packed import PackedParts, Slabs, read_all, read_rows
 from thermo_lens.core.tokens import TokenBatch, scope_rows, to_device
 
-__all__ = ["Recorder", "Reduction", "Reduce"]
+__all__ = ["Recorder", "Reduction", "Reduce", "batch_mask"]
 
+T = TypeVar("T")
 Reduce = Callable[[Tensor, TokenBatch], "Tensor | None"]
 #: A reduction registers its hooks on a Recorder: ``reduction(view, recorder)``.
 Reduction = Callable[[ModelView, "Recorder"], None]
@@ -53,7 +54,7 @@ class Recorder:
         self._waiting: list[_Waiting] = []
         # Finiteness checks of the current batch (:meth:`expect_finite`), and of the batches ended:
         # device counts read once, when the pass ends, never inside a hook or between batches.
-        self._checks: list[tuple[str, Tensor, int]] = []
+        self._checks: list[tuple[list[str], Tensor, int]] = []  # (hook names, their counts [name], expected)
         self._check_batches: list[tuple[TokenBatch, list[str], list[int], Tensor]] = []
         self.nonfinite: list[str] = []  # hook names where a real token had NaN/inf (set by finish())
         self.nonfinite_batch: TokenBatch | None = None  # the first batch with one
@@ -106,15 +107,15 @@ class Recorder:
         stays on the device until :meth:`finish` (no host sync inside the hook)."""
         if self._batch is None:
             raise RuntimeError("Recorder.expect_finite used outside Recorder.batch(...)")
-        self._checks.append((hook_name, torch.isfinite(values).sum(), n_real))
+        self._checks.append(([hook_name], torch.isfinite(values).sum().reshape(1), n_real))
 
     def expect_finite_rows(self, hook_names: Sequence[str], values: Tensor, n_real: int) -> None:
         """:meth:`expect_finite` of ``values[i]`` at ``hook_names[i]`` for every row, counted with one
         op for all rows (e.g. a reduction's per-layer results finished together)."""
         if self._batch is None:
             raise RuntimeError("Recorder.expect_finite_rows used outside Recorder.batch(...)")
-        counts = torch.isfinite(values).reshape(values.shape[0], -1).sum(1).unbind()
-        self._checks += [(name, c, n_real) for name, c in zip(hook_names, counts)]
+        # one count per row, kept as the vector (no op per row)
+        self._checks.append((list(hook_names), torch.isfinite(values).reshape(values.shape[0], -1).sum(1), n_real))
 
     def _flush(self) -> None:
         """End the batch: its pending results, in the order they were recorded, are concatenated per
@@ -125,8 +126,9 @@ class Recorder:
         checks, self._checks = self._checks, []
         if checks:
             assert self._batch is not None
-            self._check_batches.append((self._batch, [c[0] for c in checks], [c[2] for c in checks],
-                                        torch.stack([c[1] for c in checks])))
+            self._check_batches.append((self._batch, [name for c in checks for name in c[0]],
+                                        [c[2] for c in checks for _ in c[0]],
+                                        torch.cat([c[1] for c in checks]) if len(checks) > 1 else checks[0][1]))
         if not pending:
             return
         groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
@@ -200,23 +202,32 @@ class Recorder:
         return parts
 
     def fwd_hooks(self) -> list[tuple[str, Callable]]:
-        """``(hook_name, hook_fn)`` pairs for ``run_with_hooks``; the hooks return None."""
-        hooks = []
+        """``(hook_name, hook_fn)`` pairs for ``run_with_hooks``, one per hook point: its hook runs every
+        reduction registered there, in the order they were added, and returns None. (One hook, not one
+        per reduction: a host may convert the activation for each hook it calls, e.g. the bridge's
+        ``attn.hook_z`` view to ``[batch, pos, head, d_head]``, an op per hook and batch.)"""
+        points: dict[str, list[tuple[tuple[str, int], Reduce]]] = {}
         for hook_name, key, fn in self._reductions:
-            def hook(act: Tensor, hook: Any = None, *, _key=key, _fn=fn, _name=hook_name) -> None:
-                if self._batch is None:
+            points.setdefault(hook_name, []).append((key, fn))
+        hooks = []
+        for hook_name, fns in points.items():
+            def hook(act: Tensor, hook: object = None, *, _fns: list[tuple[tuple[str, int], Reduce]] = fns) -> None:
+                batch = self._batch
+                if batch is None:
                     raise RuntimeError("Recorder hook fired outside Recorder.batch(...)")
-                self._fired.add(_key)
                 # (under inference_mode, the pass's default, an activation has no graph to detach from)
-                out = _fn(act.detach() if act.requires_grad else act, self._batch)
-                if out is not None:  # None: a reduction that only keeps transient state
-                    self._record(_key, out)
+                x = act.detach() if act.requires_grad else act
+                for key, fn in _fns:
+                    self._fired.add(key)
+                    out = fn(x, batch)
+                    if out is not None:  # None: a reduction that only keeps transient state
+                        self._record(key, out)
             hooks.append((hook_name, hook))
         return hooks
 
     def mask(self, device: torch.device) -> Tensor:
         """The current batch's ``[batch, pos]`` real-token mask on ``device`` (cached per batch)."""
-        return self.per_batch(("mask", str(device)), lambda batch: to_device(batch.mask, device))
+        return self.per_batch(("mask", str(device)), lambda batch: _on(batch_mask(batch), device))
 
     def pad_mask(self, device: torch.device) -> Tensor:
         """The current batch's ``[batch, pos]`` padding mask (``~mask``) on ``device`` (cached per batch)."""
@@ -234,10 +245,10 @@ class Recorder:
         float64 (at least 1). Built on the host from the lengths, moved once per batch."""
         def build(batch: TokenBatch) -> tuple[Tensor, Tensor, Tensor]:
             parts = scope_rows(batch.host_lengths, int(batch.tokens.shape[1]), token_scope)
-            return tuple(to_device(t, device) for t in parts)  # type: ignore[return-value]
+            return tuple(_on(t, device) for t in parts)  # type: ignore[return-value]
         return self.per_batch(("scope_rows", token_scope, str(device)), build)
 
-    def per_batch(self, key: Any, build: Callable[[TokenBatch], Any]) -> Any:
+    def per_batch(self, key: Hashable, build: Callable[[TokenBatch], T]) -> T:
         """``build(batch)`` for the current batch, computed once per batch under ``key`` and shared
         by every hook that asks (e.g. the mask on a device, the scoped rows of the attribution);
         dropped when the batch ends."""
@@ -247,7 +258,7 @@ class Recorder:
             self._per_batch[key] = build(self._batch)
         return self._per_batch[key]
 
-    def per_pass(self, key: Any, build: Callable[[], Any]) -> Any:
+    def per_pass(self, key: Hashable, build: Callable[[], T]) -> T:
         """``build()`` once for the whole pass under ``key``, shared by every reduction that asks
         (e.g. the model's ``W_O``, read by the attribution and by the head write norms)."""
         if key not in self._per_pass:
@@ -274,6 +285,9 @@ class Recorder:
         if not keys:
             raise KeyError(f"no reduction named {name!r} was recorded; recorded: {sorted(self.names)}")
         lists = [self._parts[k] for k in keys]
+        every = read_all(self._slabs, lists)  # batches of one shape, recorded alike: every part at once
+        if every is not None:
+            return every
         if len({len(p) for p in lists}) == 1:  # batch by batch, every index's part at once (packed.read_rows)
             return self._cat([read_rows(self._slabs, lists, i) for i in range(len(lists[0]))], dim=1)
         return torch.stack([self._cat(p) for p in lists])
@@ -302,6 +316,21 @@ class Recorder:
         return torch.cat(padded, dim=dim)
 
 
+def batch_mask(batch: TokenBatch) -> Tensor:
+    """``batch.mask`` (``[batch, pos]``, True on real tokens), made once per batch and kept with it: the
+    runner and the reductions share it (read it, never change it in place)."""
+    got = batch.__dict__.get("_thermo_lens_mask")
+    if got is None:
+        got = batch.mask
+        object.__setattr__(batch, "_thermo_lens_mask", got)  # (a frozen dataclass: not a field)
+    return got
+
+
+def _on(t: Tensor, device: torch.device) -> Tensor:
+    """``t`` on ``device`` (:func:`to_device`; ``t`` itself, no op dispatched, where it is already there)."""
+    return t if t.device == torch.device(device) else to_device(t, device)
+
+
 class _BatchContext:
     def __init__(self, rec: Recorder, batch: TokenBatch):
         self.rec, self.batch_ = rec, batch
@@ -311,7 +340,7 @@ class _BatchContext:
         self.rec._per_batch = {}
         return self.rec
 
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         self.rec._per_batch = {}
         if exc_type is None:
             self.rec._flush()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -21,7 +21,7 @@ from thermo_lens.core.errors import ThermoLensInputError
 from thermo_lens.core.layout import BlockLayout, NormSite
 from thermo_lens.core.model import ModelView
 from thermo_lens.core.passes import Recorder, Reduction
-from thermo_lens.core.products import as_float32, scoped_rows
+from thermo_lens.core.products import as_float32, scoped_rows, token_norms
 from thermo_lens.core.tokens import TERM_SCOPES, TokenBatch, check_token_scope
 
 __all__ = ["attribution_terms", "sae_sites", "ATTRIBUTION_SCOPES", "ATTRIBUTION_DEFINITIONS", "TERM_COLUMNS"]
@@ -61,11 +61,17 @@ _SAE_SITE = re.compile(r"^blocks\.(\d+)\.(hook_resid_pre|hook_resid_mid|hook_res
                        r"hook_mlp_out|attn\.hook_z)$")
 
 
-def _check_scope(token_scope: Any) -> str:
+def _check_scope(token_scope: object) -> str:
     return check_token_scope(token_scope, ATTRIBUTION_SCOPES, refused={"frobenius": (
         "token_scope='frobenius' is a ratio of whole-sequence norms, not a mean of per-token terms; "
         "for the attribution use token_scope='all' (the squared-norm change summed over tokens is "
         "n_tokens times the 'all' mean)")})
+
+
+#: ``take(what, raw=False, out=None)``: a block's scoped rows of the activation it kept as ``what`` (:func:`_taker`).
+Take = Callable[..., Tensor]
+#: ``features(j, v, part, error, rest_of)``: one SAE split per feature (:func:`_split_features`).
+Features = Callable[[int, Tensor, Tensor, "Tensor | None", Tensor], None]
 
 
 # ---------------------------------------------------------------------------- SAEs
@@ -131,6 +137,22 @@ def _owned_dot(a: Tensor, b: Tensor) -> Tensor:
     return a.mul_(b).sum(-1)
 
 
+class _Scratch:
+    """A batch's buffers for the products every block makes and drops (the same ``n`` scoped rows in
+    each block): ``u = v_a W_O^T`` ``[n, head * d_head]`` (and its ``[n, head, d_head]`` view), and the pair
+    ``[2, n, d_model]`` of a pre-LN block's MLP output rows and ``x_out - x_in``, whose dot products with
+    ``s = x_out + x_in`` (the MLP and total terms) are taken with one product and one sum. Made once per
+    batch: one allocation and no view op per block; each block's products are written over the last's
+    (the block's terms are taken before the next block's hooks run)."""
+
+    def __init__(self, like: Tensor, n_heads: int, d_head: int) -> None:
+        n, d = like.shape
+        self.u = like.new_empty(n, n_heads * d_head)
+        self.u_heads = self.u.view(n, n_heads, d_head)
+        self.pair = like.new_empty(2, n, d)
+        self.mlp_rows, self.diff = self.pair.unbind(0)
+
+
 @dataclass
 class _BlockPlan:
     """What block ``layer``'s reduction reads (``reads``: ``(hook name, key)``) and its constants."""
@@ -142,7 +164,7 @@ class _BlockPlan:
     b_out: Tensor
     norms: dict[str, tuple[Tensor, Tensor | None]]  # module -> (g, beta)
     sites: list[_SAESite]
-    experts: Any = None
+    experts: torch.nn.Module | None = None  # the MoE's experts module
     splice: str | None = None  # where the block's output is read as written (the next block may read another)
     has_b_O: bool = True  # whether b_O / b_out has a non-zero entry
     has_b_out: bool = True
@@ -246,9 +268,10 @@ def _plan(view: ModelView, rec: Recorder | None = None, sae_features: bool = Fal
 _PARTS = ("mlp", "bias", "norm", "sae", "sae_error", "splice", "total", "norm_out", "norm_in")
 
 
-def _block_parts(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_out: Tensor | None = None,
-                 row_norms: Any = None, features: Any = None, zero: Tensor | None = None
-                 ) -> tuple[Tensor, list[Tensor], Tensor | None]:
+def _block_parts(view: ModelView, plan: _BlockPlan, take: Take, x_out: Tensor, y_out: Tensor | None = None,
+                 row_norms: Callable[[Tensor], Tensor] | None = None, features: Features | None = None,
+                 zero: Tensor | None = None,
+                 scratch: _Scratch | None = None) -> tuple[Tensor, list[Tensor], Tensor | None]:
     """The per-token terms of one block from its scoped activations (``take(key)`` -> ``[n, ...]``
     float32): the heads' ``[n, head]``, the parts of :data:`_PARTS` (``[n]`` each: mlp, bias, norm, sae,
     sae_error, splice, total, and the rows' norms ``||x_out||``, ``||x_in||``, which :func:`_close`
@@ -265,7 +288,12 @@ def _block_parts(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_
     layout: BlockLayout = view.layout
     H, dh, dev = view.n_heads, view.d_head, x_out.device
     plan = plan.on(dev)
-    x_in, z, mlp_out = take("x_in"), take("z"), take("mlp_out")
+    # A pre-LN block (no norm between a sublayer and the stream, multiplier 1: every adjoint is s): the MLP
+    # rows and x_out - x_in are taken into the batch's pair buffer, their two dot products with s taken at once.
+    pair = scratch is not None and not layout.stream_norms and layout.attn_norm is None and \
+        layout.mlp_norm is None and float(layout.multiplier) == 1.0
+    x_in, z = take("x_in"), take("z")
+    mlp_out = take("mlp_out", out=scratch.mlp_rows) if pair and scratch is not None else take("mlp_out")
     s = x_out + x_in  # [n, d_model]
     b_out = plan.b_out
     r = {m: 1.0 / take("scale:" + m).clamp_min(torch.finfo(torch.float32).tiny) for m in plan.norms}
@@ -299,13 +327,23 @@ def _block_parts(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_
     # products below run in place on tensors this function owns (the product, the differences, the
     # scoped rows take() copied): the numbers of torch.linalg.vecdot ((a * b).sum(-1)), without an
     # [n, d_model] temporary each.
-    u = v_a @ plan.W_OT
+    u = v_a @ plan.W_OT if scratch is None else torch.mm(v_a, plan.W_OT, out=scratch.u)
+    u_heads = u.view(-1, H, dh) if scratch is None else scratch.u_heads
     # (in u's storage unless an SAE at hook_z reads u below)
     head_dot = _vec_dot if any(site.where == "z" for site in plan.sites) else _owned_dot
-    head = head_dot(u.view(-1, H, dh), z if z.ndim == 3 else z.view(-1, H, dh))  # [n, head]
+    head = head_dot(u_heads, z if z.ndim == 3 else z.view(-1, H, dh))  # [n, head]
     # The output bias is subtracted where there is one (an all-zero bias leaves mlp_out as it is).
     # mlp_out is this function's own copy (take() copies the scoped rows): changed in place.
-    mlp = _owned_dot(mlp_out.sub_(b_out) if plan.has_b_out else mlp_out, v_m)
+    if plan.has_b_out:
+        mlp_out.sub_(b_out)
+    if pair:  # v_m is s: <mlp_out, s> and <x_out - x_in, s> (= ||x_out||^2 - ||x_in||^2) with one product
+        assert scratch is not None
+        torch.sub(x_out, x_in, out=scratch.diff)
+        dots = scratch.pair.mul_(s).sum(-1)  # [2, n]
+        # (kept as one [2, n] tensor for both where only _record reads them: it takes its rows with no op)
+        mlp, total = (dots, dots) if features is None else dots.unbind(0)
+    else:
+        mlp = _owned_dot(mlp_out, v_m)
     if v_a is v_m:  # pre-LN, no norm after the sublayers, multiplier 1: one product for both biases
         if plan.has_b_O or plan.has_b_out:
             product = v_a @ plan.b_sum
@@ -319,13 +357,14 @@ def _block_parts(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_
     # without such hooks: x_out and y_out are then the same tensor, and a pass without foreign hooks
     # does not read y_out at all)
     splice = _owned_dot(x_out - y_out, s) if y_out is not None else zero
-    total = _owned_dot(x_out - x_in, s)  # = ||x_out||^2 - ||x_in||^2 without cancellation
+    if not pair:
+        total = _owned_dot(x_out - x_in, s)  # = ||x_out||^2 - ||x_in||^2 without cancellation
     norms = row_norms or _row_norms
     experts = _expert_terms(take, plan.experts, layout.moe.n_experts, v_m) if layout.moe is not None else None
     return head, [mlp, bias, norm, sae, sae_err, splice, total, norms(x_out), norms(x_in)], experts
 
 
-def _close(head: Tensor, parts: Sequence[Tensor]) -> list[Tensor]:
+def _close(head: Tensor, parts: Sequence[Tensor], absent: frozenset[int] = frozenset()) -> list[Tensor]:
     """The columns of :data:`TERM_COLUMNS` from :func:`_block_parts`' heads ``[..., n, head]`` and parts
     (``[..., n]`` each; a batch's blocks stacked on the leading dimension): the scale
     ``||x_out||^2 + ||x_in||^2`` (the size the closure is compared with) and the per-token
@@ -334,21 +373,22 @@ def _close(head: Tensor, parts: Sequence[Tensor]) -> list[Tensor]:
     mlp, bias, norm, sae, sae_err, splice, total, norm_out, norm_in = parts
     scale = norm_out.square() + norm_in.square()
     closure = total - head.sum(-1) - mlp
-    for part in (bias, norm, sae, splice):
-        closure = closure - part
+    for k, part in ((1, bias), (2, norm), (3, sae), (5, splice)):
+        if k not in absent:  # (``absent``: indices into _PARTS of components exactly 0 in every row)
+            closure = closure - part
     return [mlp, bias, norm, sae, sae_err, splice, scale, closure.abs(), total]
 
 
-def _block_terms(view: ModelView, plan: _BlockPlan, take: Any, x_out: Tensor, y_out: Tensor | None = None,
-                 features: Any = None) -> tuple[Tensor, list[Tensor], Tensor | None]:
+def _block_terms(view: ModelView, plan: _BlockPlan, take: Take, x_out: Tensor, y_out: Tensor | None = None,
+                 features: Features | None = None) -> tuple[Tensor, list[Tensor], Tensor | None]:
     """One block's heads ``[n, head]``, :data:`TERM_COLUMNS` columns ``[n]`` and experts (see
     :func:`_block_parts`; the pass takes the last columns of a batch's blocks at once)."""
     head, parts, experts = _block_parts(view, plan, take, x_out, y_out, features=features)
     return head, _close(head, parts), experts
 
 
-def _sae_terms(plan: _BlockPlan, take: Any, adjoint: dict[str, Tensor], zero: Tensor, v_m: Tensor, mlp: Tensor,
-               features: Any) -> tuple[Tensor, Tensor]:
+def _sae_terms(plan: _BlockPlan, take: Take, adjoint: dict[str, Tensor], zero: Tensor, v_m: Tensor, mlp: Tensor,
+               features: Features | None) -> tuple[Tensor, Tensor]:
     """``(sae, sae_error)`` ``[n]`` of the block's stream SAEs, and ``features(...)`` (see
     :func:`_block_terms`) for each SAE split per feature, transcoders (which wrote the MLP output) last."""
     sae, sae_err = zero, zero
@@ -361,7 +401,7 @@ def _sae_terms(plan: _BlockPlan, take: Any, adjoint: dict[str, Tensor], zero: Te
         err = _vec_dot(take(f"sae_err:{i}"), v) if site.error_term else None
         if err is not None:
             sae_err = sae_err + err
-        if i in split:
+        if i in split and features is not None:
             features(split[i], v, part, err, x)
     if features:
         for j, fs in enumerate(plan.features):
@@ -398,8 +438,11 @@ def attribution_terms(token_scope: str = "all_but_first", sae_features: bool = F
             state: dict[str, Tensor] = {}
             z_key = next(hook for hook, key in plan.reads if key == "z")
 
-            def keep(x: Tensor, batch: TokenBatch, _key: str, _state: dict = state) -> None:
+            def keep(x: Tensor, batch: TokenBatch, _key: str, _state: dict = state, _name: str = names[plan.layer]) -> None:
                 _state[_key] = x  # transient: dropped when this block's x_out fires
+                if _key == "x_in" and x.dtype != torch.float64:
+                    # ||x_in|| per token: the residual norms the gain takes at this hook point (shared)
+                    _state["x_in_norm"] = token_norms(rec, _name, x)
 
             def keep_z(x: Tensor, batch: TokenBatch, _hook: str = z_key, _state: dict = state) -> None:
                 # the heads' scoped float32 rows [n, head, d_head], taken now and shared with the head
@@ -422,24 +465,20 @@ def attribution_terms(token_scope: str = "all_but_first", sae_features: bool = F
                 # batch); so are the zeros of the absent components.
                 shared: dict[Any, Any] = rec.per_batch(("attr_shared", str(dev)), lambda batch: {})
 
-                def take(what: str, raw: bool = False) -> Tensor:
-                    x = _state.pop(what)
-                    if what == "z":
-                        return x  # (already the scoped float32 rows, keep_z)
-                    if what == "x_in" and names[_plan.layer] in shared:
-                        return shared[names[_plan.layer]]
-                    t = x.reshape(B * T, -1).index_select(0, rows)
-                    return t if raw else as_float32(t)
+                take = _taker(_state, shared, names[_plan.layer], x_out.shape, rows)
 
                 x_rows = as_float32(x_out.reshape(B * T, -1).index_select(0, rows))
                 shared[names[_plan.layer + 1]] = x_rows
-                zero = shared.get(("zero", x_rows.shape[0]))
-                if zero is None:
-                    zero = shared[("zero", x_rows.shape[0])] = x_rows.new_zeros(x_rows.shape[0])
+                zero, scratch = _batch_buffers(shared, x_rows, view)
                 y_out = _state.pop("y_out", None)  # already the scoped rows (a copy, see keep_output)
                 split = functools.partial(_split_features, rec, _plan.on(dev), take, prompt_of, n) if _plan.features else None
+                # ||x_out||, ||x_in|| of the scoped rows: the per-token norms the gain takes at the same hook
+                # points (shared products; the same float32 numbers as the rows' own norms), their scoped
+                # rows taken for every block at once (_record); a float64 model's rows are normed themselves
+                # (its per-token norms reduce in float64)
+                row_norms = _norms_of(rec, shared, _state.pop("x_in_norm", None), names[_plan.layer + 1], x_out, x_rows)
                 terms = _block_parts(view, _plan, take, x_rows, None if y_out is None else as_float32(y_out),
-                                     functools.partial(_shared_row_norms, shared), split, zero)
+                                     row_norms, split, zero, scratch)
                 _state.clear()
                 # The per-prompt means of every block's terms (and their scale and closure columns) are
                 # taken and recorded once per batch, by the last block of the pass (the total too: the
@@ -447,7 +486,7 @@ def attribution_terms(token_scope: str = "all_but_first", sae_features: bool = F
                 pending = shared.setdefault("terms", [])
                 pending.append((_plan.layer, *terms))
                 if _plan.layer == last[0]:
-                    _record(rec, pending, prompt_of, n)
+                    _record(rec, pending, prompt_of, n, zero, rows)
                     pending.clear()
 
             def keep_output(x: Tensor, batch: TokenBatch, _state: dict = state) -> None:
@@ -469,6 +508,50 @@ def attribution_terms(token_scope: str = "all_but_first", sae_features: bool = F
     return reduction
 
 
+def _taker(state: dict[str, Tensor], shared: dict[Any, Any], x_in_hook: str, shape: torch.Size,
+           rows: Tensor) -> Take:
+    """``take(what, raw=False, out=None)``: the scoped rows ``[n, ...]`` of the activation a block kept as
+    ``what`` (dropped from ``state``), float32 unless ``raw`` (into ``out``, float32, when given); ``z`` as
+    kept (already its scoped float32 rows); ``x_in`` the previous block's ``x_out`` rows where shared."""
+    B, T = shape[0], shape[1]
+
+    def take(what: str, raw: bool = False, out: Tensor | None = None) -> Tensor:
+        x = state.pop(what)
+        if what == "z":
+            return x
+        if what == "x_in" and x_in_hook in shared:
+            return shared[x_in_hook]
+        t = x.reshape(B * T, -1)
+        if out is not None:
+            if x.dtype == out.dtype:
+                return torch.index_select(t, 0, rows, out=out)
+            return out.copy_(t.index_select(0, rows))
+        t = t.index_select(0, rows)
+        return t if raw else as_float32(t)
+    return take
+
+
+def _batch_buffers(shared: dict[Any, Any], x_rows: Tensor, view: ModelView) -> tuple[Tensor, _Scratch]:
+    """The batch's ``[n]`` zeros of the absent components and its :class:`_Scratch`, made by its first block."""
+    n = x_rows.shape[0]
+    got = shared.get(("buffers", n))
+    if got is None:
+        got = shared[("buffers", n)] = (x_rows.new_zeros(n), _Scratch(x_rows, view.n_heads, view.d_head))
+    return got
+
+
+def _norms_of(rec: Recorder, shared: dict[Any, Any], tok_in: Tensor | None, out_hook: str, x_out: Tensor,
+              x_rows: Tensor) -> Callable[[Tensor], Tensor]:
+    """``norms(x)`` for :func:`_block_parts`: ``||x_out||`` and ``||x_in||`` as the per-token norms the gain
+    takes at the same hook points (shared products, ``[batch, pos, 1]``: the same float32 numbers as the
+    scoped rows' own norms, whose rows :func:`_record` takes for every block at once), or, for a float64
+    model (whose per-token norms reduce in float64) or without ``tok_in``, the rows' own norms."""
+    if tok_in is None or x_out.dtype == torch.float64:
+        return functools.partial(_shared_row_norms, shared)
+    tok_out = token_norms(rec, out_hook, x_out)
+    return lambda x: tok_out if x is x_rows else tok_in
+
+
 def _shared_row_norms(shared: dict[Any, Any], x: Tensor) -> Tensor:
     """:func:`_row_norms` of ``x``, once per batch (``shared``: the batch's dict; the same tensor, not a
     later one at its address)."""
@@ -480,7 +563,7 @@ def _shared_row_norms(shared: dict[Any, Any], x: Tensor) -> Tensor:
     return out
 
 
-def _split_features(rec: Recorder, plan: _BlockPlan, take: Any, prompt_of: Tensor, n: Tensor, j: int, v: Tensor,
+def _split_features(rec: Recorder, plan: _BlockPlan, take: Take, prompt_of: Tensor, n: Tensor, j: int, v: Tensor,
                     part: Tensor, error: Tensor | None, rest_of: Tensor) -> None:
     """Record the per-prompt means of SAE ``plan.features[j]``'s feature terms, rest and error share,
     and of the per-token gap by which they miss ``part`` (the closure, checked when the result is built)."""
@@ -521,7 +604,8 @@ def _check_read(view: ModelView, plan: _BlockPlan, state: dict[str, Tensor]) -> 
             f"before {view.resid_hook_names[plan.layer + 1]}, so the block cannot be attributed{hint}")
 
 
-def _record(rec: Recorder, pending: list[tuple[Any, ...]], prompt_of: Tensor, n: Tensor) -> None:
+def _record(rec: Recorder, pending: list[tuple[Any, ...]], prompt_of: Tensor, n: Tensor,
+            zero: Tensor | None = None, rows: Tensor | None = None) -> None:
     """Record the batch's per-prompt means of every block's terms (``pending``: ``(layer, head,
     columns, experts)`` of :func:`_block_terms`, in pass order) under their keys: one float64 sum
     over the scoped rows per term, every block at once (the same sums, element by element, as one
@@ -542,17 +626,51 @@ def _record(rec: Recorder, pending: list[tuple[Any, ...]], prompt_of: Tensor, n:
     # The parts as [block, part, n]; the scale and closure columns of every block at once; the columns
     # as rows, [block * column, n, 1]: their means come out as [block * column, batch], one contiguous
     # row per key.
-    parts = torch.stack([on(c) for p in pending for c in p[2]]).view(len(pending), len(_PARTS), -1).unbind(1)
-    columns = torch.stack(_close(heads, parts), dim=1).view(len(pending) * len(TERM_COLUMNS), -1, 1)
+    n_cols = len(_PARTS) - 2  # the components and the total; the two norms after them
+    if all(p[2][0] is p[2][6] for p in pending):
+        # every block's MLP and total terms as one [2, n] tensor (a pre-LN block's pair, _Scratch): the
+        # columns as rows of one cat, the absent components the batch's zeros as a row (no op each)
+        zero_row = zero[None] if zero is not None else None
+        pieces: list[Tensor] = []
+        for p in pending:
+            pieces.append(on(p[2][0]))
+            pieces += [zero_row if zero_row is not None and c is zero else on(c)[None] for c in p[2][1:6]]
+        mlp, total, *rest = torch.cat(pieces).view(len(pending), n_cols, -1).unbind(1)
+        cols = [mlp, *rest, total]
+    else:
+        def own(c: Tensor, k: int) -> Tensor:  # (a [2, n] pair's row k: the MLP's 0, the total's 1)
+            return on(c)[0 if k == 0 else 1] if c.ndim == 2 else on(c)
+        cols = list(torch.stack([own(c, k) for p in pending for k, c in enumerate(p[2][:n_cols])]).view(
+            len(pending), n_cols, -1).unbind(1))
+    if rows is not None and all(p[2][-1].ndim == 3 for p in pending):
+        # ||x_out||, ||x_in|| as per-token norms [batch, pos, 1] (a block's x_in norms are the previous block's
+        # x_out norms, the same tensor): their scoped rows, every distinct one at once
+        distinct: dict[int, int] = {}
+        for p in pending:
+            for t in (p[2][-1], p[2][-2]):  # x_in, then x_out: a chain of blocks reads 0, 1, ..., L
+                distinct.setdefault(id(t), len(distinct))
+        tensors = {id(t): t for p in pending for t in p[2][-2:]}
+        norm_rows = torch.stack([on(tensors[i]) for i in distinct]).view(len(distinct), -1).index_select(1, rows)
+        outs, ins = [distinct[id(p[2][-2])] for p in pending], [distinct[id(p[2][-1])] for p in pending]
+        chain = outs == list(range(1, len(pending) + 1)) and ins == list(range(len(pending)))
+        norm_out = norm_rows[1:] if chain else norm_rows[torch.tensor(outs, device=dev)]
+        norm_in = norm_rows[:-1] if chain else norm_rows[torch.tensor(ins, device=dev)]
+    else:
+        norm_out, norm_in = torch.stack([on(c) for p in pending for c in p[2][-2:]]).view(len(pending), 2, -1).unbind(1)
+    parts = [*cols, norm_out, norm_in]
+    # components that are the batch's shared zeros in every block: subtracting them changes nothing
+    absent = frozenset(k for k in range(len(_PARTS)) if zero is not None and all(p[2][k] is zero for p in pending))
+    columns = torch.stack(_close(heads, parts, absent), dim=1).view(len(pending) * len(TERM_COLUMNS), -1, 1)
     rec.put_rows([(f"attr_{column}", l) for l in layers for column in TERM_COLUMNS], means(columns)[:, :, 0])
     if pending[0][3] is not None:
         rec.put_rows([("attr_expert", l) for l in layers], means(torch.stack([on(p[3]) for p in pending])))
 
 
-def _expert_terms(take: Any, experts: Any, E: int, v_m: Tensor) -> Tensor:
+def _expert_terms(take: Take, experts: torch.nn.Module | None, E: int, v_m: Tensor) -> Tensor:
     """``[n, expert]``: ``<w_e(t) E_e(x_t), v_m>`` per scoped token, each chosen expert's output
     recomputed from the experts' input with the model's own experts module (one call per routing
     slot: the cost of the MoE's own forward)."""
+    assert experts is not None, "a mixture of experts without its experts module"
     x = take("moe_in", raw=True)  # the model's dtype
     idx = take("moe_idx", raw=True).long()  # [n, top_k]
     w = take("moe_w", raw=True).gather(1, idx)  # [n, top_k] of the [n, expert] routing weights

@@ -61,20 +61,21 @@ for _name, _symbol, _formula, _shape, _unit in (
 _TOKEN_SCOPE = "all real tokens (every query position 0..n-1 of each prompt; padding excluded)"
 
 
-def _diagonal(a: Tensor, rec: Recorder) -> Tensor:
-    """``[batch, head, pos]`` float32 ``A_ii`` (a new tensor: the pattern is not kept alive), NaN on
-    padded query positions."""
-    pad = rec.per_batch(("attn_pad", str(a.device)), lambda batch: rec.pad_mask(a.device)[:, None, :])
-    return as_float32(torch.diagonal(a, dim1=-2, dim2=-1)).masked_fill(pad, float("nan"))
+def _diagonal(a: Tensor) -> Tensor:
+    """``[batch, head, pos]`` float32 ``A_ii``, a new tensor (one op: the pattern is not kept alive);
+    :func:`_diagonals` marks the padded query positions NaN for every layer at once."""
+    return as_float32(torch.diagonal_copy(a, dim1=-2, dim2=-1))
 
 
-def _diagonals(rec: Recorder, key: str, names: list[str], finish: Any) -> PerLayer:
-    """Each layer's :func:`_diagonal`, kept for the batch; at the last layer the real queries' finite
-    entries are counted for every layer at once (:meth:`Recorder.expect_finite_rows`: a real query's
-    NaN/inf ``A_ii`` fails the pass when it ends) and ``finish(layers, diagonals)`` records them
-    (``diagonals`` ``[layer, batch, head, pos]``)."""
+def _diagonals(rec: Recorder, key: str, names: list[str], finish: Callable[[list[int], Tensor], None]) -> PerLayer:
+    """Each layer's :func:`_diagonal`, kept for the batch; at the last layer the padded query positions
+    are set to NaN and the real queries' finite entries counted for every layer at once
+    (:meth:`Recorder.expect_finite_rows`: a real query's NaN/inf ``A_ii`` fails the pass when it ends),
+    and ``finish(layers, diagonals)`` records them (``diagonals`` ``[layer, batch, head, pos]``, NaN on
+    padded query positions)."""
     def done(layers: list[int], stacks: list[Tensor]) -> None:
-        d = stacks[0]
+        pad = rec.per_batch(("attn_pad", str(stacks[0].device)), lambda batch: rec.pad_mask(stacks[0].device)[:, None, :])
+        d = stacks[0].masked_fill_(pad, float("nan"))  # (the stack is this function's own)
         rec.expect_finite_rows([names[l] for l in layers], d, rec.n_real() * d.shape[2])
         finish(layers, d)
     return PerLayer(rec, key, done)
@@ -105,6 +106,7 @@ def _masses(rec: Recorder) -> tuple[PerLayer, Any]:
             # masked sum over the rows is taken for every layer at once.
             per_layer.add(layer, torch.matmul(a, col))  # [batch, head, pos, 1]
         else:  # half precision: mask and reduce in float32 (a product would round each row sum)
+            assert pair is not None
             per_layer.add(layer, (a * pair).sum(dim=(-1, -2), dtype=torch.float32))
     return per_layer, mass
 
@@ -117,7 +119,7 @@ def _pattern_hooks(view: ModelView, rec: Recorder, key: str, finish: Callable[[l
     masses, mass = _masses(rec)
     for l, name in enumerate(names):
         def diag(a: Tensor, batch: TokenBatch, _l: int = l) -> None:
-            diagonals.add(_l, _diagonal(a, rec))
+            diagonals.add(_l, _diagonal(a))
 
         def mass_of(a: Tensor, batch: TokenBatch, _l: int = l) -> None:
             mass(a, _l)
