@@ -32,6 +32,7 @@ warm ``profile()`` holds no spectral ops (counted on their own).
 
     python benchmarks/census.py            # GPT-2-small geometry
     python benchmarks/census.py --quick    # a tiny GPT-2 (seconds)
+    python benchmarks/census.py --geometry gqa   # LLaMA-style (RMSNorm, rotary, grouped-query attention)
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import build_checkpoint  # noqa: E402
+from _common import GEOMETRIES, build_checkpoint  # noqa: E402
 
 
 def census_of(fn):
@@ -58,7 +59,9 @@ def census_of(fn):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a tiny GPT-2 (2 x 64, 4 heads)")
+    ap.add_argument("--quick", action="store_true", help="the geometry's tiny version (2 blocks x 64)")
+    ap.add_argument("--geometry", choices=sorted(GEOMETRIES), default="gpt2",
+                    help="the model's geometry (benchmarks/_common.py; default gpt2: GPT-2-small)")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--batch-size", type=int, default=16)
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     from thermo_lens.measures.spectral import clear_cache, spectral_signature
 
     with tempfile.TemporaryDirectory() as tmp:
-        bridge = TransformerBridge.boot_transformers(str(build_checkpoint("gpt2", tmp, args.quick)))
+        bridge = TransformerBridge.boot_transformers(str(build_checkpoint(args.geometry, tmp, args.quick)))
     view = ModelView(bridge)
     L, B = view.n_layers, args.batch_size
     gen = torch.Generator().manual_seed(1)
