@@ -553,13 +553,19 @@ class Result:
     def labels(self, *dims: str) -> list[str]:
         """The labels of every cell over ``dims`` (default: the dimensions after ``prompt``), in C
         order: ``["L0H0", "L0H1", ..., "L11H11"]`` for ``("layer", "head")``."""
+        sizes, dims = self._label_dims(dims, type(self).__name__)
+        return [label(**dict(zip(dims, idx))) for idx in np.ndindex(*(sizes[d] for d in dims))]
+
+    def _label_dims(self, dims: tuple[str, ...], who: str) -> tuple[dict[str, int], tuple[str, ...]]:
+        """The sizes, and ``dims`` or by default every dimension after ``prompt``, each checked to be
+        one of this result's dimensions (``who`` names the result in the error)."""
         sizes = self.sizes
         dims = dims or tuple(d for d in sizes if d != "prompt")
         unknown = [d for d in dims if d not in sizes]
         if unknown:
-            raise ThermoLensInputError(f"{type(self).__name__} has no dimension(s) {unknown}; its dimensions: "
+            raise ThermoLensInputError(f"{who} has no dimension(s) {unknown}; its dimensions: "
                                        f"{', '.join(sizes) or 'none'}")
-        return [label(**dict(zip(dims, idx))) for idx in np.ndindex(*(sizes[d] for d in dims))]
+        return sizes, dims
 
     # Each index is a DimIndex, checked here with its own messages. The signature is the gradual one
     # (arguments of any type) so that a result may narrow ``select`` to its own kind
@@ -820,12 +826,7 @@ class Selection(Result):
         their original indices: ``select(layer=[3], head=[0, 2])`` is labelled ``["L3H0", "L3H2"]``;
         a dimension dropped by an int index (``layer=3``) is not a dimension any more, so
         ``select(layer=3, head=[0, 2])`` is labelled ``["H0", "H2"]``."""
-        sizes = self.sizes
-        dims = dims or tuple(d for d in sizes if d != "prompt")
-        unknown = [d for d in dims if d not in sizes]
-        if unknown:
-            raise ThermoLensInputError(f"this selection has no dimension(s) {unknown}; its dimensions: "
-                                       f"{', '.join(sizes) or 'none'}")
+        sizes, dims = self._label_dims(dims, "this selection")
         return [label(**{d: self.coords[d][i] for d, i in zip(dims, idx)})
                 for idx in np.ndindex(*(sizes[d] for d in dims))]
 
