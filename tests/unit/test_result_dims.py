@@ -110,3 +110,16 @@ def test_select_is_direct_indexing_of_the_metrics_by_named_dimension(bridge):
         wn.select(head="0")
     with pytest.raises(ThermoLensInputError, match="picks no head"):
         wn.select(head=slice(5, 5))
+
+
+def test_a_selection_shows_its_place_values_and_definitions():
+    from thermo_lens.core.result import Selection
+
+    sel = Selection(source="GainResult", index={"prompt": 0, "layer": (1, 3)},
+                    values={"block_gain": torch.tensor([1.5, 0.25])}, dims={"block_gain": ("layer",)},
+                    frames={"block_gain": "to_frame"}, coords={"layer": (1, 3)},
+                    columns={"token_scope": "all_but_first", "prepend_bos": "True", "weight_processing": ""})
+    text = repr(sel)
+    assert text.splitlines()[0] == "Selection of GainResult at prompt=0, layer=[1, 3]"
+    assert "  block_gain [layer]: [1.5 , 0.25]" in text
+    assert text.splitlines()[-1] == "  definitions: token_scope=all_but_first, prepend_bos=True"

@@ -812,6 +812,20 @@ class Selection(Result):
         return cls(source=name, index={d: a if isinstance(a, int) else tuple(a) for d, a in at.items()},
                    values=values, dims=dims, frames=frames, coords=coords, columns=columns)
 
+    def __repr__(self) -> str:
+        # What a notebook cell shows: where the selection is, each metric's values with the dimensions
+        # they still have, and the definitions the numbers carry (token scope, BOS, dtype, weights, hooks).
+        at = ", ".join(f"{d}={list(i) if isinstance(i, tuple) else i}" for d, i in self.index.items())
+        lines = [f"Selection of {self.source} at {at}"]
+        for name, v in self.values.items():
+            arr = np.asarray(v.detach().cpu() if isinstance(v, torch.Tensor) else v, dtype=float)
+            text = np.array2string(arr, precision=4, threshold=12, edgeitems=3, separator=", ")
+            dims = f" [{' '.join(self.dims[name])}]" if self.dims[name] else ""
+            lines.append(f"  {name}{dims}: " + text.replace("\n", "\n    "))
+        if self.columns:
+            lines.append("  definitions: " + ", ".join(f"{k}={v}" for k, v in self.columns.items() if v != ""))
+        return "\n".join(lines)
+
     def _dim_arrays(self) -> list[tuple[tuple[str, ...], Any]]:
         return [(self.dims[k], v) for k, v in self.values.items()]
 
