@@ -307,3 +307,98 @@ def test_the_v2_readme_numbers_are_the_csvs():
     r = reg.loc[("last_block_gain", "optimizer=adamw-b2=0.999", 600)]
     assert f"b2 G_L [{r['t_ci_low']:.4f}, {r['t_ci_high']:.4f}]" in top
     assert f"by -{abs(late['effect']):.3f} [{late['ci_low']:.3f}, {late['ci_high']:.3f}] at 300 steps" in top
+
+
+NAMES = {"base": "base", "weight_decay=0": "weight decay 0", "weight_decay=0.9": "weight decay 0.9",
+         "optimizer=adamw-b2=0.999": "AdamW b2 0.999", "optimizer=sgd-momentum": "SGD (lr 1.0)"}
+
+
+def test_the_amendments_regimes_agree_with_its_effects_table_and_nothing_in_it_is_primary():
+    """Amendment 1 (1200 / 2400 steps): every arm and budget has all 12 seeds, the regimes are
+    effects-long.csv's reference_regime / level_regime cell by cell, no row claims to be primary, and
+    the flips at 2400 steps are the ones the README states."""
+    import runpy
+
+    from thermo_lens.experiments.lab import regimes
+
+    runs = regimes.read_runs([V2 / "runs-long.csv"])
+    reg = regimes.arm_regimes(runs, min_seeds=12)
+    assert set(reg["budget"]) == {1200, 2400} and (reg["n_seeds"] == 12).all() and (reg["n_unfinished"] == 0).all()
+    eff = pd.read_csv(V2 / "effects-long.csv")
+    assert (eff["family"] == "secondary").all() and eff["pvalue_holm"].isna().all()
+    both = eff.loc[(eff["basis"] == "budget") & eff["metric"].isin(list(regimes.REGIME_METRICS))]
+    assert len(both) == 4 * 2 * 2
+    r = reg.set_index(["metric", "arm", "budget"])["regime"]
+    for _, row in both.iterrows():
+        assert r[(row["metric"], row["reference_arm"], row["budget"])] == row["reference_regime"]
+        assert r[(row["metric"], row["arm"], row["budget"])] == row["level_regime"]
+    flips = regimes.knob_flips(reg).set_index(["metric", "budget", "arm"])["flips"]
+    g = flips.loc["last_block_gain"]
+    assert g[(2400, "optimizer=sgd-momentum")] is True
+    assert g[(2400, "weight_decay=0.9")] is False and g[(2400, "optimizer=adamw-b2=0.999")] is False
+    assert g[(2400, "weight_decay=0")] is None and all(g[(1200, arm)] is None for arm in NAMES if arm != "base")
+    assert all(v is None for v in flips.loc["penultimate_gain"])  # the reference is undetermined there
+    # the same seeds: every run starts from v2's initial weights (step-0 gains equal to the CSV's rounding)
+    v2 = pd.read_csv(V2 / "runs.csv")
+    long = pd.read_csv(V2 / "runs-long.csv")
+    start = [d.loc[d["step"] == 0].groupby(["arm", "seed"])["last_block_gain"].first() for d in (v2, long)]
+    assert np.abs(start[0] - start[1]).max() < 1e-7
+    text = runpy.run_path(str(V2 / "regime_table.py"), run_name="not_main")["main"](
+        [str(V2 / "runs.csv"), str(V2 / "runs-long.csv")])
+    assert "budget 2400: reference dampener; flipped by optimizer=sgd-momentum" in text
+
+
+@pytest.mark.slow
+def test_the_amendments_readme_numbers_are_the_csvs():
+    """The README's Amendment 1 tables (regimes and effects) and the findings page's sentences on it are
+    readme_numbers.py's recomputation, which asserts it equals effects-long.csv."""
+    import runpy
+
+    from thermo_lens.experiments.lab import regimes
+
+    out = runpy.run_path(str(V2 / "readme_numbers.py"), run_name="not_main")["main"]()
+    tab = out["long_table"].set_index(["basis", "budget", "arm", "metric"])
+    readme = (V2 / "README.md").read_text()
+    reg = regimes.arm_regimes(regimes.read_runs([V2 / "runs-long.csv"]), min_seeds=12).set_index(
+        ["metric", "arm", "budget"])
+    for arm, name in NAMES.items():
+        cells = []
+        for m in ("last_block_gain", "penultimate_gain"):
+            for b in (1200, 2400):
+                r = reg.loc[(m, arm, b)]
+                word = r["regime"] if r["regime"] == "expander" else f"**{r['regime']}**"
+                cells.append(f"{word} {r['mean']:.3f} [{r['t_ci_low']:.4f}, {r['t_ci_high']:.4f}]"
+                             + (f", {r['n_below_1']} <1" if r["n_below_1"] else ""))
+        assert f"| {name} | " + " | ".join(cells) + " |" in readme, name
+
+    def fmt_p(p):
+        return f"{p:.5f}".rstrip("0") if p < 0.001 else f"{p:.2g}"
+
+    for arm in ("weight_decay=0.9", "weight_decay=0", "optimizer=adamw-b2=0.999", "optimizer=sgd-momentum"):
+        cells = []
+        for m in ("last_block_gain", "penultimate_gain"):
+            for b in (1200, 2400):
+                r = tab.loc[("budget", b, arm, m)]
+                cells.append(f"{r['effect']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}], p = {fmt_p(r['p'])}")
+        assert " | ".join(cells) + " |" in readme, arm
+    # the matched-loss sentences, and the robustness note's Holm over the 16 regime-metric rows
+    wd = tab.loc[("matched_loss", 2400, "weight_decay=0.9", "last_block_gain")]
+    assert f"{wd['effect']:.3f} [{wd['ci_low']:.3f},\n  {wd['ci_high']:.3f}]" in readme
+    sgd = tab.loc[("matched_loss", 2400, "optimizer=sgd-momentum", "last_block_gain")]
+    assert sgd["n"] == 5 and sgd["p"] == 2 / 32 and f"only {int(sgd['n'])} SGD seeds reach {out['long_target']:.3f}" in readme
+    h = out["long_table"].dropna(subset=["holm16"])
+    small = h.loc[h["holm16"] < 0.012]
+    assert set(small["arm"]) == {"weight_decay=0.9", "optimizer=sgd-momentum", "weight_decay=0"}
+    assert small.loc[small["arm"] == "weight_decay=0", ["budget", "metric"]].values.tolist() == [[2400, "last_block_gain"]]
+    assert (h.loc[h["holm16"] >= 0.012, "holm16"] == 1.0).all()
+    # the findings page
+    top = (V2.parents[1] / "docs" / "findings.md").read_text()
+    base = reg.loc[("last_block_gain", "base", 2400)]
+    assert f"determined dampener at 2400 ({base['mean']:.3f} [{base['t_ci_low']:.4f}, {base['t_ci_high']:.4f}]" in top
+    sgd2400 = reg.loc[("last_block_gain", "optimizer=sgd-momentum", 2400)]
+    assert f"G_L {sgd2400['mean']:.3f} [{sgd2400['t_ci_low']:.4f}, {sgd2400['t_ci_high']:.4f}]" in top
+    for b in (1200, 2400):
+        r = tab.loc[("budget", b, "weight_decay=0.9", "last_block_gain")]
+        assert f"{r['effect']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] at {b}" in top
+    means = [reg.loc[("last_block_gain", a, 2400), "mean"] for a in ("weight_decay=0", "base", "weight_decay=0.9")]
+    assert "doses order G_L: {:.3f} / {:.3f} / {:.3f}".format(*means) in top
