@@ -93,6 +93,9 @@ def test_budget_effects_family_and_matched_loss():
     # base at step 180 has G = 1 + 0.18, wd=1 at step 200 has 1 + 0.2 + 0.05: difference 0.07
     assert m["effect"] == pytest.approx(0.07)
     assert g.loc[("budget", 200, "last_block_gain"), "flips_regime"] is False  # both expanders
+    # no declared family (a plan's secondary amendment): every row secondary, nothing adjusted
+    none = effects.budget_effects_frame(_runs(), comps, budgets=(100, 200), metrics=("last_block_gain",))
+    assert (none["family"] == "secondary").all() and none["pvalue_holm"].isna().all()
 
 
 def test_spec_budgets_primary_and_hash():
