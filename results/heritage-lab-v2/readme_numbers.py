@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from thermo_lens.experiments.lab.effects import last_checkpoints, matched_loss_frame, sign_flip_interval
+from thermo_lens.experiments.lab.regimes import REGIME_METRICS
 from thermo_lens.stats import holm, paired_detectable_shift, summarize
 from thermo_lens.stats.exact import sign_flip_pvalue
 
@@ -110,7 +111,7 @@ def longer_budgets() -> dict:
     assert (effects["family"] == "secondary").all() and effects["pvalue_holm"].isna().all()
     tab, target = recompute(runs, effects, 2400)
     tab["holm"] = np.nan
-    regime_rows = tab.index[(tab["basis"] == "budget") & tab["metric"].isin(["last_block_gain", "penultimate_gain"])]
+    regime_rows = tab.index[(tab["basis"] == "budget") & tab["metric"].isin(list(REGIME_METRICS))]
     tab.loc[regime_rows, "holm16"] = holm(tab.loc[regime_rows, "p"].to_numpy(float))
     final = last_checkpoints(runs)
     means = final.groupby(["arm", "budget"])[["last_block_gain", "penultimate_gain", "first_block_gain",

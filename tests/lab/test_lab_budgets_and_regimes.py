@@ -192,6 +192,9 @@ def test_a_lab_with_budgets_end_to_end(tmp_path):
 # ------------------------------------------------------------------ regime per arm and budget
 
 V2 = pathlib.Path(__file__).resolve().parents[2] / "results" / "heritage-lab-v2"
+#: the arms as the lab folder's README names them
+NAMES = {"base": "base", "weight_decay=0": "weight decay 0", "weight_decay=0.9": "weight decay 0.9",
+         "optimizer=adamw-b2=0.999": "AdamW b2 0.999", "optimizer=sgd-momentum": "SGD (lr 1.0)"}
 
 
 def _synthetic_runs(tmp_path):
@@ -286,9 +289,7 @@ def test_the_v2_readme_numbers_are_the_csvs():
     assert (round(late["effect"], 4), round(late["p"], 4), late["n_negative"], round(late["holm"], 3)) == (
         -0.0167, 0.0044, 11, 0.018)
     reg = regimes.arm_regimes(regimes.read_runs([V2 / "runs.csv"]), min_seeds=12).set_index(["metric", "arm", "budget"])
-    names = {"base": "base", "weight_decay=0": "weight decay 0", "weight_decay=0.9": "weight decay 0.9",
-             "optimizer=adamw-b2=0.999": "AdamW b2 0.999", "optimizer=sgd-momentum": "SGD (lr 1.0)"}
-    for arm, name in names.items():
+    for arm, name in NAMES.items():
         cells = []
         for m in ("last_block_gain", "penultimate_gain"):
             for b in (150, 300, 600):
@@ -310,10 +311,6 @@ def test_the_v2_readme_numbers_are_the_csvs():
     r = reg.loc[("last_block_gain", "optimizer=adamw-b2=0.999", 600)]
     assert f"b2 G_L [{r['t_ci_low']:.4f}, {r['t_ci_high']:.4f}]" in top
     assert f"by -{abs(late['effect']):.3f} [{late['ci_low']:.3f}, {late['ci_high']:.3f}] at 300 steps" in top
-
-
-NAMES = {"base": "base", "weight_decay=0": "weight decay 0", "weight_decay=0.9": "weight decay 0.9",
-         "optimizer=adamw-b2=0.999": "AdamW b2 0.999", "optimizer=sgd-momentum": "SGD (lr 1.0)"}
 
 
 def test_the_amendments_regimes_agree_with_its_effects_table_and_nothing_in_it_is_primary():
